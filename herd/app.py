@@ -1,0 +1,233 @@
+"""App: configuration, the task registry, and the producer's API."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from types import TracebackType
+from typing import overload
+
+from herd.config import Settings
+from herd.errors import ConfigError, HerdError, JobNotFound
+from herd.jsonvalue import JSON, dumps
+from herd.queue.base import Broker, EnqueueResult, Job, JobStatus, NewJob, QueueStats
+from herd.tasks import Backoff, Task, TaskFunction
+
+TaskRef = str | Task
+
+
+class App:
+    """A registry of tasks and a connection to one job store.
+
+    No process-wide default: every App names its own broker, given directly,
+    or made from settings (``HERD_DATABASE_URL``, else the embedded server).
+    """
+
+    def __init__(
+        self,
+        *,
+        settings: Settings | None = None,
+        database_url: str | None = None,
+        broker: Broker | None = None,
+        pool_size: int = 8,
+    ) -> None:
+        self.settings = (settings or Settings.from_env()).override(database_url=database_url)
+        self.tasks: dict[str, Task] = {}
+        self._broker = broker
+        self._pool_size = pool_size
+        self._opened = False
+
+    # -- task registry
+
+    @overload
+    def task(self, fn: TaskFunction, /) -> Task: ...
+    @overload
+    def task(
+        self,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        lease_seconds: float = 30.0,
+        max_attempts: int = 3,
+        max_stalls: int = 3,
+        backoff: Backoff | None = None,
+    ) -> Callable[[TaskFunction], Task]: ...
+
+    def task(
+        self,
+        fn: TaskFunction | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        lease_seconds: float = 30.0,
+        max_attempts: int = 3,
+        max_stalls: int = 3,
+        backoff: Backoff | None = None,
+    ) -> Task | Callable[[TaskFunction], Task]:
+        """Register a function (async or sync) as a task: ``fn(payload[, ctx])``."""
+
+        def register(f: TaskFunction) -> Task:
+            task = Task(
+                name=name or f"{f.__module__}.{f.__qualname__}",
+                fn=f,
+                queue=queue,
+                priority=priority,
+                lease_seconds=lease_seconds,
+                max_attempts=max_attempts,
+                max_stalls=max_stalls,
+                backoff=backoff or Backoff(),
+            )
+            self.add_task(task)
+            return task
+
+        return register(fn) if fn is not None else register
+
+    def add_task(self, task: Task) -> None:
+        if task.name in self.tasks and self.tasks[task.name].fn is not task.fn:
+            raise ConfigError(f"two different functions are registered as task {task.name!r}")
+        self.tasks[task.name] = task
+
+    def include(self, other: App) -> None:
+        """Register every task of another app (built-in tasks, a plugin's tasks)."""
+        for task in other.tasks.values():
+            self.add_task(task)
+
+    # -- lifecycle
+
+    @property
+    def broker(self) -> Broker:
+        if self._broker is None:
+            self._broker = self._make_broker()
+        return self._broker
+
+    def _make_broker(self) -> Broker:
+        from herd.queue.postgres import PostgresBroker
+
+        url = self.settings.database_url
+        if url is None:
+            from herd.embedded import embedded_server
+
+            url = embedded_server(self.settings.home).acquire()
+        return PostgresBroker(url, pool_size=self._pool_size)
+
+    async def open(self) -> App:
+        if not self._opened:
+            await self.broker.open()
+            self._opened = True
+        return self
+
+    async def close(self) -> None:
+        if self._opened:
+            self._opened = False
+            await self.broker.close()
+
+    async def __aenter__(self) -> App:
+        return await self.open()
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # -- producers
+
+    def _new_job(
+        self,
+        task: TaskRef,
+        payload: JSON,
+        *,
+        queue: str | None,
+        priority: int | None,
+        dedup_key: str | None,
+        delay: float,
+    ) -> NewJob:
+        name = task.name if isinstance(task, Task) else task
+        spec = task if isinstance(task, Task) else self.tasks.get(name)
+        if not name:
+            raise HerdError("a task name is required")
+        return NewJob(
+            task=name,
+            payload=payload,
+            queue=queue or (spec.queue if spec else "default"),
+            priority=priority if priority is not None else (spec.priority if spec else 0),
+            dedup_key=dedup_key,
+            delay=delay,
+            lease_seconds=spec.lease_seconds if spec else 30.0,
+            max_attempts=spec.max_attempts if spec else 3,
+            max_stalls=spec.max_stalls if spec else 3,
+        )
+
+    async def enqueue(
+        self,
+        task: TaskRef,
+        payload: JSON = None,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        dedup_key: str | None = None,
+        delay: float = 0.0,
+    ) -> EnqueueResult:
+        """Add one job. With a dedup_key held by an active job, returns that job instead."""
+        job = self._new_job(
+            task, payload, queue=queue, priority=priority, dedup_key=dedup_key, delay=delay
+        )
+        dumps(payload, what=f"payload of {job.task!r}")
+        (result,) = await self.broker.enqueue([job])
+        return result
+
+    async def enqueue_many(
+        self,
+        task: TaskRef,
+        payloads: Iterable[JSON],
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        dedup_keys: Sequence[str | None] | None = None,
+        delay: float = 0.0,
+        batch_size: int = 1000,
+    ) -> list[EnqueueResult]:
+        """Add many jobs of one task, ``batch_size`` per round trip."""
+        items = list(payloads)
+        keys = list(dedup_keys) if dedup_keys is not None else [None] * len(items)
+        if len(keys) != len(items):
+            raise HerdError("dedup_keys must have one entry per payload")
+        jobs = [
+            self._new_job(task, p, queue=queue, priority=priority, dedup_key=k, delay=delay)
+            for p, k in zip(items, keys, strict=True)
+        ]
+        for i, job in enumerate(jobs):
+            dumps(job.payload, what=f"payload #{i} of {job.task!r}")
+        out: list[EnqueueResult] = []
+        for start in range(0, len(jobs), batch_size):
+            out += await self.broker.enqueue(jobs[start : start + batch_size])
+        return out
+
+    # -- inspection
+
+    async def get_job(self, job_id: int) -> Job:
+        job = await self.broker.get_job(job_id)
+        if job is None:
+            raise JobNotFound(f"no job has id {job_id}")
+        return job
+
+    async def list_jobs(
+        self, *, status: JobStatus | None = None, queue: str | None = None, limit: int = 100
+    ) -> list[Job]:
+        return await self.broker.list_jobs(status=status, queue=queue, limit=limit)
+
+    async def dead_letters(self, *, queue: str | None = None, limit: int = 100) -> list[Job]:
+        return await self.broker.list_jobs(status=JobStatus.DEAD, queue=queue, limit=limit)
+
+    async def requeue(self, job_ids: Sequence[int] | None) -> list[int]:
+        """Send dead-lettered jobs back to the queue (None: all of them)."""
+        return await self.broker.requeue_dead(job_ids)
+
+    async def stats(self) -> list[QueueStats]:
+        return await self.broker.stats()
+
+    def __repr__(self) -> str:
+        return f"<herd.App tasks={sorted(self.tasks)}>"
+
+

@@ -1,0 +1,62 @@
+"""Settings in force: a flag beats a variable, a variable beats a default."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+import platformdirs
+
+
+def default_home() -> Path:
+    return Path(platformdirs.user_data_dir("herd", appauthor=False))
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path = field(default_factory=default_home)
+    database_url: str | None = None
+    redis_url: str | None = None
+    api_token: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        env = dict(os.environ if env is None else env)
+        home = env.get("HERD_HOME")
+        return cls(
+            home=Path(home).expanduser() if home else default_home(),
+            database_url=env.get("HERD_DATABASE_URL") or None,
+            redis_url=env.get("HERD_REDIS_URL") or None,
+            api_token=env.get("HERD_API_TOKEN") or None,
+        )
+
+    def override(self, **values: object) -> Settings:
+        """Apply the flags that were given (None means 'not given')."""
+        return replace(self, **{k: v for k, v in values.items() if v is not None})  # type: ignore[arg-type]
+
+    def masked(self) -> dict[str, str]:
+        """What `herd config` prints: every setting, with secrets hidden."""
+        out: dict[str, str] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                out[f.name] = "(embedded)" if f.name == "database_url" else "(not set)"
+            elif f.name == "api_token":
+                out[f.name] = "****"
+            elif f.name.endswith("_url"):
+                out[f.name] = mask_url(str(value))
+            else:
+                out[f.name] = str(value)
+        return out
+
+
+_PASSWORD_IN_URL = re.compile(r"(?P<scheme>[a-z0-9+.-]+://)(?P<user>[^:@/]*):(?P<pw>[^@/]*)@", re.I)
+
+
+def mask_url(url: str) -> str:
+    """Hide the password of a connection URL so that it never reaches a log."""
+    return _PASSWORD_IN_URL.sub(
+        lambda m: f"{m['scheme']}{m['user']}:****@" if m["pw"] else m[0], url
+    )

@@ -1,0 +1,72 @@
+"""Every exception herd raises, named for the fact it reports.
+
+A class's docstring is its default message (the Procrastinate habit), so
+``raise LeaseLost()`` already says something useful. Errors of the drivers
+(psycopg, redis) are translated into these at the backend boundary and never
+reach a user untranslated.
+"""
+
+from __future__ import annotations
+
+
+class HerdError(Exception):
+    """herd failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip().splitlines()[0])
+
+
+class ConfigError(HerdError):
+    """The configuration is invalid."""
+
+
+class NotJSONSerializable(HerdError):
+    """The value is not JSON: payloads and results must be JSON objects, lists or scalars."""
+
+
+class UnknownTask(HerdError):
+    """No task with that name is registered."""
+
+
+class JobNotFound(HerdError):
+    """No job has that id."""
+
+
+class NotDeadLettered(HerdError):
+    """The job is not in the dead-letter queue."""
+
+
+class BrokerError(HerdError):
+    """The job store failed."""
+
+
+class BrokerUnavailable(BrokerError):
+    """The job store cannot be reached; check that the server runs and the URL is right."""
+
+
+class MigrationError(BrokerError):
+    """The schema could not be brought up to date."""
+
+
+class EmbeddedServerError(HerdError):
+    """The embedded PostgreSQL server could not be started."""
+
+
+class LeaseLost(HerdError):
+    """The lease on this job was lost (expired or taken over); the write was refused."""
+
+    def __init__(self, message: str | None = None, *, job_id: int | None = None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+
+class Retry(HerdError):  # noqa: N818 - raised by task code to ask for a retry, like Celery's
+    """The task asked to be retried."""
+
+    def __init__(self, message: str | None = None, *, after: float | None = None) -> None:
+        super().__init__(message)
+        self.after = after
+
+
+class Fatal(HerdError):  # noqa: N818 - raised by task code to skip the remaining attempts
+    """The task failed in a way that retrying cannot fix."""

@@ -1,0 +1,168 @@
+"""The broker protocol: a flat list of verbs every backend implements.
+
+Shaped after River's driver interface: each write that follows a claim is a
+``…_if_leased`` verb that acts only while the caller still holds the lease,
+checked by the server in the same statement (SQL ``WHERE``) or script (Lua) as
+the write. One contract suite (tests/contract) runs against every backend.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from herd.jsonvalue import JSON
+
+
+class JobStatus(enum.StrEnum):
+    PENDING = "pending"  # waiting to run (possibly delayed until run_at)
+    PROCESSING = "processing"  # leased by a worker
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"  # in the dead-letter queue
+
+    @property
+    def active(self) -> bool:
+        return self in (JobStatus.PENDING, JobStatus.PROCESSING)
+
+
+class DeadReason(enum.StrEnum):
+    MAX_ATTEMPTS = "max_attempts"  # the task raised max_attempts times
+    MAX_STALLS = "max_stalls"  # the lease expired max_stalls times (crashed or frozen workers)
+    FATAL = "fatal"  # the task raised herd.Fatal
+    UNKNOWN_TASK = "unknown_task"
+    BAD_RESULT = "bad_result"  # the task returned something that is not JSON
+
+
+@dataclass(frozen=True)
+class NewJob:
+    task: str
+    payload: JSON
+    queue: str = "default"
+    priority: int = 0
+    dedup_key: str | None = None
+    delay: float = 0.0
+    lease_seconds: float = 30.0
+    max_attempts: int = 3
+    max_stalls: int = 3
+
+
+@dataclass(frozen=True)
+class Job:
+    id: int
+    task: str
+    queue: str
+    payload: JSON
+    status: JobStatus
+    priority: int
+    dedup_key: str | None
+    attempts: int
+    stalls: int
+    max_attempts: int
+    max_stalls: int
+    lease_seconds: float
+    lease_token: int
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    run_at: datetime
+    created_at: datetime
+    finished_at: datetime | None
+    result: JSON
+    last_error: str | None
+    last_traceback: str | None
+    dead_reason: str | None
+    last_worker: str | None
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    job_id: int
+    created: bool  # False: an active job with the same dedup_key already existed
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A claimed job, with the fencing token every later write must carry."""
+
+    job_id: int
+    token: int
+    task: str
+    queue: str
+    payload: JSON
+    attempts: int  # errors so far, before this run
+    stalls: int
+    max_attempts: int
+    lease_seconds: float
+    expires_at: datetime  # server time
+    owner: str
+
+
+@dataclass(frozen=True)
+class Completion:
+    lease: Lease
+    result: JSON
+
+
+@dataclass(frozen=True)
+class Failure:
+    lease: Lease
+    error: str
+    traceback: str | None = None
+    retry_in: float = 0.0  # seconds from server now() until the retry may run
+    final: bool = False  # skip the remaining attempts (herd.Fatal, unknown task, bad result)
+    reason: DeadReason | None = None  # recorded if the job is dead-lettered
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    queue: str
+    counts: dict[JobStatus, int] = field(default_factory=dict)
+    ready: int = 0  # pending and due now
+    oldest_ready_age: float | None = None  # seconds
+
+
+@runtime_checkable
+class Broker(Protocol):
+    """What a worker and an App need from a job store."""
+
+    name: str
+
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+
+    # -- producers
+    async def enqueue(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]: ...
+
+    # -- workers
+    async def claim(self, queues: Sequence[str], owner: str, limit: int) -> list[Lease]: ...
+    async def renew_if_leased(self, leases: Sequence[Lease]) -> dict[int, datetime]:
+        """Extend every lease still held; returns job_id -> new expiry for those renewed."""
+        ...
+
+    async def complete_if_leased(self, items: Sequence[Completion]) -> list[bool]:
+        """Store results and mark jobs succeeded; False where the lease was lost."""
+        ...
+
+    async def fail_if_leased(self, failure: Failure) -> JobStatus | None:
+        """Record an error; the job is retried or dead-lettered. None: lease lost."""
+        ...
+
+    async def release_if_leased(self, leases: Sequence[Lease]) -> list[int]:
+        """Give jobs back without counting an attempt (graceful shutdown)."""
+        ...
+
+    async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
+        """Return when new work may be there, or after timeout (a hint, never a guarantee)."""
+        ...
+
+    # -- inspection and operations
+    async def get_job(self, job_id: int) -> Job | None: ...
+    async def list_jobs(
+        self, *, status: JobStatus | None = None, queue: str | None = None, limit: int = 100
+    ) -> list[Job]: ...
+    async def stats(self) -> list[QueueStats]: ...
+    async def requeue_dead(self, job_ids: Sequence[int] | None) -> list[int]:
+        """Move dead-lettered jobs back to pending with fresh counters; None means all."""
+        ...

@@ -1,0 +1,385 @@
+"""The PostgreSQL broker: claims with FOR UPDATE SKIP LOCKED, fenced writes in SQL.
+
+Every verb is one statement (or one short transaction) whose WHERE clause
+checks the fencing token and the lease expiry against the server clock, so a
+worker that lost its lease cannot write, whatever its own clock says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection, sql
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from herd.config import mask_url
+from herd.errors import BrokerError, BrokerUnavailable, LeaseLost, MigrationError
+from herd.jsonvalue import dumps
+from herd.queue.base import (
+    Completion,
+    EnqueueResult,
+    Failure,
+    Job,
+    JobStatus,
+    Lease,
+    NewJob,
+    QueueStats,
+)
+from herd.queue.sql import migrations, queries
+
+log = logging.getLogger("herd.postgres")
+
+CHANNEL = "herd_jobs"
+_MIGRATION_LOCK = 0x68657264  # 'herd': one migrator at a time across processes
+
+
+@contextmanager
+def translate_errors(url: str) -> Iterator[None]:
+    """psycopg errors become herd errors here, at the boundary."""
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BrokerUnavailable(f"PostgreSQL at {mask_url(url)} is unreachable: {first}") from exc
+    except psycopg.Error as exc:
+        raise BrokerError(f"PostgreSQL error: {str(exc).strip()}") from exc
+
+
+async def migrate(conn: AsyncConnection[Any]) -> list[int]:
+    """Apply the migrations this database lacks; returns the versions applied."""
+    applied: list[int] = []
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS herd_migrations ("
+            " version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        cur = await conn.execute("SELECT version FROM herd_migrations")
+        done = {row[0] for row in await cur.fetchall()}
+        for version, name, text in migrations():
+            if version in done:
+                continue
+            try:
+                await conn.execute(text.encode())
+            except psycopg.Error as exc:
+                raise MigrationError(f"migration {version:04d}_{name} failed: {exc}") from exc
+            await conn.execute(
+                "INSERT INTO herd_migrations (version, name) VALUES (%s, %s)", (version, name)
+            )
+            applied.append(version)
+    return applied
+
+
+def _job(row: dict[str, Any]) -> Job:
+    return Job(
+        id=row["id"],
+        task=row["task"],
+        queue=row["queue"],
+        payload=row["payload"],
+        status=JobStatus(row["status"]),
+        priority=row["priority"],
+        dedup_key=row["dedup_key"],
+        attempts=row["attempts"],
+        stalls=row["stalls"],
+        max_attempts=row["max_attempts"],
+        max_stalls=row["max_stalls"],
+        lease_seconds=row["lease_seconds"],
+        lease_token=row["lease_token"],
+        lease_owner=row["lease_owner"],
+        lease_expires_at=row["lease_expires_at"],
+        run_at=row["run_at"],
+        created_at=row["created_at"],
+        finished_at=row["finished_at"],
+        result=row["result"],
+        last_error=row["last_error"],
+        last_traceback=row["last_traceback"],
+        dead_reason=row["dead_reason"],
+        last_worker=row["last_worker"],
+    )
+
+
+def _ids_tokens(leases: Sequence[Lease]) -> dict[str, list[int]]:
+    return {"ids": [lease.job_id for lease in leases], "tokens": [lease.token for lease in leases]}
+
+
+class PostgresBroker:
+    name = "postgres"
+
+    def __init__(self, url: str, *, pool_size: int = 8, auto_migrate: bool = True) -> None:
+        self.url = url
+        self.auto_migrate = auto_migrate
+        self._q = queries()
+        self._pool = AsyncConnectionPool(
+            url,
+            min_size=1,
+            max_size=max(2, pool_size),
+            open=False,
+            kwargs={"autocommit": True},
+            timeout=10.0,
+            name="herd",
+        )
+        self._listener: AsyncConnection[Any] | None = None
+        self._listener_lock = asyncio.Lock()
+
+    # -- lifecycle
+
+    async def open(self) -> None:
+        with translate_errors(self.url):
+            try:
+                await self._pool.open(wait=True, timeout=10.0)
+            except psycopg.pool.PoolTimeout as exc:  # type: ignore[attr-defined]
+                raise psycopg.OperationalError(self._connect_error()) from exc
+            if self.auto_migrate:
+                async with self._pool.connection() as conn:
+                    await migrate(conn)
+
+    def _connect_error(self) -> str:
+        """The pool hides why it could not connect; one direct attempt tells."""
+        try:
+            psycopg.connect(self.url, connect_timeout=5).close()
+        except psycopg.Error as exc:
+            return str(exc).strip().splitlines()[0]
+        return "timed out waiting for a connection"
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            await self._listener.close()
+            self._listener = None
+        await self._pool.close()
+
+    async def migrate(self) -> list[int]:
+        with translate_errors(self.url):
+            async with self._pool.connection() as conn:
+                return await migrate(conn)
+
+    async def _fetch(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        with translate_errors(self.url):
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(self._q[name], params)
+                return await cur.fetchall() if cur.description else []
+
+    async def _fetch_dicts(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        with translate_errors(self.url):
+            async with self._pool.connection() as conn:
+                cur = conn.cursor(row_factory=dict_row)
+                await cur.execute(self._q[name], params)
+                return await cur.fetchall()
+
+    # -- producers
+
+    async def enqueue(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
+        if not jobs:
+            return []
+        params = {
+            "queue": [j.queue for j in jobs],
+            "task": [j.task for j in jobs],
+            "payload": [dumps(j.payload, what=f"payload of {j.task!r}") for j in jobs],
+            "priority": [j.priority for j in jobs],
+            "dedup_key": [j.dedup_key for j in jobs],
+            "delay": [max(0.0, float(j.delay)) for j in jobs],
+            "lease_seconds": [float(j.lease_seconds) for j in jobs],
+            "max_attempts": [j.max_attempts for j in jobs],
+            "max_stalls": [j.max_stalls for j in jobs],
+        }
+        with translate_errors(self.url):
+            async with self._pool.connection() as conn, conn.transaction():
+                cur = await conn.execute(self._q["enqueue"], params)
+                inserted = sorted(await cur.fetchall())
+                await conn.execute(self._q["notify"], {"queues": sorted({j.queue for j in jobs})})
+        # Inserted ids ascend in input order; rows skipped by the dedup
+        # conflict are absent and resolve to the job that holds the key.
+        results: list[EnqueueResult | None] = []
+        by_key: dict[str, int] = {}
+        rows = iter(inserted)
+        nxt = next(rows, None)
+        for job in jobs:
+            if nxt is not None and nxt[1] == job.dedup_key and (
+                job.dedup_key is None or job.dedup_key not in by_key
+            ):
+                results.append(EnqueueResult(nxt[0], True))
+                if job.dedup_key is not None:
+                    by_key[job.dedup_key] = nxt[0]
+                nxt = next(rows, None)
+            elif job.dedup_key is not None and job.dedup_key in by_key:
+                results.append(EnqueueResult(by_key[job.dedup_key], False))
+            else:
+                results.append(None)
+        missing = [j for j, r in zip(jobs, results, strict=True) if r is None]
+        if missing:
+            existing = await self._fetch(
+                "active_by_dedup_key", {"keys": [j.dedup_key for j in missing]}
+            )
+            found = {key: job_id for job_id, key in existing}
+            retry = [j for j in missing if j.dedup_key not in found]
+            if retry:  # the holder finished between our insert and our look-up
+                for job, res in zip(retry, await self.enqueue(retry), strict=True):
+                    found[job.dedup_key] = res.job_id  # type: ignore[index]
+            results = [
+                r or EnqueueResult(found[j.dedup_key], False)  # type: ignore[index]
+                for j, r in zip(jobs, results, strict=True)
+            ]
+        return [r for r in results if r is not None]
+
+    # -- workers
+
+    async def claim(self, queues: Sequence[str], owner: str, limit: int) -> list[Lease]:
+        if limit <= 0:
+            return []
+        rows = await self._fetch("claim", {"queues": list(queues), "owner": owner, "limit": limit})
+        leases = []
+        for (job_id, token, task, queue, payload, attempts, stalls, max_attempts,
+             lease_seconds, expires_at, status) in rows:
+            if status != JobStatus.PROCESSING:
+                log.warning("job %s dead-lettered: its lease expired too many times", job_id)
+                continue
+            leases.append(Lease(job_id, token, task, queue, payload, attempts, stalls,
+                                max_attempts, lease_seconds, expires_at, owner))
+        leases.sort(key=lambda lease: lease.job_id)
+        return leases
+
+    async def renew_if_leased(self, leases: Sequence[Lease]) -> dict[int, datetime]:
+        if not leases:
+            return {}
+        rows = await self._fetch("renew", _ids_tokens(leases))
+        return {job_id: expires for job_id, expires in rows}
+
+    async def complete_if_leased(self, items: Sequence[Completion]) -> list[bool]:
+        if not items:
+            return []
+        params = _ids_tokens([c.lease for c in items])
+        params["results"] = [  # type: ignore[assignment]
+            dumps(c.result, what=f"result of job {c.lease.job_id}") for c in items
+        ]
+        done = {row[0] for row in await self._fetch("complete", params)}
+        refused = [c.lease for c in items if c.lease.job_id not in done]
+        if refused:
+            done |= {row[0] for row in await self._fetch("already_completed", _ids_tokens(refused))}
+        return [c.lease.job_id in done for c in items]
+
+    async def fail_if_leased(self, failure: Failure) -> JobStatus | None:
+        lease = failure.lease
+        with translate_errors(self.url):
+            async with self._pool.connection() as conn, conn.transaction():
+                cur = await conn.execute(
+                    self._q["fail"],
+                    {
+                        "id": lease.job_id,
+                        "token": lease.token,
+                        "final": failure.final,
+                        "reason": failure.reason.value if failure.reason else "fatal",
+                        "retry_in": max(0.0, failure.retry_in),
+                        "error": failure.error,
+                        "traceback": failure.traceback,
+                    },
+                )
+                row = await cur.fetchone()
+                if row is None:
+                    return None
+                status = JobStatus(row[0])
+                if status == JobStatus.PENDING and failure.retry_in <= 0:
+                    await conn.execute(self._q["notify"], {"queues": [row[1]]})
+                return status
+
+    async def release_if_leased(self, leases: Sequence[Lease]) -> list[int]:
+        if not leases:
+            return []
+        with translate_errors(self.url):
+            async with self._pool.connection() as conn, conn.transaction():
+                cur = await conn.execute(self._q["release"], _ids_tokens(leases))
+                rows = await cur.fetchall()
+                if rows:
+                    await conn.execute(self._q["notify"], {"queues": sorted({r[1] for r in rows})})
+        return sorted(r[0] for r in rows)
+
+    @asynccontextmanager
+    async def fenced_transaction(self, lease: Lease) -> AsyncIterator[AsyncConnection[Any]]:
+        """A transaction that commits only while ``lease`` is held.
+
+        The job row stays locked until COMMIT, so the writes made on the
+        yielded connection (a result upsert, a vector upsert) land only if
+        no other worker has taken the job over; otherwise LeaseLost.
+        """
+        with translate_errors(self.url):
+            async with self._pool.connection() as conn, conn.transaction():
+                cur = await conn.execute(
+                    self._q["check_lease"], {"id": lease.job_id, "token": lease.token}
+                )
+                if await cur.fetchone() is None:
+                    raise LeaseLost(job_id=lease.job_id)
+                yield conn
+
+    async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
+        """Block until a NOTIFY names one of ``queues`` or ``timeout`` passes."""
+        try:
+            async with self._listener_lock:
+                conn = await self._listen()
+                wanted = set(queues)
+                async for note in conn.notifies(timeout=timeout):
+                    if note.payload in wanted:
+                        return
+        except psycopg.Error as exc:
+            # The hint failed; the poll behind it still works. Reconnect next time.
+            log.debug("LISTEN connection failed: %s", exc)
+            if self._listener is not None:
+                await self._listener.close()
+                self._listener = None
+            await asyncio.sleep(min(timeout, 1.0))
+
+    async def _listen(self) -> AsyncConnection[Any]:
+        if self._listener is None or self._listener.closed:
+            self._listener = await AsyncConnection.connect(self.url, autocommit=True)
+            await self._listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+        return self._listener
+
+    # -- inspection and operations
+
+    async def get_job(self, job_id: int) -> Job | None:
+        rows = await self._fetch_dicts("get_job", {"id": job_id})
+        return _job(rows[0]) if rows else None
+
+    async def list_jobs(
+        self, *, status: JobStatus | None = None, queue: str | None = None, limit: int = 100
+    ) -> list[Job]:
+        rows = await self._fetch_dicts(
+            "list_jobs",
+            {"status": status.value if status else None, "queue": queue, "limit": limit},
+        )
+        return [_job(r) for r in rows]
+
+    async def stats(self) -> list[QueueStats]:
+        out: dict[str, QueueStats] = {}
+        for queue, status, n, ready, oldest in await self._fetch("stats", {}):
+            st = out.setdefault(queue, QueueStats(queue))
+            st.counts[JobStatus(status)] = n
+            if status == JobStatus.PENDING:
+                out[queue] = QueueStats(
+                    queue, st.counts, ready, float(oldest) if oldest is not None else None
+                )
+        return list(out.values())
+
+    async def requeue_dead(self, job_ids: Sequence[int] | None) -> list[int]:
+        params = {"all": job_ids is None, "ids": list(job_ids or [])}
+        try:
+            with translate_errors(self.url):
+                async with self._pool.connection() as conn, conn.transaction():
+                    cur = await conn.execute(self._q["requeue_dead"], params)
+                    rows = await cur.fetchall()
+                    if rows:
+                        await conn.execute(
+                            self._q["notify"], {"queues": sorted({r[1] for r in rows})}
+                        )
+        except BrokerError as exc:
+            if isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
+                raise BrokerError(
+                    "cannot requeue: an active job already holds the same dedup key"
+                ) from None
+            raise
+        return sorted(r[0] for r in rows)

@@ -1,0 +1,160 @@
+-- Every statement the PostgreSQL broker sends, one block per verb.
+-- Multi-row writes lock their rows in id order first, so that a worker's
+-- renewal and its batched completions can never deadlock each other.
+
+-- name: enqueue
+INSERT INTO herd_jobs (queue, task, payload, priority, dedup_key, run_at,
+                       lease_seconds, max_attempts, max_stalls)
+SELECT n.queue, n.task, n.payload::jsonb, n.priority, n.dedup_key,
+       now() + n.delay * interval '1 second', n.lease_seconds, n.max_attempts, n.max_stalls
+  FROM unnest(%(queue)s::text[], %(task)s::text[], %(payload)s::text[], %(priority)s::int[],
+              %(dedup_key)s::text[], %(delay)s::float8[], %(lease_seconds)s::float8[],
+              %(max_attempts)s::int[], %(max_stalls)s::int[])
+       WITH ORDINALITY AS n(queue, task, payload, priority, dedup_key, delay, lease_seconds,
+                            max_attempts, max_stalls, ord)
+ ORDER BY n.ord
+ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('pending', 'processing')
+DO NOTHING
+RETURNING id, dedup_key;
+
+-- name: active_by_dedup_key
+SELECT id, dedup_key FROM herd_jobs
+ WHERE dedup_key = ANY(%(keys)s::text[]) AND status IN ('pending', 'processing');
+
+-- name: notify
+SELECT pg_notify('herd_jobs', q) FROM unnest(%(queues)s::text[]) AS q;
+
+-- name: claim
+-- Ready jobs and jobs whose lease expired (their worker died or froze), by
+-- priority then age. A takeover counts a stall; too many stalls dead-letter
+-- the job instead of handing it out again.
+WITH ready AS (
+    SELECT id, priority FROM herd_jobs
+     WHERE status = 'pending' AND queue = ANY(%(queues)s::text[]) AND run_at <= now()
+     ORDER BY priority DESC, id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), expired AS (
+    SELECT id, priority FROM herd_jobs
+     WHERE status = 'processing' AND queue = ANY(%(queues)s::text[]) AND lease_expires_at < now()
+     ORDER BY priority DESC, id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), picked AS (
+    SELECT id FROM (SELECT * FROM ready UNION ALL SELECT * FROM expired) c
+     ORDER BY priority DESC, id LIMIT %(limit)s
+)
+UPDATE herd_jobs j SET
+    lease_token      = j.lease_token + 1,
+    stalls           = j.stalls + (j.status = 'processing')::int,
+    status           = CASE WHEN j.status = 'processing' AND j.stalls + 1 > j.max_stalls
+                            THEN 'dead' ELSE 'processing' END,
+    dead_reason      = CASE WHEN j.status = 'processing' AND j.stalls + 1 > j.max_stalls
+                            THEN 'max_stalls' END,
+    last_error       = CASE WHEN j.status = 'processing'
+                            THEN 'lease expired while held by ' || coalesce(j.lease_owner, '?')
+                            ELSE j.last_error END,
+    finished_at      = CASE WHEN j.status = 'processing' AND j.stalls + 1 > j.max_stalls
+                            THEN now() END,
+    lease_owner      = %(owner)s,
+    lease_expires_at = now() + j.lease_seconds * interval '1 second',
+    started_at       = coalesce(j.started_at, now()),
+    last_worker      = %(owner)s
+  FROM picked
+ WHERE j.id = picked.id
+RETURNING j.id, j.lease_token, j.task, j.queue, j.payload, j.attempts, j.stalls,
+          j.max_attempts, j.lease_seconds, j.lease_expires_at, j.status;
+
+-- name: renew
+WITH held AS (
+    SELECT j.id FROM herd_jobs j
+      JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS l(id, token)
+        ON j.id = l.id AND j.lease_token = l.token
+     WHERE j.status = 'processing' AND j.lease_expires_at > now()
+     ORDER BY j.id
+       FOR UPDATE OF j
+)
+UPDATE herd_jobs j SET lease_expires_at = now() + j.lease_seconds * interval '1 second'
+  FROM held WHERE j.id = held.id
+RETURNING j.id, j.lease_expires_at;
+
+-- name: complete
+WITH held AS (
+    SELECT j.id, l.result FROM herd_jobs j
+      JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::text[]) AS l(id, token, result)
+        ON j.id = l.id AND j.lease_token = l.token
+     WHERE j.status = 'processing' AND j.lease_expires_at > now()
+     ORDER BY j.id
+       FOR UPDATE OF j
+)
+UPDATE herd_jobs j SET status = 'succeeded', result = held.result::jsonb, finished_at = now(),
+                       lease_expires_at = NULL
+  FROM held WHERE j.id = held.id
+RETURNING j.id;
+
+-- name: already_completed
+-- A completion whose reply was lost (the connection dropped after COMMIT) is retried;
+-- finding the job succeeded under the same token means the first attempt landed.
+SELECT j.id FROM herd_jobs j
+  JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS l(id, token)
+    ON j.id = l.id AND j.lease_token = l.token
+ WHERE j.status = 'succeeded';
+
+-- name: fail
+UPDATE herd_jobs SET
+    attempts         = attempts + 1,
+    status           = CASE WHEN %(final)s OR attempts + 1 >= max_attempts THEN 'dead' ELSE 'pending' END,
+    dead_reason      = CASE WHEN %(final)s THEN %(reason)s
+                            WHEN attempts + 1 >= max_attempts THEN 'max_attempts' END,
+    finished_at      = CASE WHEN %(final)s OR attempts + 1 >= max_attempts THEN now() END,
+    run_at           = now() + %(retry_in)s * interval '1 second',
+    last_error       = %(error)s,
+    last_traceback   = %(traceback)s,
+    lease_owner      = NULL,
+    lease_expires_at = NULL
+ WHERE id = %(id)s AND lease_token = %(token)s AND status = 'processing' AND lease_expires_at > now()
+RETURNING status, queue;
+
+-- name: release
+WITH held AS (
+    SELECT j.id FROM herd_jobs j
+      JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS l(id, token)
+        ON j.id = l.id AND j.lease_token = l.token
+     WHERE j.status = 'processing' AND j.lease_expires_at > now()
+     ORDER BY j.id
+       FOR UPDATE OF j
+)
+UPDATE herd_jobs j SET status = 'pending', run_at = now(), lease_owner = NULL, lease_expires_at = NULL
+  FROM held WHERE j.id = held.id
+RETURNING j.id, j.queue;
+
+-- name: check_lease
+-- Taken inside a caller's transaction: holds the row until COMMIT, so no
+-- takeover can slip between this check and the caller's own writes.
+SELECT 1 FROM herd_jobs
+ WHERE id = %(id)s AND lease_token = %(token)s AND status = 'processing' AND lease_expires_at > now()
+   FOR UPDATE;
+
+-- name: get_job
+SELECT * FROM herd_jobs WHERE id = %(id)s;
+
+-- name: list_jobs
+SELECT * FROM herd_jobs
+ WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+ ORDER BY id DESC
+ LIMIT %(limit)s;
+
+-- name: stats
+SELECT queue, status, count(*) AS n,
+       count(*) FILTER (WHERE status = 'pending' AND run_at <= now()) AS ready,
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'pending' AND run_at <= now()))
+           AS oldest_ready_age
+  FROM herd_jobs GROUP BY queue, status ORDER BY queue, status;
+
+-- name: requeue_dead
+UPDATE herd_jobs SET status = 'pending', attempts = 0, stalls = 0, run_at = now(),
+                     dead_reason = NULL, finished_at = NULL, lease_owner = NULL,
+                     lease_expires_at = NULL
+ WHERE status = 'dead' AND (%(all)s OR id = ANY(%(ids)s::bigint[]))
+RETURNING id, queue;

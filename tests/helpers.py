@@ -1,0 +1,42 @@
+"""Small helpers shared by the tests: polling with a deadline instead of sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from herd.queue.base import NewJob
+
+T = TypeVar("T")
+
+
+def job(task: str = "t", payload: object = None, **kw: object) -> NewJob:
+    kw.setdefault("lease_seconds", 30.0)
+    return NewJob(task=task, payload=payload if payload is not None else {}, **kw)  # type: ignore[arg-type]
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T]], *, timeout: float = 10.0, interval: float = 0.02
+) -> T:
+    """Call ``probe`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s (last value {value!r})")
+        await asyncio.sleep(interval)
+
+
+def eventually_sync(probe: Callable[[], T], *, timeout: float = 10.0, interval: float = 0.02) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s (last value {value!r})")
+        time.sleep(interval)
