@@ -53,7 +53,7 @@ class App:
         backoff: Backoff | None = None,
     ) -> Callable[[TaskFunction], Task]: ...
 
-    def task(
+    def task(  # type: ignore[misc]  # mypy misreads the positional-only default
         self,
         fn: TaskFunction | None = None,
         /,
@@ -229,5 +229,3 @@ class App:
 
     def __repr__(self) -> str:
         return f"<herd.App tasks={sorted(self.tasks)}>"
-
-

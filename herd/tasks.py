@@ -29,7 +29,7 @@ class Backoff:
     cap: float = 300.0
 
     def delay(self, attempts: int) -> float:
-        ceiling = min(self.cap, self.base * 2 ** max(0, attempts - 1))
+        ceiling = min(self.cap, self.base * 2.0 ** max(0, attempts - 1))
         # "Equal jitter": never zero (no hot retry loop), never in lockstep with peers.
         return ceiling / 2 + random.uniform(0, ceiling / 2)
 

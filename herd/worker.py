@@ -14,7 +14,6 @@ One asyncio loop per process runs four things:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import random
@@ -67,7 +66,9 @@ class Worker:
     concurrency: int = 10
     poll_interval: float = 1.0
     grace_period: float = 30.0
-    name: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}")
+    name: str = field(
+        default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    )
     install_signal_handlers: bool = True
     stop_when_idle: bool = False  # for demos and batch runs: exit once the queues are drained
 
@@ -99,7 +100,9 @@ class Worker:
         else:
             log.warning(
                 "%s: no new jobs; %d running get %.0fs to finish (again to release now)",
-                signal.Signals(signum).name, len(self._running), self.grace_period,
+                signal.Signals(signum).name,
+                len(self._running),
+                self.grace_period,
             )
         self.stop(immediate=self._stopping.is_set())
 
@@ -113,8 +116,12 @@ class Worker:
             asyncio.create_task(self._heartbeat(), name="herd-heartbeat"),
             asyncio.create_task(self._completer(), name="herd-completer"),
         ]
-        log.info("worker %s: queues %s, concurrency %d", self.name, ",".join(self.queues),
-                 self.concurrency)
+        log.info(
+            "worker %s: queues %s, concurrency %d",
+            self.name,
+            ",".join(self.queues),
+            self.concurrency,
+        )
         try:
             await self._claim_loop()
             await self._drain()
@@ -152,7 +159,12 @@ class Worker:
             for lease in leases:
                 self._start(lease)
             if len(leases) < free:
-                if self.stop_when_idle and not self._running and not leases:
+                if (
+                    self.stop_when_idle
+                    and not self._running
+                    and not leases
+                    and not (await self._queues_active())
+                ):
                     self.stop()
                     break
                 # Fewer jobs than slots: wait for a NOTIFY, a poll tick or a free slot.
@@ -162,6 +174,18 @@ class Worker:
                     self.app.broker.wait_for_jobs(self.queues, timeout),
                     self._slot_freed.wait() if self.stop_when_idle else None,
                 )
+
+    async def _queues_active(self) -> bool:
+        """Jobs still pending (maybe delayed for a retry) or running elsewhere?"""
+        try:
+            stats = await self.app.broker.stats()
+        except BrokerUnavailable:
+            return True
+        return any(
+            s.counts.get(JobStatus.PENDING, 0) + s.counts.get(JobStatus.PROCESSING, 0)
+            for s in stats
+            if s.queue in self.queues
+        )
 
     async def _until(self, main: Any, other: Any) -> None:
         """Await ``main`` (and optionally ``other``) but return early on stop."""
@@ -193,14 +217,23 @@ class Worker:
         try:
             task = self.app.tasks.get(lease.task)
             if task is None:
-                await self._fail(running, Failure(
-                    lease, f"unknown task {lease.task!r}: no worker function is registered under"
-                    " that name", final=True, reason=DeadReason.UNKNOWN_TASK))
+                await self._fail(
+                    running,
+                    Failure(
+                        lease,
+                        f"unknown task {lease.task!r}: no worker function is registered under"
+                        " that name",
+                        final=True,
+                        reason=DeadReason.UNKNOWN_TASK,
+                    ),
+                )
                 return
             try:
                 loop = asyncio.get_running_loop()
                 result = await call_task(
-                    task, lease.payload, running.ctx,
+                    task,
+                    lease.payload,
+                    running.ctx,
                     lambda fn, *a, **kw: loop.run_in_executor(self._threads, partial(fn, *a, **kw)),
                 )
             except asyncio.CancelledError:
@@ -214,8 +247,9 @@ class Worker:
                 await self._fail(running, self._failure(running, exc, retry_in=exc.after))
                 return
             except Fatal as exc:
-                await self._fail(running, self._failure(running, exc, final=True,
-                                                        reason=DeadReason.FATAL))
+                await self._fail(
+                    running, self._failure(running, exc, final=True, reason=DeadReason.FATAL)
+                )
                 return
             except Exception as exc:
                 await self._fail(running, self._failure(running, exc))
@@ -225,16 +259,30 @@ class Worker:
             try:
                 dumps(result)
             except NotJSONSerializable as exc:
-                await self._fail(running, Failure(lease, f"task returned a non-JSON result: {exc}",
-                                                  final=True, reason=DeadReason.BAD_RESULT))
+                await self._fail(
+                    running,
+                    Failure(
+                        lease,
+                        f"task returned a non-JSON result: {exc}",
+                        final=True,
+                        reason=DeadReason.BAD_RESULT,
+                    ),
+                )
                 return
             if await self._complete(running, result):
                 self.stats.succeeded += 1
         finally:
             self._finished(running)
 
-    def _failure(self, running: _Running, exc: BaseException, *, retry_in: float | None = None,
-                 final: bool = False, reason: DeadReason | None = None) -> Failure:
+    def _failure(
+        self,
+        running: _Running,
+        exc: BaseException,
+        *,
+        retry_in: float | None = None,
+        final: bool = False,
+        reason: DeadReason | None = None,
+    ) -> Failure:
         task = self.app.tasks[running.lease.task]
         delay = retry_in if retry_in is not None else task.backoff.delay(running.lease.attempts + 1)
         return Failure(
@@ -251,8 +299,11 @@ class Worker:
             running.lost = True
             running.ctx.cancelled.set()
             self.stats.lost += 1
-            log.warning("job %d: lease lost (%s); task cancelled, nothing written",
-                        running.lease.job_id, why)
+            log.warning(
+                "job %d: lease lost (%s); task cancelled, nothing written",
+                running.lease.job_id,
+                why,
+            )
 
     async def _fail(self, running: _Running, failure: Failure) -> None:
         status = await self._write(running, lambda: self.app.broker.fail_if_leased(failure))
@@ -261,12 +312,21 @@ class Worker:
             self._lost(running, "failure write refused")
         elif status == JobStatus.DEAD:
             self.stats.dead += 1
-            log.error("job %d (%s) dead-lettered: %s", failure.lease.job_id, failure.lease.task,
-                      failure.error)
+            log.error(
+                "job %d (%s) dead-lettered: %s",
+                failure.lease.job_id,
+                failure.lease.task,
+                failure.error,
+            )
         else:
             self.stats.retried += 1
-            log.warning("job %d (%s) failed, retry in %.1fs: %s", failure.lease.job_id,
-                        failure.lease.task, failure.retry_in, failure.error)
+            log.warning(
+                "job %d (%s) failed, retry in %.1fs: %s",
+                failure.lease.job_id,
+                failure.lease.task,
+                failure.retry_in,
+                failure.error,
+            )
 
     async def _write(self, running: _Running, op: Callable[[], Any]) -> Any:
         """Retry a write through connection failures while the lease may still hold."""
@@ -277,8 +337,11 @@ class Worker:
             except BrokerUnavailable as exc:
                 failures += 1
                 if time.monotonic() > running.deadline:
-                    log.error("job %d: giving up writing (%s); the lease has run out",
-                              running.lease.job_id, exc)
+                    log.error(
+                        "job %d: giving up writing (%s); the lease has run out",
+                        running.lease.job_id,
+                        exc,
+                    )
                     return None
                 await asyncio.sleep(min(2.0, 0.1 * 2**failures))
 
@@ -345,7 +408,9 @@ class Worker:
                 elif renewed is not None or now > r.deadline:
                     # Refused by the server, or unconfirmed past our own deadline:
                     # another worker may hold it now, so stop paying for this run.
-                    self._lost(r, "renewal refused" if renewed is not None else "job store unreachable")
+                    self._lost(
+                        r, "renewal refused" if renewed is not None else "job store unreachable"
+                    )
                     r.task.cancel()
             await asyncio.sleep(max(0.05, tick - (time.monotonic() - sent)))
 
@@ -369,23 +434,10 @@ class Worker:
             await asyncio.gather(*(r.task for r in left if r.task), return_exceptions=True)
             try:
                 released = await self.app.broker.release_if_leased([r.lease for r in left])
-                log.warning("released %d unfinished jobs for other workers: %s", len(released),
-                            released)
+                log.warning(
+                    "released %d unfinished jobs for other workers: %s", len(released), released
+                )
             except BrokerUnavailable as exc:
-                log.error("could not release %d jobs (%s); their leases will expire", len(left),
-                          exc)
-        # Let completions already handed to the completer land.
-        while self._completions:
-            await asyncio.sleep(0.01)
-
-
-def run_worker(app: App, **options: Any) -> WorkerStats:
-    """Run a worker until SIGTERM/SIGINT (the CLI's entry point)."""
-
-    async def main() -> WorkerStats:
-        async with app:
-            return await Worker(app, **options).run()
-
-    with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(main())
-    return WorkerStats()
+                log.error(
+                    "could not release %d jobs (%s); their leases will expire", len(left), exc
+                )

@@ -92,4 +92,5 @@ def redis_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    return f"herd test servers: embedded PostgreSQL and Redis Stack under {CACHE} (CI={os.environ.get('CI', '')})"
+    ci = os.environ.get("CI", "")
+    return f"herd test servers: embedded PostgreSQL and Redis Stack under {CACHE} (CI={ci})"

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from herd.config import mask_url
 from herd.errors import BrokerError, BrokerUnavailable, LeaseLost, MigrationError
@@ -47,7 +47,10 @@ def translate_errors(url: str) -> Iterator[None]:
         yield
     except psycopg.OperationalError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise BrokerUnavailable(f"PostgreSQL at {mask_url(url)} is unreachable: {first}") from exc
+        raise BrokerUnavailable(
+            f"PostgreSQL at {mask_url(url)} is unreachable ({first}); is the server running and"
+            " HERD_DATABASE_URL right?"
+        ) from exc
     except psycopg.Error as exc:
         raise BrokerError(f"PostgreSQL error: {str(exc).strip()}") from exc
 
@@ -133,21 +136,16 @@ class PostgresBroker:
 
     async def open(self) -> None:
         with translate_errors(self.url):
+            # One direct connection first: it fails fast with the server's own
+            # reason, where a pool would retry quietly until its timeout.
+            conn = await AsyncConnection.connect(self.url, autocommit=True, connect_timeout=10)
+            async with conn:
+                if self.auto_migrate:
+                    await migrate(conn)
             try:
                 await self._pool.open(wait=True, timeout=10.0)
-            except psycopg.pool.PoolTimeout as exc:  # type: ignore[attr-defined]
-                raise psycopg.OperationalError(self._connect_error()) from exc
-            if self.auto_migrate:
-                async with self._pool.connection() as conn:
-                    await migrate(conn)
-
-    def _connect_error(self) -> str:
-        """The pool hides why it could not connect; one direct attempt tells."""
-        try:
-            psycopg.connect(self.url, connect_timeout=5).close()
-        except psycopg.Error as exc:
-            return str(exc).strip().splitlines()[0]
-        return "timed out waiting for a connection"
+            except PoolTimeout as exc:
+                raise psycopg.OperationalError("timed out opening the connection pool") from exc
 
     async def close(self) -> None:
         if self._listener is not None:
@@ -201,8 +199,10 @@ class PostgresBroker:
         rows = iter(inserted)
         nxt = next(rows, None)
         for job in jobs:
-            if nxt is not None and nxt[1] == job.dedup_key and (
-                job.dedup_key is None or job.dedup_key not in by_key
+            if (
+                nxt is not None
+                and nxt[1] == job.dedup_key
+                and (job.dedup_key is None or job.dedup_key not in by_key)
             ):
                 results.append(EnqueueResult(nxt[0], True))
                 if job.dedup_key is not None:
@@ -221,9 +221,9 @@ class PostgresBroker:
             retry = [j for j in missing if j.dedup_key not in found]
             if retry:  # the holder finished between our insert and our look-up
                 for job, res in zip(retry, await self.enqueue(retry), strict=True):
-                    found[job.dedup_key] = res.job_id  # type: ignore[index]
+                    found[job.dedup_key] = res.job_id
             results = [
-                r or EnqueueResult(found[j.dedup_key], False)  # type: ignore[index]
+                r or EnqueueResult(found[j.dedup_key], False)
                 for j, r in zip(jobs, results, strict=True)
             ]
         return [r for r in results if r is not None]
@@ -235,13 +235,37 @@ class PostgresBroker:
             return []
         rows = await self._fetch("claim", {"queues": list(queues), "owner": owner, "limit": limit})
         leases = []
-        for (job_id, token, task, queue, payload, attempts, stalls, max_attempts,
-             lease_seconds, expires_at, status) in rows:
+        for (
+            job_id,
+            token,
+            task,
+            queue,
+            payload,
+            attempts,
+            stalls,
+            max_attempts,
+            lease_seconds,
+            expires_at,
+            status,
+        ) in rows:
             if status != JobStatus.PROCESSING:
                 log.warning("job %s dead-lettered: its lease expired too many times", job_id)
                 continue
-            leases.append(Lease(job_id, token, task, queue, payload, attempts, stalls,
-                                max_attempts, lease_seconds, expires_at, owner))
+            leases.append(
+                Lease(
+                    job_id,
+                    token,
+                    task,
+                    queue,
+                    payload,
+                    attempts,
+                    stalls,
+                    max_attempts,
+                    lease_seconds,
+                    expires_at,
+                    owner,
+                )
+            )
         leases.sort(key=lambda lease: lease.job_id)
         return leases
 
@@ -254,8 +278,8 @@ class PostgresBroker:
     async def complete_if_leased(self, items: Sequence[Completion]) -> list[bool]:
         if not items:
             return []
-        params = _ids_tokens([c.lease for c in items])
-        params["results"] = [  # type: ignore[assignment]
+        params: dict[str, Any] = dict(_ids_tokens([c.lease for c in items]))
+        params["results"] = [
             dumps(c.result, what=f"result of job {c.lease.job_id}") for c in items
         ]
         done = {row[0] for row in await self._fetch("complete", params)}

@@ -77,7 +77,9 @@ async def test_requeue_from_dead_letter_queue(broker):
     assert len(await broker.list_jobs(status=JobStatus.DEAD)) == 2
     assert await broker.requeue_dead([a.job_id]) == [a.job_id]
     stored = await broker.get_job(a.job_id)
-    assert stored.status == JobStatus.PENDING and stored.attempts == 0 and stored.dead_reason is None
+    assert (
+        stored.status == JobStatus.PENDING and stored.attempts == 0 and stored.dead_reason is None
+    )
     (lease,) = await broker.claim(["default"], "w", 1)
     assert lease.job_id == a.job_id
     assert await broker.requeue_dead(None) == [b.job_id]

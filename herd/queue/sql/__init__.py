@@ -14,7 +14,9 @@ def queries() -> dict[str, str]:
     """The blocks of queries.sql by their ``-- name:`` header."""
     text = resources.files(__name__).joinpath("queries.sql").read_text(encoding="utf-8")
     parts = _NAME.split(text)
-    return {name: body.strip().rstrip(";") for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+    return {
+        name: body.strip().rstrip(";") for name, body in zip(parts[1::2], parts[2::2], strict=True)
+    }
 
 
 def migrations() -> list[tuple[int, str, str]]:

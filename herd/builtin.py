@@ -1,0 +1,29 @@
+"""herd's built-in tasks, run by every `herd worker` (later: evaluation, embedding)."""
+
+from __future__ import annotations
+
+import hashlib
+
+from herd.app import App
+from herd.errors import Retry
+from herd.jsonvalue import JSON
+from herd.tasks import JobContext
+
+tasks = App()
+
+
+@tasks.task(name="herd.demo.fingerprint", lease_seconds=30)
+def fingerprint(payload: JSON, ctx: JobContext) -> JSON:
+    """The demo job: words, characters and SHA-256 of a text.
+
+    ``flaky: true`` fails the first attempt, to show a retry in the demo.
+    """
+    text = str(payload["text"])
+    if payload.get("flaky") and ctx.lease.attempts == 0:
+        raise Retry("flaky demo job: failing its first attempt on purpose", after=0.5)
+    return {
+        "words": len(text.split()),
+        "chars": len(text),
+        "sha256": hashlib.sha256(text.encode()).hexdigest()[:16],
+        "worker": ctx.worker_id,
+    }

@@ -1,0 +1,455 @@
+"""The `herd` command. Results go to stdout, logs and progress to stderr.
+
+Exit codes: 0 success, 1 the work failed, 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import importlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from herd.app import App
+from herd.config import Settings
+from herd.errors import HerdError
+from herd.queue.base import Job, JobStatus
+
+T = TypeVar("T")
+out = Console()
+err = Console(stderr=True)
+
+cli = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="herd: a crash-safe queue with fenced leases for expensive model work.",
+)
+jobs_cli = typer.Typer(no_args_is_help=True, help="Inspect jobs.")
+dlq_cli = typer.Typer(no_args_is_help=True, help="The dead-letter queue.")
+cli.add_typer(jobs_cli, name="jobs")
+cli.add_typer(dlq_cli, name="dlq")
+
+
+@dataclasses.dataclass
+class _Options:
+    settings: Settings
+    debug: bool = False
+
+
+def _opts(ctx: typer.Context) -> _Options:
+    opts: _Options = ctx.obj
+    return opts
+
+
+@cli.callback()
+def _root(
+    ctx: typer.Context,
+    database_url: Annotated[
+        str | None,
+        typer.Option(help="PostgreSQL URL [env HERD_DATABASE_URL; default: the embedded server]"),
+    ] = None,
+    home: Annotated[
+        Path | None, typer.Option(help="Data folder for the embedded server [env HERD_HOME]")
+    ] = None,
+    debug: Annotated[bool, typer.Option(help="Show tracebacks and debug logs.")] = False,
+) -> None:
+    settings = Settings.from_env().override(database_url=database_url, home=home)
+    ctx.obj = _Options(settings, debug)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.DEBUG if debug else logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+    # The pool logs every failed reconnect; herd reports outages itself, once.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR if not debug else logging.DEBUG)
+
+
+def _run(opts: _Options, work: Callable[[App], Awaitable[T]], app: App | None = None) -> T:
+    """Open an app, run ``work``, and turn herd errors into one line on stderr."""
+
+    async def main() -> T:
+        the_app = app or App(settings=opts.settings)
+        async with the_app:
+            return await work(the_app)
+
+    try:
+        return asyncio.run(main())
+    except HerdError as exc:
+        if opts.debug:
+            raise
+        err.print(f"[red]herd: error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: _jsonable(v) for k, v in dataclasses.asdict(value).items()}
+    if isinstance(value, dict):
+        return {str(_jsonable(k)): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(_jsonable(value), ensure_ascii=False) + "\n")
+
+
+def _when(value: datetime | None) -> str:
+    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else ""
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _jobs_table(jobs: list[Job], *, title: str, dead: bool = False) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in ("id", "task", "queue", "status", "prio", "tries", "stalls"):
+        table.add_column(
+            col, justify="right" if col in ("id", "prio", "tries", "stalls") else "left"
+        )
+    table.add_column("reason / last error" if dead else "result / error")
+    table.add_column("finished" if dead else "created")
+    for j in jobs:
+        detail = (
+            f"{j.dead_reason}: {j.last_error}"
+            if j.status == JobStatus.DEAD
+            else (_short(j.result) if j.status == JobStatus.SUCCEEDED else (j.last_error or ""))
+        )
+        table.add_row(
+            str(j.id),
+            j.task,
+            j.queue,
+            j.status.value,
+            str(j.priority),
+            str(j.attempts),
+            str(j.stalls),
+            _short(detail),
+            _when(j.finished_at if dead else j.created_at),
+        )
+    return table
+
+
+# -- worker
+
+
+def load_app(spec: str) -> App:
+    """Import ``module:attribute`` (the current folder is importable)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name:
+        raise typer.BadParameter("expected MODULE:APP, e.g. myproject.tasks:app")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise typer.BadParameter(f"cannot import {module_name!r}: {exc}") from None
+    app = getattr(module, attr or "app", None)
+    if not isinstance(app, App):
+        raise typer.BadParameter(f"{spec!r} is not a herd.App")
+    return app
+
+
+@cli.command()
+def worker(
+    ctx: typer.Context,
+    app_spec: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[MODULE:APP]", help="Your app; without it, herd's built-in tasks only."
+        ),
+    ] = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1)] = 10,
+    queue: Annotated[list[str] | None, typer.Option("--queue", "-q", help="Repeatable.")] = None,
+    grace: Annotated[float, typer.Option(help="Seconds running jobs get after SIGTERM.")] = 30.0,
+    poll_interval: Annotated[float, typer.Option(min=0.01)] = 1.0,
+    exit_when_idle: Annotated[bool, typer.Option(help="Stop once the queues are empty.")] = False,
+) -> None:
+    """Run jobs until SIGTERM/SIGINT (a second signal releases running jobs at once)."""
+    from herd.builtin import tasks as builtin_tasks
+    from herd.worker import Worker
+
+    opts = _opts(ctx)
+    app = load_app(app_spec) if app_spec else App(settings=opts.settings)
+    if app_spec:
+        app.settings = app.settings.override(database_url=opts.settings.database_url)
+    app.include(builtin_tasks)
+
+    async def work(a: App) -> Any:
+        return await Worker(
+            a,
+            queues=queue or ["default"],
+            concurrency=concurrency,
+            grace_period=grace,
+            poll_interval=poll_interval,
+            stop_when_idle=exit_when_idle,
+        ).run()
+
+    _run(opts, work, app)
+
+
+# -- jobs
+
+
+@cli.command()
+def enqueue(
+    ctx: typer.Context,
+    task: Annotated[str, typer.Argument(help="Task name.")],
+    payload: Annotated[str, typer.Argument(help="JSON payload.")] = "{}",
+    queue: Annotated[str | None, typer.Option()] = None,
+    priority: Annotated[int | None, typer.Option()] = None,
+    dedup_key: Annotated[str | None, typer.Option()] = None,
+    delay: Annotated[float, typer.Option(min=0)] = 0.0,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Add one job."""
+    try:
+        data = json.loads(payload)
+    except ValueError as exc:
+        raise typer.BadParameter(f"payload is not JSON: {exc}", param_hint="PAYLOAD") from None
+    result = _run(
+        _opts(ctx),
+        lambda a: a.enqueue(
+            task, data, queue=queue, priority=priority, dedup_key=dedup_key, delay=delay
+        ),
+    )
+    if as_json:
+        _print_json(result)
+    else:
+        out.print(f"job {result.job_id}" + ("" if result.created else " (already queued)"))
+
+
+@jobs_cli.command("stats")
+def jobs_stats(
+    ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] = False
+) -> None:
+    """Jobs per queue and status."""
+    stats = _run(_opts(ctx), lambda a: a.stats())
+    if as_json:
+        for s in stats:
+            _print_json(s)
+        return
+    table = Table(title="queues", title_justify="left")
+    for col in ("queue", *[s.value for s in JobStatus], "ready", "oldest ready"):
+        table.add_column(col, justify="left" if col == "queue" else "right")
+    for s in stats:
+        age = f"{s.oldest_ready_age:.1f}s" if s.oldest_ready_age is not None else ""
+        table.add_row(s.queue, *[str(s.counts.get(st, 0)) for st in JobStatus], str(s.ready), age)
+    out.print(table)
+
+
+@jobs_cli.command("list")
+def jobs_list(
+    ctx: typer.Context,
+    status: Annotated[JobStatus | None, typer.Option()] = None,
+    queue: Annotated[str | None, typer.Option()] = None,
+    limit: Annotated[int, typer.Option(min=1)] = 50,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Recent jobs, newest first."""
+    jobs = _run(_opts(ctx), lambda a: a.list_jobs(status=status, queue=queue, limit=limit))
+    if as_json:
+        for j in jobs:
+            _print_json(j)
+    else:
+        out.print(_jobs_table(jobs, title=f"{len(jobs)} jobs"))
+
+
+@jobs_cli.command("show")
+def jobs_show(
+    ctx: typer.Context, job_id: int, as_json: Annotated[bool, typer.Option("--json")] = False
+) -> None:
+    """Everything about one job."""
+    job = _run(_opts(ctx), lambda a: a.get_job(job_id))
+    if as_json:
+        _print_json(job)
+        return
+    table = Table(show_header=False, title=f"job {job.id}", title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in _jsonable(job).items():
+        table.add_row(key, value if isinstance(value, str) else json.dumps(value))
+    out.print(table)
+
+
+@dlq_cli.command("list")
+def dlq_list(
+    ctx: typer.Context,
+    queue: Annotated[str | None, typer.Option()] = None,
+    limit: Annotated[int, typer.Option(min=1)] = 100,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Dead-lettered jobs with their reasons."""
+    jobs = _run(_opts(ctx), lambda a: a.dead_letters(queue=queue, limit=limit))
+    if as_json:
+        for j in jobs:
+            _print_json(j)
+    else:
+        out.print(_jobs_table(jobs, title=f"{len(jobs)} dead-lettered jobs", dead=True))
+
+
+@dlq_cli.command("requeue")
+def dlq_requeue(
+    ctx: typer.Context,
+    job_ids: Annotated[list[int] | None, typer.Argument(metavar="[ID]...")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Requeue every dead-lettered job.")] = False,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Send dead-lettered jobs back to their queue with fresh counters."""
+    if bool(job_ids) == all_:
+        raise typer.BadParameter("give job ids or --all (not both)")
+    done = _run(_opts(ctx), lambda a: a.requeue(None if all_ else job_ids))
+    if as_json:
+        _print_json({"requeued": done})
+    else:
+        out.print(f"requeued {len(done)} jobs" + (f": {done}" if done else ""))
+    missing = set(job_ids or []) - set(done)
+    if missing:
+        err.print(f"not in the dead-letter queue: {sorted(missing)}")
+        raise typer.Exit(1)
+
+
+@cli.command()
+def migrate(ctx: typer.Context) -> None:
+    """Bring the schema up to date (also done automatically on connect)."""
+
+    async def work(a: App) -> list[int]:
+        from herd.queue.postgres import PostgresBroker
+
+        broker = a.broker
+        return await broker.migrate() if isinstance(broker, PostgresBroker) else []
+
+    _run(_opts(ctx), work)
+    out.print("schema is up to date")
+
+
+@cli.command()
+def config(ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """The settings in force (secrets masked)."""
+    values = _opts(ctx).settings.masked()
+    if as_json:
+        _print_json(values)
+        return
+    table = Table(show_header=False)
+    for key, value in values.items():
+        table.add_row(key, value)
+    out.print(table)
+
+
+# -- demo
+
+_DEMO_TEXTS = [
+    "In the beginning God created the heaven and the earth.",
+    "Setiap orang berhak atas pekerjaan dan penghidupan yang layak bagi kemanusiaan.",
+    "A lease that is not renewed expires, and another worker takes the job over.",
+    "No token is paid for twice and no result is lost.",
+]
+
+
+@cli.command()
+def demo(
+    ctx: typer.Context,
+    jobs: Annotated[int, typer.Option(min=1, help="How many jobs to enqueue.")] = 200,
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes to run.")] = 2,
+    concurrency: Annotated[int, typer.Option(min=1)] = 8,
+) -> None:
+    """Enqueue a batch of jobs, run worker processes until it is done, show the results."""
+    opts = _opts(ctx)
+    batch = f"demo-{int(time.time())}"
+    payloads = [
+        {
+            "text": f"{_DEMO_TEXTS[i % len(_DEMO_TEXTS)]} (#{i})",
+            "flaky": i % 50 == 7,
+            "batch": batch,
+        }
+        for i in range(jobs)
+    ]
+
+    async def submit(a: App) -> list[int]:
+        res = await a.enqueue_many("herd.demo.fingerprint", payloads, queue=batch)
+        return [r.job_id for r in res]
+
+    ids = _run(opts, submit)
+    err.print(f"enqueued {len(ids)} jobs on queue {batch}; starting {workers} worker processes")
+    env = dict(os.environ, HERD_HOME=str(opts.settings.home))
+    if opts.settings.database_url:
+        env["HERD_DATABASE_URL"] = opts.settings.database_url
+    started = time.monotonic()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "herd",
+                "worker",
+                "--queue",
+                batch,
+                "--concurrency",
+                str(concurrency),
+                "--exit-when-idle",
+                "--poll-interval",
+                "0.2",
+            ],
+            env=env,
+        )
+        for _ in range(workers)
+    ]
+    codes = [p.wait() for p in procs]
+    elapsed = time.monotonic() - started
+
+    async def collect(a: App) -> list[Job]:
+        return [await a.get_job(i) for i in ids]
+
+    done = _run(opts, collect)
+    by_status: dict[str, int] = {}
+    for j in done:
+        by_status[j.status.value] = by_status.get(j.status.value, 0) + 1
+    table = Table(title=f"first {min(8, len(done))} of {len(done)} jobs", title_justify="left")
+    for col in ("id", "status", "tries", "words", "sha256", "worker"):
+        table.add_column(col)
+    for j in done[:8]:
+        r = j.result if isinstance(j.result, dict) else {}
+        table.add_row(
+            str(j.id),
+            j.status.value,
+            str(j.attempts),
+            str(r.get("words", "")),
+            str(r.get("sha256", "")),
+            str(r.get("worker", "")),
+        )
+    out.print(table)
+    per_worker: dict[str, int] = {}
+    for j in done:
+        if isinstance(j.result, dict):
+            per_worker[j.result["worker"]] = per_worker.get(j.result["worker"], 0) + 1
+    out.print(
+        f"status: {by_status}; retried: {sum(1 for j in done if j.attempts)}; "
+        f"jobs per worker: {sorted(per_worker.values(), reverse=True)}; "
+        f"{len(done) / elapsed:.0f} jobs/s including worker start-up"
+    )
+    if any(codes) or by_status.get("succeeded", 0) != len(done):
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    cli()

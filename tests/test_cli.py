@@ -1,0 +1,94 @@
+"""The `herd` command as a user runs it: exit codes, one-line errors, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def herd(*args: str, url: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("HERD_")}
+    environ.update(env, PYTHONPATH=str(ROOT))
+    if url:
+        environ["HERD_DATABASE_URL"] = url
+    return subprocess.run(
+        [sys.executable, "-m", "herd", *args],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=60,
+    )
+
+
+def test_unreachable_database_is_one_clear_line_not_a_traceback():
+    r = herd("jobs", "list", url="postgresql://herd:s3cret@127.0.0.1:1/nodb")
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "unreachable" in lines[0] and "127.0.0.1:1" in lines[0]
+    assert "s3cret" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_payload_that_is_not_json_is_a_usage_error(clean_pg):
+    r = herd("enqueue", "some.task", "{not json", url=clean_pg)
+    assert r.returncode == 2
+    assert "payload is not JSON" in r.stderr
+    listed = herd("jobs", "list", "--json", url=clean_pg)
+    assert listed.stdout == ""  # nothing was enqueued
+
+
+def test_enqueue_list_show_dlq_requeue_round_trip(clean_pg):
+    made = herd(
+        "enqueue",
+        "no.such.task",
+        '{"doc": "a\'; DROP TABLE herd_jobs; --"}',
+        "--json",
+        url=clean_pg,
+    )
+    assert made.returncode == 0, made.stderr
+    job_id = json.loads(made.stdout)["job_id"]
+    ran = herd("worker", "--exit-when-idle", "--poll-interval", "0.1", url=clean_pg)
+    assert ran.returncode == 0, ran.stderr
+    dead = [
+        json.loads(line) for line in herd("dlq", "list", "--json", url=clean_pg).stdout.splitlines()
+    ]
+    assert [d["id"] for d in dead] == [job_id]
+    assert dead[0]["dead_reason"] == "unknown_task"
+    assert dead[0]["payload"] == {"doc": "a'; DROP TABLE herd_jobs; --"}
+    shown = json.loads(herd("jobs", "show", str(job_id), "--json", url=clean_pg).stdout)
+    assert shown["status"] == "dead"
+    requeued = herd("dlq", "requeue", str(job_id), url=clean_pg)
+    assert requeued.returncode == 0 and f"requeued 1 jobs: [{job_id}]" in requeued.stdout
+    again = herd("dlq", "requeue", str(job_id), url=clean_pg)
+    assert again.returncode == 1 and "not in the dead-letter queue" in again.stderr
+    stats = [
+        json.loads(line)
+        for line in herd("jobs", "stats", "--json", url=clean_pg).stdout.splitlines()
+    ]
+    assert stats[0]["counts"] == {"pending": 1}
+    missing = herd("jobs", "show", "999999", url=clean_pg)
+    assert missing.returncode == 1 and "no job has id 999999" in missing.stderr
+
+
+def test_worker_with_an_app_that_cannot_be_imported_is_a_usage_error(clean_pg):
+    r = herd("worker", "no_such_module:app", url=clean_pg)
+    assert r.returncode == 2 and "cannot import 'no_such_module'" in r.stderr
+
+
+def test_config_masks_secrets():
+    r = herd(
+        "config",
+        "--json",
+        HERD_DATABASE_URL="postgresql://u:hunter2@db/x",
+        HERD_API_TOKEN="tok-secret",
+        HERD_HOME="/tmp/h",
+    )
+    values = json.loads(r.stdout)
+    assert values["database_url"] == "postgresql://u:****@db/x"
+    assert values["api_token"] == "****" and values["home"] == "/tmp/h"
+    assert "hunter2" not in r.stdout and "tok-secret" not in r.stdout

@@ -1,0 +1,211 @@
+"""The worker in-process against the real database: heartbeat, cancellation, retries, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import psycopg
+import pytest
+
+from herd import App, Fatal, JobStatus, Retry, Worker
+from herd.queue.postgres import PostgresBroker
+from tests.helpers import eventually
+
+
+@pytest.fixture
+async def app(clean_pg):
+    the_app = App(database_url=clean_pg)
+    async with the_app:
+        yield the_app
+
+
+def start(app: App, **kw) -> tuple[Worker, asyncio.Task]:
+    kw.setdefault("poll_interval", 0.1)
+    kw.setdefault("install_signal_handlers", False)
+    worker = Worker(app, **kw)
+    return worker, asyncio.create_task(worker.run())
+
+
+async def status_of(app: App, job_id: int, *wanted: JobStatus):
+    async def probe():
+        job = await app.get_job(job_id)
+        return job if job.status in wanted else None
+
+    return await eventually(probe, timeout=15)
+
+
+async def test_sync_task_blocking_for_three_leases_keeps_its_lease(app):
+    @app.task(name="block", lease_seconds=0.6)
+    def block(payload):
+        end = time.monotonic() + 1.8  # 3x the lease, holding the GIL-released sleep and CPU
+        while time.monotonic() < end:
+            sum(range(10_000))
+        return "done"
+
+    r = await app.enqueue("block")
+    worker, run = start(app, concurrency=2)
+    job = await status_of(app, r.job_id, JobStatus.SUCCEEDED, JobStatus.DEAD)
+    worker.stop()
+    stats = await run
+    assert job.status == JobStatus.SUCCEEDED and job.result == "done"
+    assert job.stalls == 0 and job.lease_token == 1
+    assert stats.heartbeats >= 3 and stats.lost == 0
+
+
+async def test_lost_lease_cancels_the_task_and_writes_nothing(app, clean_pg):
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    @app.task(name="long", lease_seconds=0.6)
+    async def long(payload):
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "worker result"
+
+    r = await app.enqueue("long")
+    worker, run = start(app)
+    await asyncio.wait_for(started.wait(), 10)
+    # Another worker takes the job over (as after a network partition).
+    with psycopg.connect(clean_pg, autocommit=True) as conn:
+        conn.execute("UPDATE herd_jobs SET lease_expires_at = now() - interval '1 second'")
+    thief = PostgresBroker(clean_pg)
+    await thief.open()
+    try:
+        (lease,) = await thief.claim(["default"], "thief", 1)
+        await asyncio.wait_for(cancelled.wait(), 10)
+        from herd.queue.base import Completion
+
+        assert await thief.complete_if_leased([Completion(lease, "thief result")]) == [True]
+    finally:
+        await thief.close()
+    worker.stop()
+    stats = await run
+    job = await app.get_job(r.job_id)
+    assert job.result == "thief result" and job.status == JobStatus.SUCCEEDED
+    assert stats.lost == 1 and stats.succeeded == 0
+
+
+async def test_errors_retry_with_backoff_then_dead_letter_with_traceback(app):
+    calls = []
+
+    @app.task(name="flaky", max_attempts=3)
+    def flaky(payload):
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise Retry("not yet", after=0.3)
+        raise ValueError(f"bad input {payload['x']}")
+
+    r = await app.enqueue("flaky", {"x": 42})
+    from herd.tasks import Backoff
+
+    app.tasks["flaky"] = type(app.tasks["flaky"])(
+        **{**app.tasks["flaky"].__dict__, "backoff": Backoff(base=0.1, cap=0.2)}
+    )
+    worker, run = start(app)
+    job = await status_of(app, r.job_id, JobStatus.DEAD)
+    worker.stop()
+    await run
+    assert len(calls) == 3
+    assert calls[1] - calls[0] >= 0.3  # Retry(after=...) honoured
+    assert job.dead_reason == "max_attempts" and job.attempts == 3
+    assert job.last_error == "ValueError: bad input 42"
+    assert "in flaky" in job.last_traceback and job.last_worker == worker.name
+
+
+async def test_unknown_task_fatal_and_non_json_result_go_to_the_dlq(app):
+    @app.task(name="fatal")
+    async def fatal(payload):
+        raise Fatal("the document is not a PDF")
+
+    @app.task(name="bad_result")
+    async def bad_result(payload):
+        return {"when": object()}
+
+    ids = [(await app.enqueue(name)).job_id for name in ("no.such.task", "fatal", "bad_result")]
+    worker, run = start(app)
+    jobs = [await status_of(app, i, JobStatus.DEAD) for i in ids]
+    worker.stop()
+    await run
+    assert [j.dead_reason for j in jobs] == ["unknown_task", "fatal", "bad_result"]
+    assert "no.such.task" in jobs[0].last_error
+    assert [j.attempts for j in jobs] == [1, 1, 1]
+
+
+async def test_graceful_stop_waits_then_releases_without_an_attempt(app):
+    gate = threading.Event()
+
+    @app.task(name="quick")
+    async def quick(payload):
+        await asyncio.sleep(0.05)
+        return "ok"
+
+    @app.task(name="stuck")
+    async def stuck(payload):
+        gate.set()
+        await asyncio.sleep(60)
+
+    q = await app.enqueue("quick")
+    s = await app.enqueue("stuck")
+    worker, run = start(app, grace_period=0.5)
+    await eventually(lambda: asyncio.to_thread(gate.is_set))
+    worker.stop()
+    await asyncio.wait_for(run, 10)
+    assert (await app.get_job(q.job_id)).status == JobStatus.SUCCEEDED
+    stuck_job = await app.get_job(s.job_id)
+    assert stuck_job.status == JobStatus.PENDING
+    assert stuck_job.attempts == 0 and stuck_job.stalls == 0 and stuck_job.lease_owner is None
+
+
+async def test_second_stop_releases_at_once(app):
+    gate = threading.Event()
+
+    @app.task(name="stuck")
+    async def stuck(payload):
+        gate.set()
+        await asyncio.sleep(60)
+
+    s = await app.enqueue("stuck")
+    worker, run = start(app, grace_period=60)
+    await eventually(lambda: asyncio.to_thread(gate.is_set))
+    worker.stop()
+    worker.stop()
+    await asyncio.wait_for(run, 5)
+    assert (await app.get_job(s.job_id)).status == JobStatus.PENDING
+
+
+async def test_worker_survives_its_connections_being_killed(app, clean_pg):
+    @app.task(name="step")
+    async def step(payload):
+        await asyncio.sleep(0.02)
+        return payload
+
+    first = await app.enqueue_many("step", list(range(20)))
+    worker, run = start(app, concurrency=4)
+    await status_of(app, first[-1].job_id, JobStatus.SUCCEEDED)
+    with psycopg.connect(clean_pg, autocommit=True) as conn:
+        killed = conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()[0]
+    assert killed >= 1
+    # The app's own pool lost its connections too; it reconnects on its own.
+    second = await eventually(lambda: _enqueue_ignoring_drops(app), timeout=10)
+    for r in second:
+        await status_of(app, r.job_id, JobStatus.SUCCEEDED)
+    worker.stop()
+    await run
+    assert worker.stats.succeeded == 40
+
+
+async def _enqueue_ignoring_drops(app):
+    from herd.errors import BrokerError
+
+    try:
+        return await app.enqueue_many("step", list(range(20)))
+    except BrokerError:
+        return None
