@@ -43,10 +43,17 @@ async def bench_herd(url: str, jobs: int, concurrency: int, batch: int) -> tuple
     async with app:
         t0 = time.perf_counter()
         for start in range(0, jobs, batch):
-            await app.enqueue_many("noop", [{"i": i} for i in range(start, min(jobs, start + batch))])
+            await app.enqueue_many(
+                "noop", [{"i": i} for i in range(start, min(jobs, start + batch))]
+            )
         enqueue_s = time.perf_counter() - t0
-        worker = Worker(app, concurrency=concurrency, poll_interval=0.05, stop_when_idle=True,
-                        install_signal_handlers=False)
+        worker = Worker(
+            app,
+            concurrency=concurrency,
+            poll_interval=0.05,
+            stop_when_idle=True,
+            install_signal_handlers=False,
+        )
         t0 = time.perf_counter()
         stats = await worker.run()
         drain_s = time.perf_counter() - t0
@@ -54,7 +61,9 @@ async def bench_herd(url: str, jobs: int, concurrency: int, batch: int) -> tuple
     return jobs / enqueue_s, jobs / drain_s
 
 
-async def bench_procrastinate(url: str, jobs: int, concurrency: int, batch: int) -> tuple[float, float]:
+async def bench_procrastinate(
+    url: str, jobs: int, concurrency: int, batch: int
+) -> tuple[float, float]:
     import procrastinate
 
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
@@ -67,14 +76,23 @@ async def bench_procrastinate(url: str, jobs: int, concurrency: int, batch: int)
         await app.schema_manager.apply_schema_async()
         t0 = time.perf_counter()
         for start in range(0, jobs, batch):
-            await noop.batch_defer_async(*({"i": i} for i in range(start, min(jobs, start + batch))))
+            await noop.batch_defer_async(
+                *({"i": i} for i in range(start, min(jobs, start + batch)))
+            )
         enqueue_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        await app.run_worker_async(concurrency=concurrency, wait=False, install_signal_handlers=False,
-                                   fetch_job_polling_interval=0.05, listen_notify=True)
+        await app.run_worker_async(
+            concurrency=concurrency,
+            wait=False,
+            install_signal_handlers=False,
+            fetch_job_polling_interval=0.05,
+            listen_notify=True,
+        )
         drain_s = time.perf_counter() - t0
         async with app.connector.pool.connection() as conn:  # type: ignore[attr-defined]
-            cur = await conn.execute("SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'")
+            cur = await conn.execute(
+                "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
+            )
             done = (await cur.fetchone())[0]
         assert done == jobs, done
     return jobs / enqueue_s, jobs / drain_s
@@ -86,7 +104,10 @@ async def heartbeat_statements(url: str, leases: int) -> tuple[float, int]:
     original = psycopg.AsyncConnection.execute
 
     async def counting_execute(self, query, params=None, **kw):  # type: ignore[no-untyped-def]
-        if asyncio.current_task() is not None and asyncio.current_task().get_name() == "herd-heartbeat":
+        if (
+            asyncio.current_task() is not None
+            and asyncio.current_task().get_name() == "herd-heartbeat"
+        ):
             sent.append(str(query)[:40])
         return await original(self, query, params, **kw)
 
@@ -128,22 +149,33 @@ def main() -> None:
     admin = embedded_server(home).acquire()
     herd_rates, proc_rates = [], []
     for r in range(args.rounds):
-        h = asyncio.run(bench_herd(fresh_database(admin, f"bench_herd_{r}"), args.jobs,
-                                   args.concurrency, args.batch))
-        p = asyncio.run(bench_procrastinate(fresh_database(admin, f"bench_proc_{r}"), args.jobs,
-                                            args.concurrency, args.batch))
+        h = asyncio.run(
+            bench_herd(
+                fresh_database(admin, f"bench_herd_{r}"), args.jobs, args.concurrency, args.batch
+            )
+        )
+        p = asyncio.run(
+            bench_procrastinate(
+                fresh_database(admin, f"bench_proc_{r}"), args.jobs, args.concurrency, args.batch
+            )
+        )
         herd_rates.append(h)
         proc_rates.append(p)
-        print(f"round {r + 1}: herd enqueue {h[0]:,.0f}/s drain {h[1]:,.0f}/s | "
-              f"procrastinate enqueue {p[0]:,.0f}/s drain {p[1]:,.0f}/s", file=sys.stderr)
+        print(
+            f"round {r + 1}: herd enqueue {h[0]:,.0f}/s drain {h[1]:,.0f}/s | "
+            f"procrastinate enqueue {p[0]:,.0f}/s drain {p[1]:,.0f}/s",
+            file=sys.stderr,
+        )
     per_tick, ticks = asyncio.run(heartbeat_statements(fresh_database(admin, "bench_hb"), 1000))
 
     hd = statistics.median(x[1] for x in herd_rates)
     pd = statistics.median(x[1] for x in proc_rates)
     he = statistics.median(x[0] for x in herd_rates)
     pe = statistics.median(x[0] for x in proc_rates)
-    print(f"queue throughput: {args.jobs:,} no-op jobs, concurrency {args.concurrency}, "
-          f"embedded PostgreSQL, {args.rounds} round(s), medians")
+    print(
+        f"queue throughput: {args.jobs:,} no-op jobs, concurrency {args.concurrency}, "
+        f"embedded PostgreSQL, {args.rounds} round(s), medians"
+    )
     print(f"{'':14}{'enqueue jobs/s':>16}{'drain jobs/s':>16}")
     print(f"{'herd':14}{he:>16,.0f}{hd:>16,.0f}")
     print(f"{'procrastinate':14}{pe:>16,.0f}{pd:>16,.0f}")
