@@ -29,7 +29,7 @@ from functools import partial
 from typing import Any
 
 from herd.app import App
-from herd.errors import BrokerUnavailable, Fatal, LeaseLost, NotJSONSerializable, Retry
+from herd.errors import BrokerError, BrokerUnavailable, Fatal, LeaseLost, NotJSONSerializable, Retry
 from herd.jsonvalue import dumps
 from herd.queue.base import Completion, DeadReason, Failure, JobStatus, Lease
 from herd.tasks import JobContext, call_task
@@ -147,7 +147,7 @@ class Worker:
                 continue
             try:
                 leases = await self.app.broker.claim(self.queues, self.name, free)
-            except BrokerUnavailable as exc:
+            except BrokerError as exc:  # unreachable, or failing: either way, back off
                 failures += 1
                 delay = min(30.0, 0.5 * 2 ** min(failures, 6)) * random.uniform(0.8, 1.2)
                 log.error("%s; retrying in %.1fs", exc, delay)
@@ -287,8 +287,8 @@ class Worker:
         delay = retry_in if retry_in is not None else task.backoff.delay(running.lease.attempts + 1)
         return Failure(
             running.lease,
-            error=f"{type(exc).__name__}: {exc}",
-            traceback="".join(traceback.format_exception(exc)),
+            error=_clip(f"{type(exc).__name__}: {exc}", 4_000),
+            traceback=_clip("".join(traceback.format_exception(exc)), 64_000),
             retry_in=delay,
             final=final,
             reason=reason,
@@ -334,11 +334,11 @@ class Worker:
         while True:
             try:
                 return await op()
-            except BrokerUnavailable as exc:
+            except BrokerError as exc:
                 failures += 1
-                if time.monotonic() > running.deadline:
+                if not isinstance(exc, BrokerUnavailable) or time.monotonic() > running.deadline:
                     log.error(
-                        "job %d: giving up writing (%s); the lease has run out",
+                        "job %d: giving up writing (%s); the job runs again once its lease expires",
                         running.lease.job_id,
                         exc,
                     )
@@ -364,7 +364,7 @@ class Worker:
                 continue
             try:
                 oks = await self.app.broker.complete_if_leased([c for c, _ in batch])
-            except BrokerUnavailable as exc:
+            except BrokerError as exc:
                 now = time.monotonic()
                 keep = []
                 for completion, fut in batch:
@@ -394,7 +394,7 @@ class Worker:
             sent = time.monotonic()
             try:
                 renewed = await self.app.broker.renew_if_leased([r.lease for r in running])
-            except BrokerUnavailable as exc:
+            except BrokerError as exc:
                 log.error("heartbeat failed: %s", exc)
                 renewed = None
             self.stats.heartbeats += 1
@@ -441,3 +441,9 @@ class Worker:
                 log.error(
                     "could not release %d jobs (%s); their leases will expire", len(left), exc
                 )
+
+
+def _clip(text: str, limit: int) -> str:
+    """Error text for storage: no NUL (PostgreSQL text refuses it), bounded in size."""
+    text = text.replace("\x00", "\\0")
+    return text if len(text) <= limit else text[: limit // 2] + "\n[…]\n" + text[-limit // 2 :]

@@ -126,14 +126,20 @@ async def test_unknown_task_fatal_and_non_json_result_go_to_the_dlq(app):
     async def bad_result(payload):
         return {"when": object()}
 
-    ids = [(await app.enqueue(name)).job_id for name in ("no.such.task", "fatal", "bad_result")]
+    @app.task(name="nul_error")
+    async def nul_error(payload):
+        raise Fatal("binary garbage \x00 in the error" + "x" * 100_000)
+
+    names = ("no.such.task", "fatal", "bad_result", "nul_error")
+    ids = [(await app.enqueue(name)).job_id for name in names]
     worker, run = start(app)
     jobs = [await status_of(app, i, JobStatus.DEAD) for i in ids]
     worker.stop()
     await run
-    assert [j.dead_reason for j in jobs] == ["unknown_task", "fatal", "bad_result"]
+    assert [j.dead_reason for j in jobs] == ["unknown_task", "fatal", "bad_result", "fatal"]
     assert "no.such.task" in jobs[0].last_error
-    assert [j.attempts for j in jobs] == [1, 1, 1]
+    assert [j.attempts for j in jobs] == [1, 1, 1, 1]
+    assert "garbage \\0 in" in jobs[3].last_error and len(jobs[3].last_error) < 5_000
 
 
 async def test_graceful_stop_waits_then_releases_without_an_attempt(app):

@@ -279,9 +279,7 @@ class PostgresBroker:
         if not items:
             return []
         params: dict[str, Any] = dict(_ids_tokens([c.lease for c in items]))
-        params["results"] = [
-            dumps(c.result, what=f"result of job {c.lease.job_id}") for c in items
-        ]
+        params["results"] = [dumps(c.result, what=f"result of job {c.lease.job_id}") for c in items]
         done = {row[0] for row in await self._fetch("complete", params)}
         refused = [c.lease for c in items if c.lease.job_id not in done]
         if refused:
