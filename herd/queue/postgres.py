@@ -233,39 +233,15 @@ class PostgresBroker:
     async def claim(self, queues: Sequence[str], owner: str, limit: int) -> list[Lease]:
         if limit <= 0:
             return []
-        rows = await self._fetch("claim", {"queues": list(queues), "owner": owner, "limit": limit})
+        rows = await self._fetch_dicts(
+            "claim", {"queues": list(queues), "owner": owner, "limit": limit}
+        )
         leases = []
-        for (
-            job_id,
-            token,
-            task,
-            queue,
-            payload,
-            attempts,
-            stalls,
-            max_attempts,
-            lease_seconds,
-            expires_at,
-            status,
-        ) in rows:
-            if status != JobStatus.PROCESSING:
-                log.warning("job %s dead-lettered: its lease expired too many times", job_id)
+        for row in rows:
+            if row.pop("status") != JobStatus.PROCESSING:
+                log.warning("job %s dead-lettered: its lease expired too many times", row["job_id"])
                 continue
-            leases.append(
-                Lease(
-                    job_id,
-                    token,
-                    task,
-                    queue,
-                    payload,
-                    attempts,
-                    stalls,
-                    max_attempts,
-                    lease_seconds,
-                    expires_at,
-                    owner,
-                )
-            )
+            leases.append(Lease(**row, owner=owner))
         leases.sort(key=lambda lease: lease.job_id)
         return leases
 

@@ -62,8 +62,8 @@ UPDATE herd_jobs j SET
     last_worker      = %(owner)s
   FROM picked
  WHERE j.id = picked.id
-RETURNING j.id, j.lease_token, j.task, j.queue, j.payload, j.attempts, j.stalls,
-          j.max_attempts, j.lease_seconds, j.lease_expires_at, j.status;
+RETURNING j.id AS job_id, j.lease_token AS token, j.task, j.queue, j.payload, j.attempts,
+          j.stalls, j.max_attempts, j.lease_seconds, j.lease_expires_at AS expires_at, j.status;
 
 -- name: renew
 WITH held AS (
