@@ -194,39 +194,35 @@ class PostgresBroker:
                 await conn.execute(self._q["notify"], {"queues": sorted({j.queue for j in jobs})})
         # Inserted ids ascend in input order; rows skipped by the dedup
         # conflict are absent and resolve to the job that holds the key.
-        results: list[EnqueueResult | None] = []
-        by_key: dict[str, int] = {}
         rows = iter(inserted)
         nxt = next(rows, None)
-        for job in jobs:
-            if (
-                nxt is not None
-                and nxt[1] == job.dedup_key
-                and (job.dedup_key is None or job.dedup_key not in by_key)
-            ):
-                results.append(EnqueueResult(nxt[0], True))
-                if job.dedup_key is not None:
-                    by_key[job.dedup_key] = nxt[0]
+        by_key: dict[tuple[str, str], int] = {}
+        results: dict[int, EnqueueResult] = {}
+        for i, job in enumerate(jobs):
+            key = (job.queue, job.dedup_key) if job.dedup_key is not None else None
+            if key is not None and key in by_key:
+                results[i] = EnqueueResult(by_key[key], False)
+            elif nxt is not None and (nxt[1], nxt[2]) == (job.queue, job.dedup_key):
+                results[i] = EnqueueResult(nxt[0], True)
+                if key is not None:
+                    by_key[key] = nxt[0]
                 nxt = next(rows, None)
-            elif job.dedup_key is not None and job.dedup_key in by_key:
-                results.append(EnqueueResult(by_key[job.dedup_key], False))
-            else:
-                results.append(None)
-        missing = [j for j, r in zip(jobs, results, strict=True) if r is None]
+        missing = [i for i in range(len(jobs)) if i not in results]
         if missing:
+            keys = [(jobs[i].queue, str(jobs[i].dedup_key)) for i in missing]
             existing = await self._fetch(
-                "active_by_dedup_key", {"keys": [j.dedup_key for j in missing]}
+                "active_by_dedup_key",
+                {"queues": [q for q, _ in keys], "keys": [k for _, k in keys]},
             )
-            found = {key: job_id for job_id, key in existing}
-            retry = [j for j in missing if j.dedup_key not in found]
+            found = {(q, k): job_id for job_id, q, k in existing}
+            retry = [i for i, key in zip(missing, keys, strict=True) if key not in found]
             if retry:  # the holder finished between our insert and our look-up
-                for job, res in zip(retry, await self.enqueue(retry), strict=True):
-                    found[job.dedup_key] = res.job_id
-            results = [
-                r or EnqueueResult(found[j.dedup_key], False)
-                for j, r in zip(jobs, results, strict=True)
-            ]
-        return [r for r in results if r is not None]
+                redo = await self.enqueue([jobs[i] for i in retry])
+                results.update(zip(retry, redo, strict=True))
+            for i, key in zip(missing, keys, strict=True):
+                if i not in results:
+                    results[i] = EnqueueResult(found[key], False)
+        return [results[i] for i in range(len(jobs))]
 
     # -- workers
 

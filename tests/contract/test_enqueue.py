@@ -54,3 +54,8 @@ async def test_non_json_payload_is_refused_and_nothing_is_enqueued(broker, paylo
     with pytest.raises(NotJSONSerializable):
         await broker.enqueue([job(payload={"fine": 1}), job(payload=payload)])
     assert await broker.list_jobs() == []
+
+
+async def test_dedup_keys_are_scoped_to_their_queue(broker):
+    a, b = await broker.enqueue([job(queue="q1", dedup_key="k"), job(queue="q2", dedup_key="k")])
+    assert a.created and b.created and a.job_id != b.job_id

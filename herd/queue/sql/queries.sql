@@ -13,13 +13,15 @@ SELECT n.queue, n.task, n.payload::jsonb, n.priority, n.dedup_key,
        WITH ORDINALITY AS n(queue, task, payload, priority, dedup_key, delay, lease_seconds,
                             max_attempts, max_stalls, ord)
  ORDER BY n.ord
-ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('pending', 'processing')
+ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('pending', 'processing')
 DO NOTHING
-RETURNING id, dedup_key;
+RETURNING id, queue, dedup_key;
 
 -- name: active_by_dedup_key
-SELECT id, dedup_key FROM herd_jobs
- WHERE dedup_key = ANY(%(keys)s::text[]) AND status IN ('pending', 'processing');
+SELECT j.id, j.queue, j.dedup_key FROM herd_jobs j
+  JOIN unnest(%(queues)s::text[], %(keys)s::text[]) AS k(queue, dedup_key)
+    ON j.queue = k.queue AND j.dedup_key = k.dedup_key
+ WHERE j.status IN ('pending', 'processing');
 
 -- name: notify
 SELECT pg_notify('herd_jobs', q) FROM unnest(%(queues)s::text[]) AS q;
