@@ -27,12 +27,15 @@ class App:
         *,
         settings: Settings | None = None,
         database_url: str | None = None,
-        broker: Broker | None = None,
+        broker: Broker | str | None = None,
         pool_size: int = 8,
     ) -> None:
-        self.settings = (settings or Settings.from_env()).override(database_url=database_url)
+        """``broker``: a Broker, or "postgres" / "redis" (default: settings, then postgres)."""
+        self.settings = (settings or Settings.from_env()).override(
+            database_url=database_url, broker=broker if isinstance(broker, str) else None
+        )
         self.tasks: dict[str, Task] = {}
-        self._broker = broker
+        self._broker = None if isinstance(broker, str) else broker
         self._pool_size = pool_size
         self._opened = False
 
@@ -105,6 +108,14 @@ class App:
     def _make_broker(self) -> Broker:
         from herd.queue.postgres import PostgresBroker
 
+        if self.settings.broker == "redis":
+            from herd.queue.redis import RedisBroker
+
+            if not self.settings.redis_url:
+                raise ConfigError("the redis broker needs HERD_REDIS_URL (or --redis-url)")
+            return RedisBroker(self.settings.redis_url)
+        if self.settings.broker != "postgres":
+            raise ConfigError(f"unknown broker {self.settings.broker!r}: use postgres or redis")
         url = self.settings.database_url
         if url is None:
             from herd.embedded import embedded_server

@@ -30,6 +30,13 @@ from herd.errors import HerdError
 from herd.queue.base import Job, JobStatus
 
 T = TypeVar("T")
+
+
+class Broker(enum.StrEnum):
+    postgres = "postgres"
+    redis = "redis"
+
+
 out = Console()
 err = Console(stderr=True)
 
@@ -48,6 +55,7 @@ cli.add_typer(dlq_cli, name="dlq")
 @dataclasses.dataclass
 class _Options:
     settings: Settings
+    flags: dict[str, Any]  # the options given on the command line: they beat the app's own
     debug: bool = False
 
 
@@ -66,10 +74,20 @@ def _root(
     home: Annotated[
         Path | None, typer.Option(help="Data folder for the embedded server [env HERD_HOME]")
     ] = None,
+    broker: Annotated[
+        Broker | None, typer.Option(help="Where jobs live [env HERD_BROKER; default postgres]")
+    ] = None,
+    redis_url: Annotated[str | None, typer.Option(help="Redis URL [env HERD_REDIS_URL]")] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks and debug logs.")] = False,
 ) -> None:
-    settings = Settings.from_env().override(database_url=database_url, home=home)
-    ctx.obj = _Options(settings, debug)
+    flags: dict[str, Any] = {
+        "database_url": database_url,
+        "home": home,
+        "redis_url": redis_url,
+        "broker": broker.value if broker else None,
+    }
+    flags = {k: v for k, v in flags.items() if v is not None}
+    ctx.obj = _Options(Settings.from_env().override(**flags), flags, debug)
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.DEBUG if debug else logging.INFO,
@@ -192,7 +210,7 @@ def worker(
     opts = _opts(ctx)
     app = load_app(app_spec) if app_spec else App(settings=opts.settings)
     if app_spec:
-        app.settings = app.settings.override(database_url=opts.settings.database_url)
+        app.settings = app.settings.override(**opts.flags)
     app.include(builtin_tasks)
 
     async def work(a: App) -> Any:

@@ -19,6 +19,7 @@ class Settings:
     home: Path = field(default_factory=default_home)
     database_url: str | None = None
     redis_url: str | None = None
+    broker: str = "postgres"  # where jobs live: "postgres" or "redis"
     api_token: str | None = field(default=None, repr=False)
 
     @classmethod
@@ -29,6 +30,7 @@ class Settings:
             home=Path(home).expanduser() if home else default_home(),
             database_url=env.get("HERD_DATABASE_URL") or None,
             redis_url=env.get("HERD_REDIS_URL") or None,
+            broker=env.get("HERD_BROKER") or "postgres",
             api_token=env.get("HERD_API_TOKEN") or None,
         )
 

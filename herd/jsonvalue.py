@@ -33,3 +33,8 @@ def canonical(value: JSON) -> str:
         )
     except (TypeError, ValueError) as exc:
         raise NotJSONSerializable(f"value is not JSON: {exc}") from None
+
+
+def loads(text: str) -> JSON:
+    """Parse stored JSON (never pickle, never eval)."""
+    return json.loads(text)

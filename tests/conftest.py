@@ -7,15 +7,19 @@ on the machine are never used.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from herd.embedded import embedded_server
+from herd.queue.base import Broker
 from herd.queue.postgres import PostgresBroker, migrate
+from herd.queue.redis import RedisBroker
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".herd-test"
@@ -44,9 +48,9 @@ def pg_url(herd_home: Path) -> Iterator[str]:
         async with conn:
             await migrate(conn)
 
-    import asyncio
-
-    asyncio.run(setup())
+    # In a thread of its own: the first test to ask may already run an event loop.
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, setup()).result()
     yield url
     server.release()
 
@@ -62,15 +66,29 @@ def clean_pg(pg_url: str) -> str:
     return pg_url
 
 
-BACKENDS = ["postgres"]
+BACKENDS = ["postgres", "redis"]
+
+
+def flush_redis(url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    client.close()
 
 
 @pytest.fixture(params=BACKENDS)
-async def broker(request: pytest.FixtureRequest, pg_url: str) -> AsyncIterator[PostgresBroker]:
+async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
     """Every backend, empty, opened; the contract suite runs once per backend."""
+    b: Broker
     if request.param == "postgres":
-        truncate(pg_url)
-        b = PostgresBroker(pg_url, pool_size=24)
+        url = request.getfixturevalue("pg_url")
+        truncate(url)
+        b = PostgresBroker(url, pool_size=24)
+    else:
+        url = request.getfixturevalue("redis_stack")
+        flush_redis(url)
+        b = RedisBroker(url)
     await b.open()
     try:
         yield b

@@ -1,0 +1,87 @@
+-- Shared by every herd script (prepended to each). All keys of a queue share the
+-- hash tag {queue}, so each script touches one Redis Cluster slot. Time comes
+-- from the server (TIME), never from a client.
+local P = ARGV[1]                -- key prefix, "herd:{queue}:"
+local GROUP = 'herd'
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function jkey(id) return P .. 'job:' .. id end
+local function lkey(id) return P .. 'lease:' .. id end
+
+local function set_status(id, old, new)
+  redis.call('ZREM', P .. 'st:' .. old, id)
+  redis.call('ZADD', P .. 'st:' .. new, id, id)
+  redis.call('HSET', jkey(id), 'status', new)
+end
+
+-- Append the job to its priority's stream (one stream and consumer group per priority).
+local function push(id)
+  local prio = redis.call('HGET', jkey(id), 'priority')
+  local stream = P .. 's:' .. prio
+  if not redis.call('ZSCORE', P .. 'prios', prio) then
+    redis.pcall('XGROUP', 'CREATE', stream, GROUP, '0', 'MKSTREAM')
+    redis.call('ZADD', P .. 'prios', prio, prio)
+  end
+  local entry = redis.call('XADD', stream, '*', 'id', id)
+  redis.call('HSET', jkey(id), 'entry', entry)
+end
+
+-- Acknowledge and drop the job's stream entry, if it has one.
+local function ack(id)
+  local entry, prio = unpack(redis.call('HMGET', jkey(id), 'entry', 'priority'))
+  if entry and entry ~= '' then
+    local stream = P .. 's:' .. prio
+    redis.call('XACK', stream, GROUP, entry)
+    redis.call('XDEL', stream, entry)
+    redis.call('HSET', jkey(id), 'entry', '')
+  end
+end
+
+local function drop_lease(id)
+  redis.call('DEL', lkey(id))
+  redis.call('ZREM', P .. 'leases', id)
+  redis.call('HSET', jkey(id), 'lease_expires_at', '')
+end
+
+local function free_dedup(id)
+  local key = redis.call('HGET', jkey(id), 'dedup_key')
+  if key and key ~= '' and redis.call('GET', P .. 'dedup:' .. key) == id then
+    redis.call('DEL', P .. 'dedup:' .. key)
+  end
+end
+
+local function finish(id, old, new, now)
+  ack(id)
+  drop_lease(id)
+  free_dedup(id)
+  set_status(id, old, new)
+  redis.call('HSET', jkey(id), 'finished_at', now)
+end
+
+local function dead(id, old, reason, now)
+  finish(id, old, 'dead', now)
+  redis.call('HSET', jkey(id), 'dead_reason', reason)
+  redis.call('XADD', P .. 'dlq', 'MAXLEN', '~', '10000', '*', 'id', id, 'reason', reason)
+end
+
+-- Is (id, token) the live lease? The lease key expires by itself (PX), so an
+-- expired lease fails this check even before anyone takes the job over.
+local function held(id, token)
+  return redis.call('GET', lkey(id)) == token
+end
+
+local function requeue(id, old, delay, now)
+  ack(id)
+  drop_lease(id)
+  set_status(id, old, 'pending')
+  redis.call('HSET', jkey(id), 'run_at', now + delay, 'owner', '')
+  if delay > 0 then
+    redis.call('ZADD', P .. 'delayed', now + delay, id)
+  else
+    push(id)
+  end
+end

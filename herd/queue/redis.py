@@ -1,0 +1,412 @@
+"""The Redis broker: a stream per queue and priority, lease keys with PX, fenced Lua scripts.
+
+Layout (every key of a queue carries the hash tag ``{queue}``, so one queue lives
+in one Redis Cluster slot and each script touches one slot):
+
+    herd:{q}:job:<id>      hash: the job (payload, status, counters, token, result)
+    herd:{q}:s:<priority>  stream of ready job ids, consumer group "herd"
+    herd:{q}:prios         sorted set of the priorities that have a stream
+    herd:{q}:lease:<id>    the lease: SET <token> PX <ttl>; gone once expired
+    herd:{q}:leases        sorted set: job id by lease expiry (finds expired leases)
+    herd:{q}:delayed       sorted set: job id by run_at (backoff, delays)
+    herd:{q}:st:<status>   sorted sets of job ids by status (listing, stats)
+    herd:{q}:dedup:<key>   the active job holding a dedup key
+    herd:{q}:dlq           stream: a record of every dead-lettering with its reason
+    herd:ids, herd:queues, herd:jobq   id counter, known queues, job id -> queue
+
+Every write after a claim is a script that first compares the lease key with
+the caller's token; an expired lease has no key, so it fails the comparison
+with no help from any client clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis import exceptions as rexc
+from redis.commands.core import AsyncScript
+
+from herd.config import mask_url
+from herd.errors import BrokerError, BrokerUnavailable
+from herd.jsonvalue import dumps, loads
+from herd.queue.base import (
+    Completion,
+    EnqueueResult,
+    Failure,
+    Job,
+    JobStatus,
+    Lease,
+    NewJob,
+    QueueStats,
+)
+
+log = logging.getLogger("herd.redis")
+
+SCRIPTS = ("enqueue", "claim", "renew", "complete", "fail", "release", "requeue_dead")
+
+
+@cache
+def _lua(name: str) -> str:
+    folder = resources.files("herd.queue").joinpath("lua")
+    common = folder.joinpath("common.lua").read_text(encoding="utf-8")
+    return common + "\n" + folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+
+
+def prefix(queue: str) -> str:
+    if "{" in queue or "}" in queue:
+        raise BrokerError(
+            f"queue name {queue!r} may not contain braces (they form Redis hash tags)"
+        )
+    return f"herd:{{{queue}}}:"
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _ms(value: str | None) -> datetime | None:
+    return datetime.fromtimestamp(int(value) / 1000, UTC) if value else None
+
+
+class RedisBroker:
+    name = "redis"
+
+    def __init__(self, url: str, *, finished_ttl: float = 7 * 86400) -> None:
+        """``finished_ttl``: seconds a succeeded job's hash (and result) is kept; 0 keeps it."""
+        self.url = url
+        self.finished_ttl = int(finished_ttl)
+        self._redis: aioredis.Redis = aioredis.Redis.from_url(
+            url, decode_responses=True, protocol=2, health_check_interval=30
+        )
+        self._scripts: dict[str, AsyncScript] = {
+            n: self._redis.register_script(_lua(n)) for n in SCRIPTS
+        }
+        self._warned_aof = False
+
+    @asynccontextmanager
+    async def _errors(self) -> AsyncIterator[None]:
+        """redis-py errors become herd errors here, at the boundary."""
+        try:
+            yield
+        except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+            raise BrokerUnavailable(
+                f"Redis at {mask_url(self.url)} is unreachable ({exc}); is the server running and"
+                " HERD_REDIS_URL right?"
+            ) from exc
+        except rexc.RedisError as exc:
+            raise BrokerError(f"Redis error: {exc}") from exc
+
+    async def _run(self, script: str, queue: str, *args: Any) -> Any:
+        async with self._errors():
+            p = prefix(queue)
+            return await self._scripts[script](keys=[p + "meta"], args=[p, *args])
+
+    # -- lifecycle
+
+    async def open(self) -> None:
+        async with self._errors():
+            await self._redis.ping()
+            await self._check_persistence()
+
+    async def _check_persistence(self) -> None:
+        """Without AOF, Redis forgets acknowledged jobs when it restarts: say so, once."""
+        try:
+            conf = await self._redis.config_get("appendonly")
+        except rexc.ResponseError:
+            return  # CONFIG is disabled on many managed servers; they persist by their own rules
+        if conf.get("appendonly") != "yes" and not self._warned_aof:
+            self._warned_aof = True
+            log.warning(
+                "Redis at %s runs without AOF (appendonly no): jobs enqueued or finished"
+                " since its last snapshot are lost if it restarts; set appendonly yes.",
+                mask_url(self.url),
+            )
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+    # -- producers
+
+    async def enqueue(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
+        if not jobs:
+            return []
+        payloads = [dumps(j.payload, what=f"payload of {j.task!r}") for j in jobs]
+        for j in jobs:
+            prefix(j.queue)
+        async with self._errors():
+            last = await self._redis.incrby("herd:ids", len(jobs))
+        ids = list(range(last - len(jobs) + 1, last + 1))
+        by_queue: dict[str, list[int]] = defaultdict(list)
+        for i, j in enumerate(jobs):
+            by_queue[j.queue].append(i)
+        async with self._errors():
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.hset("herd:jobq", mapping={str(ids[i]): jobs[i].queue for i in range(len(jobs))})
+            pipe.sadd("herd:queues", *by_queue)
+            for queue, idx in by_queue.items():
+                args: list[Any] = [queue, len(idx)]
+                for i in idx:
+                    j = jobs[i]
+                    args += [
+                        ids[i],
+                        j.task,
+                        payloads[i],
+                        j.priority,
+                        j.dedup_key or "",
+                        int(max(0.0, j.delay) * 1000),
+                        j.lease_seconds,
+                        j.max_attempts,
+                        j.max_stalls,
+                    ]
+                p = prefix(queue)
+                await self._scripts["enqueue"](keys=[p + "meta"], args=[p, *args], client=pipe)
+            replies = await pipe.execute()
+        results: dict[int, EnqueueResult] = {}
+        for (_queue, idx), reply in zip(by_queue.items(), replies[2:], strict=True):
+            for i, (job_id, created) in zip(idx, reply, strict=True):
+                results[i] = EnqueueResult(int(job_id), bool(created))
+        unused = [str(ids[i]) for i, r in results.items() if not r.created]
+        if unused:  # ids drawn for duplicates that were not created
+            async with self._errors():
+                await self._redis.hdel("herd:jobq", *unused)
+        return [results[i] for i in range(len(jobs))]
+
+    # -- workers
+
+    async def claim(self, queues: Sequence[str], owner: str, limit: int) -> list[Lease]:
+        if limit <= 0:
+            return []
+        leases: list[Lease] = []
+        for queue in queues:
+            if len(leases) >= limit:
+                break
+            rows = await self._run("claim", queue, owner, limit - len(leases))
+            if not rows:
+                continue
+            async with self._errors():
+                pipe = self._redis.pipeline(transaction=False)
+                for job_id, _, _ in rows:
+                    pipe.hmget(
+                        f"{prefix(queue)}job:{job_id}",
+                        "task",
+                        "payload",
+                        "attempts",
+                        "stalls",
+                        "max_attempts",
+                        "lease_seconds",
+                    )
+                details = await pipe.execute()
+            for (job_id, token, expires), d in zip(rows, details, strict=True):
+                leases.append(
+                    Lease(
+                        job_id=int(job_id),
+                        token=int(token),
+                        task=d[0],
+                        queue=queue,
+                        payload=loads(d[1]),
+                        attempts=int(d[2]),
+                        stalls=int(d[3]),
+                        max_attempts=int(d[4]),
+                        lease_seconds=float(d[5]),
+                        expires_at=_ms(str(expires)) or datetime.now(UTC),
+                        owner=owner,
+                    )
+                )
+        return leases
+
+    async def _per_queue(self, script: str, leases: Iterable[Lease], extra: Any = ()) -> list[Any]:
+        """One script call per queue, all in one pipeline (one round trip)."""
+        by_queue: dict[str, list[Lease]] = defaultdict(list)
+        for lease in leases:
+            by_queue[lease.queue].append(lease)
+        if not by_queue:
+            return []
+        async with self._errors():
+            pipe = self._redis.pipeline(transaction=False)
+            for queue, group in by_queue.items():
+                p = prefix(queue)
+                args = [p, *extra]
+                for lease in group:
+                    args += [lease.job_id, lease.token]
+                await self._scripts[script](keys=[p + "meta"], args=args, client=pipe)
+            return list(await pipe.execute())
+
+    async def renew_if_leased(self, leases: Sequence[Lease]) -> dict[int, datetime]:
+        out: dict[int, datetime] = {}
+        for reply in await self._per_queue("renew", leases):
+            for job_id, expires in reply:
+                out[int(job_id)] = _ms(str(expires)) or datetime.now(UTC)
+        return out
+
+    async def complete_if_leased(self, items: Sequence[Completion]) -> list[bool]:
+        if not items:
+            return []
+        by_queue: dict[str, list[int]] = defaultdict(list)
+        for i, c in enumerate(items):
+            by_queue[c.lease.queue].append(i)
+        results = [dumps(c.result, what=f"result of job {c.lease.job_id}") for c in items]
+        async with self._errors():
+            pipe = self._redis.pipeline(transaction=False)
+            for queue, idx in by_queue.items():
+                p = prefix(queue)
+                args: list[Any] = [p, self.finished_ttl]
+                for i in idx:
+                    args += [items[i].lease.job_id, items[i].lease.token, results[i]]
+                await self._scripts["complete"](keys=[p + "meta"], args=args, client=pipe)
+            replies = await pipe.execute()
+        ok = [False] * len(items)
+        for idx, reply in zip(by_queue.values(), replies, strict=True):
+            for i, flag in zip(idx, reply, strict=True):
+                ok[i] = bool(flag)
+        return ok
+
+    async def fail_if_leased(self, failure: Failure) -> JobStatus | None:
+        lease = failure.lease
+        status = await self._run(
+            "fail",
+            lease.queue,
+            lease.job_id,
+            lease.token,
+            int(failure.final),
+            failure.reason.value if failure.reason else "fatal",
+            int(max(0.0, failure.retry_in) * 1000),
+            failure.error,
+            failure.traceback or "",
+        )
+        return JobStatus(status) if status else None
+
+    async def release_if_leased(self, leases: Sequence[Lease]) -> list[int]:
+        return sorted(int(i) for reply in await self._per_queue("release", leases) for i in reply)
+
+    async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
+        """Block on the queues' streams until an entry is added (a hint) or timeout."""
+        try:
+            async with self._errors():
+                streams: dict[str, str] = {}
+                for queue in queues:
+                    for prio in await self._redis.zrange(prefix(queue) + "prios", 0, -1):
+                        streams[f"{prefix(queue)}s:{_text(prio)}"] = "$"  # type: ignore[arg-type]
+                if not streams:
+                    await asyncio.sleep(timeout)
+                    return
+                await self._redis.xread(streams, block=max(1, int(timeout * 1000)))  # type: ignore[arg-type]
+        except BrokerError as exc:
+            log.debug("wait_for_jobs failed: %s", exc)
+            await asyncio.sleep(min(timeout, 1.0))
+
+    # -- inspection and operations
+
+    async def _queue_of(self, job_id: int) -> str | None:
+        async with self._errors():
+            queue = await self._redis.hget("herd:jobq", str(job_id))
+        return str(queue) if queue is not None else None
+
+    async def _load(self, queue: str, ids: Sequence[int | str]) -> list[Job]:
+        async with self._errors():
+            pipe = self._redis.pipeline(transaction=False)
+            for job_id in ids:
+                pipe.hgetall(f"{prefix(queue)}job:{job_id}")
+            rows = await pipe.execute()
+        return [_job(r) for r in rows if r]
+
+    async def get_job(self, job_id: int) -> Job | None:
+        queue = await self._queue_of(job_id)
+        if queue is None:
+            return None
+        jobs = await self._load(queue, [job_id])
+        return jobs[0] if jobs else None
+
+    async def _queues(self) -> list[str]:
+        async with self._errors():
+            return sorted(str(q) for q in await self._redis.smembers("herd:queues"))
+
+    async def list_jobs(
+        self, *, status: JobStatus | None = None, queue: str | None = None, limit: int = 100
+    ) -> list[Job]:
+        statuses = [status] if status else list(JobStatus)
+        found: list[Job] = []
+        for q in [queue] if queue else await self._queues():
+            async with self._errors():
+                pipe = self._redis.pipeline(transaction=False)
+                for st in statuses:
+                    pipe.zrevrange(f"{prefix(q)}st:{st.value}", 0, limit - 1)
+                id_lists = await pipe.execute()
+            ids = sorted({int(i) for lst in id_lists for i in lst}, reverse=True)[:limit]
+            found += await self._load(q, ids)
+        found.sort(key=lambda j: j.id, reverse=True)
+        return found[:limit]
+
+    async def stats(self) -> list[QueueStats]:
+        out = []
+        for q in await self._queues():
+            p = prefix(q)
+            async with self._errors():
+                pipe = self._redis.pipeline(transaction=False)
+                for st in JobStatus:
+                    pipe.zcard(f"{p}st:{st.value}")
+                pipe.zcard(f"{p}delayed")
+                counts = await pipe.execute()
+            by_status = {st: n for st, n in zip(JobStatus, counts, strict=False) if n}
+            out.append(QueueStats(q, by_status, ready=max(0, counts[0] - counts[-1])))
+        return out
+
+    async def requeue_dead(self, job_ids: Sequence[int] | None) -> list[int]:
+        done: list[int] = []
+        if job_ids is None:
+            targets = {q: ["*"] for q in await self._queues()}
+        else:
+            targets = defaultdict(list)
+            for job_id in job_ids:
+                queue = await self._queue_of(job_id)
+                if queue is not None:
+                    targets[queue].append(str(job_id))
+        for queue, ids in targets.items():
+            try:
+                done += [int(i) for i in await self._run("requeue_dead", queue, *ids)]
+            except BrokerError as exc:
+                if "DEDUP" in str(exc):
+                    raise BrokerError(
+                        "cannot requeue: an active job already holds the same dedup key"
+                    ) from None
+                raise
+        return sorted(done)
+
+
+def _job(h: dict[str, str]) -> Job:
+    def opt(key: str) -> str | None:
+        return h.get(key) or None
+
+    return Job(
+        id=int(h["id"]),
+        task=h["task"],
+        queue=h["queue"],
+        payload=loads(h["payload"]),
+        status=JobStatus(h["status"]),
+        priority=int(h["priority"]),
+        dedup_key=opt("dedup_key"),
+        attempts=int(h["attempts"]),
+        stalls=int(h["stalls"]),
+        max_attempts=int(h["max_attempts"]),
+        max_stalls=int(h["max_stalls"]),
+        lease_seconds=float(h["lease_seconds"]),
+        lease_token=int(h["token"]),
+        lease_owner=opt("owner") if h["status"] == JobStatus.PROCESSING else None,
+        lease_expires_at=_ms(opt("lease_expires_at")),
+        run_at=_ms(h["run_at"]) or datetime.now(UTC),
+        created_at=_ms(h["created_at"]) or datetime.now(UTC),
+        finished_at=_ms(opt("finished_at")),
+        result=loads(h["result"]) if "result" in h else None,
+        last_error=opt("last_error"),
+        last_traceback=opt("last_traceback"),
+        dead_reason=opt("dead_reason"),
+        last_worker=opt("last_worker"),
+    )
