@@ -70,3 +70,11 @@ class Retry(HerdError):  # noqa: N818 - raised by task code to ask for a retry, 
 
 class Fatal(HerdError):  # noqa: N818 - raised by task code to skip the remaining attempts
     """The task failed in a way that retrying cannot fix."""
+
+
+class LockNotAcquired(HerdError):
+    """The lock is held by someone else and was not released in time."""
+
+    def __init__(self, message: str | None = None, *, name: str | None = None) -> None:
+        super().__init__(message)
+        self.name = name

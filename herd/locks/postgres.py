@@ -1,0 +1,184 @@
+"""Fenced locks on PostgreSQL: one statement per verb, by the server's clock.
+
+A lock is a row of ``herd_locks`` (migration 0003) that is never deleted:
+release moves ``expires_at`` to -infinity, so the next holder's token is the
+last one plus one, across holders and expiries alike. A holder's lock is taken
+over only once ``expires_at <= now()``; renew, release and check all name the
+token and require ``expires_at > now()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection, sql
+from psycopg.pq import TransactionStatus
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from herd.errors import LeaseLost
+from herd.locks.base import BaseLocks, LockLease
+from herd.queue.postgres import migrate, translate_errors
+
+CHANNEL = "herd_locks"  # payload: the lock name; a hint for waiters
+
+_ACQUIRE = """
+INSERT INTO herd_locks AS l (name, token, owner, expires_at)
+VALUES (%(name)s, 1, %(owner)s, now() + %(ttl)s::float8 * interval '1 second')
+ON CONFLICT (name) DO UPDATE
+   SET token = l.token + 1, owner = excluded.owner, expires_at = excluded.expires_at
+ WHERE l.expires_at <= now()
+RETURNING token
+"""
+
+_RENEW = """
+UPDATE herd_locks SET expires_at = now() + %(ttl)s::float8 * interval '1 second'
+ WHERE name = %(name)s AND token = %(token)s AND expires_at > now()
+RETURNING token
+"""
+
+# NOTIFY is delivered at commit, i.e. once the row really is free.
+_RELEASE = """
+WITH released AS (
+    UPDATE herd_locks SET expires_at = '-infinity'
+     WHERE name = %(name)s AND token = %(token)s AND expires_at > now()
+    RETURNING name
+)
+SELECT pg_notify(%(channel)s, name) FROM released
+"""
+
+_CHECK = """
+SELECT 1 FROM herd_locks WHERE name = %(name)s AND token = %(token)s AND expires_at > now()
+"""
+
+# clock_timestamp(), not now(): inside a caller's transaction now() is the time
+# the transaction began, and the lease may have expired since.
+# FOR SHARE, not FOR KEY SHARE: a takeover only updates non-key columns, which
+# FOR KEY SHARE would let through.
+_ASSERT_HELD = """
+SELECT 1 FROM herd_locks
+ WHERE name = %(name)s AND token = %(token)s AND expires_at > clock_timestamp()
+   FOR SHARE
+"""
+
+
+def _params(lease: LockLease) -> dict[str, Any]:
+    return {"name": lease.name, "token": lease.token, "ttl": lease.ttl}
+
+
+class PostgresLocks(BaseLocks):
+    """Fenced locks on PostgreSQL. Give a URL (a pool is opened and closed here, and
+    the schema migrated on ``open()``) or an ``AsyncConnectionPool`` you own and
+    have opened and migrated.
+    """
+
+    def __init__(
+        self,
+        db: str | AsyncConnectionPool[Any],
+        *,
+        owner: str | None = None,
+        poll_interval: float = 0.2,
+        pool_size: int = 4,
+        auto_migrate: bool = True,
+    ) -> None:
+        super().__init__(owner=owner, poll_interval=poll_interval)
+        self.auto_migrate = auto_migrate
+        self._listen_kwargs: dict[str, Any] = {}
+        if isinstance(db, str):
+            self.url = self._where = db
+            self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+                db,
+                min_size=1,
+                max_size=max(1, pool_size),
+                open=False,
+                kwargs={"autocommit": True},
+                timeout=10.0,
+                name="herd-locks",
+            )
+            self._owns_pool = True
+        else:
+            # Only a plain conninfo lets us open the listening connection;
+            # without it, waiters still find releases by polling.
+            conninfo, kwargs = db.conninfo, db.kwargs
+            self.url = conninfo if isinstance(conninfo, str) else ""
+            self._where = "the given connection pool"  # its conninfo may hold a password
+            self._listen_kwargs = kwargs if isinstance(kwargs, dict) else {}
+            self._pool = db
+            self._owns_pool = False
+
+    async def open(self) -> None:
+        if not self._owns_pool:
+            return
+        with translate_errors(self.url):
+            # A direct connection first fails fast with the server's own reason.
+            conn = await AsyncConnection.connect(self.url, autocommit=True, connect_timeout=10)
+            async with conn:
+                if self.auto_migrate:
+                    await migrate(conn)
+            try:
+                await self._pool.open(wait=True, timeout=10.0)
+            except PoolTimeout as exc:
+                raise psycopg.OperationalError("timed out opening the connection pool") from exc
+
+    async def close(self) -> None:
+        await super().close()
+        if self._owns_pool:
+            await self._pool.close()
+
+    async def _one(self, query: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
+        with translate_errors(self._where):
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(query, params)
+                row: tuple[Any, ...] | None = await cur.fetchone()
+                return row
+
+    async def _try_acquire(self, name: str, ttl: float, owner: str) -> int | None:
+        row = await self._one(_ACQUIRE, {"name": name, "owner": owner, "ttl": ttl})
+        return int(row[0]) if row else None
+
+    async def renew(self, lease: LockLease) -> bool:
+        return await self._one(_RENEW, _params(lease)) is not None
+
+    async def release(self, lease: LockLease) -> bool:
+        return await self._one(_RELEASE, {**_params(lease), "channel": CHANNEL}) is not None
+
+    async def check(self, lease: LockLease) -> bool:
+        return await self._one(_CHECK, _params(lease)) is not None
+
+    async def assert_held(self, conn: AsyncConnection[Any], lease: LockLease) -> None:
+        """Fence the caller's transaction on ``conn`` with ``lease``; LeaseLost if stale.
+
+        Takes a share lock on the lock row while it still carries the lease's
+        token and has not expired. No takeover can then commit before the
+        caller's transaction ends, so the writes made after this call on the
+        same transaction commit only if ``lease`` held the lock throughout::
+
+            async with pool.connection() as conn, conn.transaction():
+                await locks.assert_held(conn, lease)
+                await conn.execute("INSERT ... ON CONFLICT ... DO UPDATE ...")
+
+        The holder's own renewals wait for that transaction too: keep it well
+        inside the ttl, or ``hold()`` counts the lease as lost. ``conn`` must be
+        in a transaction (``conn.transaction()``, or a connection not in
+        autocommit mode); otherwise the share lock would end with this
+        statement and fence nothing (ValueError).
+        """
+        with translate_errors(self._where):
+            cur = await conn.execute(_ASSERT_HELD, _params(lease))
+            row = await cur.fetchone()
+        if conn.info.transaction_status != TransactionStatus.INTRANS:
+            raise ValueError("assert_held() must run inside a transaction to fence anything")
+        if row is None:
+            raise LeaseLost(
+                f"lock {lease.name!r} (token {lease.token}) is no longer held; write refused"
+            )
+
+    async def _listen(self) -> None:
+        if not self.url:
+            return await super()._listen()
+        kwargs = {**self._listen_kwargs, "autocommit": True}
+        conn = await AsyncConnection.connect(self.url, **kwargs)
+        async with conn:
+            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+            async for note in conn.notifies():
+                self._wake(note.payload)

@@ -1,0 +1,153 @@
+"""Fenced locks on Redis: one Lua script per verb, expiry by Redis's own clock (PX).
+
+Layout, both keys under the hash tag ``{name}`` so they share a Redis Cluster slot
+and one script can touch both:
+
+    herd:lock:{name}       the lock: SET <token> PX <ttl>; gone once expired or released
+    herd:lock:{name}:seq   INCR counter of the tokens; never expires, so tokens keep
+                           growing across holders and expiries
+
+The value is the bare token, so a lease's owner lives only on the client side.
+Tokens are only as durable as the data: a Redis that restarts without AOF, or a
+failover to a replica that missed the last writes, can hand out a token again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis import exceptions as rexc
+
+from herd.config import mask_url
+from herd.errors import BrokerError, BrokerUnavailable
+from herd.locks.base import BaseLocks, LockLease
+
+CHANNEL = "herd:locks:released"  # payload: the lock name; a hint for waiters
+
+# A token is never 0 (INCR starts at 1), so 0 says "held" in RESP2 and RESP3 alike.
+_ACQUIRE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
+return token
+"""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
+"""
+
+
+def lock_key(name: str) -> str:
+    # Names without braces (refused earlier, as is the empty name) make {name}
+    # the hash tag of both keys.
+    return f"herd:lock:{{{name}}}"
+
+
+def seq_key(name: str) -> str:
+    return lock_key(name) + ":seq"
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def _text(value: Any) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class RedisLocks(BaseLocks):
+    """Fenced locks on Redis. Give a URL (the client is created and closed here) or a
+    ``redis.asyncio.Redis`` client you own; RESP2 and RESP3, bytes or decoded, all work.
+    """
+
+    def __init__(
+        self,
+        redis: str | aioredis.Redis,
+        *,
+        owner: str | None = None,
+        poll_interval: float = 0.2,
+    ) -> None:
+        super().__init__(owner=owner, poll_interval=poll_interval)
+        if isinstance(redis, str):
+            self._where = mask_url(redis)
+            self._redis: aioredis.Redis = aioredis.Redis.from_url(redis)
+            self._owns_client = True
+        else:
+            kw = redis.connection_pool.connection_kwargs
+            self._where = f"{kw.get('host', '?')}:{kw.get('port', '?')}"
+            self._redis = redis
+            self._owns_client = False
+        self._acquire_script = self._redis.register_script(_ACQUIRE)
+        self._renew_script = self._redis.register_script(_RENEW)
+        self._release_script = self._redis.register_script(_RELEASE)
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """redis-py errors become herd errors here, at the boundary."""
+        try:
+            yield
+        except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+            raise BrokerUnavailable(
+                f"Redis at {self._where} is unreachable ({exc}); is the server running and"
+                " HERD_REDIS_URL right?"
+            ) from exc
+        except rexc.RedisError as exc:
+            raise BrokerError(f"Redis error: {exc}") from exc
+
+    async def open(self) -> None:
+        with self._errors():
+            await self._redis.ping()
+
+    async def close(self) -> None:
+        await super().close()
+        if self._owns_client:
+            await self._redis.aclose()
+
+    async def _try_acquire(self, name: str, ttl: float, owner: str) -> int | None:
+        with self._errors():
+            token = await self._acquire_script(
+                keys=[lock_key(name), seq_key(name)], args=[_ms(ttl)]
+            )
+        return int(token) or None
+
+    async def renew(self, lease: LockLease) -> bool:
+        with self._errors():
+            done = await self._renew_script(
+                keys=[lock_key(lease.name)], args=[lease.token, _ms(lease.ttl)]
+            )
+        return int(done) == 1
+
+    async def release(self, lease: LockLease) -> bool:
+        with self._errors():
+            done = await self._release_script(
+                keys=[lock_key(lease.name)], args=[lease.token, CHANNEL, lease.name]
+            )
+        return int(done) == 1
+
+    async def check(self, lease: LockLease) -> bool:
+        with self._errors():
+            value = await self._redis.get(lock_key(lease.name))
+        return _text(value) == str(lease.token)
+
+    async def _listen(self) -> None:
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(CHANNEL)
+            async for message in pubsub.listen():
+                if message.get("type") == "message":
+                    name = _text(message["data"])
+                    if name:
+                        self._wake(name)
+        finally:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
