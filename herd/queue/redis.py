@@ -190,33 +190,18 @@ class RedisBroker:
             if len(leases) >= limit:
                 break
             rows = await self._run("claim", queue, owner, limit - len(leases))
-            if not rows:
-                continue
-            async with self._errors():
-                pipe = self._redis.pipeline(transaction=False)
-                for job_id, _, _ in rows:
-                    pipe.hmget(
-                        f"{prefix(queue)}job:{job_id}",
-                        "task",
-                        "payload",
-                        "attempts",
-                        "stalls",
-                        "max_attempts",
-                        "lease_seconds",
-                    )
-                details = await pipe.execute()
-            for (job_id, token, expires), d in zip(rows, details, strict=True):
+            for job_id, token, expires, task, payload, attempts, stalls, max_att, ttl in rows:
                 leases.append(
                     Lease(
                         job_id=int(job_id),
                         token=int(token),
-                        task=d[0],
+                        task=task,
                         queue=queue,
-                        payload=loads(d[1]),
-                        attempts=int(d[2]),
-                        stalls=int(d[3]),
-                        max_attempts=int(d[4]),
-                        lease_seconds=float(d[5]),
+                        payload=loads(payload),
+                        attempts=int(attempts),
+                        stalls=int(stalls),
+                        max_attempts=int(max_att),
+                        lease_seconds=float(ttl),
                         expires_at=_ms(str(expires)) or datetime.now(UTC),
                         owner=owner,
                     )

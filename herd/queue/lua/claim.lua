@@ -1,4 +1,5 @@
--- ARGV: prefix, owner, limit. Returns leases: {id, token, expires_ms} per job.
+-- ARGV: prefix, owner, limit. Returns per leased job: {id, token, expires_ms, task, payload,
+-- attempts, stalls, max_attempts, lease_seconds}.
 -- Order: jobs whose lease expired (a stall: their worker died or froze), then
 -- ready jobs by priority (highest stream first), FIFO within a priority.
 local owner, limit = ARGV[2], tonumber(ARGV[3])
@@ -14,7 +15,9 @@ local function lease(id, old)
   set_status(id, old, 'processing')
   redis.call('HSET', job, 'owner', owner, 'last_worker', owner, 'lease_expires_at', now + ttl)
   redis.call('HSETNX', job, 'started_at', now)
-  out[#out + 1] = {id, token, now + ttl}
+  local d = redis.call('HMGET', job, 'task', 'payload', 'attempts', 'stalls', 'max_attempts',
+    'lease_seconds')
+  out[#out + 1] = {id, token, now + ttl, d[1], d[2], d[3], d[4], d[5], d[6]}
 end
 
 -- Delayed jobs (backoff, `delay=`) that are due join their stream.
