@@ -78,3 +78,7 @@ class LockNotAcquired(HerdError):
     def __init__(self, message: str | None = None, *, name: str | None = None) -> None:
         super().__init__(message)
         self.name = name
+
+
+class SingleflightTimeout(HerdError):
+    """Another caller is computing this value and did not finish within the wait."""

@@ -194,6 +194,27 @@ class BaseLocks(Locks, ABC):
                 if not waiters:
                     del self._waiters[name]
 
+    async def wait_released(self, name: str, timeout: float) -> None:
+        """Return when ``name`` is released (notification), at the next poll, or at timeout.
+
+        A hint for callers that want to re-check something the holder was making
+        (singleflight) rather than take the lock themselves.
+        """
+        woken = asyncio.Event()
+        self._waiters.setdefault(name, set()).add(woken)
+        try:
+            self._start_listener()
+            nap = min(timeout, self.poll_interval * random.uniform(0.5, 1.5))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, nap)):
+                    await woken.wait()
+        finally:
+            waiters = self._waiters.get(name)
+            if waiters is not None:
+                waiters.discard(woken)
+                if not waiters:
+                    del self._waiters[name]
+
     def _wake(self, name: str) -> None:
         for event in self._waiters.get(name, ()):
             event.set()

@@ -1,0 +1,111 @@
+"""The exact cache on Redis: one JSON string per key, expiring by itself (PX)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis import exceptions as rexc
+
+from herd.cache.base import Entry
+from herd.config import mask_url
+from herd.errors import BrokerError, BrokerUnavailable
+from herd.jsonvalue import JSON, dumps
+
+NAMESPACES = "herd:cache:namespaces"
+
+
+def _key(namespace: str, key: str) -> str:
+    return f"herd:cache:{{{namespace}}}:k:{key}"
+
+
+def _stats_key(namespace: str) -> str:
+    return f"herd:cache:{{{namespace}}}:stats"
+
+
+class RedisCacheStore:
+    name = "redis"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._redis: aioredis.Redis = aioredis.Redis.from_url(
+            url, decode_responses=True, protocol=2
+        )
+
+    async def _do(self, coro: Any) -> Any:
+        try:
+            return await coro
+        except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+            raise BrokerUnavailable(
+                f"Redis at {mask_url(self.url)} is unreachable ({exc})"
+            ) from exc
+        except rexc.RedisError as exc:
+            raise BrokerError(f"Redis error: {exc}") from exc
+
+    async def open(self) -> None:
+        await self._do(self._redis.ping())
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+    async def get(self, namespace: str, key: str, *, stale_for: float = 0.0) -> Entry | None:
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.get(_key(namespace, key))
+        pipe.time()
+        raw, (sec, usec) = await self._do(pipe.execute())
+        if raw is None:
+            return None
+        doc = json.loads(raw)
+        now = int(sec) + int(usec) / 1e6
+        expires = doc["e"]
+        if expires is not None and now >= expires + stale_for:
+            return None
+        return Entry(doc["v"], float(doc["d"]), float(doc["c"]), expires, now)
+
+    async def put(
+        self, namespace: str, key: str, value: JSON, *, delta: float, ttl: float | None,
+        keep_stale: float = 0.0,
+    ) -> None:  # fmt: skip
+        sec, usec = await self._do(self._redis.time())
+        now = int(sec) + int(usec) / 1e6
+        doc = {"v": value, "d": delta, "c": now, "e": now + ttl if ttl is not None else None}
+        text = dumps(doc, what="cache value")
+        px = int((ttl + keep_stale) * 1000) if ttl is not None else None
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.set(_key(namespace, key), text, px=px)
+        pipe.sadd(NAMESPACES, namespace)
+        await self._do(pipe.execute())
+
+    async def delete(self, namespace: str, key: str) -> None:
+        await self._do(self._redis.delete(_key(namespace, key)))
+
+    async def _keys(self, namespace: str) -> list[str]:
+        return [k async for k in self._redis.scan_iter(match=_key(namespace, "*"), count=1000)]
+
+    async def clear(self, namespace: str | None = None) -> int:
+        namespaces = (
+            [namespace] if namespace else list(await self._do(self._redis.smembers(NAMESPACES)))
+        )
+        removed = 0
+        for ns in namespaces:
+            keys = await self._do(self._keys(ns))
+            for start in range(0, len(keys), 1000):
+                removed += await self._do(self._redis.unlink(*keys[start : start + 1000]))
+        return removed
+
+    async def count(self, amounts: dict[str, int], namespace: str) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        for name, n in amounts.items():
+            if n:
+                pipe.hincrby(_stats_key(namespace), name, n)
+        pipe.sadd(NAMESPACES, namespace)
+        await self._do(pipe.execute())
+
+    async def stats(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for ns in await self._do(self._redis.smembers(NAMESPACES)):
+            counters = await self._do(self._redis.hgetall(_stats_key(ns)))
+            out[ns] = {k: int(v) for k, v in counters.items()}
+            out[ns]["entries"] = len(await self._do(self._keys(ns)))
+        return out
