@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
-from typing import overload
+from typing import Any, overload
 
 from herd.config import Settings
 from herd.errors import ConfigError, HerdError, JobNotFound
@@ -38,6 +38,10 @@ class App:
         self._broker = None if isinstance(broker, str) else broker
         self._pool_size = pool_size
         self._opened = False
+        # Per-app resources of built-in tasks (evaluation runtime, caches), opened
+        # lazily by the first job that needs them and closed with the app.
+        self.state: dict[str, Any] = {}
+        self._on_close: list[Callable[[], Awaitable[None]]] = []
 
     # -- task registry
 
@@ -116,12 +120,7 @@ class App:
             return RedisBroker(self.settings.redis_url)
         if self.settings.broker != "postgres":
             raise ConfigError(f"unknown broker {self.settings.broker!r}: use postgres or redis")
-        url = self.settings.database_url
-        if url is None:
-            from herd.embedded import embedded_server
-
-            url = embedded_server(self.settings.home).acquire()
-        return PostgresBroker(url, pool_size=self._pool_size)
+        return PostgresBroker(self.database_url(), pool_size=self._pool_size)
 
     async def open(self) -> App:
         if not self._opened:
@@ -129,7 +128,21 @@ class App:
             self._opened = True
         return self
 
+    def on_close(self, callback: Callable[[], Awaitable[None]]) -> None:
+        self._on_close.append(callback)
+
+    def database_url(self) -> str:
+        """herd's PostgreSQL (configured, else embedded): also home of the cache and ledgers."""
+        if self.settings.database_url is not None:
+            return self.settings.database_url
+        from herd.embedded import embedded_server
+
+        return embedded_server(self.settings.home).acquire()
+
     async def close(self) -> None:
+        while self._on_close:
+            await self._on_close.pop()()
+        self.state.clear()
         if self._opened:
             self._opened = False
             await self.broker.close()

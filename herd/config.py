@@ -20,6 +20,7 @@ class Settings:
     database_url: str | None = None
     redis_url: str | None = None
     broker: str = "postgres"  # where jobs live: "postgres" or "redis"
+    cache: str = "postgres"  # where the exact cache lives: "postgres" or "redis"
     api_token: str | None = field(default=None, repr=False)
 
     @classmethod
@@ -31,6 +32,7 @@ class Settings:
             database_url=env.get("HERD_DATABASE_URL") or None,
             redis_url=env.get("HERD_REDIS_URL") or None,
             broker=env.get("HERD_BROKER") or "postgres",
+            cache=env.get("HERD_CACHE") or "postgres",
             api_token=env.get("HERD_API_TOKEN") or None,
         )
 
