@@ -7,9 +7,15 @@ import hashlib
 from herd.app import App
 from herd.errors import Retry
 from herd.jsonvalue import JSON
+from herd.llm import evaluate
 from herd.tasks import JobContext
 
 tasks = App()
+
+# LLM evaluations: 30 s leases renewed while the provider call runs (30-120 s).
+tasks.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=30, max_attempts=3)(
+    evaluate.evaluate
+)
 
 
 @tasks.task(name="herd.demo.fingerprint", lease_seconds=30)

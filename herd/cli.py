@@ -52,6 +52,14 @@ cli.add_typer(jobs_cli, name="jobs")
 cli.add_typer(dlq_cli, name="dlq")
 
 
+def _add_feature_commands() -> None:
+    # Imported here: the feature modules import this one for its helpers.
+    from herd.llm.cli import cache_cli, eval_cli
+
+    cli.add_typer(eval_cli, name="eval")
+    cli.add_typer(cache_cli, name="cache")
+
+
 @dataclasses.dataclass
 class _Options:
     settings: Settings
@@ -198,7 +206,10 @@ def worker(
         ),
     ] = None,
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1)] = 10,
-    queue: Annotated[list[str] | None, typer.Option("--queue", "-q", help="Repeatable.")] = None,
+    queue: Annotated[
+        list[str] | None,
+        typer.Option("--queue", "-q", help="Repeatable [default: every queue of the app's tasks]."),
+    ] = None,
     grace: Annotated[float, typer.Option(help="Seconds running jobs get after SIGTERM.")] = 30.0,
     poll_interval: Annotated[float, typer.Option(min=0.01)] = 1.0,
     exit_when_idle: Annotated[bool, typer.Option(help="Stop once the queues are empty.")] = False,
@@ -216,7 +227,7 @@ def worker(
     async def work(a: App) -> Any:
         return await Worker(
             a,
-            queues=queue or ["default"],
+            queues=queue or sorted({"default", *(t.queue for t in app.tasks.values())}),
             concurrency=concurrency,
             grace_period=grace,
             poll_interval=poll_interval,
@@ -470,4 +481,5 @@ def demo(
 
 
 def main() -> None:
+    _add_feature_commands()
     cli()

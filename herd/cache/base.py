@@ -35,9 +35,15 @@ class CacheStore(Protocol):
         ...
 
     async def put(
-        self, namespace: str, key: str, value: JSON, *, delta: float, ttl: float | None,
+        self,
+        namespace: str,
+        key: str,
+        value: JSON,
+        *,
+        delta: float,
+        ttl: float | None,
         keep_stale: float = 0.0,
-    ) -> None: ...  # fmt: skip
+    ) -> None: ...
     async def delete(self, namespace: str, key: str) -> None: ...
     async def clear(self, namespace: str | None = None) -> int: ...
     async def count(self, amounts: dict[str, int], namespace: str) -> None: ...

@@ -146,8 +146,13 @@ class ExactCache:
             return None
 
     async def _counted(self, lookup: Lookup) -> Lookup:
-        name = {"hit": "hits", "waited": "waited", "computed": "computed", "stale": "stale",
-                "early": "early_refresh"}[lookup.source]  # fmt: skip
+        name = {
+            "hit": "hits",
+            "waited": "waited",
+            "computed": "computed",
+            "stale": "stale",
+            "early": "early_refresh",
+        }[lookup.source]
         await self.store.count({name: 1}, self.namespace)
         return lookup
 

@@ -64,13 +64,24 @@ class PostgresCacheStore:
         if not rows:
             return None
         value, delta, created, expires, now = rows[0]
-        return Entry(value, float(delta), float(created),
-                     float(expires) if expires is not None else None, float(now))  # fmt: skip
+        return Entry(
+            value,
+            float(delta),
+            float(created),
+            float(expires) if expires is not None else None,
+            float(now),
+        )
 
     async def put(
-        self, namespace: str, key: str, value: JSON, *, delta: float, ttl: float | None,
+        self,
+        namespace: str,
+        key: str,
+        value: JSON,
+        *,
+        delta: float,
+        ttl: float | None,
         keep_stale: float = 0.0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         # Rows past their ttl stay until overwritten or cleared: a stale read needs them.
         dumps(value, what="cache value")
         params = {"ns": namespace, "key": key, "value": Jsonb(value), "delta": delta, "ttl": ttl}

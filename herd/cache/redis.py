@@ -64,9 +64,15 @@ class RedisCacheStore:
         return Entry(doc["v"], float(doc["d"]), float(doc["c"]), expires, now)
 
     async def put(
-        self, namespace: str, key: str, value: JSON, *, delta: float, ttl: float | None,
+        self,
+        namespace: str,
+        key: str,
+        value: JSON,
+        *,
+        delta: float,
+        ttl: float | None,
         keep_stale: float = 0.0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         sec, usec = await self._do(self._redis.time())
         now = int(sec) + int(usec) / 1e6
         doc = {"v": value, "d": delta, "c": now, "e": now + ttl if ttl is not None else None}

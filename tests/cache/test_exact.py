@@ -229,3 +229,30 @@ async def test_redis_cache_survives_a_restart_with_aof(tmp_path):
         assert (got.source, got.value) == ("hit", {"computed_in_round": 0})
     finally:
         server.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_postgres_cache_survives_a_server_restart(tmp_path_factory):
+    from herd.embedded import EmbeddedPostgres
+
+    home = tmp_path_factory.mktemp("pgc")
+    server = EmbeddedPostgres(home)
+    try:
+        for attempt in range(2):
+            url = server.acquire()
+            store, locks = PostgresCacheStore(url), PostgresLocks(url)
+            await store.open()
+            await locks.open()
+            cache = ExactCache(store, locks, namespace="durable")
+
+            async def compute():
+                return {"computed_in_round": attempt}
+
+            got = await cache.get_or_compute("k", compute)
+            await locks.close()
+            await store.close()
+            server.release()  # the last holder: the server stops
+            assert not server.is_running()
+        assert (got.source, got.value) == ("hit", {"computed_in_round": 0})
+    finally:
+        server.release()

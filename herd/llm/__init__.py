@@ -1,0 +1,47 @@
+"""LLM calls for herd: providers over httpx, their errors, usage and cost, a simulator.
+
+``herd.llm.simulator`` is not imported here: it is a server, started on purpose.
+"""
+
+from herd.llm.completion import Completion, Timeouts, Usage
+from herd.llm.errors import (
+    MissingAPIKey,
+    ProviderAuthError,
+    ProviderError,
+    ProviderResponseInvalid,
+    ProviderTimeout,
+    ProviderUnavailable,
+    RateLimited,
+)
+from herd.llm.pricing import DEFAULT_PRICES, Price, PriceTable, cost
+from herd.llm.providers import (
+    Anthropic,
+    HTTPProvider,
+    OpenAICompatible,
+    Provider,
+    RetryPolicy,
+    parse_retry_after,
+)
+
+__all__ = [
+    "DEFAULT_PRICES",
+    "Anthropic",
+    "Completion",
+    "HTTPProvider",
+    "MissingAPIKey",
+    "OpenAICompatible",
+    "Price",
+    "PriceTable",
+    "Provider",
+    "ProviderAuthError",
+    "ProviderError",
+    "ProviderResponseInvalid",
+    "ProviderTimeout",
+    "ProviderUnavailable",
+    "RateLimited",
+    "RetryPolicy",
+    "Timeouts",
+    "Usage",
+    "cost",
+    "parse_retry_after",
+]

@@ -1,0 +1,288 @@
+"""`herd eval …` and `herd cache …`: submit evaluations, watch their progress and cost."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from herd.app import App
+from herd.llm.evaluate import QUEUE, EvalRuntime, EvalSpec, submit
+
+eval_cli = typer.Typer(no_args_is_help=True, help="LLM evaluations of documents.")
+cache_cli = typer.Typer(no_args_is_help=True, help="The exact result cache.")
+
+
+def _cli() -> Any:
+    from herd import cli  # the root command's helpers (options, error handling, output)
+
+    return cli
+
+
+def _read_json_file(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(f"{path}: {exc}", param_hint=what) from None
+
+
+@eval_cli.command("submit")
+def eval_submit(
+    ctx: typer.Context,
+    paths: Annotated[list[Path], typer.Argument(help="Documents or folders (.txt .md .pdf).")],
+    prompt: Annotated[Path, typer.Option(help="File with the system prompt.")],
+    model: Annotated[str, typer.Option(help="Model name as the provider knows it.")],
+    schema: Annotated[Path | None, typer.Option(help="JSON Schema file for the answer.")] = None,
+    provider: Annotated[
+        str, typer.Option(help="openai (any compatible server) or anthropic")
+    ] = "openai",
+    params: Annotated[
+        str, typer.Option(help='Request parameters as JSON, e.g. {"temperature":0}')
+    ] = "{}",
+    priority: Annotated[int, typer.Option()] = 0,
+    batch: Annotated[str | None, typer.Option(help="Batch name [default: generated].")] = None,
+    wait: Annotated[bool, typer.Option(help="Run workers here until the batch is done.")] = False,
+    concurrency: Annotated[int, typer.Option(min=1, help="Workers' concurrency with --wait.")] = 8,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Enqueue one evaluation per document (identical ones are evaluated once)."""
+    cli = _cli()
+    if provider not in ("openai", "anthropic"):
+        raise typer.BadParameter("use openai or anthropic", param_hint="--provider")
+    try:
+        system = prompt.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise typer.BadParameter(f"{prompt}: {exc}", param_hint="--prompt") from None
+    spec = EvalSpec(
+        model=model,
+        system=system,
+        schema=_read_json_file(schema, "--schema") if schema else None,
+        provider=provider,
+        params=_read_json_file_text(params),
+    )
+    opts = cli._opts(ctx)
+
+    async def work(app: App) -> Any:
+        from herd.builtin import tasks as builtin_tasks
+        from herd.worker import Worker
+
+        app.include(builtin_tasks)
+        with Progress(
+            TextColumn("submitting"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=cli.err,
+            transient=True,
+        ) as bar:
+            task = bar.add_task("submit", total=None)
+            report = await submit(
+                app,
+                paths,
+                spec,
+                batch=batch,
+                priority=priority,
+                progress=lambda n: bar.update(task, completed=n),
+            )
+        cli.err.print(
+            f"batch {report.batch}: {report.queued} queued, {report.deduplicated} already queued,"
+            f" {len(report.errors)} unreadable",
+            soft_wrap=True,
+            highlight=False,
+        )
+        for error in report.errors:
+            cli.err.print(f"  skipped: {error}", soft_wrap=True, highlight=False, markup=False)
+        if wait and report.job_ids:
+            await Worker(
+                app, queues=[QUEUE], concurrency=concurrency, stop_when_idle=True, poll_interval=0.2
+            ).run()
+        return report, (await _status(app, report.batch) if wait else None)
+
+    report, status = cli._run(opts, work)
+    if as_json:
+        cli._print_json(
+            {
+                "batch": report.batch,
+                "queued": report.queued,
+                "deduplicated": report.deduplicated,
+                "errors": report.errors,
+                "status": status,
+            }
+        )
+    else:
+        cli.out.print(f"batch {report.batch}")
+        if status:
+            _print_status(cli, status)
+    if report.errors or (status and status["failed"]):
+        raise typer.Exit(1)
+
+
+def _read_json_file_text(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise typer.BadParameter(f"not JSON: {exc}", param_hint="--params") from None
+    if not isinstance(value, dict):
+        raise typer.BadParameter("must be a JSON object", param_hint="--params")
+    return value
+
+
+async def _status(app: App, batch: str | None) -> dict[str, Any]:
+    rt = await EvalRuntime.of(app)
+    items = await rt.store.execute(
+        "SELECT job_id, status FROM herd_eval_items WHERE %(b)s::text IS NULL OR batch = %(b)s",
+        {"b": batch},
+    )
+    done = sum(1 for _, st in items if st == "done")
+    failed = running = 0
+    for job_id, st in items[:5000]:
+        if st != "done":
+            job = await app.broker.get_job(job_id)
+            if job is not None and job.status == "dead":
+                failed += 1
+            elif job is not None and job.status == "processing":
+                running += 1
+    ledger = {
+        kind: {"n": n, "input_tokens": int(i or 0), "output_tokens": int(o or 0), "cost": c}
+        for kind, n, i, o, c in await rt.store.execute(
+            "SELECT kind, count(*), sum(input_tokens), sum(output_tokens), sum(cost)"
+            " FROM herd_eval_ledger WHERE %(b)s::text IS NULL OR batch = %(b)s GROUP BY kind",
+            {"b": batch},
+        )
+    }
+    return {
+        "batch": batch,
+        "documents": len(items),
+        "done": done,
+        "failed": failed,
+        "running": running,
+        "ledger": ledger,
+    }
+
+
+def _print_status(cli: Any, status: dict[str, Any]) -> None:
+    led = status["ledger"]
+
+    def n(kind: str, field: str = "n") -> Any:
+        return led.get(kind, {}).get(field) or 0
+
+    cli.out.print(
+        f"{status['done']}/{status['documents']} done, {status['running']} running,"
+        f" {status['failed']} failed (dead-lettered)",
+        highlight=False,
+    )
+    table = Table(title="cost ledger", title_justify="left")
+    for col in ("", "calls", "tokens in", "tokens out", "cost"):
+        table.add_column(col, justify="right" if col else "left")
+    for kind, label in (
+        ("call", "provider calls"),
+        ("lost", "cut short (lease lost)"),
+        ("cache", "avoided: cache"),
+        ("singleflight", "avoided: singleflight"),
+        ("dedup", "avoided: dedup"),
+    ):
+        cost = led.get(kind, {}).get("cost")
+        table.add_row(
+            label,
+            str(n(kind)),
+            f"{n(kind, 'input_tokens'):,}",
+            f"{n(kind, 'output_tokens'):,}",
+            f"${cost:.4f}" if cost else "",
+        )
+    cli.out.print(table)
+
+
+@eval_cli.command("status")
+def eval_status(
+    ctx: typer.Context,
+    batch: Annotated[str | None, typer.Option(help="One batch [default: all].")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Progress, failures and the cost ledger (calls made and avoided)."""
+    cli = _cli()
+    status = cli._run(cli._opts(ctx), lambda app: _status(app, batch))
+    if as_json:
+        cli._print_json(status)
+    else:
+        _print_status(cli, status)
+
+
+@eval_cli.command("results")
+def eval_results(
+    ctx: typer.Context,
+    batch: Annotated[str | None, typer.Option(help="One batch [default: all].")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="jsonl or csv")] = "jsonl",
+) -> None:
+    """The evaluations that are done, one per document."""
+    cli = _cli()
+    if fmt not in ("jsonl", "csv"):
+        raise typer.BadParameter("use jsonl or csv", param_hint="--format")
+
+    async def work(app: App) -> list[tuple[Any, ...]]:
+        rt = await EvalRuntime.of(app)
+        return await rt.store.execute(
+            "SELECT batch, path, source, result FROM herd_eval_items WHERE status = 'done'"
+            " AND (%(b)s::text IS NULL OR batch = %(b)s) ORDER BY batch, path",
+            {"b": batch},
+        )
+
+    rows = cli._run(cli._opts(ctx), work)
+    if fmt == "jsonl":
+        for b, path, source, result in rows:
+            sys.stdout.write(
+                json.dumps(
+                    {"batch": b, "path": path, "source": source, "output": result.get("output")},
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
+        return
+    writer = csv.writer(sys.stdout)
+    writer.writerow(["batch", "path", "source", "output"])
+    for b, path, source, result in rows:
+        writer.writerow([b, path, source, json.dumps(result.get("output"), ensure_ascii=False)])
+
+
+@cache_cli.command("stats")
+def cache_stats(
+    ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] = False
+) -> None:
+    """Entries, hits, misses and computations per cache namespace."""
+    cli = _cli()
+
+    async def work(app: App) -> dict[str, dict[str, int]]:
+        return await (await EvalRuntime.of(app)).cache.store.stats()
+
+    stats = cli._run(cli._opts(ctx), work)
+    if as_json:
+        cli._print_json(stats)
+        return
+    cols = ("entries", "hits", "misses", "computed", "waited", "stale", "early_refresh", "errors")
+    table = Table(title="exact cache", title_justify="left")
+    table.add_column("namespace")
+    for col in cols:
+        table.add_column(col, justify="right")
+    for ns, counters in sorted(stats.items()):
+        table.add_row(ns, *[str(counters.get(c, 0)) for c in cols])
+    cli.out.print(table)
+
+
+@cache_cli.command("clear")
+def cache_clear(
+    ctx: typer.Context,
+    namespace: Annotated[str | None, typer.Option(help="One namespace [default: all].")] = None,
+) -> None:
+    """Remove cached results (the next request for them calls the model again)."""
+    cli = _cli()
+
+    async def work(app: App) -> int:
+        return await (await EvalRuntime.of(app)).cache.store.clear(namespace)
+
+    removed = cli._run(cli._opts(ctx), work)
+    cli.out.print(f"removed {removed} cache entries")

@@ -1,0 +1,379 @@
+"""LLM evaluation jobs: submit documents, evaluate each once, account for every token.
+
+A job carries hashes only (document, spec, canonical key); the texts live in
+PostgreSQL. The task looks the canonical key up in the exact cache; on a miss
+it takes the key's singleflight lock and calls the provider, validates the
+answer against the schema (one repair attempt that shows the model its error),
+and stores it. Every call made or avoided is a row of the cost ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from herd.app import App
+from herd.cache import ExactCache, PostgresCacheStore, RedisCacheStore, canonical_key
+from herd.cache.keys import normalize_document
+from herd.errors import ConfigError, Fatal
+from herd.jsonvalue import JSON, canonical
+from herd.llm.completion import Completion
+from herd.llm.documents import DocumentError, find_documents, read_document
+from herd.llm.pricing import PriceTable
+from herd.llm.providers import Anthropic, OpenAICompatible, Provider
+from herd.locks import PostgresLocks, RedisLocks
+from herd.queue.postgres import migrate, translate_errors
+from herd.tasks import JobContext
+
+TASK = "herd.eval"
+QUEUE = "eval"
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """Everything besides the document that determines the model's answer."""
+
+    model: str
+    system: str
+    schema: dict[str, Any] | None = None
+    provider: str = "openai"  # or "anthropic"
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(canonical(asdict(self)).encode()).hexdigest()
+
+    def key(self, document: str) -> str:
+        return canonical_key(
+            model=f"{self.provider}:{self.model}",
+            system=self.system,
+            schema=self.schema,
+            params=self.params,
+            document=document,
+        )
+
+
+@dataclass
+class SubmitReport:
+    batch: str
+    queued: int = 0
+    deduplicated: int = 0
+    errors: list[str] = field(default_factory=list)
+    job_ids: list[int] = field(default_factory=list)
+
+
+class EvalStore:
+    """Documents, specs, batch items and the cost ledger, in herd's PostgreSQL."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.pool = AsyncConnectionPool(
+            url, min_size=1, max_size=4, open=False, kwargs={"autocommit": True}
+        )
+
+    async def open(self) -> None:
+        with translate_errors(self.url):
+            await self.pool.open(wait=True, timeout=10)
+            async with self.pool.connection() as conn:
+                await migrate(conn)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def execute(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        with translate_errors(self.url):
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(query, params)
+                return await cur.fetchall() if cur.description else []
+
+    async def put_documents(self, docs: dict[str, str]) -> None:
+        if docs:
+            await self.execute(
+                "INSERT INTO herd_eval_documents (hash, text) SELECT * FROM unnest(%s::text[],"
+                " %s::text[]) ON CONFLICT (hash) DO NOTHING",
+                (list(docs), list(docs.values())),
+            )
+
+    async def put_spec(self, spec: EvalSpec) -> None:
+        await self.execute(
+            "INSERT INTO herd_eval_specs (hash, spec) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+            (spec.hash, Jsonb(asdict(spec))),
+        )
+
+    async def document(self, doc_hash: str) -> str:
+        rows = await self.execute(
+            "SELECT text FROM herd_eval_documents WHERE hash = %s", (doc_hash,)
+        )
+        if not rows:
+            raise Fatal(f"document {doc_hash[:12]}… is not stored (was the database reset?)")
+        return str(rows[0][0])
+
+    async def spec(self, spec_hash: str) -> EvalSpec:
+        rows = await self.execute("SELECT spec FROM herd_eval_specs WHERE hash = %s", (spec_hash,))
+        if not rows:
+            raise Fatal(f"evaluation spec {spec_hash[:12]}… is not stored")
+        return EvalSpec(**rows[0][0])
+
+    async def record(
+        self,
+        *,
+        batch: str | None,
+        job_id: int | None,
+        key: str,
+        kind: str,
+        model: str | None = None,
+        provider: str | None = None,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        cost: float | None = None,
+    ) -> None:
+        await self.execute(
+            "INSERT INTO herd_eval_ledger (batch, job_id, key, kind, model, provider,"
+            " input_tokens, output_tokens, cost) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (batch, job_id, key, kind, model, provider, input_tokens, output_tokens, cost),
+        )
+
+
+@dataclass
+class EvalRuntime:
+    """A worker process's resources for evaluations, opened on first use."""
+
+    store: EvalStore
+    cache: ExactCache
+    prices: PriceTable
+    providers: dict[tuple[str, str], Provider] = field(default_factory=dict)
+
+    @classmethod
+    async def of(cls, app: App) -> EvalRuntime:
+        runtime = app.state.get("eval")
+        if runtime is None:
+            lock = app.state.setdefault("eval.lock", asyncio.Lock())
+            async with lock:
+                runtime = app.state.get("eval")
+                if runtime is None:
+                    runtime = await cls._open(app)
+                    app.state["eval"] = runtime
+        assert isinstance(runtime, EvalRuntime)
+        return runtime
+
+    @classmethod
+    async def _open(cls, app: App) -> EvalRuntime:
+        url = app.database_url()
+        store = EvalStore(url)
+        await store.open()
+        if app.settings.cache == "redis":
+            if not app.settings.redis_url:
+                raise ConfigError("HERD_CACHE=redis needs HERD_REDIS_URL")
+            cache_store: Any = RedisCacheStore(app.settings.redis_url)
+            locks: Any = RedisLocks(app.settings.redis_url)
+        else:
+            cache_store, locks = PostgresCacheStore(url), PostgresLocks(url)
+        await cache_store.open()
+        await locks.open()
+        prices = PriceTable.default()
+        if os.environ.get("HERD_PRICES"):  # a JSON file of per-model prices
+            prices = prices.merged(PriceTable.from_file(os.environ["HERD_PRICES"]))
+        runtime = cls(store, ExactCache(cache_store, locks, namespace="eval", lock_ttl=30), prices)
+
+        async def close() -> None:
+            for provider in runtime.providers.values():
+                await provider.aclose()
+            await locks.close()
+            await cache_store.close()
+            await store.close()
+
+        app.on_close(close)
+        return runtime
+
+    def provider(self, spec: EvalSpec) -> Provider:
+        found = self.providers.get((spec.provider, spec.model))
+        if found is None:
+            if spec.provider == "openai":
+                found = OpenAICompatible(model=spec.model)
+            elif spec.provider == "anthropic":
+                found = Anthropic(model=spec.model)
+            else:
+                raise Fatal(f"unknown provider {spec.provider!r}: use openai or anthropic")
+            self.providers[(spec.provider, spec.model)] = found
+        return found
+
+
+def _validate(text: str, schema: dict[str, Any] | None) -> tuple[JSON, str | None]:
+    """The parsed answer and None, or the raw text and what is wrong with it."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return text, f"the answer is not JSON ({exc})"
+    if schema is not None:
+        try:
+            jsonschema.validate(value, schema)
+        except jsonschema.ValidationError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+            return text, f"the answer does not match the schema at {where}: {exc.message}"
+    return value, None
+
+
+REPAIR = (
+    "{document}\n\n---\nYour previous answer was:\n{answer}\n\nIt was rejected: {error}.\n"
+    "Answer again with JSON only, following the schema exactly."
+)
+
+
+async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """The built-in evaluation task (registered in herd.builtin)."""
+    rt = await EvalRuntime.of(ctx.app)
+    key, batch = payload["key"], payload.get("batch")
+    spec = await rt.store.spec(payload["spec"])
+    document = await rt.store.document(payload["doc"])
+    provider = rt.provider(spec)
+
+    async def call(user: str) -> Completion:
+        try:
+            done = await provider.complete(
+                spec.system, user, schema=spec.schema, params=spec.params
+            )
+        except asyncio.CancelledError:
+            # The lease was lost (or the worker stops) mid-call: the request is aborted,
+            # but its input was already paid for. Estimated, since no usage came back.
+            await asyncio.shield(
+                rt.store.record(
+                    batch=batch,
+                    job_id=ctx.job_id,
+                    key=key,
+                    kind="lost",
+                    model=spec.model,
+                    provider=spec.provider,
+                    input_tokens=(len(spec.system) + len(user)) // 4,
+                )
+            )
+            raise
+        await rt.store.record(
+            batch=batch,
+            job_id=ctx.job_id,
+            key=key,
+            kind="call",
+            model=spec.model,
+            provider=spec.provider,
+            input_tokens=done.usage.input_tokens,
+            output_tokens=done.usage.output_tokens,
+            cost=rt.prices.cost_of(spec.model, done.usage, spec.provider),
+        )
+        return done
+
+    async def compute() -> JSON:
+        first = await call(document)
+        value, error = _validate(first.text, spec.schema)
+        if error is None:
+            return {"output": value, "model": first.model}
+        second = await call(REPAIR.format(document=document, answer=first.text, error=error))
+        value, error2 = _validate(second.text, spec.schema)
+        if error2 is None:
+            return {"output": value, "model": second.model, "repaired": True}
+        raise Fatal(f"invalid model output after one repair: {error2}; raw output: {second.text}")
+
+    found = await rt.cache.get_or_compute(key, compute)
+    if found.source in ("hit", "waited", "stale"):
+        kind = "singleflight" if found.source == "waited" else "cache"
+        await rt.store.record(
+            batch=batch,
+            job_id=ctx.job_id,
+            key=key,
+            kind=kind,
+            model=spec.model,
+            provider=spec.provider,
+        )
+    result = {"key": key, "path": payload.get("path"), "source": found.source, **dict(found.value)}
+    # Every item this job serves: documents deduplicated onto it share its result.
+    item = (
+        "UPDATE herd_eval_items SET status = 'done', source = %s, result = %s,"
+        " finished_at = now() WHERE job_id = %s"
+    )
+    params = (found.source, Jsonb(result), ctx.job_id)
+    if ctx.app.broker.name == "postgres":  # fenced: lands only while this job's lease holds
+        async with ctx.fenced_transaction() as conn:
+            await conn.execute(item, params)
+    else:
+        await rt.store.execute(item, params)
+    return result
+
+
+async def submit(
+    app: App,
+    paths: Iterable[Path],
+    spec: EvalSpec,
+    *,
+    batch: str | None = None,
+    priority: int = 0,
+    progress: Callable[[int], None] | None = None,
+    chunk: int = 200,
+) -> SubmitReport:
+    """Enqueue one evaluation job per readable document; report the unreadable ones."""
+    rt = await EvalRuntime.of(app)
+    report = SubmitReport(batch or f"eval-{uuid.uuid4().hex[:8]}")
+    await rt.store.put_spec(spec)
+    try:
+        files = list(find_documents(paths))
+    except DocumentError as exc:
+        report.errors.append(str(exc))
+        return report
+    for start in range(0, len(files), chunk):
+        docs: dict[str, str] = {}
+        items: list[tuple[str, str, str]] = []  # path, doc hash, key
+        for path in files[start : start + chunk]:
+            try:
+                text = normalize_document(read_document(path))
+            except DocumentError as exc:
+                report.errors.append(str(exc))
+                continue
+            doc_hash = hashlib.sha256(text.encode()).hexdigest()
+            docs[doc_hash] = text
+            items.append((str(path), doc_hash, spec.key(text)))
+        await rt.store.put_documents(docs)
+        results = await app.enqueue_many(
+            TASK,
+            [
+                {"batch": report.batch, "path": p, "doc": d, "spec": spec.hash, "key": k}
+                for p, d, k in items
+            ],
+            queue=QUEUE,
+            priority=priority,
+            dedup_keys=[k for _, _, k in items],
+        )
+        await rt.store.execute(
+            "INSERT INTO herd_eval_items (batch, path, key, job_id) SELECT %s, p, k, j FROM"
+            " unnest(%s::text[], %s::text[], %s::bigint[]) AS x(p, k, j) ON CONFLICT DO NOTHING",
+            (
+                report.batch,
+                [p for p, _, _ in items],
+                [k for _, _, k in items],
+                [r.job_id for r in results],
+            ),
+        )
+        for (_, _, k), r in zip(items, results, strict=True):
+            report.job_ids.append(r.job_id)
+            if r.created:
+                report.queued += 1
+            else:
+                report.deduplicated += 1
+                await rt.store.record(
+                    batch=report.batch,
+                    job_id=r.job_id,
+                    key=k,
+                    kind="dedup",
+                    model=spec.model,
+                    provider=spec.provider,
+                )
+        if progress:
+            progress(min(len(files), start + chunk))
+    return report

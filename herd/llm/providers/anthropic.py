@@ -1,0 +1,120 @@
+"""Anthropic's Messages API (``POST {base}/v1/messages``).
+
+The base URL excludes the version prefix, as in Anthropic's SDKs:
+``https://api.anthropic.com`` by default, or ``ANTHROPIC_BASE_URL``.
+
+Structured output, by ``structured=``:
+
+* ``"native"`` (default): ``output_config.format = {"type": "json_schema", ...}``,
+  constrained decoding, the JSON comes back as the text block. Generally available
+  on the Claude 4.5 models and later; older models answer 400, use ``"tool"``.
+* ``"tool"``: one tool whose ``input_schema`` is the schema, forced with
+  ``tool_choice``; the tool input comes back re-serialized as compact JSON text.
+  Works on every Claude 3+ model; the schema's top level must be an object.
+
+Prefilling the assistant turn with ``{`` is not used: the newest models refuse it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from herd.llm.completion import Timeouts, Usage
+from herd.llm.errors import MissingAPIKey
+from herd.llm.providers.base import HTTPProvider, RetryPolicy, int_or_zero
+
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+API_VERSION = "2023-06-01"
+TOOL_NAME = "record_result"
+
+
+class Anthropic(HTTPProvider):
+    """A Messages API client. The key comes from ``api_key`` or ``ANTHROPIC_API_KEY``.
+
+    ``max_tokens`` (required by the API) defaults to 4096; ``params`` may override it.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        model: str,
+        timeout: float | Timeouts | None = None,
+        retry: RetryPolicy | None = None,
+        max_tokens: int = 4096,
+        structured: Literal["native", "tool"] = "native",
+        version: str = API_VERSION,
+        name: str = "anthropic",
+        max_connections: int = 100,
+    ) -> None:
+        key = api_key or os.environ.get("ANTHROPIC_API_KEY")
+        if not key:
+            raise MissingAPIKey("No Anthropic API key: pass api_key= or set ANTHROPIC_API_KEY.")
+        if structured not in ("native", "tool"):
+            raise ValueError(f"structured must be 'native' or 'tool', not {structured!r}")
+        super().__init__(
+            name=name,
+            model=model,
+            base_url=base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL,
+            api_key=key,
+            timeout=timeout,
+            retry=retry,
+            max_connections=max_connections,
+        )
+        self.max_tokens = max_tokens
+        self.structured = structured
+        self.version = version
+
+    def _request(
+        self,
+        system: str,
+        user: str,
+        schema: Mapping[str, Any] | None,
+        params: Mapping[str, Any],
+    ) -> tuple[str, dict[str, str], dict[str, Any]]:
+        headers = {
+            "content-type": "application/json",
+            "x-api-key": self._api_key or "",
+            "anthropic-version": self.version,
+        }
+        body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens}
+        if system:
+            body["system"] = system
+        if schema is not None:
+            if self.structured == "native":
+                body["output_config"] = {"format": {"type": "json_schema", "schema": dict(schema)}}
+            else:
+                body["tools"] = [
+                    {
+                        "name": TOOL_NAME,
+                        "description": "Record the result, following the input schema exactly.",
+                        "input_schema": dict(schema),
+                    }
+                ]
+                body["tool_choice"] = {"type": "tool", "name": TOOL_NAME}
+        body.update(params)
+        body["messages"] = [{"role": "user", "content": user}]
+        body["stream"] = False
+        return "/v1/messages", headers, body
+
+    def _parse(self, data: Any) -> tuple[str, Usage, str | None, str | None, str | None]:
+        blocks = data["content"]
+        if not isinstance(blocks, list):
+            raise TypeError("content is not a list")
+        tool = next((b for b in blocks if b.get("type") == "tool_use"), None)
+        if tool is not None:
+            text = json.dumps(tool["input"], ensure_ascii=False, separators=(",", ":"))
+        else:
+            text = "".join(b["text"] for b in blocks if b.get("type") == "text")
+        usage = data.get("usage") or {}
+        return (
+            text,
+            Usage(int_or_zero(usage.get("input_tokens")), int_or_zero(usage.get("output_tokens"))),
+            data.get("model"),
+            data.get("stop_reason"),
+            data.get("id"),
+        )

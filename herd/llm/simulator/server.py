@@ -1,0 +1,711 @@
+"""The simulator's HTTP server: OpenAI chat completions and Anthropic messages.
+
+A ``ThreadingHTTPServer`` (stdlib, one thread per connection, HTTP/1.1 keep-alive):
+no dependency, and a thread that waits out the latency can watch its socket, so a
+client that hangs up before the answer is seen at once (``select`` + ``MSG_PEEK``
+reading end-of-file) and counted as ``disconnected``.
+
+Routes::
+
+    POST /v1/chat/completions   (also /chat/completions)   OpenAI wire format
+    POST /v1/messages                                        Anthropic wire format
+    GET  /v1/models                                          a one-model list
+    GET  /_sim/stats            counters since start or the last reset
+    GET  /_sim/config           the behaviour in force (the key masked)
+    POST /_sim/config           change the behaviour: a partial JSON object
+    POST /_sim/reset            counters, script and behaviour back to start-up
+
+What a model call gets is decided in this order: a wrong or missing key (when the
+simulator has one) → 401; an Anthropic call without ``anthropic-version`` → 400;
+``stream: true`` → 400; then the next entry of the script if any, else a random
+draw against the failure rates, else a normal answer. The latency applies to every
+outcome except 429 (rate limiters answer at once) and ``hang`` (which never
+answers: it waits until the client goes away, or ``hang_max`` seconds).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import random
+import select
+import socket
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from herd.errors import ConfigError
+from herd.llm.simulator import content
+
+log = logging.getLogger("herd.llm.simulator")
+
+OUTCOMES = ("ok", "rate_limit", "server_error", "malformed", "schema_invalid", "hang")
+ALIASES = {"429": "rate_limit", "500": "server_error", "invalid": "schema_invalid"}
+CONTENT_MODES = ("schema", "echo", "fixed")
+
+
+@dataclass
+class SimConfig:
+    """The simulator's behaviour. ``latency`` is ``(low, high)`` seconds, drawn uniformly."""
+
+    latency: tuple[float, float] = (0.0, 0.0)
+    content: str = "schema"  # schema: JSON from the requested schema (text without one)
+    fixed_text: str = ""  # the answer when content == "fixed"
+    fail_rates: dict[str, float] = field(default_factory=dict)  # outcome or status -> P
+    script: list[str] = field(default_factory=list)  # outcomes for the next calls, in order
+    retry_after: float = 1.0  # seconds, sent with every 429
+    api_key: str | None = None  # when set, calls must carry it
+    hang_max: float = 3600.0
+    seed: int | None = None  # for the failure draws
+
+    def update(self, changes: dict[str, Any]) -> None:
+        """Apply a partial JSON config; raise ``ConfigError`` naming what is wrong."""
+        unknown = set(changes) - {f for f in asdict(self)}
+        if unknown:
+            raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
+        new = copy.deepcopy(self)
+        for key, value in changes.items():
+            if key == "latency":
+                new.latency = parse_latency(value)
+            elif key == "content":
+                if value not in CONTENT_MODES:
+                    raise ConfigError(f"content must be one of {', '.join(CONTENT_MODES)}")
+                new.content = value
+            elif key == "fail_rates":
+                new.fail_rates = parse_rates(value)
+            elif key == "script":
+                if not isinstance(value, list):
+                    raise ConfigError("script must be a list of outcomes")
+                new.script = [parse_outcome(str(v)) for v in value]
+            elif key in ("retry_after", "hang_max"):
+                setattr(new, key, _nonneg(key, value))
+            elif key == "seed":
+                new.seed = None if value is None else int(value)
+            elif key in ("fixed_text", "api_key"):
+                setattr(new, key, None if value is None else str(value))
+        self.__dict__.update(new.__dict__)
+
+    def public(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["latency"] = list(self.latency)
+        data["api_key"] = "***" if self.api_key else None
+        return data
+
+
+def parse_latency(value: Any) -> tuple[float, float]:
+    """``0.5``, ``"0.5"``, ``[0.2, 1.5]`` or ``"0.2:1.5"`` (uniform between the two)."""
+    if isinstance(value, str):
+        value = [float(v) for v in value.split(":")] if ":" in value else float(value)
+    if isinstance(value, int | float):
+        value = [value, value]
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        raise ConfigError("latency must be seconds or [low, high]")
+    low, high = _nonneg("latency", value[0]), _nonneg("latency", value[1])
+    if high < low:
+        raise ConfigError("latency: high is below low")
+    return low, high
+
+
+def parse_outcome(item: str) -> str:
+    """An outcome name, an alias (429, 500, invalid), a status (503), or ``429:SECONDS``."""
+    name, _, arg = item.strip().partition(":")
+    name = ALIASES.get(name, name)
+    if name in OUTCOMES or (name.isdigit() and len(name) == 3):
+        if arg:
+            float(arg)  # a Retry-After for this one answer
+            return f"{name}:{arg}"
+        return name
+    raise ConfigError(f"unknown outcome {item!r}: use {', '.join(OUTCOMES)} or a status code")
+
+
+def parse_rates(value: Any) -> dict[str, float]:
+    """``{"429": 0.1, "malformed": 0.05}`` or ``"429=0.1,malformed=0.05"``."""
+    if isinstance(value, str):
+        pairs = [p.split("=", 1) for p in value.split(",") if p.strip()]
+        if any(len(p) != 2 for p in pairs):
+            raise ConfigError("fail rates look like 429=0.1,malformed=0.05")
+        value = {k: v for k, v in pairs}
+    if not isinstance(value, dict):
+        raise ConfigError("fail_rates must map outcomes to probabilities")
+    rates = {parse_outcome(str(k)): float(v) for k, v in value.items()}
+    if any(not 0 <= p <= 1 for p in rates.values()) or sum(rates.values()) > 1 + 1e-9:
+        raise ConfigError("fail rates are probabilities that add up to at most 1")
+    return rates
+
+
+def _nonneg(name: str, value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number of seconds") from None
+    if number < 0:
+        raise ConfigError(f"{name} must not be negative")
+    return number
+
+
+class SimState:
+    """Configuration and counters, shared by the handler threads under one lock."""
+
+    def __init__(self, config: SimConfig, verbose: bool = False) -> None:
+        self.initial = copy.deepcopy(config)
+        self.config = config
+        self.verbose = verbose
+        self.lock = threading.Lock()
+        self.rng = random.Random(config.seed)
+        self.in_flight = 0
+        self.generation = 0
+        self.started = time.time()
+        self._zero()
+
+    def _zero(self) -> None:
+        self.calls = 0
+        self.by_status: dict[str, int] = {}
+        self.by_model: dict[str, int] = {}
+        self.by_api: dict[str, int] = {}
+        self.by_outcome: dict[str, int] = {}
+        self.disconnected = 0
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.max_in_flight = self.in_flight
+        self.since = time.time()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.generation += 1
+            self.config = copy.deepcopy(self.initial)
+            self.rng = random.Random(self.config.seed)
+            self._zero()
+
+    def configure(self, changes: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            seed = self.config.seed
+            self.config.update(changes)
+            if "seed" in changes and self.config.seed != seed:
+                self.rng = random.Random(self.config.seed)
+            return self.config.public()
+
+    def begin(self, api: str, model: str) -> int:
+        with self.lock:
+            self.calls += 1
+            self.by_api[api] = self.by_api.get(api, 0) + 1
+            self.by_model[model] = self.by_model.get(model, 0) + 1
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            return self.generation
+
+    def end(self) -> None:
+        with self.lock:
+            self.in_flight -= 1
+
+    def draw(self, generation: int) -> tuple[str, float]:
+        """The outcome of the next call and its latency."""
+        with self.lock:
+            cfg = self.config
+            if cfg.script and generation == self.generation:
+                outcome = cfg.script.pop(0)
+            else:
+                outcome, r, acc = "ok", self.rng.random(), 0.0
+                for name, p in cfg.fail_rates.items():
+                    acc += p
+                    if r < acc:
+                        outcome = name
+                        break
+            low, high = cfg.latency
+            latency = low if high == low else self.rng.uniform(low, high)
+            if generation == self.generation:
+                name = outcome.partition(":")[0]
+                self.by_outcome[name] = self.by_outcome.get(name, 0) + 1
+            return outcome, latency
+
+    def answered(
+        self, generation: int, status: int, tokens: tuple[int, int] = (0, 0), sign: int = 1
+    ) -> None:
+        """Count an answer (``sign=-1`` takes back one that could not be delivered)."""
+        with self.lock:
+            if generation != self.generation:
+                return
+            self.by_status[str(status)] = self.by_status.get(str(status), 0) + sign
+            if not self.by_status[str(status)]:
+                del self.by_status[str(status)]
+            self.input_tokens += sign * tokens[0]
+            self.output_tokens += sign * tokens[1]
+
+    def hung_up(self, generation: int) -> None:
+        with self.lock:
+            if generation == self.generation:
+                self.disconnected += 1
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "calls": self.calls,
+                "by_status": dict(self.by_status),
+                "by_model": dict(self.by_model),
+                "by_api": dict(self.by_api),
+                "by_outcome": dict(self.by_outcome),
+                "disconnected": self.disconnected,
+                "in_flight": self.in_flight,
+                "max_in_flight": self.max_in_flight,
+                "tokens": {
+                    "input": self.input_tokens,
+                    "output": self.output_tokens,
+                    "total": self.input_tokens + self.output_tokens,
+                },
+                "since": self.since,
+                "seconds": time.time() - self.since,
+            }
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], state: SimState) -> None:
+        self.state = state
+        super().__init__(address, _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hangs up mid-exchange is a normal event here, not a traceback.
+        pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+    server_version = "herd-simulator/0.1"
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body go out in two writes; without this, Nagle's algorithm and the
+        # client's delayed ACK add ~40 ms to every answer.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        if self.server.state.verbose:
+            super().log_message(format, *args)
+
+    # Routing ------------------------------------------------------------------------
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+        state = self.server.state
+        path = self.path.split("?", 1)[0].rstrip("/")
+        if path == "/_sim/stats":
+            self._json(200, state.stats())
+        elif path == "/_sim/config":
+            with state.lock:
+                self._json(200, state.config.public())
+        elif path in ("/v1/models", "/models"):
+            self._json(200, {"object": "list", "data": [{"id": "sim", "object": "model"}]})
+        elif path in ("/health", "/_sim/health"):
+            self._json(200, {"ok": True})
+        else:
+            self._json(404, {"error": {"message": f"no route GET {path}", "type": "not_found"}})
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+        path = self.path.split("?", 1)[0].rstrip("/")
+        body = self._read_body()
+        if body is None:
+            return
+        state = self.server.state
+        if path in ("/v1/chat/completions", "/chat/completions"):
+            self._model_call("openai", body)
+        elif path == "/v1/messages":
+            self._model_call("anthropic", body)
+        elif path == "/_sim/reset":
+            state.reset()
+            self._json(200, {"ok": True})
+        elif path == "/_sim/config":
+            if not isinstance(body, dict):
+                self._json(400, {"error": {"message": "config must be a JSON object"}})
+                return
+            try:
+                self._json(200, state.configure(body))
+            except (ConfigError, ValueError) as exc:
+                self._json(400, {"error": {"message": str(exc), "type": "invalid_config"}})
+        else:
+            self._json(404, {"error": {"message": f"no route POST {path}", "type": "not_found"}})
+
+    # Model calls --------------------------------------------------------------------
+
+    def _model_call(self, api: str, body: Any) -> None:
+        state = self.server.state
+        if not isinstance(body, dict):
+            body = {}
+        model = str(body.get("model") or "unknown")
+        generation = state.begin(api, model)
+        self._in_flight = True
+        try:
+            self._answer(api, model, body, generation)
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        """The call is over for the counters (before its answer leaves: no race with readers)."""
+        if getattr(self, "_in_flight", False):
+            self._in_flight = False
+            self.server.state.end()
+
+    def _answer(self, api: str, model: str, body: dict[str, Any], generation: int) -> None:
+        state = self.server.state
+        with state.lock:
+            key = state.config.api_key
+            retry_after = state.config.retry_after
+            hang_max = state.config.hang_max
+        given = (
+            self.headers.get("x-api-key")
+            if api == "anthropic"
+            else (self.headers.get("authorization") or "").removeprefix("Bearer ").strip()
+        )
+        if key is not None and given != key:
+            # Like the real services, the refusal names the key it got: the clients must
+            # keep it out of their errors and logs.
+            self._error(api, generation, 401, "authentication_error", f"Invalid API key: {given}")
+            return
+        if api == "anthropic" and not self.headers.get("anthropic-version"):
+            self._error(
+                api, generation, 400, "invalid_request_error", "anthropic-version header missing"
+            )
+            return
+        if body.get("stream"):
+            self._error(api, generation, 400, "invalid_request_error", "stream is not simulated")
+            return
+        if not isinstance(body.get("messages"), list) or not body["messages"]:
+            self._error(api, generation, 400, "invalid_request_error", "messages is required")
+            return
+        try:
+            req = _Request.of(api, body)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            message = f"the simulator cannot read this request: {type(exc).__name__}: {exc}"
+            self._error(api, generation, 400, "invalid_request_error", message)
+            return
+
+        outcome, latency = state.draw(generation)
+        name, _, arg = outcome.partition(":")
+        if name == "rate_limit":
+            after = float(arg) if arg else retry_after
+            self._error(
+                api,
+                generation,
+                429,
+                "rate_limit_error",
+                "Rate limit reached (simulated).",
+                {"retry-after": f"{after:g}"},
+            )
+            return
+        if name == "hang":
+            if self._client_gone(hang_max):
+                state.hung_up(generation)
+            self.close_connection = True
+            return
+        if self._client_gone(latency):
+            state.hung_up(generation)
+            self.close_connection = True
+            return
+        if name == "server_error":
+            self._error(api, generation, 500, "api_error", "Internal server error (simulated).")
+            return
+        if name.isdigit():
+            status = int(name)
+            headers = {}
+            if arg or status in (429, 503, 529):
+                headers["retry-after"] = f"{float(arg) if arg else retry_after:g}"
+            self._error(api, generation, status, "api_error", f"Simulated {status}.", headers)
+            return
+
+        text = self._content(req, name)
+        tokens = (content.estimate_tokens(req.prompt_text), max(1, content.estimate_tokens(text)))
+        if api == "openai":
+            payload = _openai_answer(model, text, tokens)
+        else:
+            payload = _anthropic_answer(model, req, text, tokens)
+        self._send(generation, 200, payload, tokens=tokens)
+
+    def _content(self, req: _Request, outcome: str) -> str:
+        state = self.server.state
+        with state.lock:
+            mode, fixed = state.config.content, state.config.fixed_text
+        # The same prompt gets the same answer, whichever wire format and model asked.
+        turns = [[m.get("role"), _text(m.get("content"))] for m in req.messages if _is_dict(m)]
+        rng = random.Random(content.seed_of(turns, req.system, req.schema))
+        if mode == "echo":
+            text = req.user_text
+        elif mode == "fixed":
+            text = fixed
+        elif req.schema is not None:
+            value = content.generate(req.schema, rng)
+            if outcome == "schema_invalid":
+                value = content.violate(value, req.schema)
+            text = json.dumps(value, ensure_ascii=False)
+        elif req.json_object:
+            value = {"answer": content.sentence(rng)}
+            text = json.dumps(value if outcome != "schema_invalid" else ["not", "an", "object"])
+        else:
+            text = content.sentence(rng, 20)
+        if outcome == "malformed":
+            text = content.malformed(text if text.startswith(("{", "[")) else json.dumps(text))
+        return text
+
+    # Plumbing -----------------------------------------------------------------------
+
+    def _client_gone(self, seconds: float) -> bool:
+        """Wait ``seconds``; True as soon as the client closes its end of the connection."""
+        deadline = time.monotonic() + seconds
+        sock = self.connection
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                readable, _, _ = select.select([sock], [], [], remaining)
+                if not readable:
+                    return False
+                if not sock.recv(1, socket.MSG_PEEK):
+                    return True  # end of file: the client hung up
+            except (OSError, ValueError):
+                return True
+            # Bytes of a next (pipelined) request: nothing more to learn, wait it out.
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            return False
+
+    def _read_body(self) -> Any:
+        try:
+            length = int(self.headers.get("content-length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0 or length > 256 * 1024 * 1024:
+            self._json(400, {"error": {"message": "bad Content-Length"}})
+            return None
+        raw = self.rfile.read(length) if length else b""
+        if not raw:
+            return {}
+        try:
+            return json.loads(raw)
+        except ValueError:
+            self._json(400, {"error": {"message": "body is not JSON", "type": "invalid_json"}})
+            return None
+
+    def _error(
+        self,
+        api: str,
+        generation: int,
+        status: int,
+        kind: str,
+        message: str,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        if api == "anthropic":
+            payload: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+        else:
+            payload = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+        self._send(generation, status, payload, headers)
+
+    def _send(
+        self,
+        generation: int,
+        status: int,
+        payload: Any,
+        headers: dict[str, str] | None = None,
+        tokens: tuple[int, int] = (0, 0),
+    ) -> None:
+        """Answer a model call; counted before the bytes leave, so a client that reads the
+        stats right after its answer sees it counted."""
+        state = self.server.state
+        state.answered(generation, status, tokens)
+        self._done()
+        if not self._json(status, payload, headers):
+            state.answered(generation, status, tokens, sign=-1)
+            state.hung_up(generation)
+
+    def _json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> bool:
+        """Send a JSON answer; False if the client had gone."""
+        data = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        try:
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.send_header("x-request-id", uuid.uuid4().hex)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+            self.wfile.flush()
+        except OSError:
+            self.close_connection = True
+            return False
+        return True
+
+
+@dataclass
+class _Request:
+    """What both wire formats ask, in one shape."""
+
+    messages: list[Any]
+    system: str
+    schema: Any
+    json_object: bool
+    tool: str | None
+    prefill: str
+
+    @classmethod
+    def of(cls, api: str, body: dict[str, Any]) -> _Request:
+        messages = list(body.get("messages") or [])
+        schema: Any = None
+        json_object = False
+        tool: str | None = None
+        system = ""
+        prefill = ""
+        if api == "openai":
+            system = "\n".join(
+                _text(m.get("content"))
+                for m in messages
+                if isinstance(m, dict) and m.get("role") in ("system", "developer")
+            )
+            messages = [
+                m
+                for m in messages
+                if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))
+            ]
+            fmt = body.get("response_format") or {}
+            if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+                schema = (fmt.get("json_schema") or {}).get("schema", {})
+            json_object = isinstance(fmt, dict) and fmt.get("type") == "json_object"
+        else:
+            system = _text(body.get("system"))
+            out = (body.get("output_config") or {}).get("format") or body.get("output_format")
+            if isinstance(out, dict) and out.get("type") == "json_schema":
+                schema = out.get("schema", {})
+            choice = body.get("tool_choice") or {}
+            tools = body.get("tools") or []
+            if isinstance(choice, dict) and choice.get("type") == "tool":
+                for t in tools:
+                    if isinstance(t, dict) and t.get("name") == choice.get("name"):
+                        schema, tool = t.get("input_schema", {}), str(t["name"])
+            last = messages[-1] if messages else None
+            if isinstance(last, dict) and last.get("role") == "assistant":
+                prefill = _text(last.get("content"))
+                messages = messages[:-1]
+        return cls(messages, system, schema, json_object, tool, prefill)
+
+    @property
+    def user_text(self) -> str:
+        users = [m for m in self.messages if isinstance(m, dict) and m.get("role") == "user"]
+        return _text(users[-1].get("content")) if users else ""
+
+    @property
+    def prompt_text(self) -> str:
+        parts = [self.system] + [
+            _text(m.get("content")) for m in self.messages if isinstance(m, dict)
+        ]
+        return "\n".join(parts)
+
+
+def _is_dict(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def _text(value: Any) -> str:
+    """The text of a message content: a string, or a list of text parts."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(
+            str(p.get("text", "")) for p in value if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return ""
+
+
+def _openai_answer(model: str, text: str, tokens: tuple[int, int]) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-sim-{uuid.uuid4().hex[:24]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": None},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": tokens[0],
+            "completion_tokens": tokens[1],
+            "total_tokens": tokens[0] + tokens[1],
+        },
+    }
+
+
+def _anthropic_answer(
+    model: str, req: _Request, text: str, tokens: tuple[int, int]
+) -> dict[str, Any]:
+    block: dict[str, Any]
+    stop = "end_turn"
+    if req.tool is not None:
+        try:
+            block = {
+                "type": "tool_use",
+                "id": f"toolu_sim_{uuid.uuid4().hex[:20]}",
+                "name": req.tool,
+                "input": json.loads(text),
+            }
+            stop = "tool_use"
+        except ValueError:  # malformed: the "model" wrote text instead of calling the tool
+            block = {"type": "text", "text": text}
+    else:
+        if req.prefill and text.startswith(req.prefill):
+            text = text[len(req.prefill) :]
+        block = {"type": "text", "text": text}
+    return {
+        "id": f"msg_sim_{uuid.uuid4().hex[:24]}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [block],
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": {"input_tokens": tokens[0], "output_tokens": tokens[1]},
+    }
+
+
+class Simulator:
+    """The simulator in this process, on a thread: ``start()``, ``url``, ``close()``."""
+
+    def __init__(
+        self,
+        config: SimConfig | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        verbose: bool = False,
+    ) -> None:
+        self.state = SimState(config or SimConfig(), verbose)
+        self._server = _Server((host, port), self.state)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        host = host.decode() if isinstance(host, bytes) else host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{port}"
+
+    def serve_forever(self) -> None:
+        self._server.serve_forever(poll_interval=0.2)
+
+    def start(self) -> Simulator:
+        self._thread = threading.Thread(target=self.serve_forever, name="herd-sim", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join()
+            self._thread = None
+        self._server.server_close()

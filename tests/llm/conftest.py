@@ -1,0 +1,104 @@
+"""A real simulator process for the LLM tests: started once, reset before each test.
+
+No HTTP is mocked: the providers talk to ``python -m herd.llm.simulator`` over TCP,
+and the tests read what the server saw from ``GET /_sim/stats``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+SECRET = "sk-test-SECRET"
+
+
+def start_simulator(*args: str, log: Path | None = None) -> tuple[subprocess.Popen[str], str]:
+    """Start ``python -m herd.llm.simulator --port 0 ARGS``; return it and its URL."""
+    stderr = log.open("w") if log is not None else subprocess.DEVNULL
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "herd.llm.simulator", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+    )
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], 20)
+    line = proc.stdout.readline().strip() if ready else ""
+    if not line.startswith("http://"):
+        stop_simulator(proc)
+        detail = log.read_text() if log is not None else ""
+        raise RuntimeError(f"the simulator did not start: {line!r} {detail}")
+    return proc, line
+
+
+def stop_simulator(proc: subprocess.Popen[str]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+class Sim:
+    """The control side of a running simulator."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.openai_url = url + "/v1"  # OpenAI-style base URLs carry the version
+        self.http = httpx.Client(base_url=url, timeout=10)
+
+    def configure(self, **changes: Any) -> dict[str, Any]:
+        response = self.http.post("/_sim/config", json=changes)
+        assert response.status_code == 200, response.text
+        return dict(response.json())
+
+    def script(self, *outcomes: str) -> None:
+        self.configure(script=list(outcomes))
+
+    def reset(self) -> None:
+        self.http.post("/_sim/reset").raise_for_status()
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.http.get("/_sim/stats").json())
+
+    async def wait_for(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 5.0
+    ) -> dict[str, Any]:
+        """Poll the stats (without blocking the event loop) until ``predicate`` holds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stats = await asyncio.to_thread(self.stats)
+            if predicate(stats):
+                return stats
+            if time.monotonic() > deadline:
+                raise AssertionError(f"simulator stats never matched within {timeout} s: {stats}")
+            await asyncio.sleep(0.02)
+
+
+@pytest.fixture(scope="session")
+def sim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
+    log = tmp_path_factory.mktemp("sim") / "simulator.log"
+    proc, url = start_simulator(log=log)
+    sim = Sim(url)
+    try:
+        yield sim
+    finally:
+        sim.http.close()
+        stop_simulator(proc)
+
+
+@pytest.fixture
+def sim(sim_server: Sim) -> Sim:
+    """The simulator with fresh counters and its start-up behaviour."""
+    sim_server.reset()
+    return sim_server

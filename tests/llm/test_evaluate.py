@@ -1,0 +1,143 @@
+"""Evaluation jobs end to end: real queue, real cache, the simulator as the provider."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+
+from herd import App, JobStatus, Worker
+from herd.llm import evaluate
+from herd.llm.evaluate import EvalSpec, submit
+from tests.helpers import eventually
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"score": {"type": "integer"}, "summary": {"type": "string"}},
+    "required": ["score", "summary"],
+    "additionalProperties": False,
+}
+SPEC = EvalSpec(model="sim-1", system="Rate the paper from 1 to 10.", schema=SCHEMA)
+
+
+@pytest.fixture
+async def app(pg_url, sim, monkeypatch):
+    monkeypatch.setenv("OPENAI_BASE_URL", sim.openai_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-SECRET")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            "TRUNCATE herd_jobs, herd_eval_items, herd_eval_ledger, herd_eval_documents,"
+            " herd_eval_specs, herd_cache, herd_cache_stats"
+        )
+    the_app = App(database_url=pg_url)
+    # The built-in task with a short lease, so that losing it is quick to show.
+    the_app.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=1.0, max_attempts=2)(
+        evaluate.evaluate
+    )
+    async with the_app:
+        yield the_app
+
+
+async def run_until_idle(app: App) -> None:
+    await Worker(app, queues=[evaluate.QUEUE], concurrency=4, poll_interval=0.05,
+                 stop_when_idle=True, install_signal_handlers=False).run()  # fmt: skip
+
+
+async def ledger(app: App) -> dict[str, int]:
+    rt = await evaluate.EvalRuntime.of(app)
+    rows = await rt.store.execute("SELECT kind, count(*) FROM herd_eval_ledger GROUP BY kind")
+    return {k: n for k, n in rows}
+
+
+async def test_each_unique_document_is_evaluated_once(app, sim, tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("Paper A.\nIt has results.\n")
+    (docs / "a-crlf.txt").write_bytes(b"Paper A.  \r\nIt has results.\r\n\r\n")  # whitespace only
+    (docs / "b.md").write_text("# Paper B\n\nDifferent content.\n")
+    (docs / "broken.txt").write_bytes(b"valid start \xff\xfe then garbage")
+    (docs / "empty.txt").write_text("   \n")
+    report = await submit(app, [docs], SPEC)
+    assert report.queued == 2 and report.deduplicated == 1
+    assert len(report.errors) == 2
+    assert any("broken.txt: not valid UTF-8 at byte 12 (line 1)" in e for e in report.errors)
+    assert any("empty.txt: the document is empty" in e for e in report.errors)
+    await run_until_idle(app)
+    assert sim.stats()["calls"] == 2
+    rt = await evaluate.EvalRuntime.of(app)
+    items = await rt.store.execute("SELECT path, status, result FROM herd_eval_items ORDER BY path")
+    assert [(p.rsplit("/", 1)[1], s) for p, s, _ in items] == [
+        ("a-crlf.txt", "done"), ("a.txt", "done"), ("b.md", "done")]  # fmt: skip
+    assert items[0][2]["output"] == items[1][2]["output"]
+    assert set(items[2][2]["output"]) == {"score", "summary"}
+    assert await ledger(app) == {"call": 2, "dedup": 1}
+
+    # The same documents again: answered from the cache, no call.
+    again = await submit(app, [docs / "a.txt", docs / "b.md"], SPEC, batch="second")
+    await run_until_idle(app)
+    assert again.queued == 2 and sim.stats()["calls"] == 2
+    assert (await ledger(app))["cache"] == 2
+
+    # A changed model, system prompt or schema is another question: it calls again.
+    for changed in (
+        EvalSpec(model="sim-2", system=SPEC.system, schema=SCHEMA),
+        EvalSpec(model="sim-1", system="Rate it harshly.", schema=SCHEMA),
+        EvalSpec(model="sim-1", system=SPEC.system, schema={**SCHEMA, "required": ["score"]}),
+    ):
+        await submit(app, [docs / "b.md"], changed)
+    await run_until_idle(app)
+    assert sim.stats()["calls"] == 5
+
+
+async def test_malformed_output_is_repaired_once_then_dead_lettered_with_the_raw_text(
+    app, sim, tmp_path
+):
+    doc = tmp_path / "p.txt"
+    doc.write_text("A paper.")
+    sim.script("malformed", "ok")
+    await submit(app, [doc], SPEC, batch="repaired")
+    await run_until_idle(app)
+    rt = await evaluate.EvalRuntime.of(app)
+    ((result,),) = await rt.store.execute("SELECT result FROM herd_eval_items")
+    assert result["repaired"] is True and set(result["output"]) == {"score", "summary"}
+    assert sim.stats()["calls"] == 2
+
+    doc2 = tmp_path / "q.txt"
+    doc2.write_text("Another paper.")
+    sim.script("schema_invalid", "schema_invalid")
+    report = await submit(app, [doc2], SPEC, batch="broken")
+    await run_until_idle(app)
+    job = await app.get_job(report.job_ids[0])
+    assert job.status == JobStatus.DEAD and job.dead_reason == "fatal"
+    assert "does not match the schema" in job.last_error and "raw output:" in job.last_error
+    assert sim.stats()["calls"] == 4  # one call and one repair; no retry of a Fatal
+
+
+async def test_losing_the_lease_mid_call_aborts_the_request_and_writes_nothing(
+    app, sim, tmp_path, pg_url
+):
+    doc = tmp_path / "slow.txt"
+    doc.write_text("A paper that takes the model a long time.")
+    sim.configure(latency=30)
+    report = await submit(app, [doc], SPEC)
+    worker = Worker(app, queues=[evaluate.QUEUE], concurrency=2, poll_interval=0.05,
+                    install_signal_handlers=False)  # fmt: skip
+    run = asyncio.create_task(worker.run())
+    await sim.wait_for(lambda s: s["calls"] == 1, timeout=10)
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # another worker takes it over
+        conn.execute(
+            "UPDATE herd_jobs SET lease_token = lease_token + 1, lease_owner = 'thief',"
+            " lease_expires_at = now() + interval '60 seconds'"
+        )
+    await sim.wait_for(lambda s: s["disconnected"] >= 1, timeout=10)
+    await eventually(lambda: asyncio.sleep(0, worker.stats.lost == 1), timeout=10)
+    worker.stop()
+    await run
+    rt = await evaluate.EvalRuntime.of(app)
+    assert await ledger(app) == {"lost": 1}
+    ((status, result),) = await rt.store.execute("SELECT status, result FROM herd_eval_items")
+    assert (status, result) == ("queued", None)
+    job = await app.get_job(report.job_ids[0])
+    assert job.lease_owner == "thief" and job.result is None
+    assert await rt.cache.get(job.payload["key"]) is None

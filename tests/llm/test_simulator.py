@@ -1,0 +1,169 @@
+"""The simulator: its answers, its knobs, its counters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import httpx
+import jsonschema
+import pytest
+
+from herd.llm import OpenAICompatible, ProviderError, RetryPolicy
+from herd.llm.simulator import content
+from tests.llm.conftest import Sim, start_simulator, stop_simulator
+from tests.llm.schemas import SCHEMAS
+
+ONE_TRY = RetryPolicy(max_tries=1)
+
+
+@pytest.mark.parametrize(
+    "schema", SCHEMAS, ids=["verdict", "defs-refs-formats", "enum-array", "allof", "int", "date"]
+)
+def test_generated_values_follow_the_schema_and_broken_ones_do_not(schema: dict) -> None:
+    validator = jsonschema.Draft202012Validator(
+        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+    )
+    seen = set()
+    for seed in range(60):
+        value = content.generate(schema, random.Random(seed))
+        validator.validate(value)
+        assert content.generate(schema, random.Random(seed)) == value  # same seed, same value
+        seen.add(json.dumps(value, sort_keys=True))
+        assert not validator.is_valid(content.violate(value, schema)), value
+        with pytest.raises(ValueError):
+            json.loads(content.malformed(json.dumps(value)))
+    assert len(seen) > 1  # the seed matters
+
+
+def test_flags_set_the_behaviour_at_start(tmp_path) -> None:
+    proc, url = start_simulator(
+        "--latency",
+        "0.1:0.3",
+        "--fail-rate",
+        "429=0.1,malformed=0.05",
+        "--fail-rate",
+        "hang=0.01",
+        "--script",
+        "500,429:2,ok",
+        "--retry-after",
+        "3",
+        "--content",
+        "echo",
+        "--api-key",
+        "sk-sim-flag",
+        "--seed",
+        "7",
+        log=tmp_path / "sim.log",
+    )
+    try:
+        config = httpx.get(url + "/_sim/config").json()
+        headers = {"authorization": "Bearer sk-sim-flag"}
+        body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+        first = httpx.post(url + "/v1/chat/completions", json=body, headers=headers)
+        second = httpx.post(url + "/v1/chat/completions", json=body, headers=headers)
+        third = httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=5)
+        refused = httpx.post(url + "/v1/chat/completions", json=body)
+    finally:
+        stop_simulator(proc)
+    assert config == {
+        "latency": [0.1, 0.3],
+        "content": "echo",
+        "fixed_text": "",
+        "fail_rates": {"rate_limit": 0.1, "malformed": 0.05, "hang": 0.01},
+        "script": ["server_error", "rate_limit:2", "ok"],
+        "retry_after": 3.0,
+        "api_key": "***",  # never shown
+        "hang_max": 3600.0,
+        "seed": 7,
+    }
+    assert first.status_code == 500
+    assert (second.status_code, second.headers["retry-after"]) == (429, "2")
+    assert third.status_code == 200
+    assert third.json()["choices"][0]["message"]["content"] == "hello"  # echo mode
+    assert refused.status_code == 401
+
+
+def test_runtime_config_changes_and_validates(sim: Sim) -> None:
+    assert sim.configure(latency=[0.5, 1.5], content="fixed", fixed_text="x")["latency"] == [
+        0.5,
+        1.5,
+    ]
+    for bad in ({"latency": -1}, {"fail_rates": {"429": 0.8, "500": 0.5}}, {"nope": 1}):
+        response = sim.http.post("/_sim/config", json=bad)
+        assert response.status_code == 400, bad
+        assert response.json()["error"]["message"]
+    assert sim.http.get("/_sim/config").json()["content"] == "fixed"  # bad updates left it
+    sim.reset()
+    assert sim.http.get("/_sim/config").json()["content"] == "schema"  # back to start-up
+
+
+async def test_fixed_and_echo_modes(sim: Sim) -> None:
+    async with OpenAICompatible(sim.openai_url, model="m", retry=ONE_TRY) as llm:
+        sim.configure(content="fixed", fixed_text="exactly this")
+        assert (await llm.complete("s", "u")).text == "exactly this"
+        sim.configure(content="echo")
+        assert (await llm.complete("s", "the user text")).text == "the user text"
+
+
+async def test_counter_counts_exactly_the_calls_made(sim: Sim) -> None:
+    sim.script("500", "429:0")
+    fast = RetryPolicy(max_tries=3, initial_delay=0.01)
+    async with (
+        OpenAICompatible(sim.openai_url, model="model-a", retry=fast) as a,
+        OpenAICompatible(sim.openai_url, model="model-b", retry=fast) as b,
+    ):
+        done = await asyncio.gather(
+            *(a.complete("s", f"doc {i}") for i in range(7)),
+            *(b.complete("s", f"doc {i}") for i in range(3)),
+        )
+    stats = sim.stats()
+    tries = sum(c.attempts for c in done)
+    assert tries == 12  # ten calls, two of them tried twice
+    assert stats["calls"] == tries
+    assert sum(stats["by_model"].values()) == tries
+    assert stats["by_status"] == {"200": 10, "500": 1, "429": 1}
+    assert stats["by_api"] == {"openai": 12}
+    assert stats["tokens"]["input"] == sum(c.usage.input_tokens for c in done)
+    assert stats["tokens"]["output"] == sum(c.usage.output_tokens for c in done)
+    assert stats["disconnected"] == 0 and stats["in_flight"] == 0
+
+
+async def test_reset_zeroes_the_counters(sim: Sim) -> None:
+    async with OpenAICompatible(sim.openai_url, model="m", retry=ONE_TRY) as llm:
+        await llm.complete("s", "u")
+    assert sim.stats()["calls"] == 1
+    sim.reset()
+    stats = sim.stats()
+    assert (stats["calls"], stats["by_status"], stats["tokens"]["total"]) == (0, {}, 0)
+
+
+async def test_failure_rates_draw_reproducibly_from_the_seed(sim: Sim) -> None:
+    async def run() -> list[int | None]:
+        sim.reset()
+        sim.configure(fail_rates={"500": 0.3, "429": 0.2}, seed=11)
+        statuses: list[int | None] = []
+        async with OpenAICompatible(sim.openai_url, model="m", retry=ONE_TRY) as llm:
+            for i in range(40):
+                try:
+                    await llm.complete("s", f"u{i}")
+                    statuses.append(200)
+                except ProviderError as exc:
+                    statuses.append(exc.status)
+        return statuses
+
+    first = await run()
+    assert await run() == first
+    assert {200, 500, 429} <= set(first)
+    assert 4 <= first.count(500) <= 20 and first.count(200) >= 10
+    stats = sim.stats()
+    assert stats["by_status"] == {str(s): first.count(s) for s in set(first)}
+
+
+async def test_latency_range_is_applied(sim: Sim) -> None:
+    sim.configure(latency=[0.4, 0.5])
+    async with OpenAICompatible(sim.openai_url, model="m", retry=ONE_TRY) as llm:
+        done = await asyncio.gather(*(llm.complete("s", f"u{i}") for i in range(4)))
+    assert all(0.4 <= c.latency < 2 for c in done)
+    assert sim.stats()["max_in_flight"] == 4  # concurrent, not queued behind each other
