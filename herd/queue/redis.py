@@ -215,14 +215,25 @@ class RedisBroker:
             by_queue[lease.queue].append(lease)
         if not by_queue:
             return []
+        calls = []
+        for queue, group in by_queue.items():
+            p = prefix(queue)
+            args = [p, *extra]
+            for lease in group:
+                args += [lease.job_id, lease.token]
+            calls.append(([p + "meta"], args))
+        return await self._call_many(script, calls)
+
+    async def _call_many(self, script: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """One script call per queue. A single call goes straight (EVALSHA); a
+        pipeline would first ask SCRIPT EXISTS, one more round trip per batch."""
         async with self._errors():
+            if len(calls) == 1:
+                keys, args = calls[0]
+                return [await self._scripts[script](keys=keys, args=args)]
             pipe = self._redis.pipeline(transaction=False)
-            for queue, group in by_queue.items():
-                p = prefix(queue)
-                args = [p, *extra]
-                for lease in group:
-                    args += [lease.job_id, lease.token]
-                await self._scripts[script](keys=[p + "meta"], args=args, client=pipe)
+            for keys, args in calls:
+                await self._scripts[script](keys=keys, args=args, client=pipe)
             return list(await pipe.execute())
 
     async def renew_if_leased(self, leases: Sequence[Lease]) -> dict[int, datetime]:
@@ -239,15 +250,14 @@ class RedisBroker:
         for i, c in enumerate(items):
             by_queue[c.lease.queue].append(i)
         results = [dumps(c.result, what=f"result of job {c.lease.job_id}") for c in items]
-        async with self._errors():
-            pipe = self._redis.pipeline(transaction=False)
-            for queue, idx in by_queue.items():
-                p = prefix(queue)
-                args: list[Any] = [p, self.finished_ttl]
-                for i in idx:
-                    args += [items[i].lease.job_id, items[i].lease.token, results[i]]
-                await self._scripts["complete"](keys=[p + "meta"], args=args, client=pipe)
-            replies = await pipe.execute()
+        calls = []
+        for queue, idx in by_queue.items():
+            p = prefix(queue)
+            args: list[Any] = [p, self.finished_ttl]
+            for i in idx:
+                args += [items[i].lease.job_id, items[i].lease.token, results[i]]
+            calls.append(([p + "meta"], args))
+        replies = await self._call_many("complete", calls)
         ok = [False] * len(items)
         for idx, reply in zip(by_queue.values(), replies, strict=True):
             for i, flag in zip(idx, reply, strict=True):
