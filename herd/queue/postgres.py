@@ -55,8 +55,13 @@ def translate_errors(url: str) -> Iterator[None]:
         raise BrokerError(f"PostgreSQL error: {str(exc).strip()}") from exc
 
 
-async def migrate(conn: AsyncConnection[Any]) -> list[int]:
-    """Apply the migrations this database lacks; returns the versions applied."""
+async def migrate(conn: AsyncConnection[Any], package: str = "herd.queue.sql") -> list[int]:
+    """Apply the migrations this database lacks; returns the versions applied.
+
+    Features with their own schema (pgvector for herd.rag) keep their files in
+    their own package, numbered in a range of their own, and migrate on first use,
+    so that the queue runs on servers without those extensions.
+    """
     applied: list[int] = []
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
@@ -67,7 +72,7 @@ async def migrate(conn: AsyncConnection[Any]) -> list[int]:
         )
         cur = await conn.execute("SELECT version FROM herd_migrations")
         done = {row[0] for row in await cur.fetchall()}
-        for version, name, text in migrations():
+        for version, name, text in migrations(package):
             if version in done:
                 continue
             try:
@@ -130,6 +135,7 @@ class PostgresBroker:
             name="herd",
         )
         self._listener: AsyncConnection[Any] | None = None
+        self._rotation = 0
         self._listener_lock = asyncio.Lock()
 
     # -- lifecycle
@@ -227,18 +233,24 @@ class PostgresBroker:
     # -- workers
 
     async def claim(self, queues: Sequence[str], owner: str, limit: int) -> list[Lease]:
-        if limit <= 0:
-            return []
-        rows = await self._fetch_dicts(
-            "claim", {"queues": list(queues), "owner": owner, "limit": limit}
-        )
-        leases = []
-        for row in rows:
-            if row.pop("status") != JobStatus.PROCESSING:
-                log.warning("job %s dead-lettered: its lease expired too many times", row["job_id"])
-                continue
-            leases.append(Lease(**row, owner=owner))
-        leases.sort(key=lambda lease: lease.job_id)
+        # One queue per statement, so that each claim walks one queue's index in
+        # (priority, id) order instead of sorting every ready job of several
+        # queues; the starting queue rotates so that none starves the others.
+        leases: list[Lease] = []
+        if limit <= 0 or not queues:
+            return leases
+        self._rotation = (self._rotation + 1) % len(queues)
+        for queue in [*queues[self._rotation :], *queues[: self._rotation]]:
+            if len(leases) >= limit:
+                break
+            rows = await self._fetch_dicts(
+                "claim", {"queue": queue, "owner": owner, "limit": limit - len(leases)}
+            )
+            for row in rows:
+                if row.pop("status") != JobStatus.PROCESSING:
+                    log.warning("job %s dead-lettered: its lease expired too often", row["job_id"])
+                    continue
+                leases.append(Lease(**row, owner=owner))
         return leases
 
     async def renew_if_leased(self, leases: Sequence[Lease]) -> dict[int, datetime]:

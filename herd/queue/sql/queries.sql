@@ -32,13 +32,13 @@ SELECT pg_notify('herd_jobs', q) FROM unnest(%(queues)s::text[]) AS q;
 -- the job instead of handing it out again.
 WITH ready AS (
     SELECT id, priority FROM herd_jobs
-     WHERE status = 'pending' AND queue = ANY(%(queues)s::text[]) AND run_at <= now()
+     WHERE status = 'pending' AND queue = %(queue)s AND run_at <= now()
      ORDER BY priority DESC, id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ), expired AS (
     SELECT id, priority FROM herd_jobs
-     WHERE status = 'processing' AND queue = ANY(%(queues)s::text[]) AND lease_expires_at < now()
+     WHERE status = 'processing' AND queue = %(queue)s AND lease_expires_at < now()
      ORDER BY priority DESC, id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
