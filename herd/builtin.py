@@ -8,9 +8,18 @@ from herd.app import App
 from herd.errors import Retry
 from herd.jsonvalue import JSON
 from herd.llm import evaluate
+from herd.rag import ingest
 from herd.tasks import JobContext
 
 tasks = App()
+
+# Corpus indexing: one micro-batch of chunk ids per job; finalize retries until done.
+tasks.task(name=ingest.EMBED_TASK, queue=ingest.QUEUE, lease_seconds=30, max_attempts=3)(
+    ingest.embed_batch
+)
+tasks.task(name=ingest.FINALIZE_TASK, queue=ingest.QUEUE, lease_seconds=60, max_attempts=100_000)(
+    ingest.finalize
+)
 
 # LLM evaluations: 30 s leases renewed while the provider call runs (30-120 s).
 tasks.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=30, max_attempts=3)(

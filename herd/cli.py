@@ -23,6 +23,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from herd.app import App
 from herd.config import Settings
@@ -37,8 +38,9 @@ class Broker(enum.StrEnum):
     redis = "redis"
 
 
-out = Console()
-err = Console(stderr=True)
+# No markup: everything printed is data (payloads, errors, verse texts with [brackets]).
+out = Console(markup=False, highlight=False)
+err = Console(stderr=True, markup=False, highlight=False)
 
 cli = typer.Typer(
     no_args_is_help=True,
@@ -55,9 +57,12 @@ cli.add_typer(dlq_cli, name="dlq")
 def _add_feature_commands() -> None:
     # Imported here: the feature modules import this one for its helpers.
     from herd.llm.cli import cache_cli, eval_cli
+    from herd.rag.cli import ingest, query
 
     cli.add_typer(eval_cli, name="eval")
     cli.add_typer(cache_cli, name="cache")
+    cli.command()(ingest)
+    cli.command()(query)
 
 
 @dataclasses.dataclass
@@ -98,9 +103,12 @@ def _root(
     ctx.obj = _Options(Settings.from_env().override(**flags), flags, debug)
     logging.basicConfig(
         stream=sys.stderr,
-        level=logging.DEBUG if debug else logging.INFO,
+        level=logging.DEBUG if debug else logging.WARNING,
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
+    # herd's own progress at INFO; libraries (onnxruntime's quantizer logs to the
+    # root logger) only when something is wrong.
+    logging.getLogger("herd").setLevel(logging.DEBUG if debug else logging.INFO)
     # The pool logs every failed reconnect; herd reports outages itself, once.
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR if not debug else logging.DEBUG)
 
@@ -118,7 +126,7 @@ def _run(opts: _Options, work: Callable[[App], Awaitable[T]], app: App | None = 
     except HerdError as exc:
         if opts.debug:
             raise
-        err.print(f"[red]herd: error:[/red] {exc}", highlight=False, soft_wrap=True)
+        err.print(Text.assemble(("herd: error:", "red"), f" {exc}"), soft_wrap=True)
         raise typer.Exit(1) from None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import unicodedata
 from typing import Any
 
@@ -12,14 +13,15 @@ KEY_VERSION = 1  # bump when the key's recipe changes, so old entries stop match
 
 
 def normalize_document(text: str) -> str:
-    """NFC, ``\\n`` line endings, no trailing spaces, no leading/trailing blank lines.
+    """NFC, ``\\n`` line endings, no trailing spaces, single blank lines, no blank ends.
 
     Whitespace-only revisions of a document (CRLF, trailing blanks) hit the cache;
     anything a reader could see changes the key.
     """
     text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
     lines = [line.rstrip() for line in text.split("\n")]
-    return "\n".join(lines).strip("\n")
+    # Runs of blank lines count as one: a paragraph break is all a reader sees.
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip("\n")
 
 
 def canonical_key(

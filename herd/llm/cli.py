@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from psycopg.types.json import Jsonb
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -133,21 +134,45 @@ def _read_json_file_text(text: str) -> dict[str, Any]:
     return value
 
 
+async def _settle(app: App, batch: str | None) -> dict[str, int]:
+    """Bring items up to date with their jobs; count them by state.
+
+    A document deduplicated onto a job that finished while it was being submitted
+    misses the job's own update of its items, so the job's result is copied here.
+    """
+    rt = await EvalRuntime.of(app)
+    items = await rt.store.execute(
+        "SELECT DISTINCT job_id FROM herd_eval_items WHERE status = 'queued'"
+        " AND (%(b)s::text IS NULL OR batch = %(b)s)",
+        {"b": batch},
+    )
+    counts = {"failed": 0, "running": 0}
+    for (job_id,) in items:
+        job = await app.broker.get_job(job_id)
+        if job is None:
+            continue
+        if job.status == "succeeded" and isinstance(job.result, dict):
+            await rt.store.execute(
+                "UPDATE herd_eval_items SET status = 'done', source = %s, result = %s,"
+                " finished_at = now() WHERE job_id = %s AND status = 'queued'",
+                (job.result.get("source"), Jsonb(job.result), job_id),
+            )
+        elif job.status == "dead":
+            counts["failed"] += 1
+        elif job.status == "processing":
+            counts["running"] += 1
+    return counts
+
+
 async def _status(app: App, batch: str | None) -> dict[str, Any]:
     rt = await EvalRuntime.of(app)
+    counts = await _settle(app, batch)
+    failed, running = counts["failed"], counts["running"]
     items = await rt.store.execute(
         "SELECT job_id, status FROM herd_eval_items WHERE %(b)s::text IS NULL OR batch = %(b)s",
         {"b": batch},
     )
     done = sum(1 for _, st in items if st == "done")
-    failed = running = 0
-    for job_id, st in items[:5000]:
-        if st != "done":
-            job = await app.broker.get_job(job_id)
-            if job is not None and job.status == "dead":
-                failed += 1
-            elif job is not None and job.status == "processing":
-                running += 1
     ledger = {
         kind: {"n": n, "input_tokens": int(i or 0), "output_tokens": int(o or 0), "cost": c}
         for kind, n, i, o, c in await rt.store.execute(
@@ -226,6 +251,7 @@ def eval_results(
 
     async def work(app: App) -> list[tuple[Any, ...]]:
         rt = await EvalRuntime.of(app)
+        await _settle(app, batch)
         return await rt.store.execute(
             "SELECT batch, path, source, result FROM herd_eval_items WHERE status = 'done'"
             " AND (%(b)s::text IS NULL OR batch = %(b)s) ORDER BY batch, path",

@@ -41,6 +41,7 @@ def key(document: str = "A paper.\n", **over: object) -> str:
 def test_whitespace_only_revisions_share_a_key_and_real_changes_do_not():
     base = key("Title\n\nBody text.\n")
     assert key("Title  \r\n\r\nBody text.   \r\n\r\n") == base
+    assert key("\n\nTitle\n\n\n\nBody text.\n") == base  # extra blank lines
     assert key("\ufeffTitle\n\nBody text.") != base  # a BOM is content, not layout
     assert key("Title\n\nBody text!") != base
     assert key(model="m2") != base

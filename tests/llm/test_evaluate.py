@@ -141,3 +141,22 @@ async def test_losing_the_lease_mid_call_aborts_the_request_and_writes_nothing(
     job = await app.get_job(report.job_ids[0])
     assert job.lease_owner == "thief" and job.result is None
     assert await rt.cache.get(job.payload["key"]) is None
+
+
+async def test_a_document_deduplicated_onto_a_finished_job_is_settled_from_it(app, sim, tmp_path):
+    from herd.llm.cli import _status
+
+    doc = tmp_path / "a.txt"
+    doc.write_text("A paper.")
+    report = await submit(app, [doc], SPEC, batch="first")
+    await run_until_idle(app)
+    # As when submit() adds its item just after the job updated its items and finished.
+    rt = await evaluate.EvalRuntime.of(app)
+    await rt.store.execute(
+        "INSERT INTO herd_eval_items (batch, path, key, job_id) VALUES ('late', 'b.txt', 'k', %s)",
+        (report.job_ids[0],),
+    )
+    status = await _status(app, "late")
+    assert (status["documents"], status["done"]) == (1, 1)
+    ((result,),) = await rt.store.execute("SELECT result FROM herd_eval_items WHERE batch = 'late'")
+    assert set(result["output"]) == {"score", "summary"}

@@ -19,10 +19,10 @@ def queries() -> dict[str, str]:
     }
 
 
-def migrations() -> list[tuple[int, str, str]]:
-    """(version, name, sql) for every migration file, in order."""
+def migrations(package: str = __name__) -> list[tuple[int, str, str]]:
+    """(version, name, sql) for every migration file of ``package``, in order."""
     out = []
-    for entry in resources.files(__name__).iterdir():
+    for entry in resources.files(package).iterdir():
         m = re.fullmatch(r"(\d{4})_(\w+)\.sql", entry.name)
         if m:
             out.append((int(m[1]), m[2], entry.read_text(encoding="utf-8")))

@@ -139,12 +139,15 @@ def chunk_file(
 
 def _decoded(file: Iterable[bytes], doc: str) -> Iterator[str]:
     """Decode line by line, so that bad bytes are reported at their own line."""
-    breaks = 0
+    breaks = consumed = 0
     for raw in file:
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             where = breaks + 1 + len(LINE_BREAK.findall(raw[: exc.start].decode("utf-8")))
-            raise ChunkError(f"not UTF-8 text ({exc.reason})", doc=doc, line=where) from None
+            raise ChunkError(
+                f"not UTF-8 text at byte {consumed + exc.start} ({exc.reason})", doc=doc, line=where
+            ) from None
         breaks += len(LINE_BREAK.findall(line))
+        consumed += len(raw)
         yield line

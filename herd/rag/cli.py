@@ -1,0 +1,191 @@
+"""`herd ingest` and `herd query`: index a corpus, ask it questions."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from herd.app import App
+from herd.rag.ingest import QUEUE, IngestError, Plan, RagRuntime, plan_and_apply
+from herd.rag.store import IndexError_
+
+
+def _cli() -> Any:
+    from herd import cli
+
+    return cli
+
+
+def ingest(
+    ctx: typer.Context,
+    paths: Annotated[list[Path], typer.Argument(help="Files or folders of the corpus.")],
+    collection: Annotated[str, typer.Option(help="The collection to index into.")],
+    fmt: Annotated[
+        str, typer.Option("--format", help="auto, verse, pasal, markdown, paragraph or jsonl")
+    ] = "auto",
+    plan: Annotated[
+        bool, typer.Option("--plan", help="Show what would change; change nothing.")
+    ] = False,
+    wait: Annotated[
+        bool, typer.Option(help="Run workers here until the collection is done.")
+    ] = True,
+    concurrency: Annotated[int, typer.Option(min=1)] = 2,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Index files: only chunks that are new or changed are embedded."""
+    cli = _cli()
+    if fmt != "auto":
+        from herd.rag.chunkers import FORMATS
+
+        if fmt not in FORMATS:
+            raise typer.BadParameter(
+                f"use auto or one of {', '.join(FORMATS)}", param_hint="--format"
+            )
+
+    async def work(app: App) -> tuple[Plan, int]:
+        from herd.builtin import tasks as builtin_tasks
+        from herd.worker import Worker
+
+        app.include(builtin_tasks)
+        with Progress(
+            TextColumn("reading"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=cli.err,
+            transient=True,
+        ) as bar:
+            task = bar.add_task("read", total=None)
+            result = await plan_and_apply(
+                app,
+                paths,
+                collection,
+                fmt=fmt,
+                apply=not plan,
+                progress=lambda n: bar.update(task, completed=n),
+            )
+        if plan or not wait or not result.to_embed:
+            if not plan and wait:  # nothing to embed: let the finalize job run here
+                await Worker(
+                    app,
+                    queues=[QUEUE],
+                    concurrency=1,
+                    stop_when_idle=True,
+                    poll_interval=0.1,
+                    install_signal_handlers=False,
+                ).run()
+            return result, 0
+        rt = await RagRuntime.of(app)
+        gen = await rt.store.generation(result.generation)
+        worker = Worker(
+            app, queues=[QUEUE], concurrency=concurrency, stop_when_idle=True, poll_interval=0.1
+        )
+        with Progress(
+            TextColumn("embedding"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=cli.err,
+        ) as bar:
+            task = bar.add_task("embed", total=result.to_embed)
+            run = asyncio.create_task(worker.run())
+            while not run.done():
+                left = await rt.store.count_missing(gen)
+                bar.update(task, completed=result.to_embed - left)
+                await asyncio.wait({run}, timeout=0.5)
+            stats = await run
+            bar.update(task, completed=result.to_embed - await rt.store.count_missing(gen))
+        return result, stats.dead
+
+    try:
+        result, dead = cli._run(cli._opts(ctx), work)
+    except (IngestError, IndexError_) as exc:
+        cli.err.print(f"herd: error: {exc}", soft_wrap=True, highlight=False, markup=False)
+        raise typer.Exit(1) from None
+    if as_json:
+        cli._print_json(result)
+    else:
+        verb = "would" if plan else "will"
+        cli.out.print(
+            f"{collection}: {result.added} added, {result.changed} changed, {result.unchanged}"
+            f" unchanged, {result.deleted} deleted; {result.to_embed} chunks {verb} be embedded"
+            + (" into a new index generation" if result.new_generation else ""),
+            highlight=False,
+        )
+    for error in result.errors:
+        cli.err.print(f"  skipped: {error}", soft_wrap=True, highlight=False, markup=False)
+    if result.errors or dead:
+        raise typer.Exit(1)
+
+
+def query(
+    ctx: typer.Context,
+    texts: Annotated[list[str] | None, typer.Argument(metavar="[TEXT]...")] = None,
+    collection: Annotated[str, typer.Option(help="The collection to search.")] = "default",
+    k: Annotated[int, typer.Option("-k", min=1, max=1000)] = 5,
+    file: Annotated[Path | None, typer.Option(help="Queries, one per line.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The k chunks nearest to each query, with references and scores."""
+    cli = _cli()
+    queries = list(texts or [])
+    if file is not None:
+        try:
+            queries += [
+                q.strip() for q in file.read_text(encoding="utf-8").splitlines() if q.strip()
+            ]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise typer.BadParameter(f"{file}: {exc}", param_hint="--file") from None
+    if not queries:
+        raise typer.BadParameter("give at least one query (arguments or --file)")
+
+    async def work(app: App) -> list[list[Any]]:
+        rt = await RagRuntime.of(app)
+        gen = await rt.store.live(collection)
+        if gen is None:
+            raise IndexError_(f"collection {collection!r} has no index yet: run herd ingest first")
+        if gen.settings.get("embedder") != rt.embedder.id:
+            raise IndexError_(
+                f"collection {collection!r} was indexed with {gen.settings.get('embedder')},"
+                f" not {rt.embedder.id}: re-run herd ingest to build a matching generation"
+            )
+        vectors = await asyncio.to_thread(rt.embedder.embed, queries)
+        return [await rt.store.search(gen, vectors[i], k) for i in range(len(queries))]
+
+    try:
+        answers = cli._run(cli._opts(ctx), work)
+    except IndexError_ as exc:
+        cli.err.print(f"herd: error: {exc}", soft_wrap=True, highlight=False, markup=False)
+        raise typer.Exit(1) from None
+    for q, hits in zip(queries, answers, strict=True):
+        if as_json:
+            cli._print_json(
+                {
+                    "query": q,
+                    "hits": [
+                        {
+                            "id": h.chunk_id,
+                            "ref": h.breadcrumb,
+                            "score": round(h.score, 4),
+                            "text": h.text,
+                        }
+                        for h in hits
+                    ],
+                }
+            )
+            continue
+        table = Table(title=Text(q), title_justify="left", show_lines=False)
+        for col in ("score", "reference", "text"):
+            table.add_column(col)
+        for h in hits:
+            text = h.text if len(h.text) <= 160 else h.text[:159] + "…"
+            # Text, not markup: KJV marks added words as [was], which rich would eat.
+            table.add_row(f"{h.score:.3f}", Text(h.breadcrumb), Text(text))
+        cli.out.print(table)
+    sys.stdout.flush()

@@ -1,0 +1,45 @@
+"""Embedders: texts in, unit vectors out, and an ``id`` that fingerprints the vectors.
+
+``default_embedder(home)`` gives all-MiniLM-L6-v2 (384 dimensions) on ONNX Runtime,
+fused and quantized once into ``HOME/models`` (the shipped int8 file if that fails)::
+
+    embedder = default_embedder()
+    vectors = embedder.embed(["In the beginning God created the heaven and the earth."])
+    vectors.shape, embedder.id  # (1, 384), "onnx:all-MiniLM-L6-v2/…;sha256=…"
+
+``RemoteEmbedder`` speaks OpenAI's ``/v1/embeddings`` (TEI, vLLM, Ollama, OpenAI);
+``SentenceTransformerEmbedder`` runs sentence-transformers when it is installed.
+"""
+
+from __future__ import annotations
+
+from herd.rag.embedders.base import (
+    Embedder,
+    EmbedError,
+    ModelUnavailable,
+    Vectors,
+    l2_normalize,
+    make_id,
+)
+from herd.rag.embedders.onnx import DEFAULT_MAX_LENGTH, OnnxEmbedder, default_embedder
+from herd.rag.embedders.optimize import RECIPE, OptimizeError, optimized_model
+from herd.rag.embedders.remote import RemoteEmbedder, RemoteEmbedError
+from herd.rag.embedders.sentence_transformers import SentenceTransformerEmbedder
+
+__all__ = [
+    "DEFAULT_MAX_LENGTH",
+    "RECIPE",
+    "EmbedError",
+    "Embedder",
+    "ModelUnavailable",
+    "OnnxEmbedder",
+    "OptimizeError",
+    "RemoteEmbedError",
+    "RemoteEmbedder",
+    "SentenceTransformerEmbedder",
+    "Vectors",
+    "default_embedder",
+    "l2_normalize",
+    "make_id",
+    "optimized_model",
+]

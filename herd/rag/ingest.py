@@ -1,0 +1,397 @@
+"""Corpus ingest: plan, enqueue micro-batches, embed under fenced locks, finalize.
+
+A run streams the files through their chunkers into a temporary table, compares
+it with the collection's chunks (added, changed, unchanged, deleted), stores the
+new texts, and enqueues what is not yet embedded at its current hash as jobs of
+32-64 chunk ids and hashes, one partition (a book, a law) per job. Workers read
+the texts from the database, embed them, and upsert the vectors in a
+transaction fenced by both the job's lease and the partition's lock. A finalize
+job waits until nothing is missing, removes the chunks the run no longer saw
+(their replacements exist by then), and swaps a newly built generation in.
+Re-running resumes: what was upserted (at its hash) is never embedded again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from herd.app import App
+from herd.errors import Fatal, HerdError, Retry
+from herd.jsonvalue import canonical
+from herd.locks import PostgresLocks
+from herd.queue.base import JobStatus
+from herd.rag.chunkers import FORMATS, ChunkError, chunk_file
+from herd.rag.store import Generation, RagStore
+from herd.tasks import JobContext
+
+log = logging.getLogger("herd.rag")
+
+EMBED_TASK, FINALIZE_TASK, QUEUE = "herd.rag.embed", "herd.rag.finalize", "embed"
+BATCH = 48  # chunks per job: big enough to amortize a round trip, small enough to retry
+
+
+class Embedder(Protocol):
+    id: str
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+class IngestError(HerdError):
+    """The corpus could not be ingested."""
+
+
+@dataclass
+class Plan:
+    collection: str
+    generation: int
+    new_generation: bool
+    added: int = 0
+    changed: int = 0
+    unchanged: int = 0
+    deleted: int = 0
+    to_embed: int = 0
+    jobs: int = 0
+    run: int | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+def fingerprint(embedder: Embedder, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """What a generation's vectors depend on: the embedder and every chunker's version."""
+    settings = {
+        "embedder": embedder.id,
+        "dim": embedder.dim,
+        "chunkers": {name: factory().version for name, factory in FORMATS.items()},
+        "options": options,
+    }
+    return hashlib.sha256(canonical(settings).encode()).hexdigest()[:32], settings
+
+
+def _part(chunk_id: str, fmt_is_verse: bool) -> str:
+    parts = chunk_id.split("/")
+    return "/".join(parts[:2]) if fmt_is_verse and len(parts) > 2 else parts[0]
+
+
+class RagRuntime:
+    """A process's corpus resources (store, locks, embedder), opened on first use."""
+
+    def __init__(self, store: RagStore, locks: PostgresLocks, embedder: Embedder) -> None:
+        self.store, self.locks, self.embedder = store, locks, embedder
+
+    @classmethod
+    async def of(cls, app: App) -> RagRuntime:
+        runtime = app.state.get("rag")
+        if runtime is None:
+            async with app.state.setdefault("rag.lock", asyncio.Lock()):
+                runtime = app.state.get("rag")
+                if runtime is None:
+                    url = app.database_url()
+                    store, locks = RagStore(url), PostgresLocks(url)
+                    await store.open()
+                    await locks.open()
+                    embedder = app.state.get("rag.embedder") or default_embedder(app)
+                    runtime = cls(store, locks, embedder)
+                    app.state["rag"] = runtime
+
+                    async def close() -> None:
+                        await locks.close()
+                        await store.close()
+
+                    app.on_close(close)
+        assert isinstance(runtime, RagRuntime)
+        return runtime
+
+
+def default_embedder(app: App) -> Embedder:
+    from herd.rag.embedders import default_embedder as make
+
+    embedder: Embedder = make(app.settings.home)
+    return embedder
+
+
+async def plan_and_apply(
+    app: App,
+    paths: Sequence[Path],
+    collection: str,
+    *,
+    fmt: str = "auto",
+    apply: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> Plan:
+    """Compare the files with the collection; with ``apply``, store and enqueue the work."""
+    rt = await RagRuntime.of(app)
+    key, settings = fingerprint(rt.embedder, {})
+    live = await rt.store.live(collection)
+    files, folders = _expand(paths)
+    async with rt.store.connection() as conn:
+        await conn.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS herd_run_chunks (chunk_id text, source text,"
+            " part text, text text, breadcrumb text, metadata jsonb, hash text)"
+        )
+        await conn.execute("TRUNCATE herd_run_chunks")
+        errors = await _load(conn, files, None if fmt == "auto" else fmt, progress)
+        dup = await (
+            await conn.execute(
+                "SELECT chunk_id, array_agg(DISTINCT source) FROM herd_run_chunks GROUP BY chunk_id"
+                " HAVING count(*) > 1 LIMIT 1"
+            )
+        ).fetchone()
+        if dup:
+            raise IngestError(f"chunk id {dup[0]!r} comes from more than one file: {dup[1]}")
+        scope = "(c.source = ANY(%(files)s) OR c.source LIKE ANY(%(folders)s))"
+        params = {
+            "c": collection,
+            "files": [str(f) for f in files],
+            "folders": [f"{d}/%" for d in folders],
+        }
+        counts = await (
+            await conn.execute(
+                "SELECT count(*) FILTER (WHERE c.chunk_id IS NULL),"
+                " count(*) FILTER (WHERE c.hash <> r.hash), count(*) FILTER (WHERE c.hash = r.hash)"
+                " FROM herd_run_chunks r LEFT JOIN herd_chunks c"
+                " ON c.collection = %(c)s AND c.chunk_id = r.chunk_id",
+                params,
+            )
+        ).fetchone()
+        deleted = await (
+            await conn.execute(
+                f"SELECT count(*) FROM herd_chunks c WHERE c.collection = %(c)s AND {scope}"
+                " AND NOT EXISTS (SELECT 1 FROM herd_run_chunks r WHERE r.chunk_id = c.chunk_id)",
+                params,
+            )
+        ).fetchone()
+        assert counts is not None and deleted is not None
+        new_gen = live is None or live.fingerprint != key
+        plan = Plan(
+            collection,
+            live.id if live and not new_gen else 0,
+            new_gen,
+            added=counts[0],
+            changed=counts[1],
+            unchanged=counts[2],
+            deleted=deleted[0],
+            errors=errors,
+        )
+        if not apply:
+            target = live if live is not None and not new_gen else None
+            plan.to_embed = plan.added + plan.changed
+            if target is None:
+                plan.to_embed = plan.added + plan.changed + plan.unchanged
+            return plan
+        gen, plan.new_generation = await rt.store.target(collection, key, settings, rt.embedder.dim)
+        plan.generation = gen.id
+        async with conn.transaction():
+            cur = await conn.execute(
+                "INSERT INTO herd_ingest_runs (collection, generation, files, folders)"
+                " VALUES (%(c)s, %(g)s, %(files)s, %(dirs)s) RETURNING id",
+                {**params, "g": gen.id, "dirs": [str(d) for d in folders]},
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            plan.run = row[0]
+            await conn.execute(
+                "INSERT INTO herd_chunks (collection, chunk_id, source, part, text, breadcrumb,"
+                " metadata, hash, run_id) SELECT %(c)s, chunk_id, source, part, text, breadcrumb,"
+                " metadata, hash, %(run)s FROM herd_run_chunks ON CONFLICT (collection, chunk_id)"
+                " DO UPDATE SET source = excluded.source, part = excluded.part,"
+                " text = excluded.text, breadcrumb = excluded.breadcrumb,"
+                " metadata = excluded.metadata,"
+                " hash = excluded.hash, run_id = excluded.run_id",
+                {**params, "run": plan.run},
+            )
+        await conn.execute("DROP TABLE herd_run_chunks")
+    await enqueue_missing(app, rt, gen, plan)
+    return plan
+
+
+async def enqueue_missing(app: App, rt: RagRuntime, gen: Generation, plan: Plan) -> None:
+    """Jobs for every chunk not embedded at its hash, one partition per job; then finalize."""
+    missing = await rt.store.missing(gen)
+    plan.to_embed = len(missing)
+    payloads, keys = [], []
+    by_part: dict[str, list[tuple[str, str]]] = {}
+    for chunk_id, chunk_hash, part in missing:
+        by_part.setdefault(part, []).append((chunk_id, chunk_hash))
+    for part, items in by_part.items():
+        for start in range(0, len(items), BATCH):
+            batch = items[start : start + BATCH]
+            payloads.append(
+                {
+                    "collection": gen.collection,
+                    "generation": gen.id,
+                    "part": part,
+                    "items": [list(i) for i in batch],
+                }
+            )
+            digest = hashlib.sha256(canonical(batch).encode()).hexdigest()[:24]
+            keys.append(f"embed:{gen.id}:{digest}")
+    results = await app.enqueue_many(EMBED_TASK, payloads, queue=QUEUE, dedup_keys=keys)
+    plan.jobs = sum(1 for r in results if r.created)
+    await app.enqueue(
+        FINALIZE_TASK,
+        {"collection": gen.collection, "generation": gen.id, "run": plan.run},
+        queue=QUEUE,
+        priority=-1,
+        dedup_key=f"finalize:{plan.run}",
+    )
+
+
+def _expand(paths: Sequence[Path]) -> tuple[list[Path], list[Path]]:
+    files: list[Path] = []
+    folders: list[Path] = []
+    for path in paths:
+        path = path.resolve()
+        if path.is_dir():
+            folders.append(path)
+            files += sorted(
+                p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")
+            )
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise IngestError(f"{path}: no such file or directory")
+    return files, folders
+
+
+async def _load(
+    conn: Any, files: Iterable[Path], fmt: str | None, progress: Callable[[int], None] | None
+) -> list[str]:
+    """Stream every file's chunks into the run table; a bad file is reported, not fatal."""
+    errors: list[str] = []
+    done = 0
+    for path in files:
+        try:
+            if path.stat().st_size == 0:
+                errors.append(f"{path}: the file is empty")
+                continue
+            rows = 0
+            async with (
+                conn.transaction(),
+                conn.cursor().copy(
+                    "COPY herd_run_chunks (chunk_id, source, part, text, breadcrumb, metadata,"
+                    " hash) FROM STDIN"
+                ) as copy,
+            ):
+                for chunk in chunk_file(path, format=fmt):
+                    verse = "book" in chunk.metadata
+                    await copy.write_row(
+                        (
+                            chunk.id,
+                            str(path),
+                            _part(chunk.id, verse),
+                            chunk.text,
+                            chunk.breadcrumb,
+                            Jsonb(chunk.metadata),
+                            chunk.hash,
+                        )
+                    )
+                    rows += 1
+            if rows == 0:
+                errors.append(f"{path}: no text to index")
+        except ChunkError as exc:
+            # The transaction rolled this file back; the other files stay in the run.
+            errors.append(f"{path}: {exc}")
+        done += 1
+        if progress:
+            progress(done)
+    return errors
+
+
+async def embed_batch(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """The embedding task: texts from the database, vectors back, fenced twice."""
+    rt = await RagRuntime.of(ctx.app)
+    gen = await rt.store.generation(payload["generation"])
+    items = [(str(i[0]), str(i[1])) for i in payload["items"]]
+    done = await rt.store.embedded(gen, items)  # a retry after the upsert was acknowledged
+    current = [
+        row for row in await rt.store.texts(payload["collection"], items) if row[0] not in done
+    ]
+    if not current:
+        return {"embedded": 0}  # done already, or changed since: a newer job embeds them
+    lock_name = f"rag/{gen.collection}/{gen.id}/{payload['part']}"
+    async with rt.locks.hold(lock_name, ttl=30, wait=300) as lock:
+        vectors = await asyncio.to_thread(rt.embedder.embed, [t for _, _, t in current])
+        rows = [(cid, h, vectors[i]) for i, (cid, h, _) in enumerate(current)]
+        if ctx.app.broker.name == "postgres":
+            async with ctx.fenced_transaction() as conn:
+                await rt.locks.assert_held(conn, lock)
+                await rt.store.upsert_vectors(conn, gen, rows)
+        else:
+            async with rt.store.connection() as conn, conn.transaction():
+                await rt.locks.assert_held(conn, lock)
+                await rt.store.upsert_vectors(conn, gen, rows)
+    return {"embedded": len(rows)}
+
+
+async def finalize(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Once nothing is missing: drop what the run no longer saw, swap a new generation in."""
+    rt = await RagRuntime.of(ctx.app)
+    gen = await rt.store.generation(payload["generation"])
+    left = await rt.store.count_missing(gen)
+    if left:
+        if not await _embedding_underway(ctx.app, gen.id):
+            raise Fatal(
+                f"{left} chunks of {gen.collection!r} could not be embedded (see herd dlq list);"
+                " requeue those jobs or re-run herd ingest"
+            )
+        raise Retry(f"{left} chunks still to embed", after=1.0)
+    async with rt.store.connection() as conn, conn.transaction():
+        cur = await conn.execute(
+            "SELECT files, folders FROM herd_ingest_runs WHERE id = %s", (payload["run"],)
+        )
+        row = await cur.fetchone()
+        files, folders = row if row else ([], [])
+        cur = await conn.execute(
+            "DELETE FROM herd_chunks c WHERE c.collection = %(c)s AND c.run_id < %(run)s AND"
+            " (c.source = ANY(%(files)s) OR c.source LIKE ANY(%(folders)s)) RETURNING chunk_id",
+            {
+                "c": gen.collection,
+                "run": payload["run"],
+                "files": files,
+                "folders": [f"{d}/%" for d in folders],
+            },
+        )
+        gone = [r[0] for r in await cur.fetchall()]
+        for table in await _vector_tables(conn, gen.collection):
+            await conn.execute(
+                sql.SQL("DELETE FROM {} WHERE chunk_id = ANY(%s)").format(table), (gone,)
+            )
+        await conn.execute(
+            "UPDATE herd_ingest_runs SET status = 'done', finished_at = now() WHERE id = %s",
+            (payload["run"],),
+        )
+    swapped = False
+    if gen.status == "building":
+        await rt.store.swap(gen)
+        await rt.store.drop_retired(gen.collection)
+        swapped = True
+    return {"deleted": len(gone), "swapped": swapped, "generation": gen.id}
+
+
+async def _embedding_underway(app: App, gen_id: int) -> bool:
+    for status in (JobStatus.PENDING, JobStatus.PROCESSING):
+        for job in await app.broker.list_jobs(status=status, queue=QUEUE, limit=10_000):
+            if job.task == EMBED_TASK and job.payload.get("generation") == gen_id:
+                return True
+    return False
+
+
+async def _vector_tables(conn: Any, collection: str) -> list[sql.Identifier]:
+    cur = await conn.execute(
+        "SELECT id FROM herd_generations WHERE collection = %s AND status <> 'retired'",
+        (collection,),
+    )
+    return [sql.Identifier(f"herd_vectors_{r[0]}") for r in await cur.fetchall()]
+
+
+__all__ = ["Plan", "RagRuntime", "embed_batch", "finalize", "plan_and_apply"]

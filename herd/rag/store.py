@@ -1,0 +1,304 @@
+"""pgvector storage for corpora: source chunks, index generations, vectors, queries.
+
+A generation's vectors live in a table of their own, ``herd_vectors_<id>``, with
+a fixed dimension and an HNSW index (cosine). Re-indexing with another embedder
+or chunker builds a new generation beside the live one; ``swap`` checks it
+(count and a checksum over the chunk hashes) and points the collection at it in
+one UPDATE, so queries move from the old index to the new one atomically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pgvector.psycopg import register_vector_async
+from psycopg import AsyncConnection, sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from herd.errors import HerdError
+from herd.queue.postgres import migrate, translate_errors
+
+
+class IndexError_(HerdError):  # noqa: N801 - "IndexError" would shadow the builtin
+    """The index is not in a state that allows this."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    id: int
+    collection: str
+    fingerprint: str
+    dim: int
+    status: str
+    settings: dict[str, Any]
+
+    @property
+    def table(self) -> sql.Identifier:
+        return sql.Identifier(f"herd_vectors_{self.id}")
+
+
+@dataclass(frozen=True)
+class Hit:
+    chunk_id: str
+    breadcrumb: str
+    text: str
+    score: float  # cosine similarity
+    metadata: dict[str, Any]
+
+
+class RagStore:
+    def __init__(self, url: str, *, pool_size: int = 4) -> None:
+        self.url = url
+        self.pool = AsyncConnectionPool(
+            url,
+            min_size=1,
+            max_size=pool_size,
+            open=False,
+            kwargs={"autocommit": True},
+            configure=register_vector_async,
+        )
+
+    async def open(self) -> None:
+        with translate_errors(self.url):
+            # The extension must exist before pooled connections register its type.
+            conn = await AsyncConnection.connect(self.url, autocommit=True)
+            async with conn:
+                await migrate(conn, "herd.rag.sql")
+            await self.pool.open(wait=True, timeout=10)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        with translate_errors(self.url):
+            async with self.pool.connection() as conn:
+                yield conn
+
+    async def fetch(self, query: Any, params: Any = None) -> list[tuple[Any, ...]]:
+        async with self.connection() as conn:
+            cur = await conn.execute(query, params)
+            return await cur.fetchall() if cur.description else []
+
+    # -- generations
+
+    async def live(self, collection: str) -> Generation | None:
+        rows = await self._generations(
+            "SELECT g.* FROM herd_generations g JOIN herd_collections c"
+            " ON c.live_generation = g.id WHERE c.name = %s",
+            (collection,),
+        )
+        return rows[0] if rows else None
+
+    async def generation(self, gen_id: int) -> Generation:
+        rows = await self._generations("SELECT * FROM herd_generations WHERE id = %s", (gen_id,))
+        if not rows:
+            raise IndexError_(f"no index generation {gen_id}")
+        return rows[0]
+
+    async def _generations(self, query: str, params: Any) -> list[Generation]:
+        async with self.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(query, params)
+            return [
+                Generation(
+                    r["id"], r["collection"], r["fingerprint"], r["dim"], r["status"], r["settings"]
+                )
+                for r in await cur.fetchall()
+            ]
+
+    async def target(
+        self, collection: str, fingerprint: str, settings: dict[str, Any], dim: int
+    ) -> tuple[Generation, bool]:
+        """The generation a run writes to, and whether it is a new one being built.
+
+        Same fingerprint as the live generation: update it in place. Otherwise a
+        generation is built beside it (or resumed, if a run was interrupted).
+        """
+        live = await self.live(collection)
+        if live is not None and live.fingerprint == fingerprint:
+            return live, False
+        rows = await self._generations(
+            "SELECT * FROM herd_generations WHERE collection = %s AND fingerprint = %s"
+            " AND status = 'building' ORDER BY id DESC LIMIT 1",
+            (collection, fingerprint),
+        )
+        if rows:
+            return rows[0], True
+        async with self.connection() as conn, conn.transaction():
+            await conn.execute(
+                "INSERT INTO herd_collections (name) VALUES (%s) ON CONFLICT DO NOTHING",
+                (collection,),
+            )
+            cur = await conn.execute(
+                "INSERT INTO herd_generations (collection, fingerprint, settings, dim)"
+                " VALUES (%s, %s, %s, %s) RETURNING id",
+                (collection, fingerprint, Jsonb(settings), dim),
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            gen = Generation(row[0], collection, fingerprint, dim, "building", settings)
+            await conn.execute(
+                sql.SQL(
+                    "CREATE TABLE {} (chunk_id text PRIMARY KEY, hash text NOT NULL,"
+                    " embedding vector({}) NOT NULL)"
+                ).format(gen.table, sql.Literal(dim))
+            )
+            await conn.execute(
+                sql.SQL("CREATE INDEX ON {} USING hnsw (embedding vector_cosine_ops)").format(
+                    gen.table
+                )
+            )
+        return gen, True
+
+    # -- vectors
+
+    async def upsert_vectors(
+        self,
+        conn: AsyncConnection[Any],
+        gen: Generation,
+        rows: Sequence[tuple[str, str, np.ndarray]],
+    ) -> None:
+        """Within the caller's (fenced) transaction."""
+        if not rows:
+            return
+        # Vectors go as text: the caller's connection (the broker's, for a fenced
+        # transaction) need not have pgvector's binary type registered.
+        await conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (chunk_id, hash, embedding) SELECT * FROM unnest(%s::text[],"
+                " %s::text[], %s::text[]::vector[]) ON CONFLICT (chunk_id) DO UPDATE"
+                " SET hash = excluded.hash, embedding = excluded.embedding"
+            ).format(gen.table),
+            ([r[0] for r in rows], [r[1] for r in rows], [_literal(r[2]) for r in rows]),
+        )
+
+    async def missing(self, gen: Generation) -> list[tuple[str, str, str]]:
+        """(chunk_id, hash, part) of the collection's chunks not embedded at their hash."""
+        return [
+            (a, b, c)
+            for a, b, c in await self.fetch(
+                sql.SQL(
+                    "SELECT c.chunk_id, c.hash, c.part FROM herd_chunks c LEFT JOIN {} v"
+                    " ON v.chunk_id = c.chunk_id AND v.hash = c.hash"
+                    " WHERE c.collection = %s AND v.chunk_id IS NULL ORDER BY c.part, c.chunk_id"
+                ).format(gen.table),
+                (gen.collection,),
+            )
+        ]
+
+    async def count_missing(self, gen: Generation) -> int:
+        rows = await self.fetch(
+            sql.SQL(
+                "SELECT count(*) FROM herd_chunks c LEFT JOIN {} v ON v.chunk_id = c.chunk_id"
+                " AND v.hash = c.hash WHERE c.collection = %s AND v.chunk_id IS NULL"
+            ).format(gen.table),
+            (gen.collection,),
+        )
+        return int(rows[0][0])
+
+    async def texts(
+        self, collection: str, items: Sequence[tuple[str, str]]
+    ) -> list[tuple[str, str, str]]:
+        """(chunk_id, hash, text) of the items whose hash is still current."""
+        return [
+            (a, b, c)
+            for a, b, c in await self.fetch(
+                "SELECT c.chunk_id, c.hash, c.text FROM herd_chunks c JOIN unnest(%s::text[],"
+                " %s::text[]) AS i(id, hash) ON c.chunk_id = i.id AND c.hash = i.hash"
+                " WHERE c.collection = %s ORDER BY c.chunk_id",
+                ([i[0] for i in items], [i[1] for i in items], collection),
+            )
+        ]
+
+    async def embedded(self, gen: Generation, items: Sequence[tuple[str, str]]) -> set[str]:
+        """The items' chunk ids that already have a vector at that hash (acknowledged)."""
+        rows = await self.fetch(
+            sql.SQL(
+                "SELECT v.chunk_id FROM {} v JOIN unnest(%s::text[], %s::text[]) AS i(id, hash)"
+                " ON v.chunk_id = i.id AND v.hash = i.hash"
+            ).format(gen.table),
+            ([i[0] for i in items], [i[1] for i in items]),
+        )
+        return {r[0] for r in rows}
+
+    async def swap(self, gen: Generation) -> None:
+        """Make ``gen`` live after checking it covers every chunk at its current hash."""
+        async with self.connection() as conn, conn.transaction():
+            await conn.execute(
+                "SELECT 1 FROM herd_collections WHERE name = %s FOR UPDATE", (gen.collection,)
+            )
+            cur = await conn.execute(
+                sql.SQL(
+                    "SELECT (SELECT count(*) FROM herd_chunks WHERE collection = %(c)s),"
+                    " (SELECT count(*) FROM {t}),"
+                    " (SELECT md5(string_agg(chunk_id || hash, ',' ORDER BY chunk_id))"
+                    "    FROM herd_chunks WHERE collection = %(c)s),"
+                    " (SELECT md5(string_agg(chunk_id || hash, ',' ORDER BY chunk_id)) FROM {t})"
+                ).format(t=gen.table),
+                {"c": gen.collection},
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            chunks, vectors, sum_chunks, sum_vectors = row
+            if chunks != vectors or sum_chunks != sum_vectors:
+                raise IndexError_(
+                    f"generation {gen.id} of {gen.collection!r} does not match its chunks"
+                    f" ({vectors} vectors for {chunks} chunks); not swapping"
+                )
+            await conn.execute(
+                "UPDATE herd_generations SET status = 'retired' WHERE collection = %s"
+                " AND status = 'live'",
+                (gen.collection,),
+            )
+            await conn.execute(
+                "UPDATE herd_generations SET status = 'live', swapped_at = now() WHERE id = %s",
+                (gen.id,),
+            )
+            await conn.execute(
+                "UPDATE herd_collections SET live_generation = %s WHERE name = %s",
+                (gen.id, gen.collection),
+            )
+
+    async def drop_retired(self, collection: str) -> list[int]:
+        """Drop the vector tables of retired generations (after a swap)."""
+        dropped = []
+        for (gen_id,) in await self.fetch(
+            "SELECT id FROM herd_generations WHERE collection = %s AND status = 'retired'",
+            (collection,),
+        ):
+            await self.fetch(
+                sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(f"herd_vectors_{gen_id}"))
+            )
+            dropped.append(gen_id)
+        return dropped
+
+    # -- queries
+
+    async def search(
+        self, gen: Generation, vector: np.ndarray, k: int, *, ef_search: int = 64
+    ) -> list[Hit]:
+        async with self.connection() as conn, conn.transaction():
+            await conn.execute(
+                sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(max(ef_search, k)))
+            )
+            cur = await conn.execute(
+                sql.SQL(
+                    "SELECT v.chunk_id, c.breadcrumb, c.text, 1 - (v.embedding <=> %(q)s),"
+                    " c.metadata FROM (SELECT chunk_id, embedding FROM {} ORDER BY embedding"
+                    " <=> %(q)s LIMIT %(k)s) v JOIN herd_chunks c ON c.collection = %(c)s"
+                    " AND c.chunk_id = v.chunk_id ORDER BY v.embedding <=> %(q)s"
+                ).format(gen.table),
+                {"q": vector, "k": k, "c": gen.collection},
+            )
+            return [Hit(a, b, t, float(s), m) for a, b, t, s, m in await cur.fetchall()]
+
+
+def _literal(vector: np.ndarray) -> str:
+    return "[" + ",".join(f"{x:.8g}" for x in vector.tolist()) + "]"

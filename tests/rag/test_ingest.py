@@ -1,0 +1,236 @@
+"""Corpus indexing end to end: real PostgreSQL with pgvector, the real ONNX embedder."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from herd import App, Worker
+from herd.builtin import tasks as builtin_tasks
+from herd.rag import ingest
+from herd.rag.corpora import kjv_lines
+from herd.rag.ingest import RagRuntime, plan_and_apply
+from tests.helpers import eventually
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+GENESIS_1_3 = [line for line in kjv_lines(1) if line.split()[1].split(":")[0] in ("1", "2", "3")]
+
+
+@pytest.fixture
+async def app(pg_url, herd_home):
+    the_app = App(database_url=pg_url)
+    the_app.settings = the_app.settings.override(home=herd_home)  # the model cache lives here
+    the_app.include(builtin_tasks)
+    async with the_app:
+        yield the_app
+
+
+def collection() -> str:
+    return f"c{uuid.uuid4().hex[:10]}"
+
+
+async def drain(app: App) -> None:
+    await Worker(
+        app,
+        queues=[ingest.QUEUE],
+        concurrency=2,
+        poll_interval=0.05,
+        stop_when_idle=True,
+        install_signal_handlers=False,
+    ).run()
+
+
+async def search(app: App, name: str, text: str, k: int = 3) -> list[str]:
+    rt = await RagRuntime.of(app)
+    gen = await rt.store.live(name)
+    vec = rt.embedder.embed([text])[0]
+    return [h.chunk_id for h in await rt.store.search(gen, vec, k)]
+
+
+async def vectors(app: App, gen_id: int) -> int:
+    rt = await RagRuntime.of(app)
+    rows = await rt.store.fetch(f"SELECT count(*) FROM herd_vectors_{gen_id}")
+    return int(rows[0][0])
+
+
+async def test_incremental_runs_embed_only_what_changed(app, tmp_path):
+    name = collection()
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    kjv = corpus / "kjv.txt"
+    kjv.write_text("\n".join(GENESIS_1_3) + "\n")
+    (corpus / "notes.md").write_text("# Notes\n\nA paragraph about light and darkness.\n")
+
+    dry = await plan_and_apply(app, [corpus], name, apply=False)
+    assert (dry.added, dry.to_embed) == (len(GENESIS_1_3) + 1, len(GENESIS_1_3) + 1)
+    rt = await RagRuntime.of(app)
+    assert await rt.store.live(name) is None  # --plan changed nothing
+
+    first = await plan_and_apply(app, [corpus], name)
+    assert first.new_generation and first.to_embed == len(GENESIS_1_3) + 1
+    await drain(app)
+    assert (await search(app, name, "God created the heaven and the earth"))[0] == "kjv/genesis/1/1"
+
+    again = await plan_and_apply(app, [corpus], name)
+    assert (again.unchanged, again.to_embed, again.jobs, again.new_generation) == (
+        len(GENESIS_1_3) + 1,
+        0,
+        0,
+        False,
+    )
+    await drain(app)
+
+    changed = GENESIS_1_3.copy()
+    changed[2] = "Genesis 1:3 And God said, Let there be a lighthouse by the sea."
+    kjv.write_text("\n".join(changed) + "\n")
+    third = await plan_and_apply(app, [corpus], name)
+    assert (third.changed, third.to_embed) == (1, 1)
+    await drain(app)
+    assert (await search(app, name, "a lighthouse by the sea", k=1)) == ["kjv/genesis/1/3"]
+
+    (corpus / "notes.md").unlink()
+    fourth = await plan_and_apply(app, [corpus], name)
+    assert (fourth.deleted, fourth.to_embed) == (1, 0)
+    await drain(app)
+    rows = await rt.store.fetch("SELECT count(*) FROM herd_chunks WHERE collection = %s", (name,))
+    assert rows[0][0] == len(GENESIS_1_3)
+    assert await vectors(app, first.generation) == len(GENESIS_1_3)
+
+
+class Renamed:
+    """The same model under another fingerprint (as after an upgrade of the embedder)."""
+
+    def __init__(self, inner, suffix: str) -> None:
+        self.inner, self.id, self.dim = inner, f"{inner.id}+{suffix}", inner.dim
+
+    def embed(self, texts):
+        return self.inner.embed(texts)
+
+
+async def test_fingerprint_change_builds_a_new_generation_then_swaps(app, tmp_path, pg_url):
+    name = collection()
+    kjv = tmp_path / "kjv.txt"
+    kjv.write_text("\n".join(GENESIS_1_3[:20]) + "\n")
+    first = await plan_and_apply(app, [kjv], name)
+    await drain(app)
+
+    other = App(database_url=pg_url)
+    other.settings = app.settings
+    other.include(builtin_tasks)
+    async with other:
+        rt = await RagRuntime.of(app)
+        other.state["rag.embedder"] = Renamed(rt.embedder, "v2")
+        rebuild = await plan_and_apply(other, [kjv], name)
+        assert rebuild.new_generation and rebuild.generation != first.generation
+        assert rebuild.to_embed == 20
+        # Not built yet: the old generation still answers.
+        assert (await rt.store.live(name)).id == first.generation
+        assert (await search(app, name, "Let there be light"))[0] == "kjv/genesis/1/3"
+        await drain(other)
+    live = await rt.store.live(name)
+    assert live.id == rebuild.generation and live.settings["embedder"].endswith("+v2")
+    rows = await rt.store.fetch("SELECT to_regclass(%s)", (f"herd_vectors_{first.generation}",))
+    assert rows[0][0] is None  # the retired generation's table is gone
+
+
+async def test_bad_files_are_reported_and_the_rest_is_indexed(app, tmp_path):
+    name = collection()
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "good.txt").write_text("\n".join(GENESIS_1_3[:5]) + "\n")
+    (corpus / "bad.txt").write_bytes(
+        b"Genesis 1:1 In the beginning\nGenesis 1:2 And \xff the earth\n"
+    )
+    (corpus / "empty.txt").write_bytes(b"")
+    plan = await plan_and_apply(app, [corpus], name)
+    await drain(app)
+    assert plan.added == 5
+    assert any("bad.txt" in e and "byte 45" in e and "line 2" in e for e in plan.errors), (
+        plan.errors
+    )
+    assert any("empty.txt: the file is empty" in e for e in plan.errors)
+
+
+@pytest.mark.timeout(240)
+async def test_sigkill_mid_ingest_then_rerun_reembeds_no_acknowledged_batch(app, tmp_path, pg_url):
+    name = collection()
+    kjv = tmp_path / "kjv.txt"
+    lines = list(kjv_lines(1))[:480]  # 10 jobs of 48
+    kjv.write_text("\n".join(lines) + "\n")
+    first = await plan_and_apply(app, [kjv], name)
+    assert first.jobs == 10
+    env = dict(
+        os.environ, HERD_DATABASE_URL=pg_url, HERD_HOME=str(app.settings.home), PYTHONPATH=str(ROOT)
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "herd", "worker", "--queue", ingest.QUEUE, "--concurrency", "1"],
+        env=env,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        await eventually(lambda: _some(app, first.generation), timeout=120, interval=0.05)
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    acknowledged = await vectors(app, first.generation)
+    assert 0 < acknowledged < 480
+    rerun = await plan_and_apply(app, [kjv], name)
+    assert rerun.to_embed == 480 - acknowledged  # nothing acknowledged is queued again
+    await drain(app)
+    assert await vectors(app, first.generation) == 480
+
+
+async def _some(app: App, gen_id: int) -> bool:
+    return 0 < await vectors(app, gen_id) < 480
+
+
+@pytest.mark.timeout(240)
+def test_a_200_mb_input_streams_in_bounded_memory(tmp_path, pg_url, herd_home):
+    big = tmp_path / "big.txt"
+    verse = " ".join(["And the LORD spake unto Moses, saying"] * 20)  # ~800 bytes
+    with big.open("w") as fh:
+        written = n = 0
+        while written < 200 * 1024 * 1024:
+            line = f"Genesis {n // 1000 + 1}:{n % 1000 + 1} {verse} {n}\n"
+            fh.write(line)
+            written += len(line)
+            n += 1
+    env = dict(os.environ, HERD_DATABASE_URL=pg_url, HERD_HOME=str(herd_home), PYTHONPATH=str(ROOT))
+    # The command runs in a process of its own that reports its own peak memory.
+    script = (
+        "import resource, sys\n"
+        "from herd.cli import main\n"
+        "sys.argv = ['herd', *sys.argv[1:]]\n"
+        "code = 0\ntry:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+        "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            script,
+            "ingest",
+            str(big),
+            "--collection",
+            collection(),
+            "--plan",
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f'"added": {n}' in r.stdout
+    peak_mb = int(r.stderr.rsplit("PEAK", 1)[1].split()[0]) / 1024
+    assert peak_mb < 400, f"peak RSS {peak_mb:.0f} MB for a 200 MB file"
