@@ -6,12 +6,10 @@ import json
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis import exceptions as rexc
 
 from herd.cache.base import Entry
-from herd.config import mask_url
-from herd.errors import BrokerError, BrokerUnavailable
 from herd.jsonvalue import JSON, dumps
+from herd.queue.redis import translate_redis_errors
 
 NAMESPACES = "herd:cache:namespaces"
 
@@ -34,14 +32,8 @@ class RedisCacheStore:
         )
 
     async def _do(self, coro: Any) -> Any:
-        try:
+        with translate_redis_errors(self.url):
             return await coro
-        except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
-            raise BrokerUnavailable(
-                f"Redis at {mask_url(self.url)} is unreachable ({exc})"
-            ) from exc
-        except rexc.RedisError as exc:
-            raise BrokerError(f"Redis error: {exc}") from exc
 
     async def open(self) -> None:
         await self._do(self._redis.ping())

@@ -19,6 +19,7 @@ import socket
 import time
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
@@ -167,11 +168,9 @@ class BaseLocks(Locks, ABC):
         _validate(name, ttl, wait)
         owner = owner or self.owner
         deadline = time.monotonic() + wait
-        woken = asyncio.Event()
         # Registered before the first attempt, so a release that lands between a
         # failed attempt and the wait still wakes us.
-        self._waiters.setdefault(name, set()).add(woken)
-        try:
+        with self._registered(name) as woken:
             while True:
                 woken.clear()
                 sent = time.monotonic()
@@ -187,6 +186,14 @@ class BaseLocks(Locks, ABC):
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(nap):
                         await woken.wait()
+
+    @contextlib.contextmanager
+    def _registered(self, name: str) -> Iterator[asyncio.Event]:
+        """An event that ``_wake(name)`` sets, for as long as the block runs."""
+        woken = asyncio.Event()
+        self._waiters.setdefault(name, set()).add(woken)
+        try:
+            yield woken
         finally:
             waiters = self._waiters.get(name)
             if waiters is not None:
@@ -200,20 +207,12 @@ class BaseLocks(Locks, ABC):
         A hint for callers that want to re-check something the holder was making
         (singleflight) rather than take the lock themselves.
         """
-        woken = asyncio.Event()
-        self._waiters.setdefault(name, set()).add(woken)
-        try:
+        with self._registered(name) as woken:
             self._start_listener()
             nap = min(timeout, self.poll_interval * random.uniform(0.5, 1.5))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, nap)):
                     await woken.wait()
-        finally:
-            waiters = self._waiters.get(name)
-            if waiters is not None:
-                waiters.discard(woken)
-                if not waiters:
-                    del self._waiters[name]
 
     def _wake(self, name: str) -> None:
         for event in self._waiters.get(name, ()):

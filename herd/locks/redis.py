@@ -14,16 +14,14 @@ failover to a replica that missed the last writes, can hand out a token again.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis import exceptions as rexc
 
 from herd.config import mask_url
-from herd.errors import BrokerError, BrokerUnavailable
 from herd.locks.base import BaseLocks, LockLease
+from herd.queue.redis import translate_redis_errors
 
 CHANNEL = "herd:locks:released"  # payload: the lock name; a hint for waiters
 
@@ -92,18 +90,8 @@ class RedisLocks(BaseLocks):
         self._renew_script = self._redis.register_script(_RENEW)
         self._release_script = self._redis.register_script(_RELEASE)
 
-    @contextmanager
-    def _errors(self) -> Iterator[None]:
-        """redis-py errors become herd errors here, at the boundary."""
-        try:
-            yield
-        except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
-            raise BrokerUnavailable(
-                f"Redis at {self._where} is unreachable ({exc}); is the server running and"
-                " HERD_REDIS_URL right?"
-            ) from exc
-        except rexc.RedisError as exc:
-            raise BrokerError(f"Redis error: {exc}") from exc
+    def _errors(self) -> AbstractContextManager[None]:
+        return translate_redis_errors(self._where)
 
     async def open(self) -> None:
         with self._errors():

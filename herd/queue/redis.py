@@ -24,8 +24,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
@@ -69,6 +69,20 @@ def prefix(queue: str) -> str:
     return f"herd:{{{queue}}}:"
 
 
+@contextmanager
+def translate_redis_errors(url: str) -> Iterator[None]:
+    """redis-py errors become herd errors here, at the boundary (every Redis module uses it)."""
+    try:
+        yield
+    except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+        raise BrokerUnavailable(
+            f"Redis at {mask_url(url)} is unreachable ({exc}); is the server running and"
+            " HERD_REDIS_URL right?"
+        ) from exc
+    except rexc.RedisError as exc:
+        raise BrokerError(f"Redis error: {exc}") from exc
+
+
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -92,28 +106,18 @@ class RedisBroker:
         }
         self._warned_aof = False
 
-    @asynccontextmanager
-    async def _errors(self) -> AsyncIterator[None]:
-        """redis-py errors become herd errors here, at the boundary."""
-        try:
-            yield
-        except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
-            raise BrokerUnavailable(
-                f"Redis at {mask_url(self.url)} is unreachable ({exc}); is the server running and"
-                " HERD_REDIS_URL right?"
-            ) from exc
-        except rexc.RedisError as exc:
-            raise BrokerError(f"Redis error: {exc}") from exc
+    def _errors(self) -> AbstractContextManager[None]:
+        return translate_redis_errors(self.url)
 
     async def _run(self, script: str, queue: str, *args: Any) -> Any:
-        async with self._errors():
+        with self._errors():
             p = prefix(queue)
             return await self._scripts[script](keys=[p + "meta"], args=[p, *args])
 
     # -- lifecycle
 
     async def open(self) -> None:
-        async with self._errors():
+        with self._errors():
             await self._redis.ping()
             await self._check_persistence()
 
@@ -142,13 +146,13 @@ class RedisBroker:
         payloads = [dumps(j.payload, what=f"payload of {j.task!r}") for j in jobs]
         for j in jobs:
             prefix(j.queue)
-        async with self._errors():
+        with self._errors():
             last = await self._redis.incrby("herd:ids", len(jobs))
         ids = list(range(last - len(jobs) + 1, last + 1))
         by_queue: dict[str, list[int]] = defaultdict(list)
         for i, j in enumerate(jobs):
             by_queue[j.queue].append(i)
-        async with self._errors():
+        with self._errors():
             pipe = self._redis.pipeline(transaction=False)
             pipe.hset("herd:jobq", mapping={str(ids[i]): jobs[i].queue for i in range(len(jobs))})
             pipe.sadd("herd:queues", *by_queue)
@@ -176,7 +180,7 @@ class RedisBroker:
                 results[i] = EnqueueResult(int(job_id), bool(created))
         unused = [str(ids[i]) for i, r in results.items() if not r.created]
         if unused:  # ids drawn for duplicates that were not created
-            async with self._errors():
+            with self._errors():
                 await self._redis.hdel("herd:jobq", *unused)
         return [results[i] for i in range(len(jobs))]
 
@@ -227,7 +231,7 @@ class RedisBroker:
     async def _call_many(self, script: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
         """One script call per queue. A single call goes straight (EVALSHA); a
         pipeline would first ask SCRIPT EXISTS, one more round trip per batch."""
-        async with self._errors():
+        with self._errors():
             if len(calls) == 1:
                 keys, args = calls[0]
                 return [await self._scripts[script](keys=keys, args=args)]
@@ -285,7 +289,7 @@ class RedisBroker:
     async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
         """Block on the queues' streams until an entry is added (a hint) or timeout."""
         try:
-            async with self._errors():
+            with self._errors():
                 streams: dict[str, str] = {}
                 for queue in queues:
                     for prio in await self._redis.zrange(prefix(queue) + "prios", 0, -1):
@@ -301,12 +305,12 @@ class RedisBroker:
     # -- inspection and operations
 
     async def _queue_of(self, job_id: int) -> str | None:
-        async with self._errors():
+        with self._errors():
             queue = await self._redis.hget("herd:jobq", str(job_id))
         return str(queue) if queue is not None else None
 
     async def _load(self, queue: str, ids: Sequence[int | str]) -> list[Job]:
-        async with self._errors():
+        with self._errors():
             pipe = self._redis.pipeline(transaction=False)
             for job_id in ids:
                 pipe.hgetall(f"{prefix(queue)}job:{job_id}")
@@ -321,7 +325,7 @@ class RedisBroker:
         return jobs[0] if jobs else None
 
     async def _queues(self) -> list[str]:
-        async with self._errors():
+        with self._errors():
             return sorted(str(q) for q in await self._redis.smembers("herd:queues"))
 
     async def list_jobs(
@@ -330,7 +334,7 @@ class RedisBroker:
         statuses = [status] if status else list(JobStatus)
         found: list[Job] = []
         for q in [queue] if queue else await self._queues():
-            async with self._errors():
+            with self._errors():
                 pipe = self._redis.pipeline(transaction=False)
                 for st in statuses:
                     pipe.zrevrange(f"{prefix(q)}st:{st.value}", 0, limit - 1)
@@ -344,7 +348,7 @@ class RedisBroker:
         out = []
         for q in await self._queues():
             p = prefix(q)
-            async with self._errors():
+            with self._errors():
                 pipe = self._redis.pipeline(transaction=False)
                 for st in JobStatus:
                     pipe.zcard(f"{p}st:{st.value}")

@@ -16,19 +16,18 @@ give the embedder a new ``name`` (``name="bge-m3@2026-11"``) to start a new inde
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import logging
 import os
 import random
 import time
-from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import numpy as np
 
+from herd.llm.providers.base import parse_retry_after
 from herd.rag.embedders.base import EmbedError, Vectors, check_texts, empty, l2_normalize, make_id
 
 log = logging.getLogger("herd.rag")
@@ -242,30 +241,6 @@ class RemoteEmbedder:
 
     def _redact(self, text: str) -> str:
         return text.replace(self._key, "[REDACTED]") if self._key else text
-
-
-def parse_retry_after(headers: Mapping[str, str], now: datetime | None = None) -> float | None:
-    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date)."""
-    lowered = {k.lower(): v for k, v in headers.items()}
-    if (raw_ms := lowered.get("retry-after-ms")) is not None:
-        try:
-            return max(0.0, float(raw_ms) / 1000.0)
-        except ValueError:
-            pass
-    raw = lowered.get("retry-after")
-    if raw is None:
-        return None
-    try:
-        return max(0.0, float(raw.strip()))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(raw.strip())
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
 def _public_url(url: str) -> str:
