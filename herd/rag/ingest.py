@@ -318,10 +318,12 @@ async def embed_batch(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any
     ]
     if not current:
         return {"embedded": 0}  # done already, or changed since: a newer job embeds them
+    vectors = await asyncio.to_thread(rt.embedder.embed, [t for _, _, t in current])
+    rows = [(cid, h, vectors[i]) for i, (cid, h, _) in enumerate(current)]
+    # The partition lock covers the write, not the embedding: jobs of one book then
+    # embed side by side, and only their upserts take turns.
     lock_name = f"rag/{gen.collection}/{gen.id}/{payload['part']}"
     async with rt.locks.hold(lock_name, ttl=30, wait=300) as lock:
-        vectors = await asyncio.to_thread(rt.embedder.embed, [t for _, _, t in current])
-        rows = [(cid, h, vectors[i]) for i, (cid, h, _) in enumerate(current)]
         if ctx.app.broker.name == "postgres":
             async with ctx.fenced_transaction() as conn:
                 await rt.locks.assert_held(conn, lock)
@@ -339,12 +341,17 @@ async def finalize(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     gen = await rt.store.generation(payload["generation"])
     left = await rt.store.count_missing(gen)
     if left:
-        if not await _embedding_underway(ctx.app, gen.id):
+        # Counted again after the look for live jobs: the last one may have finished
+        # between the first count and the look.
+        if not await _embedding_underway(ctx.app, gen.id) and (
+            left := await rt.store.count_missing(gen)
+        ):
             raise Fatal(
                 f"{left} chunks of {gen.collection!r} could not be embedded (see herd dlq list);"
                 " requeue those jobs or re-run herd ingest"
             )
-        raise Retry(f"{left} chunks still to embed", after=1.0)
+        if left:
+            raise Retry(f"{left} chunks still to embed", after=1.0)
     async with rt.store.connection() as conn, conn.transaction():
         cur = await conn.execute(
             "SELECT files, folders FROM herd_ingest_runs WHERE id = %s", (payload["run"],)
