@@ -147,6 +147,22 @@ def version(dist: str) -> str:
         return "not installed"
 
 
+def sources() -> str:
+    """Which herd code ran: the commit, and digests of the files the ingest runs (several
+    of them are not committed yet)."""
+    import hashlib
+    import subprocess
+
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    files = ["rag/ingest.py", "rag/store.py", "rag/embedders/onnx.py", "worker.py"]
+    digests = [
+        f"{f} {hashlib.sha256((REPO / 'herd' / f).read_bytes()).hexdigest()[:12]}" for f in files
+    ]
+    return f"commit {head or '?'}; " + ", ".join(digests)
+
+
 def part_of(chunk: Chunk) -> str:
     """The partition the ingest puts a chunk's job in (``herd.rag.ingest._part``)."""
     parts = chunk.id.split("/")
@@ -429,6 +445,7 @@ async def measure(args: argparse.Namespace, app: App, url: str, corpus: Path, ou
         f" {version('langchain-classic')}, SQLAlchemy {version('sqlalchemy')},"
         f" psycopg {version('psycopg')}"
     )
+    out(f"herd sources: {sources()}")
     out(f"embedder: {embedder.id}")
     threads, workers = getattr(embedder, "threads", "?"), getattr(embedder, "workers", "?")
     out(f"  {workers} workers x {threads} thread(s), ready in {ready:.1f} s (model cache built)")
