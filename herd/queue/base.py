@@ -123,6 +123,36 @@ class QueueStats:
     oldest_ready_age: float | None = None  # seconds
 
 
+@dataclass(frozen=True)
+class RunningJob:
+    """A leased job as the dashboard shows it; times from the store's clock."""
+
+    id: int
+    task: str
+    queue: str
+    owner: str | None
+    attempts: int
+    lease_expires_at: datetime
+    lease_left: float  # seconds until the lease expires (negative: expired, not yet taken over)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Jobs finished per minute: ``succeeded[queue][i]`` counts minute ``start + i``."""
+
+    start: datetime  # the first minute, by the store's clock
+    minutes: int
+    succeeded: dict[str, list[int]] = field(default_factory=dict)
+    dead: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, queue: str, status: JobStatus, minute: int, n: int) -> None:
+        """Count ``n`` jobs of ``queue`` that reached ``status`` in minute ``start + minute``."""
+        for counts in (self.succeeded, self.dead):
+            counts.setdefault(queue, [0] * self.minutes)
+        if 0 <= minute < self.minutes:
+            (self.succeeded if status == JobStatus.SUCCEEDED else self.dead)[queue][minute] += n
+
+
 @runtime_checkable
 class Broker(Protocol):
     """What a worker and an App need from a job store."""
@@ -165,4 +195,13 @@ class Broker(Protocol):
     async def stats(self) -> list[QueueStats]: ...
     async def requeue_dead(self, job_ids: Sequence[int] | None) -> list[int]:
         """Move dead-lettered jobs back to pending with fresh counters; None means all."""
+        ...
+
+    async def running(self, limit: int = 100) -> list[RunningJob]:
+        """Leased jobs, soonest lease expiry first (read-only: for dashboards)."""
+        ...
+
+    async def throughput(self, minutes: int) -> Throughput:
+        """Jobs that succeeded or were dead-lettered in each of the last ``minutes``
+        minutes, the current one included (read-only: for dashboards)."""
         ...

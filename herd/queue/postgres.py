@@ -31,6 +31,8 @@ from herd.queue.base import (
     Lease,
     NewJob,
     QueueStats,
+    RunningJob,
+    Throughput,
 )
 from herd.queue.sql import migrations, queries
 
@@ -389,3 +391,14 @@ class PostgresBroker:
                 ) from None
             raise
         return sorted(r[0] for r in rows)
+
+    async def running(self, limit: int = 100) -> list[RunningJob]:
+        return [RunningJob(**r) for r in await self._fetch_dicts("running", {"limit": limit})]
+
+    async def throughput(self, minutes: int) -> Throughput:
+        rows = await self._fetch("throughput", {"minutes": max(1, minutes)})
+        out = Throughput(start=rows[0][0], minutes=max(1, minutes))
+        for _, queue, i, status, n in rows:
+            if queue is not None:
+                out.add(queue, JobStatus(status), i, n)
+        return out

@@ -12,6 +12,7 @@ in one Redis Cluster slot and each script touches one slot):
     herd:{q}:st:<status>   sorted sets of job ids by status (listing, stats)
     herd:{q}:dedup:<key>   the active job holding a dedup key
     herd:{q}:dlq           stream: a record of every dead-lettering with its reason
+    herd:{q}:tp:<minute>   hash: jobs succeeded / dead in that minute (epoch // 60), kept 2 h
     herd:ids, herd:queues, herd:jobq   id counter, known queues, job id -> queue
 
 Every write after a claim is a script that first compares the lease key with
@@ -47,6 +48,8 @@ from herd.queue.base import (
     Lease,
     NewJob,
     QueueStats,
+    RunningJob,
+    Throughput,
 )
 
 log = logging.getLogger("herd.redis")
@@ -378,6 +381,62 @@ class RedisBroker:
                     ) from None
                 raise
         return sorted(done)
+
+    async def _now_ms(self) -> int:
+        with self._errors():
+            seconds, micros = await self._redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def running(self, limit: int = 100) -> list[RunningJob]:
+        queues = await self._queues()
+        with self._errors():
+            pipe = self._redis.pipeline(transaction=False)
+            for q in queues:
+                pipe.zrange(prefix(q) + "leases", 0, limit - 1, withscores=True)
+            per_queue = await pipe.execute()
+        now = await self._now_ms()
+        leased = sorted(
+            (int(expires), int(job_id), q)
+            for q, rows in zip(queues, per_queue, strict=True)
+            for job_id, expires in rows
+        )[:limit]
+        with self._errors():
+            pipe = self._redis.pipeline(transaction=False)
+            for _, job_id, q in leased:
+                pipe.hmget(f"{prefix(q)}job:{job_id}", "task", "owner", "attempts", "status")
+            fields = await pipe.execute()
+        return [
+            RunningJob(
+                id=job_id,
+                task=task,
+                queue=q,
+                owner=owner or None,
+                attempts=int(attempts or 0),
+                lease_expires_at=_ms(str(expires)) or datetime.now(UTC),
+                lease_left=(expires - now) / 1000,
+            )
+            for (expires, job_id, q), (task, owner, attempts, status) in zip(
+                leased, fields, strict=True
+            )
+            if status == JobStatus.PROCESSING  # finished between the two reads
+        ]
+
+    async def throughput(self, minutes: int) -> Throughput:
+        minutes = max(1, minutes)
+        first = await self._now_ms() // 60000 - minutes + 1
+        out = Throughput(start=datetime.fromtimestamp(first * 60, UTC), minutes=minutes)
+        queues = await self._queues()
+        with self._errors():
+            pipe = self._redis.pipeline(transaction=False)
+            for q in queues:
+                for i in range(minutes):
+                    pipe.hgetall(f"{prefix(q)}tp:{first + i}")
+            counts = await pipe.execute()
+        for n, q in enumerate(queues):
+            for i in range(minutes):
+                for status, count in counts[n * minutes + i].items():
+                    out.add(q, JobStatus(status), i, int(count))
+        return out
 
 
 def _job(h: dict[str, str]) -> Job:

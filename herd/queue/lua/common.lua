@@ -3,6 +3,7 @@
 -- from the server (TIME), never from a client.
 local P = ARGV[1]                -- key prefix, "herd:{queue}:"
 local GROUP = 'herd'
+local TP_KEEP = 7200            -- seconds a per-minute throughput hash is kept
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -60,6 +61,11 @@ local function finish(id, old, new, now)
   free_dedup(id)
   set_status(id, old, new)
   redis.call('HSET', jkey(id), 'finished_at', now)
+  -- Jobs finished per minute (dashboards): a small hash per minute that expires by
+  -- itself, since job hashes (and their finished_at) may expire before anyone reads them.
+  local minute = P .. 'tp:' .. math.floor(now / 60000)
+  redis.call('HINCRBY', minute, new, 1)
+  redis.call('EXPIRE', minute, TP_KEEP)
 end
 
 local function dead(id, old, reason, now)

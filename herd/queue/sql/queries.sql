@@ -160,3 +160,30 @@ UPDATE herd_jobs SET status = 'pending', attempts = 0, stalls = 0, run_at = now(
                      lease_expires_at = NULL
  WHERE status = 'dead' AND (%(all)s OR id = ANY(%(ids)s::bigint[]))
 RETURNING id, queue;
+
+-- name: running
+-- Walks herd_jobs_leased; lease_left comes from the server clock, so a dashboard
+-- counting it down never compares its own clock with the database's.
+SELECT id, task, queue, lease_owner AS owner, attempts, lease_expires_at,
+       extract(epoch FROM lease_expires_at - now())::float8 AS lease_left
+  FROM herd_jobs
+ WHERE status = 'processing'
+ ORDER BY lease_expires_at, id
+ LIMIT %(limit)s;
+
+-- name: throughput
+-- One row per queue, minute and final status; each half walks its own partial
+-- index (herd_jobs_finished, herd_jobs_dead). No job finished: one row of NULLs.
+WITH w AS (SELECT date_trunc('minute', now()) - (%(minutes)s - 1) * interval '1 minute' AS start),
+f AS (
+    SELECT queue, finished_at, status FROM herd_jobs, w
+     WHERE status = 'succeeded' AND finished_at >= w.start
+    UNION ALL
+    SELECT queue, finished_at, status FROM herd_jobs, w
+     WHERE status = 'dead' AND finished_at >= w.start
+)
+SELECT w.start, f.queue,
+       (extract(epoch FROM date_trunc('minute', f.finished_at) - w.start) / 60)::int AS i,
+       f.status, count(*)
+  FROM w LEFT JOIN f ON true
+ GROUP BY w.start, f.queue, i, f.status;
