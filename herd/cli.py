@@ -5,8 +5,6 @@ Exit codes: 0 success, 1 the work failed, 2 a usage error.
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import enum
 import importlib
 import json
@@ -15,19 +13,15 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 
 from herd.app import App
 from herd.config import Settings
-from herd.errors import HerdError
+from herd.console import Options, err, jsonable, opts, out, print_json, run, short, when
 from herd.queue.base import Job, JobStatus
 
 T = TypeVar("T")
@@ -37,10 +31,6 @@ class Broker(enum.StrEnum):
     postgres = "postgres"
     redis = "redis"
 
-
-# No markup: everything printed is data (payloads, errors, verse texts with [brackets]).
-out = Console(markup=False, highlight=False)
-err = Console(stderr=True, markup=False, highlight=False)
 
 cli = typer.Typer(
     no_args_is_help=True,
@@ -63,18 +53,6 @@ def _add_feature_commands() -> None:
     cli.add_typer(cache_cli, name="cache")
     cli.command()(ingest)
     cli.command()(query)
-
-
-@dataclasses.dataclass
-class _Options:
-    settings: Settings
-    flags: dict[str, Any]  # the options given on the command line: they beat the app's own
-    debug: bool = False
-
-
-def _opts(ctx: typer.Context) -> _Options:
-    opts: _Options = ctx.obj
-    return opts
 
 
 @cli.callback()
@@ -100,7 +78,7 @@ def _root(
         "broker": broker.value if broker else None,
     }
     flags = {k: v for k, v in flags.items() if v is not None}
-    ctx.obj = _Options(Settings.from_env().override(**flags), flags, debug)
+    ctx.obj = Options(Settings.from_env().override(**flags), flags, debug)
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.DEBUG if debug else logging.WARNING,
@@ -111,50 +89,6 @@ def _root(
     logging.getLogger("herd").setLevel(logging.DEBUG if debug else logging.INFO)
     # The pool logs every failed reconnect; herd reports outages itself, once.
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR if not debug else logging.DEBUG)
-
-
-def _run(opts: _Options, work: Callable[[App], Awaitable[T]], app: App | None = None) -> T:
-    """Open an app, run ``work``, and turn herd errors into one line on stderr."""
-
-    async def main() -> T:
-        the_app = app or App(settings=opts.settings)
-        async with the_app:
-            return await work(the_app)
-
-    try:
-        return asyncio.run(main())
-    except HerdError as exc:
-        if opts.debug:
-            raise
-        err.print(Text.assemble(("herd: error:", "red"), f" {exc}"), soft_wrap=True)
-        raise typer.Exit(1) from None
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, enum.Enum):
-        return value.value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {k: _jsonable(v) for k, v in dataclasses.asdict(value).items()}
-    if isinstance(value, dict):
-        return {str(_jsonable(k)): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-def _print_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(_jsonable(value), ensure_ascii=False) + "\n")
-
-
-def _when(value: datetime | None) -> str:
-    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else ""
-
-
-def _short(value: Any, width: int = 60) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _jobs_table(jobs: list[Job], *, title: str, dead: bool = False) -> Table:
@@ -169,7 +103,7 @@ def _jobs_table(jobs: list[Job], *, title: str, dead: bool = False) -> Table:
         detail = (
             f"{j.dead_reason}: {j.last_error}"
             if j.status == JobStatus.DEAD
-            else (_short(j.result) if j.status == JobStatus.SUCCEEDED else (j.last_error or ""))
+            else (short(j.result) if j.status == JobStatus.SUCCEEDED else (j.last_error or ""))
         )
         table.add_row(
             str(j.id),
@@ -179,8 +113,8 @@ def _jobs_table(jobs: list[Job], *, title: str, dead: bool = False) -> Table:
             str(j.priority),
             str(j.attempts),
             str(j.stalls),
-            _short(detail),
-            _when(j.finished_at if dead else j.created_at),
+            short(detail),
+            when(j.finished_at if dead else j.created_at),
         )
     return table
 
@@ -226,10 +160,10 @@ def worker(
     from herd.builtin import tasks as builtin_tasks
     from herd.worker import Worker
 
-    opts = _opts(ctx)
-    app = load_app(app_spec) if app_spec else App(settings=opts.settings)
+    o = opts(ctx)
+    app = load_app(app_spec) if app_spec else App(settings=o.settings)
     if app_spec:
-        app.settings = app.settings.override(**opts.flags)
+        app.settings = app.settings.override(**o.flags)
     app.include(builtin_tasks)
 
     async def work(a: App) -> Any:
@@ -242,7 +176,7 @@ def worker(
             stop_when_idle=exit_when_idle,
         ).run()
 
-    _run(opts, work, app)
+    run(o, work, app)
 
 
 # -- jobs
@@ -264,14 +198,14 @@ def enqueue(
         data = json.loads(payload)
     except ValueError as exc:
         raise typer.BadParameter(f"payload is not JSON: {exc}", param_hint="PAYLOAD") from None
-    result = _run(
-        _opts(ctx),
+    result = run(
+        opts(ctx),
         lambda a: a.enqueue(
             task, data, queue=queue, priority=priority, dedup_key=dedup_key, delay=delay
         ),
     )
     if as_json:
-        _print_json(result)
+        print_json(result)
     else:
         out.print(f"job {result.job_id}" + ("" if result.created else " (already queued)"))
 
@@ -281,10 +215,10 @@ def jobs_stats(
     ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] = False
 ) -> None:
     """Jobs per queue and status."""
-    stats = _run(_opts(ctx), lambda a: a.stats())
+    stats = run(opts(ctx), lambda a: a.stats())
     if as_json:
         for s in stats:
-            _print_json(s)
+            print_json(s)
         return
     table = Table(title="queues", title_justify="left")
     for col in ("queue", *[s.value for s in JobStatus], "ready", "oldest ready"):
@@ -304,10 +238,10 @@ def jobs_list(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Recent jobs, newest first."""
-    jobs = _run(_opts(ctx), lambda a: a.list_jobs(status=status, queue=queue, limit=limit))
+    jobs = run(opts(ctx), lambda a: a.list_jobs(status=status, queue=queue, limit=limit))
     if as_json:
         for j in jobs:
-            _print_json(j)
+            print_json(j)
     else:
         out.print(_jobs_table(jobs, title=f"{len(jobs)} jobs"))
 
@@ -317,14 +251,14 @@ def jobs_show(
     ctx: typer.Context, job_id: int, as_json: Annotated[bool, typer.Option("--json")] = False
 ) -> None:
     """Everything about one job."""
-    job = _run(_opts(ctx), lambda a: a.get_job(job_id))
+    job = run(opts(ctx), lambda a: a.get_job(job_id))
     if as_json:
-        _print_json(job)
+        print_json(job)
         return
     table = Table(show_header=False, title=f"job {job.id}", title_justify="left")
     table.add_column(style="bold")
     table.add_column()
-    for key, value in _jsonable(job).items():
+    for key, value in jsonable(job).items():
         table.add_row(key, value if isinstance(value, str) else json.dumps(value))
     out.print(table)
 
@@ -337,10 +271,10 @@ def dlq_list(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Dead-lettered jobs with their reasons."""
-    jobs = _run(_opts(ctx), lambda a: a.dead_letters(queue=queue, limit=limit))
+    jobs = run(opts(ctx), lambda a: a.dead_letters(queue=queue, limit=limit))
     if as_json:
         for j in jobs:
-            _print_json(j)
+            print_json(j)
     else:
         out.print(_jobs_table(jobs, title=f"{len(jobs)} dead-lettered jobs", dead=True))
 
@@ -355,9 +289,9 @@ def dlq_requeue(
     """Send dead-lettered jobs back to their queue with fresh counters."""
     if bool(job_ids) == all_:
         raise typer.BadParameter("give job ids or --all (not both)")
-    done = _run(_opts(ctx), lambda a: a.requeue(None if all_ else job_ids))
+    done = run(opts(ctx), lambda a: a.requeue(None if all_ else job_ids))
     if as_json:
-        _print_json({"requeued": done})
+        print_json({"requeued": done})
     else:
         out.print(f"requeued {len(done)} jobs" + (f": {done}" if done else ""))
     missing = set(job_ids or []) - set(done)
@@ -376,16 +310,16 @@ def migrate(ctx: typer.Context) -> None:
         broker = a.broker
         return await broker.migrate() if isinstance(broker, PostgresBroker) else []
 
-    _run(_opts(ctx), work)
+    run(opts(ctx), work)
     out.print("schema is up to date")
 
 
 @cli.command()
 def config(ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """The settings in force (secrets masked)."""
-    values = _opts(ctx).settings.masked()
+    values = opts(ctx).settings.masked()
     if as_json:
-        _print_json(values)
+        print_json(values)
         return
     table = Table(show_header=False)
     for key, value in values.items():
@@ -411,7 +345,7 @@ def demo(
     concurrency: Annotated[int, typer.Option(min=1)] = 8,
 ) -> None:
     """Enqueue a batch of jobs, run worker processes until it is done, show the results."""
-    opts = _opts(ctx)
+    o = opts(ctx)
     batch = f"demo-{int(time.time())}"
     payloads = [
         {
@@ -426,11 +360,11 @@ def demo(
         res = await a.enqueue_many("herd.demo.fingerprint", payloads, queue=batch)
         return [r.job_id for r in res]
 
-    ids = _run(opts, submit)
+    ids = run(o, submit)
     err.print(f"enqueued {len(ids)} jobs on queue {batch}; starting {workers} worker processes")
-    env = dict(os.environ, HERD_HOME=str(opts.settings.home))
-    if opts.settings.database_url:
-        env["HERD_DATABASE_URL"] = opts.settings.database_url
+    env = dict(os.environ, HERD_HOME=str(o.settings.home))
+    if o.settings.database_url:
+        env["HERD_DATABASE_URL"] = o.settings.database_url
     started = time.monotonic()
     procs = [
         subprocess.Popen(
@@ -457,7 +391,7 @@ def demo(
     async def collect(a: App) -> list[Job]:
         return [await a.get_job(i) for i in ids]
 
-    done = _run(opts, collect)
+    done = run(o, collect)
     by_status: dict[str, int] = {}
     for j in done:
         by_status[j.status.value] = by_status.get(j.status.value, 0) + 1

@@ -23,7 +23,8 @@ from herd.queue.redis import RedisBroker
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".herd-test"
-TEST_DB = "herd_test"
+# Two suites on one machine (two checkouts, a helper's run) need databases of their own.
+TEST_DB = os.environ.get("HERD_TEST_DB", "herd_test")
 
 
 @pytest.fixture(scope="session")

@@ -13,17 +13,12 @@ from psycopg.types.json import Jsonb
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from herd import console
 from herd.app import App
 from herd.llm.evaluate import QUEUE, EvalRuntime, EvalSpec, submit
 
 eval_cli = typer.Typer(no_args_is_help=True, help="LLM evaluations of documents.")
 cache_cli = typer.Typer(no_args_is_help=True, help="The exact result cache.")
-
-
-def _cli() -> Any:
-    from herd import cli  # the root command's helpers (options, error handling, output)
-
-    return cli
 
 
 def _read_json_file(path: Path, what: str) -> Any:
@@ -53,7 +48,6 @@ def eval_submit(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Enqueue one evaluation per document (identical ones are evaluated once)."""
-    cli = _cli()
     if provider not in ("openai", "anthropic"):
         raise typer.BadParameter("use openai or anthropic", param_hint="--provider")
     try:
@@ -67,7 +61,7 @@ def eval_submit(
         provider=provider,
         params=_read_json_file_text(params),
     )
-    opts = cli._opts(ctx)
+    opts = console.opts(ctx)
 
     async def work(app: App) -> Any:
         from herd.builtin import tasks as builtin_tasks
@@ -79,7 +73,7 @@ def eval_submit(
             BarColumn(),
             MofNCompleteColumn(),
             TimeRemainingColumn(),
-            console=cli.err,
+            console=console.err,
             transient=True,
         ) as bar:
             task = bar.add_task("submit", total=None)
@@ -91,23 +85,23 @@ def eval_submit(
                 priority=priority,
                 progress=lambda n: bar.update(task, completed=n),
             )
-        cli.err.print(
+        console.err.print(
             f"batch {report.batch}: {report.queued} queued, {report.deduplicated} already queued,"
             f" {len(report.errors)} unreadable",
             soft_wrap=True,
             highlight=False,
         )
         for error in report.errors:
-            cli.err.print(f"  skipped: {error}", soft_wrap=True, highlight=False, markup=False)
+            console.err.print(f"  skipped: {error}", soft_wrap=True, highlight=False, markup=False)
         if wait and report.job_ids:
             await Worker(
                 app, queues=[QUEUE], concurrency=concurrency, stop_when_idle=True, poll_interval=0.2
             ).run()
         return report, (await _status(app, report.batch) if wait else None)
 
-    report, status = cli._run(opts, work)
+    report, status = console.run(opts, work)
     if as_json:
-        cli._print_json(
+        console.print_json(
             {
                 "batch": report.batch,
                 "queued": report.queued,
@@ -117,9 +111,9 @@ def eval_submit(
             }
         )
     else:
-        cli.out.print(f"batch {report.batch}")
+        console.out.print(f"batch {report.batch}")
         if status:
-            _print_status(cli, status)
+            _print_status(status)
     if report.errors or (status and status["failed"]):
         raise typer.Exit(1)
 
@@ -191,13 +185,13 @@ async def _status(app: App, batch: str | None) -> dict[str, Any]:
     }
 
 
-def _print_status(cli: Any, status: dict[str, Any]) -> None:
+def _print_status(status: dict[str, Any]) -> None:
     led = status["ledger"]
 
     def n(kind: str, field: str = "n") -> Any:
         return led.get(kind, {}).get(field) or 0
 
-    cli.out.print(
+    console.out.print(
         f"{status['done']}/{status['documents']} done, {status['running']} running,"
         f" {status['failed']} failed (dead-lettered)",
         highlight=False,
@@ -220,7 +214,7 @@ def _print_status(cli: Any, status: dict[str, Any]) -> None:
             f"{n(kind, 'output_tokens'):,}",
             f"${cost:.4f}" if cost else "",
         )
-    cli.out.print(table)
+    console.out.print(table)
 
 
 @eval_cli.command("status")
@@ -230,12 +224,11 @@ def eval_status(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Progress, failures and the cost ledger (calls made and avoided)."""
-    cli = _cli()
-    status = cli._run(cli._opts(ctx), lambda app: _status(app, batch))
+    status = console.run(console.opts(ctx), lambda app: _status(app, batch))
     if as_json:
-        cli._print_json(status)
+        console.print_json(status)
     else:
-        _print_status(cli, status)
+        _print_status(status)
 
 
 @eval_cli.command("results")
@@ -245,7 +238,6 @@ def eval_results(
     fmt: Annotated[str, typer.Option("--format", help="jsonl or csv")] = "jsonl",
 ) -> None:
     """The evaluations that are done, one per document."""
-    cli = _cli()
     if fmt not in ("jsonl", "csv"):
         raise typer.BadParameter("use jsonl or csv", param_hint="--format")
 
@@ -258,7 +250,7 @@ def eval_results(
             {"b": batch},
         )
 
-    rows = cli._run(cli._opts(ctx), work)
+    rows = console.run(console.opts(ctx), work)
     if fmt == "jsonl":
         for b, path, source, result in rows:
             sys.stdout.write(
@@ -280,14 +272,13 @@ def cache_stats(
     ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] = False
 ) -> None:
     """Entries, hits, misses and computations per cache namespace."""
-    cli = _cli()
 
     async def work(app: App) -> dict[str, dict[str, int]]:
         return await (await EvalRuntime.of(app)).cache.store.stats()
 
-    stats = cli._run(cli._opts(ctx), work)
+    stats = console.run(console.opts(ctx), work)
     if as_json:
-        cli._print_json(stats)
+        console.print_json(stats)
         return
     cols = ("entries", "hits", "misses", "computed", "waited", "stale", "early_refresh", "errors")
     table = Table(title="exact cache", title_justify="left")
@@ -296,7 +287,7 @@ def cache_stats(
         table.add_column(col, justify="right")
     for ns, counters in sorted(stats.items()):
         table.add_row(ns, *[str(counters.get(c, 0)) for c in cols])
-    cli.out.print(table)
+    console.out.print(table)
 
 
 @cache_cli.command("clear")
@@ -305,10 +296,9 @@ def cache_clear(
     namespace: Annotated[str | None, typer.Option(help="One namespace [default: all].")] = None,
 ) -> None:
     """Remove cached results (the next request for them calls the model again)."""
-    cli = _cli()
 
     async def work(app: App) -> int:
         return await (await EvalRuntime.of(app)).cache.store.clear(namespace)
 
-    removed = cli._run(cli._opts(ctx), work)
-    cli.out.print(f"removed {removed} cache entries")
+    removed = console.run(console.opts(ctx), work)
+    console.out.print(f"removed {removed} cache entries")

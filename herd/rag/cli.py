@@ -12,15 +12,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from herd import console
 from herd.app import App
 from herd.rag.ingest import QUEUE, IngestError, Plan, RagRuntime, plan_and_apply
 from herd.rag.store import IndexError_
-
-
-def _cli() -> Any:
-    from herd import cli
-
-    return cli
 
 
 def ingest(
@@ -40,7 +35,6 @@ def ingest(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Index files: only chunks that are new or changed are embedded."""
-    cli = _cli()
     if fmt != "auto":
         from herd.rag.chunkers import FORMATS
 
@@ -58,7 +52,7 @@ def ingest(
             TextColumn("reading"),
             BarColumn(),
             MofNCompleteColumn(),
-            console=cli.err,
+            console=console.err,
             transient=True,
         ) as bar:
             task = bar.add_task("read", total=None)
@@ -91,7 +85,7 @@ def ingest(
             BarColumn(),
             MofNCompleteColumn(),
             TimeRemainingColumn(),
-            console=cli.err,
+            console=console.err,
         ) as bar:
             task = bar.add_task("embed", total=result.to_embed)
             run = asyncio.create_task(worker.run())
@@ -104,22 +98,22 @@ def ingest(
         return result, stats.dead
 
     try:
-        result, dead = cli._run(cli._opts(ctx), work)
+        result, dead = console.run(console.opts(ctx), work)
     except (IngestError, IndexError_) as exc:
-        cli.err.print(f"herd: error: {exc}", soft_wrap=True, highlight=False, markup=False)
+        console.err.print(f"herd: error: {exc}", soft_wrap=True, highlight=False, markup=False)
         raise typer.Exit(1) from None
     if as_json:
-        cli._print_json(result)
+        console.print_json(result)
     else:
         verb = "would" if plan else "will"
-        cli.out.print(
+        console.out.print(
             f"{collection}: {result.added} added, {result.changed} changed, {result.unchanged}"
             f" unchanged, {result.deleted} deleted; {result.to_embed} chunks {verb} be embedded"
             + (" into a new index generation" if result.new_generation else ""),
             highlight=False,
         )
     for error in result.errors:
-        cli.err.print(f"  skipped: {error}", soft_wrap=True, highlight=False, markup=False)
+        console.err.print(f"  skipped: {error}", soft_wrap=True, highlight=False, markup=False)
     if result.errors or dead:
         raise typer.Exit(1)
 
@@ -133,7 +127,6 @@ def query(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """The k chunks nearest to each query, with references and scores."""
-    cli = _cli()
     queries = list(texts or [])
     if file is not None:
         try:
@@ -159,13 +152,13 @@ def query(
         return [await rt.store.search(gen, vectors[i], k) for i in range(len(queries))]
 
     try:
-        answers = cli._run(cli._opts(ctx), work)
+        answers = console.run(console.opts(ctx), work)
     except IndexError_ as exc:
-        cli.err.print(f"herd: error: {exc}", soft_wrap=True, highlight=False, markup=False)
+        console.err.print(f"herd: error: {exc}", soft_wrap=True, highlight=False, markup=False)
         raise typer.Exit(1) from None
     for q, hits in zip(queries, answers, strict=True):
         if as_json:
-            cli._print_json(
+            console.print_json(
                 {
                     "query": q,
                     "hits": [
@@ -187,5 +180,5 @@ def query(
             text = h.text if len(h.text) <= 160 else h.text[:159] + "…"
             # Text, not markup: KJV marks added words as [was], which rich would eat.
             table.add_row(f"{h.score:.3f}", Text(h.breadcrumb), Text(text))
-        cli.out.print(table)
+        console.out.print(table)
     sys.stdout.flush()
