@@ -379,6 +379,7 @@ async def finalize(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         )
     swapped = False
     if gen.status == "building":
+        await rt.store.build_index(gen)
         await rt.store.swap(gen)
         await rt.store.drop_retired(gen.collection)
         swapped = True

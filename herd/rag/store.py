@@ -1,10 +1,11 @@
 """pgvector storage for corpora: source chunks, index generations, vectors, queries.
 
 A generation's vectors live in a table of their own, ``herd_vectors_<id>``, with
-a fixed dimension and an HNSW index (cosine). Re-indexing with another embedder
-or chunker builds a new generation beside the live one; ``swap`` checks it
-(count and a checksum over the chunk hashes) and points the collection at it in
-one UPDATE, so queries move from the old index to the new one atomically.
+a fixed dimension and an HNSW index (cosine), built once its vectors are loaded.
+Re-indexing with another embedder or chunker builds a new generation beside the
+live one; ``swap`` checks it (count and a checksum over the chunk hashes) and
+points the collection at it in one UPDATE, so queries move from the old index to
+the new one atomically.
 """
 
 from __future__ import annotations
@@ -150,12 +151,34 @@ class RagStore:
                     " embedding vector({}) NOT NULL)"
                 ).format(gen.table, sql.Literal(dim))
             )
+            # No HNSW index yet: building the graph once over the loaded vectors (in
+            # ``build_index``, before the swap) costs a fraction of maintaining it
+            # through tens of thousands of single inserts, CPU the embedder needs.
+        return gen, True
+
+    async def build_index(self, gen: Generation) -> bool:
+        """Give a generation its HNSW index if it has none yet; True if built now."""
+        async with self.connection() as conn, conn.transaction():
+            # Self-conflicting lock: two finalizers never build the same index twice.
             await conn.execute(
-                sql.SQL("CREATE INDEX ON {} USING hnsw (embedding vector_cosine_ops)").format(
-                    gen.table
+                sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(gen.table)
+            )
+            cur = await conn.execute(
+                "SELECT 1 FROM pg_indexes WHERE schemaname = current_schema()"
+                " AND tablename = %s AND indexdef LIKE '%%USING hnsw%%'",
+                (f"herd_vectors_{gen.id}",),
+            )
+            if await cur.fetchone():
+                return False
+            # The graph of a large corpus outgrows the default 64 MB and the build
+            # then slows down by an order of magnitude.
+            await conn.execute("SET LOCAL maintenance_work_mem = '512MB'")
+            await conn.execute(
+                sql.SQL("CREATE INDEX {} ON {} USING hnsw (embedding vector_cosine_ops)").format(
+                    sql.Identifier(f"herd_vectors_{gen.id}_hnsw"), gen.table
                 )
             )
-        return gen, True
+            return True
 
     # -- vectors
 

@@ -59,6 +59,15 @@ async def vectors(app: App, gen_id: int) -> int:
     return int(rows[0][0])
 
 
+async def hnsw_indexes(app: App, gen_id: int) -> int:
+    rt = await RagRuntime.of(app)
+    rows = await rt.store.fetch(
+        "SELECT count(*) FROM pg_indexes WHERE tablename = %s AND indexdef LIKE %s",
+        (f"herd_vectors_{gen_id}", "%USING hnsw%"),
+    )
+    return int(rows[0][0])
+
+
 async def test_incremental_runs_embed_only_what_changed(app, tmp_path):
     name = collection()
     corpus = tmp_path / "corpus"
@@ -75,6 +84,8 @@ async def test_incremental_runs_embed_only_what_changed(app, tmp_path):
     first = await plan_and_apply(app, [corpus], name)
     assert first.new_generation and first.to_embed == len(GENESIS_1_3) + 1
     await drain(app)
+    # The HNSW index is built once the vectors are in, before the generation goes live.
+    assert await hnsw_indexes(app, first.generation) == 1
     assert (await search(app, name, "God created the heaven and the earth"))[0] == "kjv/genesis/1/1"
 
     again = await plan_and_apply(app, [corpus], name)
@@ -101,6 +112,7 @@ async def test_incremental_runs_embed_only_what_changed(app, tmp_path):
     rows = await rt.store.fetch("SELECT count(*) FROM herd_chunks WHERE collection = %s", (name,))
     assert rows[0][0] == len(GENESIS_1_3)
     assert await vectors(app, first.generation) == len(GENESIS_1_3)
+    assert await hnsw_indexes(app, first.generation) == 1
 
 
 class Renamed:
@@ -135,6 +147,7 @@ async def test_fingerprint_change_builds_a_new_generation_then_swaps(app, tmp_pa
         await drain(other)
     live = await rt.store.live(name)
     assert live.id == rebuild.generation and live.settings["embedder"].endswith("+v2")
+    assert await hnsw_indexes(app, live.id) == 1
     rows = await rt.store.fetch("SELECT to_regclass(%s)", (f"herd_vectors_{first.generation}",))
     assert rows[0][0] is None  # the retired generation's table is gone
 
