@@ -1,5 +1,7 @@
 """herd: a crash-safe queue with fenced leases and caches for expensive model work."""
 
+from typing import TYPE_CHECKING, Any
+
 from herd.app import App
 from herd.config import Settings
 from herd.errors import (
@@ -18,6 +20,19 @@ from herd.errors import (
 from herd.queue.base import DeadReason, EnqueueResult, Job, JobStatus, Lease, QueueStats
 from herd.tasks import Backoff, JobContext, Task
 from herd.worker import Worker, WorkerStats
+
+if TYPE_CHECKING:
+    from herd.semantic import SemanticCache
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: it brings numpy, pgvector and the search client along.
+    if name == "SemanticCache":
+        from herd.semantic import SemanticCache
+
+        return SemanticCache
+    raise AttributeError(f"module 'herd' has no attribute {name!r}")
+
 
 __all__ = [
     "App",
@@ -39,6 +54,7 @@ __all__ = [
     "NotJSONSerializable",
     "QueueStats",
     "Retry",
+    "SemanticCache",
     "Settings",
     "Task",
     "UnknownTask",

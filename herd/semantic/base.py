@@ -1,0 +1,144 @@
+"""What a semantic cache backend stores and the verbs it implements.
+
+The policy (threshold, guards, TTL, singleflight, statistics) lives in
+``SemanticCache``; a backend supplies a KNN search filtered by scope and expiry
+inside the index query, an upsert that keeps the entry bound, and bookkeeping.
+Both backends keep times as epoch seconds of the server's clock, read by the
+cache, so expiry means the same thing on each.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from herd.jsonvalue import JSON
+
+Vector = npt.NDArray[np.float32]
+NEVER = 1e18  # the expiry of an entry without a ttl: a number, so that range filters work
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What an entry belongs to; a lookup only ever sees entries of its own scope."""
+
+    tenant: str = "default"
+    embedder: str = ""
+    collection: str = ""
+    generation: str = ""
+
+    def tags(self) -> dict[str, str]:
+        """Hashed scope values: safe as Redis tags and cheap to compare in SQL."""
+        return {
+            "tenant": _tag(self.tenant),
+            "embedder": _tag(self.embedder),
+            "collection": _tag(self.collection),
+            "generation": _tag(self.generation),
+        }
+
+
+def _tag(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class NewEntry:
+    id: str  # a hash of the cache name, the scope and the normalized query: one entry each
+    scope: Scope
+    query: str
+    guard: dict[str, Any]
+    value: JSON
+    vector: Vector
+    delta: float  # seconds the computation took (XFetch)
+    created_at: float
+    expires_at: float  # NEVER without a ttl
+    keep_stale: float  # seconds the entry outlives its expiry for stale-while-revalidate
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A nearest neighbour in scope, unexpired (or inside the stale window)."""
+
+    id: str
+    query: str
+    guard: dict[str, Any]
+    value: JSON
+    vector: Vector  # as stored, float32: the cache re-scores it in float64
+    delta: float
+    created_at: float
+    expires_at: float
+
+
+class SemanticStore(Protocol):
+    name: str  # "redis" or "postgres"
+
+    async def open(self, dim: int) -> None:
+        """Connect and create the table or index for vectors of ``dim`` dimensions."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def server_time(self) -> float:
+        """The server's clock, epoch seconds."""
+        ...
+
+    async def search(
+        self, cache: str, scope: Scope, vector: Vector, *, k: int, alive_at: float
+    ) -> list[Candidate]:
+        """The ``k`` nearest entries of ``scope`` expiring after ``alive_at``, nearest first.
+
+        Scope and expiry filter inside the KNN query, never after it, so that other
+        tenants' entries cannot crowd out the candidates of this one.
+        """
+        ...
+
+    async def put(self, cache: str, entry: NewEntry, *, max_entries: int, now: float) -> int:
+        """Upsert, then evict the least recently used past ``max_entries``; returns evictions."""
+        ...
+
+    async def touch(
+        self,
+        cache: str,
+        used: dict[str, float],
+        expires: dict[str, tuple[float, float]] | None = None,
+        *,
+        now: float = 0.0,
+    ) -> None:
+        """Record last use (for eviction) and, for a sliding ttl, move expiries:
+        ``expires`` maps an id to its new expiry and its stale window; ``now`` is
+        the time of the move."""
+        ...
+
+    async def clear(self, cache: str | None = None, collection: str | None = None) -> int: ...
+
+    async def add_stats(self, cache: str, amounts: dict[str, int]) -> None: ...
+
+    async def read_stats(self) -> dict[str, dict[str, int]]:
+        """Persisted counters per cache name, with ``entries`` (what is stored now)."""
+        ...
+
+
+def similarity(query: Vector, stored: Vector) -> float:
+    """Cosine similarity in float64 of two float32 vectors, so that a threshold holds
+    exactly: the index's float32 distance only chooses the candidates."""
+    a = np.asarray(query, dtype=np.float64)
+    b = np.asarray(stored, dtype=np.float64)
+    if np.array_equal(a, b):
+        return 1.0 if a.any() else 0.0
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    return max(-1.0, min(1.0, float(a @ b) / (na * nb)))
+
+
+def as_vector(values: Any, dim: int | None = None) -> Vector:
+    vec: Vector = np.ascontiguousarray(np.asarray(values, dtype=np.float32).reshape(-1))
+    if dim is not None and vec.shape[0] != dim:
+        raise ValueError(f"expected a vector of {dim} dimensions, not {vec.shape[0]}")
+    if not np.all(np.isfinite(vec)):
+        raise ValueError("the vector has NaN or infinite components")
+    return vec

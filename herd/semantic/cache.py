@@ -1,0 +1,505 @@
+"""The semantic query cache: an answer for a query close enough to one already answered.
+
+    cache = SemanticCache("postgresql://…", embedder=default_embedder())  # or redis://
+    async with cache:
+        hit = await cache.alookup("What does Pasal 5 say about wages?", collection="uu")
+        if hit is None:
+            ...
+        found = await cache.aget_or_compute(query, retrieve, collection="uu", generation="7")
+        found.value, found.source, found.similarity
+
+A hit needs three things: the same scope (tenant, embedder, collection and
+generation, filtered inside the KNN query), a cosine similarity of at least the
+threshold (computed in float64 from the stored vector, so a boundary means what
+it says), and agreeing near-miss guards (herd.semantic.guards). Misses go through
+herd's ExactCache policy keyed on the normalized query: one caller computes
+under a fenced lock while identical callers wait for it or get a stale value,
+with XFetch early refresh; this module only adapts the semantic lookup to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import hashlib
+import math
+import time
+import unicodedata
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Self
+
+from herd.cache.base import Entry
+from herd.cache.exact import ExactCache
+from herd.errors import ConfigError
+from herd.jsonvalue import JSON
+from herd.locks.base import BaseLocks
+from herd.semantic import stats as figures
+from herd.semantic.base import (
+    NEVER,
+    Candidate,
+    NewEntry,
+    Scope,
+    SemanticStore,
+    Vector,
+    as_vector,
+    similarity,
+)
+from herd.semantic.guards import Signature, signature
+from herd.semantic.portal import Portal
+
+Source = Literal["hit", "waited", "computed", "stale", "early"]
+FLUSH_EVERY = 1.0  # seconds between flushes of figures and last-use times to the backend
+
+
+@dataclass(frozen=True)
+class SemanticHit:
+    value: JSON
+    similarity: float  # cosine similarity to the cached query (1.0 when computed here)
+    query: str  # the cached query that answered
+    source: Source  # as ExactCache's Lookup: hit, waited, computed, stale or early
+    created_at: float
+    expires_at: float | None  # server time; None: never
+
+
+@dataclass
+class _Request:
+    scope: Scope
+    query: str
+    key: str
+    vector: Vector
+    guard: Signature
+    threshold: float
+    found: tuple[Candidate, float] | None = None
+    observed: bool = False
+
+
+_current: contextvars.ContextVar[_Request] = contextvars.ContextVar("herd_semantic_request")
+
+
+def normalize_query(query: str) -> str:
+    """The singleflight key's text: case, width and spacing do not make another question."""
+    return " ".join(unicodedata.normalize("NFKC", query).casefold().split())
+
+
+def check_threshold(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ConfigError(f"threshold is a cosine similarity in [0, 1], not {value!r}")
+    return float(value)
+
+
+class SemanticCache:
+    def __init__(
+        self,
+        backend: SemanticStore | str,
+        *,
+        embedder: Any = None,
+        embedder_id: str | None = None,
+        dim: int | None = None,
+        locks: BaseLocks | None = None,
+        name: str = "default",
+        tenant: str = "default",
+        threshold: float = 0.95,
+        guards: bool = True,
+        k: int = 5,
+        ttl: float | None = 3600.0,
+        sliding: bool = False,
+        max_entries: int = 100_000,
+        xfetch_beta: float | None = 1.0,
+        stale_while_revalidate: float = 0.0,
+        lock_ttl: float = 30.0,
+        wait: float = 30.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        """
+        backend: a SemanticStore, or a URL (redis:// for Redis Stack, postgresql:// for pgvector).
+        embedder: turns queries into vectors (herd.rag.embedders); without one, pass vector=.
+        embedder_id, dim: taken from the embedder unless given.
+        name: the cache's name; max_entries bounds each name (least recently used go first).
+        tenant: the default tenant of lookups and stores.
+        threshold: the least cosine similarity of a hit, in [0, 1].
+        guards: require the near-miss guards to agree (negation, numbers, names, scope).
+        k: candidates fetched per lookup; the best one that passes the guards answers.
+        ttl: seconds an entry is fresh (None: until evicted); sliding: a hit renews it.
+        xfetch_beta, stale_while_revalidate, lock_ttl, wait: as ExactCache.
+        clock: epoch seconds (for tests); default: the server's clock.
+        """
+        self.threshold = check_threshold(threshold)
+        if not (isinstance(k, int) and 1 <= k <= 100):
+            raise ConfigError(f"k must be an integer from 1 to 100, not {k!r}")
+        if not (isinstance(max_entries, int) and max_entries >= 1):
+            raise ConfigError(f"max_entries must be a positive integer, not {max_entries!r}")
+        if ttl is not None and not (math.isfinite(ttl) and ttl > 0):
+            raise ConfigError(f"ttl must be a positive number of seconds or None, not {ttl!r}")
+        if sliding and ttl is None:
+            raise ConfigError("a sliding ttl needs a ttl")
+        self.backend = _store(backend) if isinstance(backend, str) else backend
+        self.locks = locks if locks is not None else _locks(self.backend)
+        self.embedder = embedder
+        self.embedder_id = embedder_id or (embedder.id if embedder is not None else None)
+        self.dim = dim or (embedder.dim if embedder is not None else None)
+        if not self.embedder_id or not self.dim:
+            raise ConfigError("give an embedder, or embedder_id and dim")
+        self.name, self.tenant, self.guards, self.k = name, tenant, guards, k
+        self.ttl, self.sliding, self.max_entries = ttl, sliding, max_entries
+        self.swr = stale_while_revalidate
+        self._clock = clock
+        self._offset = 0.0
+        self._policy = ExactCache(
+            _Bridge(self),
+            self.locks,
+            namespace=f"semantic/{name}",
+            ttl=ttl,
+            xfetch_beta=xfetch_beta,
+            stale_while_revalidate=stale_while_revalidate,
+            lock_ttl=lock_ttl,
+            wait=wait,
+        )
+        self._buffer = figures.Buffer()
+        self._used: dict[str, float] = {}
+        self._flushed = time.monotonic()
+        self._flushing = False
+        self._portal: Portal | None = None
+
+    # -- life
+
+    async def open(self) -> Self:
+        assert self.dim is not None
+        await self.backend.open(self.dim)
+        await self.locks.open()
+        if self._clock is None:
+            self._offset = await self.backend.server_time() - time.time()
+        return self
+
+    async def close(self) -> None:
+        await self._policy.drain()
+        await self.flush()
+        await self.locks.close()
+        await self.backend.close()
+
+    async def __aenter__(self) -> Self:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __enter__(self) -> Self:
+        self._sync(self.open())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._sync(self.close())
+        if self._portal is not None:
+            self._portal.stop()
+            self._portal = None
+
+    def _sync(self, coro: Any) -> Any:
+        if self._portal is None:
+            self._portal = Portal(f"herd-semantic-{self.name}")
+        return self._portal.call(coro)
+
+    def now(self) -> float:
+        return self._clock() if self._clock is not None else time.time() + self._offset
+
+    # -- the API
+
+    async def alookup(
+        self,
+        query: str,
+        *,
+        vector: Any = None,
+        tenant: str | None = None,
+        collection: str = "",
+        generation: str | int = "",
+        threshold: float | None = None,
+    ) -> SemanticHit | None:
+        """The best cached answer for ``query`` in its scope, or None."""
+        req = await self._request(query, vector, tenant, collection, generation, threshold)
+        found = await self._find(req, stale_for=0.0)
+        self._buffer.count("hits" if found else "misses")
+        await self._maybe_flush()
+        return self._hit(req, found, "hit") if found else None
+
+    async def astore(
+        self,
+        query: str,
+        value: JSON,
+        *,
+        vector: Any = None,
+        tenant: str | None = None,
+        collection: str = "",
+        generation: str | int = "",
+        delta: float = 0.0,
+    ) -> str:
+        """Cache ``value`` as the answer to ``query``; returns the entry's id."""
+        req = await self._request(query, vector, tenant, collection, generation, None)
+        await self._put(req, value, delta=delta)
+        return req.key
+
+    async def aget_or_compute(
+        self,
+        query: str,
+        compute: Callable[[], Awaitable[JSON]],
+        *,
+        vector: Any = None,
+        tenant: str | None = None,
+        collection: str = "",
+        generation: str | int = "",
+        threshold: float | None = None,
+    ) -> SemanticHit:
+        """A cached answer, or ``compute()``'s, computed once for concurrent identical misses."""
+        req = await self._request(query, vector, tenant, collection, generation, threshold)
+        token = _current.set(req)
+        try:
+            found = await self._policy.get_or_compute(req.key, compute)
+        finally:
+            _current.reset(token)
+        await self._maybe_flush()
+        if found.source in ("computed", "early") or req.found is None:
+            now = self.now()
+            expires = now + self.ttl if self.ttl is not None else None
+            return SemanticHit(found.value, 1.0, query, found.source, now, expires)
+        return self._hit(req, req.found, found.source, value=found.value)
+
+    async def aclear(self, *, collection: str | None = None, all_caches: bool = False) -> int:
+        return await self.backend.clear(None if all_caches else self.name, collection)
+
+    async def astats(self) -> dict[str, Any]:
+        """This cache's figures: counters, hit rate, histograms (see herd.semantic.stats)."""
+        await self.flush()
+        raw = (await self.backend.read_stats()).get(self.name, {})
+        return figures.summarize(raw)
+
+    async def adrain(self) -> None:
+        """Wait for background refreshes (stale-while-revalidate)."""
+        await self._policy.drain()
+
+    def lookup(self, query: str, **kw: Any) -> SemanticHit | None:
+        result: SemanticHit | None = self._sync(self.alookup(query, **kw))
+        return result
+
+    def store(self, query: str, value: JSON, **kw: Any) -> str:
+        result: str = self._sync(self.astore(query, value, **kw))
+        return result
+
+    def get_or_compute(self, query: str, compute: Callable[[], JSON], **kw: Any) -> SemanticHit:
+        async def run() -> JSON:
+            return await asyncio.to_thread(compute)
+
+        result: SemanticHit = self._sync(self.aget_or_compute(query, run, **kw))
+        return result
+
+    def clear(self, **kw: Any) -> int:
+        result: int = self._sync(self.aclear(**kw))
+        return result
+
+    def stats(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._sync(self.astats())
+        return result
+
+    # -- the policy
+
+    async def _request(
+        self,
+        query: str,
+        vector: Any,
+        tenant: str | None,
+        collection: str,
+        generation: str | int,
+        threshold: float | None,
+    ) -> _Request:
+        if vector is None:
+            if self.embedder is None:
+                raise ConfigError("this cache has no embedder: pass vector=")
+            vector = (await self.embedder.aembed([query]))[0]
+        vec = as_vector(vector, self.dim)
+        assert self.embedder_id is not None
+        scope = Scope(tenant or self.tenant, self.embedder_id, collection, str(generation))
+        key = hashlib.sha256(
+            "\x00".join([self.name, *scope.tags().values(), normalize_query(query)]).encode()
+        ).hexdigest()
+        return _Request(
+            scope,
+            query,
+            key,
+            vec,
+            signature(query),
+            self.threshold if threshold is None else check_threshold(threshold),
+        )
+
+    async def _find(self, req: _Request, *, stale_for: float) -> tuple[Candidate, float] | None:
+        started = time.perf_counter()
+        now = self.now()
+        candidates = await self.backend.search(
+            self.name, req.scope, req.vector, k=self.k, alive_at=now - stale_for
+        )
+        self._buffer.count("lookups")
+        self._buffer.observe(
+            "lat", figures.LATENCY_BUCKETS, time.perf_counter() - started, 1_000_000
+        )
+        scored = sorted(
+            ((similarity(req.vector, c.vector), c) for c in candidates),
+            key=lambda sc: (sc[1].expires_at > now, sc[0]),
+            reverse=True,
+        )
+        if not req.observed:  # once per request, however often singleflight looks again
+            req.observed = True
+            nearest = max((s for s, _ in scored), default=0.0)
+            self._buffer.observe("sim", figures.SIMILARITY_BUCKETS, max(nearest, 0.0), 1_000_000)
+        above = [(s, c) for s, c in scored if s >= req.threshold]
+        passing = [
+            (s, c)
+            for s, c in above
+            if not self.guards or req.guard.agrees(Signature.from_json(c.guard))
+        ]
+        if above and not passing:
+            self._buffer.count("guard_rejections")
+        if not passing:
+            return None
+        sim, best = passing[0]
+        self._used[best.id] = now
+        if self.sliding and best.expires_at > now:
+            assert self.ttl is not None
+            moved = now + self.ttl
+            await self.backend.touch(
+                self.name, {best.id: now}, {best.id: (moved, self.swr)}, now=now
+            )
+            best = dataclasses.replace(best, expires_at=moved)
+        req.found = (best, sim)
+        return req.found
+
+    async def _put(self, req: _Request, value: JSON, *, delta: float) -> None:
+        now = self.now()
+        expires = now + self.ttl if self.ttl is not None else NEVER
+        entry = NewEntry(
+            req.key,
+            req.scope,
+            req.query,
+            req.guard.to_json(),
+            value,
+            req.vector,
+            delta,
+            now,
+            expires,
+            self.swr,
+        )
+        evicted = await self.backend.put(self.name, entry, max_entries=self.max_entries, now=now)
+        self._buffer.count("stores")
+        if evicted:
+            self._buffer.count("evictions", evicted)
+
+    def _hit(
+        self,
+        req: _Request,
+        found: tuple[Candidate, float],
+        source: Source,
+        value: JSON | None = None,
+    ) -> SemanticHit:
+        best, sim = found
+        return SemanticHit(
+            best.value if value is None else value,
+            sim,
+            best.query,
+            source,
+            best.created_at,
+            None if best.expires_at >= NEVER else best.expires_at,
+        )
+
+    async def _maybe_flush(self) -> None:
+        if time.monotonic() - self._flushed >= FLUSH_EVERY:
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Send buffered figures and last-use times to the backend."""
+        if self._flushing:
+            return
+        self._flushing = True
+        try:
+            self._flushed = time.monotonic()
+            used, self._used = self._used, {}
+            amounts = self._buffer.take()
+            if used:
+                await self.backend.touch(self.name, used)
+            if amounts:
+                await self.backend.add_stats(self.name, amounts)
+        finally:
+            self._flushing = False
+
+
+@dataclass
+class _Bridge:
+    """ExactCache's store verbs over the semantic lookup of the request in progress.
+
+    ExactCache keys by the normalized query; the bridge answers its ``get`` with
+    the best semantic match for the request that the context variable carries
+    (background refreshes inherit it), and its ``put`` stores that request.
+    """
+
+    cache: SemanticCache
+    name: str = field(default="semantic")
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def get(self, namespace: str, key: str, *, stale_for: float = 0.0) -> Entry | None:
+        req = _current.get()
+        found = await self.cache._find(req, stale_for=stale_for)
+        if found is None:
+            return None
+        best, _ = found
+        expires = None if best.expires_at >= NEVER else best.expires_at
+        return Entry(best.value, best.delta, best.created_at, expires, self.cache.now())
+
+    async def put(
+        self,
+        namespace: str,
+        key: str,
+        value: JSON,
+        *,
+        delta: float,
+        ttl: float | None,
+        keep_stale: float = 0.0,
+    ) -> None:
+        req = _current.get()
+        req.found = None  # what answers now is this computation, not an earlier match
+        await self.cache._put(req, value, delta=delta)
+
+    async def delete(self, namespace: str, key: str) -> None:
+        return None
+
+    async def clear(self, namespace: str | None = None) -> int:
+        return await self.cache.aclear()
+
+    async def count(self, amounts: dict[str, int], namespace: str) -> None:
+        for name, n in amounts.items():
+            self.cache._buffer.count(name, n)
+
+    async def stats(self) -> dict[str, dict[str, int]]:
+        return {self.cache.name: await self.cache.astats()}
+
+
+def _store(url: str) -> SemanticStore:
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        from herd.semantic.redis import RedisSemanticStore
+
+        return RedisSemanticStore(url)
+    if url.startswith(("postgres://", "postgresql://")):
+        from herd.semantic.postgres import PostgresSemanticStore
+
+        return PostgresSemanticStore(url)
+    raise ConfigError(f"a semantic cache lives on redis:// or postgresql://, not {url[:20]!r}")
+
+
+def _locks(store: SemanticStore) -> BaseLocks:
+    url: str = getattr(store, "url", "")
+    if store.name == "redis":
+        from herd.locks.redis import RedisLocks
+
+        return RedisLocks(url)
+    from herd.locks.postgres import PostgresLocks
+
+    return PostgresLocks(url)

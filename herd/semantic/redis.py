@@ -1,0 +1,302 @@
+"""The semantic cache on Redis Stack: one hash per entry, an HNSW index over them.
+
+The index (``FT.CREATE … VECTOR HNSW … DISTANCE_METRIC COSINE``) has the scope
+as tags and the expiry as a number, so the KNN query filters inside the index:
+``(@tenant:{…} @embedder:{…} … @expires_at:[now +inf])=>[KNN k @vec $v AS dist]``.
+A sorted set of last use per cache name bounds the entries: an upsert past the
+bound deletes the least recently used, in the same script. Entries also expire
+by themselves (PEXPIRE), so an abandoned cache does not keep its memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+from redis.commands.search.field import NumericField, TagField, VectorField
+from redis.commands.search.index_definition import IndexDefinition, IndexType
+from redis.commands.search.query import Query
+from redis.exceptions import ResponseError
+
+from herd.jsonvalue import dumps, loads
+from herd.queue.redis import translate_redis_errors
+from herd.semantic.base import NEVER, Candidate, NewEntry, Scope, Vector
+
+NAMES = "herd:semantic:names"
+_FIELDS = ("id", "query", "guard", "value", "delta", "created_at", "expires_at")
+
+# Upsert, then evict the least recently used past the bound. Popped members whose
+# hash already expired by itself delete nothing and are not counted.
+_PUT = """
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+if tonumber(ARGV[2]) > 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+else
+  redis.call('PERSIST', KEYS[1])
+end
+redis.call('ZADD', KEYS[2], ARGV[1], KEYS[1])
+local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[3])
+local evicted = 0
+if over > 0 then
+  local old = redis.call('ZPOPMIN', KEYS[2], over)
+  for i = 1, #old, 2 do evicted = evicted + redis.call('DEL', old[i]) end
+end
+return evicted
+"""
+
+# ARGV: now, then per key: last use, new expiry (or ''), pexpire ms (or ''). Only
+# entries that still exist are touched: an evicted one must not come back half-made.
+_TOUCH = """
+for i = 1, #KEYS - 1 do
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    local at = 2 + (i - 1) * 3
+    redis.call('ZADD', KEYS[#KEYS], 'XX', ARGV[at], KEYS[i])
+    if ARGV[at + 1] ~= '' then
+      redis.call('HSET', KEYS[i], 'expires_at', ARGV[at + 1])
+      redis.call('PEXPIRE', KEYS[i], ARGV[at + 2])
+    end
+  end
+end
+return 0
+"""
+
+
+def _prefix(cache: str, dim: int) -> str:
+    return f"herd:semantic:{{{cache}}}:{dim}:e:"
+
+
+def _index(cache: str, dim: int) -> str:
+    return f"herd:semantic:{{{cache}}}:{dim}:idx"
+
+
+def _lru(cache: str) -> str:
+    return f"herd:semantic:{{{cache}}}:lru"
+
+
+def _stats(cache: str) -> str:
+    return f"herd:semantic:{{{cache}}}:stats"
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisSemanticStore:
+    name = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        m: int = 16,
+        ef_construction: int = 200,
+        ef_runtime: int = 64,
+        max_connections: int = 32,
+    ) -> None:
+        self.url = url
+        self.m, self.ef_construction, self.ef_runtime = m, ef_construction, ef_runtime
+        self.dim = 0
+        # Blocking: a burst of lookups waits for a connection instead of failing.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=30, protocol=2
+        )
+        self._redis: aioredis.Redis = aioredis.Redis(connection_pool=pool)
+        self._creating = asyncio.Lock()
+        self._put = self._redis.register_script(_PUT)
+        self._touch = self._redis.register_script(_TOUCH)
+        self._indexes: set[tuple[str, int]] = set()
+
+    async def _do(self, coro: Any) -> Any:
+        with translate_redis_errors(self.url):
+            return await coro
+
+    async def open(self, dim: int) -> None:
+        self.dim = dim
+        await self._do(self._redis.ping())
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+    async def server_time(self) -> float:
+        sec, usec = await self._do(self._redis.time())
+        return int(sec) + int(usec) / 1e6
+
+    async def _ensure_index(self, cache: str) -> str:
+        name = _index(cache, self.dim)
+        if (cache, self.dim) in self._indexes:
+            return name
+        async with self._creating:
+            if (cache, self.dim) not in self._indexes:
+                await self._create_index(cache, name)
+        return name
+
+    async def _create_index(self, cache: str, name: str) -> None:
+        schema: list[Any] = [
+            TagField("tenant"),
+            TagField("embedder"),
+            TagField("collection"),
+            TagField("generation"),
+            NumericField("expires_at"),
+            VectorField(
+                "vec",
+                "HNSW",
+                {
+                    "TYPE": "FLOAT32",
+                    "DIM": self.dim,
+                    "DISTANCE_METRIC": "COSINE",
+                    "M": self.m,
+                    "EF_CONSTRUCTION": self.ef_construction,
+                    "EF_RUNTIME": self.ef_runtime,
+                },
+            ),
+        ]
+        definition = IndexDefinition(  # type: ignore[no-untyped-call]
+            prefix=[_prefix(cache, self.dim)], index_type=IndexType.HASH
+        )
+        try:
+            await self._do(self._redis.ft(name).create_index(schema, definition=definition))
+        except Exception as exc:
+            # Another process created it first: the same schema, so that is fine.
+            if "already exists" not in str(exc.__cause__ or exc):
+                raise
+        await self._do(self._redis.sadd(NAMES, cache))
+        self._indexes.add((cache, self.dim))
+
+    async def search(
+        self, cache: str, scope: Scope, vector: Vector, *, k: int, alive_at: float
+    ) -> list[Candidate]:
+        name = await self._ensure_index(cache)
+        tags = scope.tags()
+        where = " ".join(f"@{field}:{{{value}}}" for field, value in tags.items())
+        query = (
+            Query(f"({where} @expires_at:[({alive_at!r} +inf])=>[KNN {k} @vec $v AS dist]")
+            .sort_by("dist")
+            .paging(0, k)
+            .dialect(2)
+        )
+        query.return_fields(*_FIELDS)
+        query.return_field("vec", decode_field=False)
+        params: dict[str, str | int | float | bytes] = {"v": vector.tobytes()}
+        result = await self._do(self._redis.ft(name).search(query, query_params=params))
+        return [
+            Candidate(
+                id=_s(doc.id)[len(_prefix(cache, self.dim)) :],
+                query=doc.query,
+                guard=loads(doc.guard),
+                value=loads(doc.value),
+                vector=np.frombuffer(doc.vec, dtype=np.float32),
+                delta=float(doc.delta),
+                created_at=float(doc.created_at),
+                expires_at=float(doc.expires_at),
+            )
+            for doc in result.docs
+        ]
+
+    async def put(self, cache: str, entry: NewEntry, *, max_entries: int, now: float) -> int:
+        await self._ensure_index(cache)
+        tags = entry.scope.tags()
+        fields: dict[str, Any] = {
+            **tags,
+            "id": entry.id,
+            "scope": dumps(
+                {
+                    "tenant": entry.scope.tenant,
+                    "embedder": entry.scope.embedder,
+                    "collection": entry.scope.collection,
+                    "generation": entry.scope.generation,
+                }
+            ),
+            "query": entry.query,
+            "guard": dumps(entry.guard, what="guard signature"),
+            "value": dumps(entry.value, what="semantic cache value"),
+            "vec": entry.vector.tobytes(),
+            "delta": repr(entry.delta),
+            "created_at": repr(entry.created_at),
+            "expires_at": repr(entry.expires_at),
+        }
+        pexpire = (
+            0
+            if entry.expires_at >= NEVER
+            else max(1, int((entry.expires_at + entry.keep_stale - now) * 1000))
+        )
+        args: list[Any] = [repr(now), pexpire, max_entries]
+        for key, value in fields.items():
+            args += [key, value]
+        keys = [_prefix(cache, self.dim) + entry.id, _lru(cache)]
+        return int(await self._do(self._put(keys=keys, args=args)))
+
+    async def touch(
+        self,
+        cache: str,
+        used: dict[str, float],
+        expires: dict[str, tuple[float, float]] | None = None,
+        *,
+        now: float = 0.0,
+    ) -> None:
+        if not used:
+            return
+        keys, args = [], ["0"]
+        for entry_id, at in used.items():
+            keys.append(_prefix(cache, self.dim) + entry_id)
+            new = (expires or {}).get(entry_id)
+            ms = str(max(1, int((new[0] + new[1] - now) * 1000))) if new else ""
+            args += [repr(at), repr(new[0]) if new else "", ms]
+        await self._do(self._touch(keys=[*keys, _lru(cache)], args=args))
+
+    async def clear(self, cache: str | None = None, collection: str | None = None) -> int:
+        caches = [cache] if cache else [_s(c) for c in await self._do(self._redis.smembers(NAMES))]
+        removed = 0
+        for name in caches:
+            pattern = f"herd:semantic:{{{name}}}:*:e:*"
+            keys = [k async for k in self._redis.scan_iter(match=pattern, count=1000)]
+            if collection is not None:
+                scopes = await self._do(self._hget_many(keys, "scope"))
+                keys = [
+                    k
+                    for k, s in zip(keys, scopes, strict=True)
+                    if s is not None and loads(_s(s)).get("collection") == collection
+                ]
+            for start in range(0, len(keys), 500):
+                chunk = keys[start : start + 500]
+                pipe = self._redis.pipeline(transaction=False)
+                pipe.unlink(*chunk)
+                pipe.zrem(_lru(name), *chunk)
+                removed += (await self._do(pipe.execute()))[0]
+        return removed
+
+    async def _hget_many(self, keys: list[Any], field: str) -> list[Any]:
+        pipe = self._redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.hget(key, field)
+        return list(await pipe.execute()) if keys else []
+
+    async def add_stats(self, cache: str, amounts: dict[str, int]) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        for name, n in amounts.items():
+            if n:
+                pipe.hincrby(_stats(cache), name, n)
+        pipe.sadd(NAMES, cache)
+        await self._do(pipe.execute())
+
+    async def read_stats(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for raw in await self._do(self._redis.smembers(NAMES)):
+            cache = _s(raw)
+            counters = await self._do(self._redis.hgetall(_stats(cache)))
+            out[cache] = {_s(k): int(v) for k, v in counters.items()}
+            entries = 0
+            for info_index in await self._indexes_of(cache):
+                try:
+                    info = await self._redis.ft(info_index).info()  # type: ignore[no-untyped-call]
+                    entries += int(info["num_docs"])
+                except ResponseError:
+                    continue
+            out[cache]["entries"] = entries
+        return out
+
+    async def _indexes_of(self, cache: str) -> list[str]:
+        names = await self._do(self._redis.execute_command("FT._LIST"))  # type: ignore[no-untyped-call]
+        mine = f"herd:semantic:{{{cache}}}:"
+        return [_s(n) for n in names if _s(n).startswith(mine) and _s(n).endswith(":idx")]

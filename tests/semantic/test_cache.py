@@ -1,0 +1,279 @@
+"""The semantic cache on both backends: thresholds, scope, TTL, bound, sync and async."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import numpy as np
+import pytest
+
+from herd.errors import ConfigError
+from herd.semantic import SemanticCache, similarity
+from tests.helpers import eventually
+from tests.semantic.conftest import DIM, MakeCache, at_angle, random_vectors, unit
+
+Q = "what is the meaning of the passage"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("bad", [-0.01, 1.0000001, math.nan, math.inf, "0.9", True, None])
+def test_threshold_outside_0_1_is_refused(bad):
+    with pytest.raises(ConfigError):
+        SemanticCache("redis://localhost:1", embedder_id="e", dim=4, threshold=bad)
+
+
+async def test_threshold_boundary_exactly_at_just_under_just_over(make_cache: MakeCache):
+    cache = await make_cache()
+    stored = at_angle(0.95)
+    await cache.astore(Q, "answer", vector=stored)
+    exact = similarity(unit(0), stored)  # float64 of the float32 vectors, as the cache scores
+    assert abs(exact - 0.95) < 1e-6
+    hit = await cache.alookup(Q, vector=unit(0), threshold=exact)
+    assert hit is not None and hit.similarity == exact and hit.value == "answer"
+    assert await cache.alookup(Q, vector=unit(0), threshold=exact - 1e-9) is not None
+    assert await cache.alookup(Q, vector=unit(0), threshold=exact + 1e-9) is None
+    # The stored float32 vector sits a hair below 0.95; the default threshold says so.
+    assert (await cache.alookup(Q, vector=unit(0)) is None) == (exact < 0.95)
+    assert await cache.alookup(Q, vector=unit(0), threshold=np.nextafter(exact, 2)) is None
+
+
+async def test_threshold_one_needs_the_same_vector_and_zero_takes_anything_not_opposed(
+    make_cache: MakeCache,
+):
+    cache = await make_cache()
+    v = random_vectors(1)[0]
+    await cache.astore(Q, "same", vector=v)
+    hit = await cache.alookup(Q, vector=v, threshold=1.0)
+    assert hit is not None and hit.similarity == 1.0
+    nudged = v.copy()
+    nudged[0] += 1e-3
+    assert await cache.alookup(Q, vector=nudged, threshold=1.0) is None
+    other = await make_cache(name="zero", threshold=0.0)
+    await other.astore(Q, "x", vector=unit(0))
+    orthogonal = await other.alookup(Q, vector=unit(1))
+    assert orthogonal is not None and orthogonal.similarity == 0.0
+    assert await other.alookup(Q, vector=-unit(0)) is None  # cosine -1 is below 0
+
+
+async def test_no_hit_across_tenants(make_cache: MakeCache):
+    cache = await make_cache()
+    v = random_vectors(1)[0]
+    await cache.astore(Q, "acme's", vector=v, tenant="acme")
+    assert await cache.alookup(Q, vector=v, tenant="globex") is None
+    assert await cache.alookup(Q, vector=v) is None  # the default tenant
+    hit = await cache.alookup(Q, vector=v, tenant="acme")
+    assert hit is not None and hit.value == "acme's"
+
+
+async def test_filter_is_inside_the_knn_query(make_cache: MakeCache):
+    """Many closer entries of another tenant must not crowd out this tenant's one."""
+    cache = await make_cache(threshold=0.5, k=2)
+    for i, v in enumerate(random_vectors(30, seed=3)):
+        near = (unit(0) + 0.01 * v).astype(np.float32)
+        await cache.astore(f"{Q} {i}", i, vector=near, tenant="noisy")
+    await cache.astore(Q, "mine", vector=at_angle(0.9), tenant="quiet")
+    hit = await cache.alookup(Q, vector=unit(0), tenant="quiet")
+    assert hit is not None and hit.value == "mine"
+
+
+async def test_another_embedder_never_matches(make_cache: MakeCache):
+    first = await make_cache(embedder_id="model-a")
+    second = await make_cache(embedder_id="model-b")
+    v = random_vectors(1)[0]
+    await first.astore(Q, "a", vector=v)
+    assert await second.alookup(Q, vector=v) is None
+    assert (await first.alookup(Q, vector=v)) is not None
+
+
+async def test_a_generation_swap_invalidates(make_cache: MakeCache):
+    cache = await make_cache()
+    v = random_vectors(1)[0]
+    await cache.astore(Q, "old context", vector=v, collection="kjv", generation=1)
+    assert await cache.alookup(Q, vector=v, collection="kjv", generation=2) is None
+    assert await cache.alookup(Q, vector=v, collection="asv", generation=1) is None
+    assert await cache.alookup(Q, vector=v, collection="kjv", generation=1) is not None
+
+
+async def test_absolute_ttl_expires(make_cache: MakeCache):
+    clock = Clock()
+    cache = await make_cache(ttl=60, clock=clock)
+    v = random_vectors(1)[0]
+    await cache.astore(Q, "x", vector=v)
+    clock.now += 59.9
+    assert await cache.alookup(Q, vector=v) is not None
+    clock.now += 0.2  # hits do not renew an absolute ttl
+    assert await cache.alookup(Q, vector=v) is None
+
+
+async def test_sliding_ttl_renews_on_hit(make_cache: MakeCache):
+    clock = Clock()
+    cache = await make_cache(ttl=60, sliding=True, clock=clock)
+    v = random_vectors(1)[0]
+    await cache.astore(Q, "x", vector=v)
+    for _ in range(3):
+        clock.now += 50
+        assert await cache.alookup(Q, vector=v) is not None
+    clock.now += 61
+    assert await cache.alookup(Q, vector=v) is None
+
+
+async def test_ttl_on_the_servers_clock(make_cache: MakeCache):
+    cache = await make_cache(ttl=0.3)
+    v = random_vectors(1)[0]
+    await cache.astore(Q, "x", vector=v)
+
+    async def gone() -> bool:
+        return await cache.alookup(Q, vector=v) is None
+
+    await eventually(gone, timeout=5)
+
+
+async def test_eviction_keeps_the_bound_and_spares_the_recently_used(make_cache: MakeCache):
+    cache = await make_cache(max_entries=5, threshold=0.999)
+    vectors = random_vectors(12, seed=11)
+    for i in range(5):
+        await cache.astore(f"question {i}", i, vector=vectors[i])
+    assert await cache.alookup("question 0", vector=vectors[0]) is not None
+    await cache.flush()  # last use reaches the backend
+    for i in range(5, 12):
+        await cache.astore(f"question {i}", i, vector=vectors[i])
+        assert (await cache.astats())["entries"] <= 5
+    stats = await cache.astats()
+    assert stats["entries"] == 5 and stats["evictions"] >= 7
+    assert await cache.alookup("question 11", vector=vectors[11]) is not None
+    assert await cache.alookup("question 1", vector=vectors[1]) is None
+
+
+async def test_two_hundred_identical_misses_compute_once(make_cache: MakeCache):
+    cache = await make_cache(name="stampede")
+    v = random_vectors(1)[0]
+    calls = 0
+
+    async def retrieve() -> list[str]:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.3)  # the retrieval's own duration, not synchronisation
+        return ["kjv/genesis/1/1"]
+
+    results = await asyncio.gather(
+        *(cache.aget_or_compute(Q, retrieve, vector=v) for _ in range(200))
+    )
+    assert calls == 1
+    assert all(r.value == ["kjv/genesis/1/1"] for r in results)
+    sources = [r.source for r in results]
+    assert sources.count("computed") == 1
+    stats = await cache.astats()
+    assert stats["computed"] == 1 and stats["stampedes_suppressed"] >= 1
+
+
+async def test_a_stale_value_is_served_while_one_caller_refreshes(make_cache: MakeCache):
+    clock = Clock()
+    cache = await make_cache(ttl=10, stale_while_revalidate=100, xfetch_beta=None, clock=clock)
+    v = random_vectors(1)[0]
+    await cache.astore(Q, "old", vector=v)
+    clock.now += 20
+    assert await cache.alookup(Q, vector=v) is None  # expired for plain lookups
+    calls = 0
+    release = asyncio.Event()
+
+    async def refresh() -> str:
+        nonlocal calls
+        calls += 1
+        await release.wait()
+        return "new"
+
+    first = await asyncio.gather(*(cache.aget_or_compute(Q, refresh, vector=v) for _ in range(5)))
+    assert [r.value for r in first] == ["old"] * 5
+    assert {r.source for r in first} == {"stale"}
+    release.set()
+    await cache.adrain()
+    assert calls == 1
+    hit = await cache.alookup(Q, vector=v)
+    assert hit is not None and hit.value == "new"
+
+
+async def test_xfetch_refreshes_early_near_expiry(make_cache: MakeCache):
+    clock = Clock()
+    cache = await make_cache(ttl=10, xfetch_beta=1.0, clock=clock)
+    v = random_vectors(1)[0]
+    await cache.astore(Q, "old", vector=v, delta=1000.0)  # an expensive value: refresh early
+
+    async def compute() -> str:
+        return "fresh"
+
+    clock.now += 5
+    found = await cache.aget_or_compute(Q, compute, vector=v)
+    assert found.source == "early" and found.value == "fresh"
+
+
+async def test_errors_are_not_cached(make_cache: MakeCache):
+    cache = await make_cache()
+    v = random_vectors(1)[0]
+
+    async def fail() -> str:
+        raise RuntimeError("retriever down")
+
+    with pytest.raises(RuntimeError):
+        await cache.aget_or_compute(Q, fail, vector=v)
+    assert await cache.alookup(Q, vector=v) is None
+
+
+async def test_stats_count_hits_misses_and_similarity(make_cache: MakeCache):
+    cache = await make_cache(name="figures")
+    v = random_vectors(2, seed=5)
+    await cache.astore(Q, 1, vector=v[0])
+    assert await cache.alookup(Q, vector=v[0]) is not None
+    assert await cache.alookup("another one", vector=v[1]) is None
+    stats = await cache.astats()
+    assert stats["hits"] == 1 and stats["misses"] == 1 and stats["entries"] == 1
+    assert stats["hit_rate"] == 0.5
+    sims = stats["nearest_similarity"]
+    assert sims["count"] == 2 and sims["buckets"]["1"] == 2
+    assert stats["lookup_seconds"]["count"] == 2
+
+
+async def test_clear_by_collection(make_cache: MakeCache):
+    cache = await make_cache()
+    v = random_vectors(2)
+    await cache.astore(Q, 1, vector=v[0], collection="kjv")
+    await cache.astore(Q, 2, vector=v[1], collection="uu")
+    assert await cache.aclear(collection="kjv") == 1
+    assert await cache.alookup(Q, vector=v[0], collection="kjv") is None
+    assert await cache.alookup(Q, vector=v[1], collection="uu") is not None
+
+
+def test_sync_and_async_agree(backend_url):
+    url = backend_url[1]
+    vectors = random_vectors(6, seed=21)
+    probes = [(vectors[i] + 0.05 * vectors[(i + 1) % 6]).astype(np.float32) for i in range(6)]
+    thresholds = [0.0, 0.9, 0.95, 0.99, 1.0]
+    with SemanticCache(url, embedder_id="sync", dim=DIM, name="sync") as cache:
+        for i in range(3):
+            cache.store(f"q {i}", i, vector=vectors[i])
+        sync = [
+            (h.value, h.similarity) if (h := cache.lookup("q 0", vector=p, threshold=t)) else None
+            for p in probes
+            for t in thresholds
+        ]
+
+    async def run() -> list:
+        async with SemanticCache(url, embedder_id="sync", dim=DIM, name="sync") as cache:
+            return [
+                (h.value, h.similarity)
+                if (h := await cache.alookup("q 0", vector=p, threshold=t))
+                else None
+                for p in probes
+                for t in thresholds
+            ]
+
+    assert asyncio.run(run()) == sync
+    assert any(r is None for r in sync) and any(r is not None for r in sync)
