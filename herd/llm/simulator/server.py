@@ -11,6 +11,7 @@ Routes::
     POST /v1/messages                                        Anthropic wire format
     GET  /v1/models                                          a one-model list
     GET  /_sim/stats            counters since start or the last reset
+    GET  /_sim/calls            calls that carried an ``x-sim-tag`` header, by tag
     GET  /_sim/config           the behaviour in force (the key masked)
     POST /_sim/config           change the behaviour: a partial JSON object
     POST /_sim/reset            counters, script and behaviour back to start-up
@@ -43,6 +44,7 @@ from herd.llm.simulator import content
 
 log = logging.getLogger("herd.llm.simulator")
 
+TAGGED_MAX = 1_000_000  # tagged-call records kept until the next reset
 OUTCOMES = ("ok", "rate_limit", "server_error", "malformed", "schema_invalid", "hang")
 ALIASES = {"429": "rate_limit", "500": "server_error", "invalid": "schema_invalid"}
 CONTENT_MODES = ("schema", "echo", "fixed")
@@ -172,6 +174,11 @@ class SimState:
         self.output_tokens = 0
         self.max_in_flight = self.in_flight
         self.since = time.time()
+        # Calls tagged by the client (``x-sim-tag``, e.g. "job:attempt:pid"), so a test can
+        # tell which caller paid for which call: tag -> [{start, end, status}] (wall clock;
+        # status None when no answer was delivered).
+        self.tagged: dict[str, list[dict[str, Any]]] = {}
+        self.tagged_calls = 0
 
     def reset(self) -> None:
         with self.lock:
@@ -234,6 +241,23 @@ class SimState:
             self.input_tokens += sign * tokens[0]
             self.output_tokens += sign * tokens[1]
 
+    def tag_call(self, tag: str) -> dict[str, Any] | None:
+        """Start the record of a tagged call (bounded: at most TAGGED_MAX are kept)."""
+        with self.lock:
+            if self.tagged_calls >= TAGGED_MAX:
+                return None
+            self.tagged_calls += 1
+            record: dict[str, Any] = {"start": time.time(), "end": None, "status": None}
+            self.tagged.setdefault(tag, []).append(record)
+            return record
+
+    def calls_by_tag(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "tagged_calls": self.tagged_calls,
+                "tags": {tag: [dict(r) for r in recs] for tag, recs in self.tagged.items()},
+            }
+
     def hung_up(self, generation: int) -> None:
         with self.lock:
             if generation == self.generation:
@@ -278,6 +302,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
     server_version = "herd-simulator/0.1"
+    _tagged: dict[str, Any] | None = None  # the record of the tagged call being answered
 
     def setup(self) -> None:
         super().setup()
@@ -296,6 +321,8 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0].rstrip("/")
         if path == "/_sim/stats":
             self._json(200, state.stats())
+        elif path == "/_sim/calls":
+            self._json(200, state.calls_by_tag())
         elif path == "/_sim/config":
             with state.lock:
                 self._json(200, state.config.public())
@@ -338,11 +365,16 @@ class _Handler(BaseHTTPRequestHandler):
             body = {}
         model = str(body.get("model") or "unknown")
         generation = state.begin(api, model)
+        tag = self.headers.get("x-sim-tag")
+        self._tagged = state.tag_call(tag) if tag else None
         self._in_flight = True
         try:
             self._answer(api, model, body, generation)
         finally:
             self._done()
+            if self._tagged is not None:
+                with state.lock:
+                    self._tagged["end"] = time.time()
 
     def _done(self) -> None:
         """The call is over for the counters (before its answer leaves: no race with readers)."""
@@ -520,6 +552,9 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._json(status, payload, headers):
             state.answered(generation, status, tokens, sign=-1)
             state.hung_up(generation)
+        elif self._tagged is not None:
+            with state.lock:
+                self._tagged["status"] = status
 
     def _json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> bool:
         """Send a JSON answer; False if the client had gone."""

@@ -1,0 +1,206 @@
+"""The job stores a chaos run owns: started, restarted, cut off, and read by the checker.
+
+Each run gets servers of its own: an embedded PostgreSQL in a separate data folder
+(never the one the test suite or a developer uses) or a Redis Stack server with AOF
+on a port of its own, so restarting them disturbs nobody else.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import psycopg
+
+from herd.embedded import EmbeddedPostgres, embedded_server
+from herd.queue.base import Broker
+from herd.queue.postgres import PostgresBroker, migrate
+from herd.queue.redis import RedisBroker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Backend(Protocol):
+    name: str
+    url: str
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def restart(self, down_seconds: float) -> None: ...
+    def drop_connections(self) -> int: ...
+    def broker(self) -> Broker: ...
+    def worker_env(self) -> dict[str, str]: ...
+
+
+class PostgresBackend:
+    """A database of its own on an embedded server under ``home`` (not the suite's)."""
+
+    name = "postgres"
+
+    def __init__(self, home: Path, database: str = "herd_chaos") -> None:
+        self.home = home
+        self.database = database
+        self.server: EmbeddedPostgres = embedded_server(home)
+        self.url = ""
+
+    def start(self) -> None:
+        admin = self.server.acquire()
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{self.database}"')
+        self.url = admin.replace("/herd?", f"/{self.database}?", 1)
+        from chaos.app import SCHEMA
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(SCHEMA)
+
+    async def migrate(self) -> None:
+        conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+        async with conn:
+            await migrate(conn)
+
+    def stop(self) -> None:
+        self.server.release()
+
+    def restart(self, down_seconds: float) -> None:
+        """A fast shutdown (clients cut off), a pause, a start on the same socket."""
+        self.server._stop()
+        time.sleep(down_seconds)  # the outage itself: part of the fault schedule
+        self.server._start()
+        self.wait_ready()
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with psycopg.connect(self.url, connect_timeout=2) as conn:
+                    conn.execute("SELECT 1")
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def ensure_running(self) -> None:
+        if not self.server.is_running():
+            self.server._start()
+        self.wait_ready()
+
+    def drop_connections(self) -> int:
+        """Terminate every other session on the chaos database (the workers' ones)."""
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchall()
+        return sum(1 for (ok,) in rows if ok)
+
+    def broker(self) -> Broker:
+        return PostgresBroker(self.url, pool_size=4)
+
+    def worker_env(self) -> dict[str, str]:
+        return {"HERD_BROKER": "postgres", "HERD_DATABASE_URL": self.url}
+
+    def fetch(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.url) as conn:
+            return conn.execute(query, params).fetchall()
+
+
+class RedisBackend:
+    """A Redis Stack server with AOF (appendfsync always) for this run alone."""
+
+    name = "redis"
+
+    def __init__(self, data_dir: Path) -> None:
+        from tests.servers.redis_stack import RedisStackServer
+
+        self.server = RedisStackServer(
+            ROOT / ".herd-test" / "cache", data_dir, appendonly=True, appendfsync="always"
+        )
+        self.url = ""
+
+    def start(self) -> None:
+        self.server.start()
+        self.url = self.server.url
+        import redis
+
+        client = redis.Redis.from_url(self.url)
+        client.flushall()
+        client.close()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def restart(self, down_seconds: float) -> None:
+        """A crash (SIGKILL: with appendfsync always, every acknowledged write is in the
+        AOF), a pause, a start on the same port and data folder."""
+        self.server.kill()
+        time.sleep(down_seconds)
+        self.server.start()
+
+    def ensure_running(self) -> None:
+        if self.server.pid is None:
+            self.server.start()
+
+    def drop_connections(self) -> int:
+        import redis
+
+        client = redis.Redis.from_url(self.url)
+        try:
+            return int(client.client_kill_filter(_type="normal", skipme=True))
+        finally:
+            client.close()
+
+    def broker(self) -> Broker:
+        return RedisBroker(self.url)
+
+    def worker_env(self) -> dict[str, str]:
+        return {"HERD_BROKER": "redis", "HERD_REDIS_URL": self.url}
+
+    def lease_keys(self) -> dict[int, str]:
+        """job id -> token of every lease key still in Redis."""
+        import redis
+
+        client = redis.Redis.from_url(self.url, decode_responses=True)
+        try:
+            out: dict[int, str] = {}
+            for key in client.scan_iter(match="herd:*:lease:*", count=1000):
+                token = client.get(key)
+                if token is not None:
+                    out[int(str(key).rsplit(":", 1)[1])] = str(token)
+            return out
+        finally:
+            client.close()
+
+
+def make_backend(
+    name: str, home: Path, run_dir: Path, database: str = "herd_chaos"
+) -> PostgresBackend | RedisBackend:
+    if name == "postgres":
+        return PostgresBackend(home, database)
+    if name == "redis":
+        return RedisBackend(run_dir / "redis")
+    raise ValueError(f"unknown backend {name!r}: postgres or redis")
+
+
+def pid_of_owner(owner: str | None) -> int | None:
+    """herd worker names are ``host:pid:suffix``."""
+    if not owner:
+        return None
+    parts = owner.split(":")
+    try:
+        return int(parts[-2])
+    except (IndexError, ValueError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,333 @@
+"""The invariant checker: read what a chaos run left behind and name every broken guarantee.
+
+Sources: the job store (through herd's own broker API), the fenced result tables
+(PostgreSQL), the lease keys (Redis), the workers' unfenced side logs and stderr
+logs, the harness's record of the faults it injected, and the simulator's record
+of every provider call, tagged ``job:token:pid`` by the task that made it.
+
+Guarantees checked (each failure is a violation; the run fails on any):
+  1. no job is missing, and every job ended: succeeded, or dead-lettered with a reason;
+     poison jobs (always failing) are dead, never succeeded;
+  2. exactly one accepted result per succeeded job, from its final lease: the stored
+     result carries the job's final fencing token; on PostgreSQL the fenced result
+     row carries it too, the fenced writes of a job landed in increasing token order,
+     and no write that the side log shows refused (LeaseLost) is in the table;
+  3. provider calls <= succeeded jobs + calls cut short by a fault: the accepted
+     attempt of each succeeded job made exactly one call, and every other call
+     belongs to an attempt that a fault hit (its worker killed, stopped or
+     terminated, or the job store restarted or its connections dropped) between
+     the call's start and the job's next attempt; no call is unattributed;
+  4. every lease still held at the end belongs to a live worker (Redis: no lease
+     key outlives its job's lease);
+  5. workers exit only when told to, and exit 0 on the drain's SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from chaos.backends import PostgresBackend, RedisBackend, alive, pid_of_owner
+from herd.queue.base import Broker, Job, JobStatus
+
+if TYPE_CHECKING:
+    from chaos.harness import RunRecord
+
+# A connection cut by a restart or a drop is found dead at its next use, which can
+# come a while later (an idle pooled connection): such faults explain the attempts
+# that were running or began up to this many seconds after them.
+GLOBAL_FAULT_REACH = 10.0
+_LOST = re.compile(r"job (\d+): lease lost \(([^)]*)\)")
+PID_FAULTS = ("kill", "stop", "term")
+
+
+@dataclass
+class Report:
+    backend: str
+    figures: dict[str, Any] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    run_dir: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def violation(self, text: str) -> None:
+        self.violations.append(text)
+
+    def text(self) -> str:
+        f = self.figures
+        lines = [f"chaos run on {self.backend} ({self.run_dir})"]
+        for key, value in f.items():
+            if isinstance(value, dict):
+                value = ", ".join(f"{k} {v}" for k, v in value.items()) or "none"
+            lines.append(f"  {key.replace('_', ' ')}: {value}")
+        if self.violations:
+            lines.append(f"VIOLATIONS ({len(self.violations)}):")
+            lines += [f"  - {v}" for v in self.violations[:50]]
+            if len(self.violations) > 50:
+                lines.append(f"  … and {len(self.violations) - 50} more")
+        else:
+            lines.append("no violation")
+        return "\n".join(lines)
+
+
+def _read_jsonl(paths: list[Path]) -> list[dict[str, Any]]:
+    out = []
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass  # a line cut by SIGKILL mid-write: nothing to learn from it
+    return out
+
+
+async def _jobs(broker: Broker, expected: int) -> dict[int, Job]:
+    jobs: dict[int, Job] = {}
+    for status in JobStatus:
+        for job in await broker.list_jobs(status=status, limit=expected + 1000):
+            jobs[job.id] = job
+    return jobs
+
+
+def _fault_windows(record: RunRecord) -> list[tuple[str, int | None, float, float]]:
+    """(kind, pid or None for the job store, start, end) of every fault injected."""
+    windows = []
+    for f in record.faults:
+        kind = f["kind"]
+        if kind in PID_FAULTS:
+            windows.append((kind, f["pid"], f["t"], float(f.get("until") or f["t"])))
+        elif kind.endswith(("_restart", "_drop")):
+            windows.append((kind, None, f["t"], float(f.get("until") or f["t"])))
+    # A worker's own fault is the first explanation looked for, the job store's after.
+    return sorted(windows, key=lambda w: w[1] is None)
+
+
+@dataclass
+class Observed:
+    """What the job store holds after the run (read once, then judged)."""
+
+    backend: str
+    jobs: dict[int, Job]
+    results: dict[int, int] = field(default_factory=dict)  # PostgreSQL: job -> fenced row token
+    writes: list[tuple[int, int]] = field(default_factory=list)  # (job, token) in commit order
+    lease_keys: dict[int, str] = field(default_factory=dict)  # Redis: job -> lease key's token
+
+
+async def observe(
+    backend: PostgresBackend | RedisBackend, broker: Broker, expected: int
+) -> Observed:
+    seen = Observed(backend.name, await _jobs(broker, expected))
+    if isinstance(backend, PostgresBackend):
+        seen.results = {
+            int(r[0]): int(r[1]) for r in backend.fetch("SELECT job_id, token FROM chaos_results")
+        }
+        seen.writes = [
+            (int(r[0]), int(r[1]))
+            for r in backend.fetch("SELECT job_id, token FROM chaos_writes ORDER BY id")
+        ]
+    else:
+        seen.lease_keys = backend.lease_keys()
+    return seen
+
+
+async def check(
+    backend: PostgresBackend | RedisBackend,
+    broker: Broker,
+    record: RunRecord,
+    sim: dict[str, Any],
+    run_dir: Path,
+) -> Report:
+    seen = await observe(backend, broker, len(record.job_ids))
+    return evaluate(seen, record, sim, run_dir)
+
+
+def evaluate(seen: Observed, record: RunRecord, sim: dict[str, Any], run_dir: Path) -> Report:
+    jobs = seen.jobs
+    report = Report(seen.backend, run_dir=str(run_dir))
+    fig = report.figures
+    expected = {int(k): v for k, v in record.job_ids.items()}
+    side = _read_jsonl(sorted(run_dir.glob("side-*.jsonl")))
+
+    # 1. every job is there and ended
+    missing = sorted(set(expected) - set(jobs))
+    if missing:
+        report.violation(f"{len(missing)} jobs missing from the job store: {missing[:10]}")
+    statuses = Counter(j.status.value for j in jobs.values() if j.id in expected)
+    dead_reasons = Counter(
+        j.dead_reason or "(none)" for j in jobs.values() if j.status == JobStatus.DEAD
+    )
+    for job_id, kind in expected.items():
+        job = jobs.get(job_id)
+        if job is None:
+            continue
+        if job.status.active:
+            report.violation(f"job {job_id} ({kind}) never finished: {job.status.value}")
+        elif job.status == JobStatus.DEAD and not job.dead_reason:
+            report.violation(f"job {job_id} dead-lettered without a reason")
+        elif kind == "poison" and job.status != JobStatus.DEAD:
+            report.violation(f"poison job {job_id} ended {job.status.value}, not dead-lettered")
+
+    # 2. one accepted result per job, from the final lease
+    succeeded = {i: j for i, j in jobs.items() if j.status == JobStatus.SUCCEEDED}
+    for job in succeeded.values():
+        token = job.result.get("token") if isinstance(job.result, dict) else None
+        if token != job.lease_token:
+            report.violation(
+                f"job {job.id}: accepted result from token {token}, final lease {job.lease_token}"
+            )
+    refused_side = {(e["job"], e["token"]) for e in side if e["event"] == "refused"}
+    landed = 0
+    postgres = seen.backend == "postgres"
+    if postgres:
+        results = seen.results
+        writes: dict[int, list[int]] = defaultdict(list)
+        for job_id, token in seen.writes:
+            writes[job_id].append(token)
+            landed += 1
+        for job in succeeded.values():
+            if results.get(job.id) != job.lease_token:
+                report.violation(
+                    f"job {job.id}: fenced result row has token {results.get(job.id)},"
+                    f" final lease {job.lease_token}"
+                )
+        for job_id, tokens in writes.items():
+            if tokens != sorted(set(tokens)):
+                report.violation(f"job {job_id}: fenced writes landed out of order: {tokens}")
+            for token in tokens:
+                if (job_id, token) in refused_side:
+                    report.violation(f"job {job_id}: a refused write (token {token}) landed")
+    worker_logs = sorted(run_dir.glob("worker-*.log"))
+    lost: Counter[str] = Counter()
+    for path in worker_logs:
+        for m in _LOST.finditer(path.read_text(errors="replace")):
+            lost[m.group(2)] += 1
+    refused_writes = len(refused_side) + lost["completion refused"] + lost["failure write refused"]
+    # The task's own LeaseLost is logged once more by the worker: count it once.
+    lost_other = {k: v for k, v in lost.items() if k != "the task's fenced write was refused"}
+
+    # 3. provider calls
+    stats, tagged = sim["stats"], sim["calls"]
+    calls_total = int(stats["calls"])
+    untagged = calls_total - int(tagged["tagged_calls"])
+    if untagged:
+        report.violation(f"{untagged} provider calls carry no job:token:pid tag")
+    next_start: dict[tuple[int, int], float] = {}
+    starts: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for e in side:
+        if e["event"] == "start":
+            starts[e["job"]].append((e["token"], e["t"]))
+    for job_id, seq in starts.items():
+        seq.sort()
+        for (token, _), (_, t_next) in zip(seq, seq[1:], strict=False):
+            next_start[(job_id, token)] = t_next
+    windows = _fault_windows(record)
+    accepted = cut_short = 0
+    unexplained: list[str] = []
+    cut_by: Counter[str] = Counter()
+    per_job_accepted: Counter[int] = Counter()
+    for tag, calls in tagged["tags"].items():
+        job_id, token, pid = (int(x) for x in tag.split(":"))
+        job = jobs.get(job_id)
+        for call in calls:
+            if job is not None and job.status == JobStatus.SUCCEEDED and token == job.lease_token:
+                accepted += 1
+                per_job_accepted[job_id] += 1
+                continue
+            horizon = next_start.get((job_id, token), record.ended)
+            cause = None
+            for kind, fpid, t0, t1 in windows:
+                if fpid is not None:
+                    hit = fpid == pid and t0 <= horizon and t1 >= call["start"]
+                else:
+                    hit = t0 <= horizon and t1 >= call["start"] - GLOBAL_FAULT_REACH
+                if hit:
+                    cause = kind
+                    break
+            if cause is None:
+                unexplained.append(f"{tag}@{call['start']:.1f}")
+            else:
+                cut_short += 1
+                cut_by[cause] += 1
+    for job in succeeded.values():
+        if expected.get(job.id) == "work" and per_job_accepted[job.id] != 1:
+            report.violation(
+                f"job {job.id}: its accepted attempt made {per_job_accepted[job.id]} calls, not 1"
+            )
+    if unexplained:
+        report.violation(
+            f"{len(unexplained)} provider calls wasted with no fault to explain them:"
+            f" {unexplained[:10]}"
+        )
+    n_succeeded = sum(1 for i in succeeded if expected.get(i) == "work")
+    if calls_total > n_succeeded + cut_short:
+        report.violation(
+            f"provider calls {calls_total} > succeeded jobs {n_succeeded} + cut short {cut_short}"
+        )
+
+    # 4. leases held at the end
+    now = datetime.now(UTC)
+    held = 0
+    for job in jobs.values():
+        if (
+            job.status == JobStatus.PROCESSING
+            and job.lease_expires_at
+            and (job.lease_expires_at > now)
+        ):
+            held += 1
+            owner = pid_of_owner(job.lease_owner)
+            if owner is None or not alive(owner):
+                report.violation(f"job {job.id}: lease held by {job.lease_owner}, no live worker")
+    if not postgres:
+        for job_id, token in seen.lease_keys.items():
+            holder = jobs.get(job_id)
+            owner = pid_of_owner(holder.lease_owner) if holder else None
+            if (
+                holder is None
+                or holder.status != JobStatus.PROCESSING
+                or owner is None
+                or not alive(owner)
+            ):
+                report.violation(f"lease key of job {job_id} (token {token}) outlived its lease")
+
+    # 5. workers
+    for exit_ in record.unexpected_exits:
+        report.violation(f"worker {exit_['pid']} exited by itself (code {exit_['code']})")
+    for pid, code in record.drain_exit_codes.items():
+        if code != 0:
+            report.violation(f"worker {pid} exited {code} on the drain's SIGTERM (expected 0)")
+
+    faults = Counter(f["kind"] for f in record.faults if f["kind"] not in ("cont",))
+    fig["jobs"] = len(expected)
+    fig["outcome"] = dict(statuses)
+    fig["dead_reasons"] = dict(dead_reasons)
+    fig["attempts_started"] = sum(1 for e in side if e["event"] == "start")
+    fig["faults_injected"] = dict(faults)
+    fig["leases_taken_over"] = sum(j.stalls for j in jobs.values())
+    fig["lease_losses_seen_by_workers"] = lost_other
+    fig["fenced_writes_refused"] = refused_writes
+    fig["fenced_writes_refused_that_landed"] = sum(
+        1 for v in report.violations if "a refused write" in v
+    )
+    if postgres:
+        fig["fenced_result_writes_landed"] = landed
+    fig["provider_calls"] = calls_total
+    fig["provider_calls_accepted"] = accepted
+    fig["provider_calls_cut_short"] = cut_short
+    fig["cut_short_by"] = dict(cut_by)
+    fig["calls_bound"] = (
+        f"{calls_total} <= {n_succeeded} succeeded + {cut_short} cut short:"
+        f" {'holds' if calls_total <= n_succeeded + cut_short else 'BROKEN'}"
+    )
+    fig["leases_held_at_end"] = held
+    fig["drained"] = f"{record.drained} in {record.drain_seconds:.1f}s"
+    fig["run_seconds"] = round((record.ended or time.time()) - record.started, 1)
+    return report

@@ -1,0 +1,361 @@
+"""One chaos run: a simulator, N herd workers, jobs, faults on a schedule, a drain, a check.
+
+Every fault is bounded in count and in time (a stopped worker is continued, a
+stopped server is started again) and the run ends by itself: after the fault
+phase it stops injecting, continues every stopped worker, waits until every job
+has finished (or the drain deadline passes), stops the workers with SIGTERM,
+and hands the job store and the simulator's records to the checker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from chaos.backends import ROOT, PostgresBackend, RedisBackend, make_backend, pid_of_owner
+from chaos.checker import Report, check
+from herd import App
+from herd.errors import BrokerError
+from herd.queue.base import JobStatus
+
+log = logging.getLogger("chaos")
+
+FAULT_KINDS = ("kill", "stop", "term", "restart", "drop")
+
+
+@dataclass
+class ChaosConfig:
+    backend: str = "postgres"
+    workers: int = 3
+    concurrency: int = 3  # jobs in flight per worker process
+    jobs: int = 150
+    poison_share: float = 0.02  # jobs that always fail: they must end dead-lettered
+    flaky_share: float = 0.05  # jobs that fail their first attempt
+    job_seconds: tuple[float, float] = (0.1, 0.9)  # the task's own work, drawn uniformly
+    call_seconds: tuple[float, float] = (0.1, 0.5)  # the simulator's latency per call
+    lease: float = 3.0
+    grace: float = 1.0  # seconds a SIGTERMed worker gives its running jobs
+    fault_phase: float = 25.0  # seconds during which faults are injected
+    faults: dict[str, int] = field(
+        default_factory=lambda: {"kill": 2, "stop": 1, "term": 1, "restart": 1, "drop": 1}
+    )
+    stop_seconds: float = 0.0  # how long a SIGSTOP lasts; 0: the lease plus 2 s
+    down_seconds: float = 1.0  # how long a restarted server stays down
+    drain_timeout: float = 120.0
+    seed: int = 1
+    run_dir: Path | None = None  # logs, side logs, records (default: a temporary folder)
+    home: Path = ROOT / ".herd-test" / "chaos-home"  # the chaos run's own PostgreSQL
+    database: str = "herd_chaos"  # its database on that server
+
+
+@dataclass
+class _Proc:
+    seq: int
+    popen: subprocess.Popen[bytes]
+    log: Path
+    stopped_until: float | None = None  # monotonic time of the planned SIGCONT
+    signalled: str | None = None  # "kill" / "term": its exit is expected
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+@dataclass
+class RunRecord:
+    """What the harness did, for the checker and the report."""
+
+    config: dict[str, Any]
+    started: float = 0.0
+    ended: float = 0.0
+    job_ids: dict[int, str] = field(default_factory=dict)  # id -> "work" | "poison"
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    worker_pids: list[int] = field(default_factory=list)
+    unexpected_exits: list[dict[str, Any]] = field(default_factory=list)
+    drain_exit_codes: dict[int, int | None] = field(default_factory=dict)
+    drained: bool = False
+    drain_seconds: float = 0.0
+
+
+class Harness:
+    def __init__(self, config: ChaosConfig) -> None:
+        self.cfg = config
+        self.rng = random.Random(config.seed)
+        self.dir = config.run_dir or Path(tempfile.mkdtemp(prefix=f"chaos-{config.backend}-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.backend = make_backend(config.backend, config.home, self.dir, config.database)
+        self.procs: list[_Proc] = []
+        self.seq = 0
+        self.sim: subprocess.Popen[str] | None = None
+        self.sim_url = ""
+        cfg = asdict(config)
+        cfg["run_dir"], cfg["home"] = str(self.dir), str(config.home)
+        self.record = RunRecord(config=cfg)
+        self._faults_file = (self.dir / "faults.jsonl").open("a")
+
+    # -- pieces
+
+    def _fault(self, kind: str, **data: Any) -> dict[str, Any]:
+        event = {"t": time.time(), "kind": kind, **data}
+        self.record.faults.append(event)
+        self._faults_file.write(json.dumps(event) + "\n")
+        self._faults_file.flush()
+        log.info("fault: %s", event)
+        return event
+
+    def _start_simulator(self) -> None:
+        low, high = self.cfg.call_seconds
+        self.sim = subprocess.Popen(
+            [sys.executable, "-m", "herd.llm.simulator", "--port", "0",
+             "--latency", f"{low}:{high}", "--seed", str(self.cfg.seed)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=(self.dir / "simulator.log").open("wb"),
+            text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )  # fmt: skip
+        assert self.sim.stdout is not None
+        self.sim_url = self.sim.stdout.readline().strip()
+        if not self.sim_url.startswith("http"):
+            raise RuntimeError(f"the simulator did not start (see {self.dir / 'simulator.log'})")
+
+    def _spawn(self) -> _Proc:
+        self.seq += 1
+        logfile = self.dir / f"worker-{self.seq}.log"
+        env = dict(
+            os.environ,
+            PYTHONPATH=str(ROOT),
+            CHAOS_DIR=str(self.dir),
+            CHAOS_SIM_URL=self.sim_url,
+            CHAOS_LEASE=str(self.cfg.lease),
+            HERD_HOME=str(self.cfg.home),
+            **self.backend.worker_env(),
+        )
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "herd", "worker", "chaos.app:app",
+             "--concurrency", str(self.cfg.concurrency), "--poll-interval", "0.2",
+             "--grace", str(self.cfg.grace)],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=logfile.open("wb"),
+        )  # fmt: skip
+        proc = _Proc(self.seq, popen, logfile)
+        self.procs.append(proc)
+        self.record.worker_pids.append(proc.pid)
+        (self.dir / "workers.jsonl").open("a").write(
+            json.dumps({"seq": proc.seq, "pid": proc.pid, "log": logfile.name}) + "\n"
+        )
+        return proc
+
+    def _live(self) -> list[_Proc]:
+        return [p for p in self.procs if p.popen.poll() is None and p.signalled is None]
+
+    def _reap_and_replace(self, replace: bool = True) -> None:
+        for p in list(self.procs):
+            code = p.popen.poll()
+            if code is None:
+                continue
+            self.procs.remove(p)
+            if p.signalled is None:
+                self.record.unexpected_exits.append(
+                    {"pid": p.pid, "code": code, "log": p.log.name, "t": time.time()}
+                )
+                log.error("worker %d exited by itself (%s): see %s", p.pid, code, p.log)
+        if replace:
+            while len([p for p in self.procs if p.signalled is None]) < self.cfg.workers:
+                self._spawn()
+
+    async def _holders(self, broker: Any) -> dict[int, int]:
+        """pid -> number of jobs it holds (empty if the job store cannot say now)."""
+        try:
+            jobs = await broker.list_jobs(status=JobStatus.PROCESSING, limit=10_000)
+        except BrokerError:
+            return {}
+        out: dict[int, int] = {}
+        for j in jobs:
+            pid = pid_of_owner(j.lease_owner)
+            if pid is not None:
+                out[pid] = out.get(pid, 0) + 1
+        return out
+
+    async def _pick_worker(self, broker: Any) -> _Proc | None:
+        live = [p for p in self._live() if p.stopped_until is None]
+        if not live:
+            return None
+        holders = await self._holders(broker)
+        busy = [p for p in live if holders.get(p.pid)]
+        return self.rng.choice(busy or live)
+
+    async def _inject(self, kind: str, broker: Any) -> None:
+        if kind in ("kill", "stop", "term"):
+            proc = await self._pick_worker(broker)
+            if proc is None:
+                return
+            if kind == "kill":
+                proc.signalled = "kill"
+                proc.popen.send_signal(signal.SIGKILL)
+                self._fault("kill", pid=proc.pid)
+            elif kind == "term":
+                proc.signalled = "term"
+                proc.popen.send_signal(signal.SIGTERM)
+                self._fault("term", pid=proc.pid)
+            else:
+                seconds = self.cfg.stop_seconds or self.cfg.lease + 2.0
+                proc.popen.send_signal(signal.SIGSTOP)
+                proc.stopped_until = time.monotonic() + seconds
+                self._fault("stop", pid=proc.pid, until=time.time() + seconds)
+        elif kind == "restart":
+            event = self._fault(f"{self.backend.name}_restart", until=None)
+            await asyncio.to_thread(self.backend.restart, self.cfg.down_seconds)
+            event["until"] = time.time()
+            self._faults_file.write(json.dumps({**event, "kind": "restart_done"}) + "\n")
+        elif kind == "drop":
+            event = self._fault(f"{self.backend.name}_drop")
+            event["dropped"] = await asyncio.to_thread(self.backend.drop_connections)
+
+    def _continue_due(self, force: bool = False) -> None:
+        now = time.monotonic()
+        for p in self.procs:
+            if p.stopped_until is not None and (force or now >= p.stopped_until):
+                if p.popen.poll() is None:
+                    p.popen.send_signal(signal.SIGCONT)
+                p.stopped_until = None
+                self._fault("cont", pid=p.pid)
+
+    def _schedule(self) -> list[tuple[float, str]]:
+        plan = []
+        for kind, count in self.cfg.faults.items():
+            if kind not in FAULT_KINDS:
+                raise ValueError(f"unknown fault {kind!r}: one of {', '.join(FAULT_KINDS)}")
+            for _ in range(count):
+                plan.append((self.rng.uniform(1.0, max(1.5, self.cfg.fault_phase - 1.0)), kind))
+        return sorted(plan)
+
+    # -- the run
+
+    async def _enqueue(self, app: App) -> None:
+        n_poison = round(self.cfg.jobs * self.cfg.poison_share)
+        work = []
+        for _ in range(self.cfg.jobs - n_poison):
+            work.append(
+                {
+                    "seconds": round(self.rng.uniform(*self.cfg.job_seconds), 3),
+                    "flaky": self.rng.random() < self.cfg.flaky_share,
+                }
+            )
+        for start in range(0, len(work), 500):
+            for r in await app.enqueue_many("chaos.work", work[start : start + 500]):
+                self.record.job_ids[r.job_id] = "work"
+        if n_poison:
+            for r in await app.enqueue_many("chaos.poison", [{} for _ in range(n_poison)]):
+                self.record.job_ids[r.job_id] = "poison"
+
+    async def _all_finished(self, broker: Any) -> bool:
+        try:
+            stats = await broker.stats()
+        except BrokerError:
+            return False
+        active: int = sum(
+            s.counts.get(JobStatus.PENDING, 0) + s.counts.get(JobStatus.PROCESSING, 0)
+            for s in stats
+        )
+        return active == 0
+
+    async def run(self) -> Report:
+        from chaos.app import app as chaos_app
+
+        self.record.started = time.time()
+        await asyncio.to_thread(self.backend.start)
+        self._start_simulator()
+        producer = App(broker=self.backend.broker())
+        producer.include(chaos_app)
+        try:
+            await producer.open()
+            await self._enqueue(producer)
+            broker = producer.broker
+            for _ in range(self.cfg.workers):
+                self._spawn()
+            plan = self._schedule()
+            t0 = time.monotonic()
+            log.info("chaos %s: %d jobs, faults %s", self.backend.name, self.cfg.jobs, plan)
+            while plan or time.monotonic() - t0 < self.cfg.fault_phase:
+                self._continue_due()
+                self._reap_and_replace()
+                if plan and time.monotonic() - t0 >= plan[0][0]:
+                    await self._inject(plan.pop(0)[1], broker)
+                    continue
+                await asyncio.sleep(0.1)
+            # Drain: no more faults; every stopped worker continues; servers up.
+            self._continue_due(force=True)
+            await asyncio.to_thread(self.backend.ensure_running)
+            drain_start = time.monotonic()
+            while time.monotonic() - drain_start < self.cfg.drain_timeout:
+                self._reap_and_replace()
+                if await self._all_finished(broker):
+                    self.record.drained = True
+                    break
+                await asyncio.sleep(0.25)
+            self.record.drain_seconds = time.monotonic() - drain_start
+            await self._stop_workers()
+            sim = self._simulator_records()
+            self.record.ended = time.time()
+            (self.dir / "record.json").write_text(json.dumps(asdict(self.record), indent=1))
+            return await check(self.backend, broker, self.record, sim, self.dir)
+        finally:
+            await producer.close()
+            self._cleanup()
+
+    async def _stop_workers(self) -> None:
+        self._reap_and_replace(replace=False)
+        for p in self.procs:
+            if p.signalled is None:
+                p.signalled = "drain"
+                p.popen.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                code: int | None = await asyncio.to_thread(p.popen.wait, 60)
+            except subprocess.TimeoutExpired:
+                code = None
+            if p.signalled == "drain":
+                self.record.drain_exit_codes[p.pid] = code
+
+    def _simulator_records(self) -> dict[str, Any]:
+        with httpx.Client(base_url=self.sim_url, timeout=30) as client:
+            stats = client.get("/_sim/stats").json()
+            calls = client.get("/_sim/calls").json()
+        data = {"stats": stats, "calls": calls}
+        (self.dir / "simulator.json").write_text(json.dumps(data))
+        return data
+
+    def _cleanup(self) -> None:
+        for p in self.procs:
+            if p.popen.poll() is None:
+                p.popen.send_signal(signal.SIGCONT)
+                p.popen.kill()
+                p.popen.wait()
+        if self.sim is not None and self.sim.poll() is None:
+            self.sim.terminate()
+            try:
+                self.sim.wait(10)
+            except subprocess.TimeoutExpired:
+                self.sim.kill()
+        self._faults_file.close()
+        try:
+            self.backend.stop()
+        except Exception as exc:  # a stop that fails must not hide the run's own outcome
+            log.warning("could not stop the chaos %s server: %s", self.backend.name, exc)
+
+
+async def run_chaos(config: ChaosConfig) -> Report:
+    return await Harness(config).run()
+
+
+__all__ = ["ChaosConfig", "Harness", "PostgresBackend", "RedisBackend", "run_chaos"]

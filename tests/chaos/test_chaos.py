@@ -1,0 +1,50 @@
+"""CI-sized chaos runs, one per backend: real workers, real servers, real faults.
+
+Each run: 3 worker processes, 150 jobs of random length that each call the
+provider simulator, 3 s leases, and on a schedule 2 SIGKILLs, 2 SIGSTOPs past
+the lease, a SIGTERM, a restart of the job store and a drop of every client
+connection. The checker must find no violation, and the faults must have bitten
+(leases taken over), so that an injection that silently does nothing fails.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from chaos.harness import ChaosConfig, run_chaos
+
+JOBS = 150
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("backend", ["postgres", "redis"])
+async def test_a_chaos_run_breaks_no_guarantee(backend: str, tmp_path) -> None:
+    config = ChaosConfig(
+        backend=backend,
+        workers=3,
+        concurrency=3,
+        jobs=JOBS,
+        lease=3.0,
+        fault_phase=24.0,
+        faults={"kill": 2, "stop": 2, "term": 1, "restart": 1, "drop": 1},
+        seed=8,
+        run_dir=tmp_path / "run",
+        # A database of its own on the chaos server, named after the suite's.
+        database=f"{os.environ.get('HERD_TEST_DB', 'herd_test')}_chaos",
+    )
+    report = await run_chaos(config)
+    print(report.text())
+    assert report.ok, report.text()
+
+    f = report.figures
+    faults = f["faults_injected"]
+    assert faults.get("kill", 0) >= 1 and faults.get("stop", 0) >= 1, faults
+    assert faults.get("term", 0) >= 1, faults
+    assert faults.get(f"{backend}_restart") == 1 and faults.get(f"{backend}_drop") == 1, faults
+    # The faults bit: leases of killed or frozen workers were taken over (or refused).
+    assert f["leases_taken_over"] + f["fenced_writes_refused"] > 0, f
+    assert sum(f["outcome"].values()) == JOBS
+    assert f["outcome"].get("dead", 0) == round(JOBS * config.poison_share)
+    assert f["provider_calls"] >= f["outcome"]["succeeded"]

@@ -1,0 +1,142 @@
+"""The checker on hand-made outcomes: a clean one passes, each broken guarantee is named.
+
+A chaos run that finds nothing only means something if the checker can fail:
+each test below breaks one guarantee in the data a run leaves behind.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from chaos.checker import Observed, evaluate
+from chaos.harness import RunRecord
+from herd.queue.base import Job, JobStatus
+
+T0 = 1_000.0
+
+
+def job(job_id: int, status: JobStatus, token: int, **kw: object) -> Job:
+    now = datetime.now(UTC)
+    fields: dict[str, object] = dict(
+        id=job_id, task="chaos.work", queue="default", payload={}, status=status, priority=0,
+        dedup_key=None, attempts=0, stalls=0, max_attempts=10, max_stalls=10, lease_seconds=3.0,
+        lease_token=token, lease_owner=None, lease_expires_at=None, run_at=now, created_at=now,
+        finished_at=now, result={"token": token} if status == JobStatus.SUCCEEDED else None,
+        last_error=None, last_traceback=None, dead_reason=None, last_worker=None,
+    )  # fmt: skip
+    fields.update(kw)
+    return Job(**fields)  # type: ignore[arg-type]
+
+
+def scenario(tmp_path: Path) -> tuple[Observed, RunRecord, dict, Path]:
+    """Job 1: worker 11 is SIGKILLed during its call, worker 12 finishes it (token 2).
+    Job 2 (poison) is dead-lettered. Worker 12 stops with exit 0 at the drain."""
+    side = [
+        (11, {"t": T0, "event": "start", "job": 1, "token": 1, "pid": 11}),
+        (12, {"t": T0 + 5, "event": "start", "job": 1, "token": 2, "pid": 12}),
+        (12, {"t": T0 + 6, "event": "written", "job": 1, "token": 2, "pid": 12}),
+        (12, {"t": T0 + 1, "event": "start", "job": 2, "token": 1, "pid": 12}),
+    ]
+    for pid, event in side:
+        with (tmp_path / f"side-{pid}.jsonl").open("a") as fh:
+            fh.write(json.dumps(event) + "\n")
+    record = RunRecord(
+        config={}, started=T0 - 1, ended=T0 + 20, job_ids={1: "work", 2: "poison"},
+        faults=[{"t": T0 + 0.5, "kind": "kill", "pid": 11}], drain_exit_codes={12: 0},
+    )  # fmt: skip
+    sim = {
+        "stats": {"calls": 2},
+        "calls": {
+            "tagged_calls": 2,
+            "tags": {
+                "1:1:11": [{"start": T0 + 0.2, "end": T0 + 0.5, "status": None}],
+                "1:2:12": [{"start": T0 + 5.2, "end": T0 + 5.5, "status": 200}],
+            },
+        },
+    }
+    seen = Observed(
+        "postgres",
+        {1: job(1, JobStatus.SUCCEEDED, 2, stalls=1),
+         2: job(2, JobStatus.DEAD, 2, task="chaos.poison", dead_reason="max_attempts")},
+        results={1: 2},
+        writes=[(1, 2)],
+    )  # fmt: skip
+    return seen, record, sim, tmp_path
+
+
+def test_a_clean_outcome_passes_and_counts_the_cut_short_call(tmp_path):
+    report = evaluate(*scenario(tmp_path))
+    assert report.ok, report.text()
+    assert report.figures["provider_calls_cut_short"] == 1
+    assert report.figures["cut_short_by"] == {"kill": 1}
+    assert "holds" in report.figures["calls_bound"]
+
+
+def test_a_missing_or_unfinished_job_is_a_violation(tmp_path):
+    seen, record, sim, d = scenario(tmp_path)
+    del seen.jobs[2]
+    seen.jobs[1] = job(1, JobStatus.PENDING, 2)
+    text = " | ".join(evaluate(seen, record, sim, d).violations)
+    assert "1 jobs missing" in text and "job 1 (work) never finished" in text
+
+
+def test_a_result_from_a_stale_lease_is_a_violation(tmp_path):
+    seen, record, sim, d = scenario(tmp_path)
+    seen.jobs[1] = job(1, JobStatus.SUCCEEDED, 2, result={"token": 1})
+    seen.results = {1: 1}
+    text = " | ".join(evaluate(seen, record, sim, d).violations)
+    assert "accepted result from token 1, final lease 2" in text
+    assert "fenced result row has token 1" in text
+
+
+def test_a_refused_write_that_landed_is_a_violation(tmp_path):
+    seen, record, sim, d = scenario(tmp_path)
+    with (d / "side-11.jsonl").open("a") as fh:
+        fh.write(json.dumps({"t": T0 + 9, "event": "refused", "job": 1, "token": 1, "pid": 11}))
+    seen.writes = [(1, 2), (1, 1)]
+    report = evaluate(seen, record, sim, d)
+    text = " | ".join(report.violations)
+    assert "a refused write (token 1) landed" in text and "out of order" in text
+    assert report.figures["fenced_writes_refused"] == 1
+
+
+def test_a_call_no_fault_explains_is_a_violation(tmp_path):
+    seen, record, sim, d = scenario(tmp_path)
+    record.faults = []  # nobody killed worker 11: its call was simply wasted
+    text = " | ".join(evaluate(seen, record, sim, d).violations)
+    assert "1 provider calls wasted with no fault" in text and "BROKEN" not in text
+    assert "provider calls 2 > succeeded jobs 1 + cut short 0" in text
+
+
+def test_a_second_call_by_the_accepted_attempt_or_an_untagged_call_is_a_violation(tmp_path):
+    seen, record, sim, d = scenario(tmp_path)
+    sim["calls"]["tags"]["1:2:12"].append({"start": T0 + 5.6, "end": T0 + 5.8, "status": 200})
+    sim["stats"]["calls"] = 4
+    sim["calls"]["tagged_calls"] = 3
+    text = " | ".join(evaluate(seen, record, sim, d).violations)
+    assert "its accepted attempt made 2 calls" in text and "1 provider calls carry no" in text
+
+
+def test_a_lease_of_a_dead_worker_or_a_stale_lease_key_is_a_violation(tmp_path):
+    seen, record, sim, d = scenario(tmp_path)
+    seen.backend = "redis"
+    future = datetime.now(UTC) + timedelta(seconds=30)
+    # pid 2**22 + 1 is above Linux's pid_max default: no such process.
+    seen.jobs[3] = job(3, JobStatus.PROCESSING, 1, lease_owner="h:4194305:ab",
+                       lease_expires_at=future)  # fmt: skip
+    record.job_ids[3] = "work"
+    seen.lease_keys = {1: "2"}
+    text = " | ".join(evaluate(seen, record, sim, d).violations)
+    assert "job 3: lease held by h:4194305:ab, no live worker" in text
+    assert "lease key of job 1 (token 2) outlived its lease" in text
+
+
+def test_workers_that_exit_by_themselves_or_badly_are_violations(tmp_path):
+    seen, record, sim, d = scenario(tmp_path)
+    record.unexpected_exits = [{"pid": 13, "code": 1}]
+    record.drain_exit_codes = {12: 1}
+    text = " | ".join(evaluate(seen, record, sim, d).violations)
+    assert "worker 13 exited by itself (code 1)" in text
+    assert "worker 12 exited 1 on the drain's SIGTERM" in text
