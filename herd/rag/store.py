@@ -13,12 +13,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from pgvector.psycopg import register_vector_async
+from pgvector.psycopg.vector import register_vector_info
 from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
+from psycopg.types import TypeInfo
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -64,6 +66,7 @@ class RagStore:
             kwargs={"autocommit": True},
             configure=register_vector_async,
         )
+        self._vector_info: TypeInfo | None = None
 
     async def open(self) -> None:
         with translate_errors(self.url):
@@ -191,16 +194,33 @@ class RagStore:
         """Within the caller's (fenced) transaction."""
         if not rows:
             return
-        # Vectors go as text: the caller's connection (the broker's, for a fenced
-        # transaction) need not have pgvector's binary type registered.
-        await conn.execute(
+        # The caller's connection (the broker's, for a fenced transaction) does not
+        # know pgvector's type: teach this cursor alone, with the type looked up
+        # once, so vectors travel in binary (formatting and parsing them as text
+        # costs the CPU the embedder needs).
+        cur = conn.cursor()
+        register_vector_info(cast(Any, cur), await self._vector_type())  # a cursor adapts too
+        await cur.execute(
             sql.SQL(
                 "INSERT INTO {} (chunk_id, hash, embedding) SELECT * FROM unnest(%s::text[],"
-                " %s::text[], %s::text[]::vector[]) ON CONFLICT (chunk_id) DO UPDATE"
+                " %s::text[], %b::vector[]) ON CONFLICT (chunk_id) DO UPDATE"
                 " SET hash = excluded.hash, embedding = excluded.embedding"
             ).format(gen.table),
-            ([r[0] for r in rows], [r[1] for r in rows], [_literal(r[2]) for r in rows]),
+            (
+                [r[0] for r in rows],
+                [r[1] for r in rows],
+                [np.asarray(r[2], dtype=np.float32) for r in rows],
+            ),
         )
+
+    async def _vector_type(self) -> TypeInfo:
+        if self._vector_info is None:
+            async with self.connection() as conn:
+                info = await TypeInfo.fetch(conn, "vector")
+            if info is None:
+                raise IndexError_("the vector type is missing: is pgvector installed?")
+            self._vector_info = info
+        return self._vector_info
 
     async def missing(self, gen: Generation) -> list[tuple[str, str, str]]:
         """(chunk_id, hash, part) of the collection's chunks not embedded at their hash."""
@@ -321,7 +341,3 @@ class RagStore:
                 {"q": vector, "k": k, "c": gen.collection},
             )
             return [Hit(a, b, t, float(s), m) for a, b, t, s, m in await cur.fetchall()]
-
-
-def _literal(vector: np.ndarray) -> str:
-    return "[" + ",".join(f"{x:.8g}" for x in vector.tolist()) + "]"
