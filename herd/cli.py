@@ -46,6 +46,7 @@ cli.add_typer(dlq_cli, name="dlq")
 
 def _add_feature_commands() -> None:
     # Imported here: the feature modules import this one for its helpers.
+    from herd.api.cli import serve, status
     from herd.llm.cli import cache_cli, eval_cli
     from herd.rag.cli import ingest, query
 
@@ -53,6 +54,8 @@ def _add_feature_commands() -> None:
     cli.add_typer(cache_cli, name="cache")
     cli.command()(ingest)
     cli.command()(query)
+    cli.command()(serve)
+    cli.command()(status)
 
 
 @cli.callback()

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import platformdirs
 
+from herd.errors import ConfigError
+
 
 def default_home() -> Path:
     return Path(platformdirs.user_data_dir("herd", appauthor=False))
@@ -22,6 +24,7 @@ class Settings:
     broker: str = "postgres"  # where jobs live: "postgres" or "redis"
     cache: str = "postgres"  # where the exact cache lives: "postgres" or "redis"
     api_token: str | None = field(default=None, repr=False)
+    api_body_limit: int = 1 << 20  # bytes of a request body `herd serve` accepts (413 past it)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -34,6 +37,7 @@ class Settings:
             broker=env.get("HERD_BROKER") or "postgres",
             cache=env.get("HERD_CACHE") or "postgres",
             api_token=env.get("HERD_API_TOKEN") or None,
+            api_body_limit=_bytes(env, "HERD_API_BODY_LIMIT", 1 << 20),
         )
 
     def override(self, **values: object) -> Settings:
@@ -54,6 +58,15 @@ class Settings:
             else:
                 out[f.name] = str(value)
         return out
+
+
+def _bytes(env: dict[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{name} must be a positive number of bytes, not {raw!r}")
+    return int(raw)
 
 
 _PASSWORD_IN_URL = re.compile(r"(?P<scheme>[a-z0-9+.-]+://)(?P<user>[^:@/]*):(?P<pw>[^@/]*)@", re.I)

@@ -44,6 +44,10 @@ class BrokerUnavailable(BrokerError):
     """The job store cannot be reached; check that the server runs and the URL is right."""
 
 
+class DedupKeyHeld(BrokerError):
+    """Cannot requeue: an active job already holds the same dedup key."""
+
+
 class MigrationError(BrokerError):
     """The schema could not be brought up to date."""
 

@@ -132,6 +132,7 @@ class RunningJob:
     queue: str
     owner: str | None
     attempts: int
+    lease_seconds: float
     lease_expires_at: datetime
     lease_left: float  # seconds until the lease expires (negative: expired, not yet taken over)
 

@@ -20,7 +20,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from herd.config import mask_url
-from herd.errors import BrokerError, BrokerUnavailable, LeaseLost, MigrationError
+from herd.errors import BrokerError, BrokerUnavailable, DedupKeyHeld, LeaseLost, MigrationError
 from herd.jsonvalue import dumps
 from herd.queue.base import (
     Completion,
@@ -386,9 +386,7 @@ class PostgresBroker:
                         )
         except BrokerError as exc:
             if isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
-                raise BrokerError(
-                    "cannot requeue: an active job already holds the same dedup key"
-                ) from None
+                raise DedupKeyHeld() from None
             raise
         return sorted(r[0] for r in rows)
 

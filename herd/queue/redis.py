@@ -37,7 +37,7 @@ from redis import exceptions as rexc
 from redis.commands.core import AsyncScript
 
 from herd.config import mask_url
-from herd.errors import BrokerError, BrokerUnavailable
+from herd.errors import BrokerError, BrokerUnavailable, DedupKeyHeld
 from herd.jsonvalue import dumps, loads
 from herd.queue.base import (
     Completion,
@@ -376,9 +376,7 @@ class RedisBroker:
                 done += [int(i) for i in await self._run("requeue_dead", queue, *ids)]
             except BrokerError as exc:
                 if "DEDUP" in str(exc):
-                    raise BrokerError(
-                        "cannot requeue: an active job already holds the same dedup key"
-                    ) from None
+                    raise DedupKeyHeld() from None
                 raise
         return sorted(done)
 
@@ -403,7 +401,14 @@ class RedisBroker:
         with self._errors():
             pipe = self._redis.pipeline(transaction=False)
             for _, job_id, q in leased:
-                pipe.hmget(f"{prefix(q)}job:{job_id}", "task", "owner", "attempts", "status")
+                pipe.hmget(
+                    f"{prefix(q)}job:{job_id}",
+                    "task",
+                    "owner",
+                    "attempts",
+                    "lease_seconds",
+                    "status",
+                )
             fields = await pipe.execute()
         return [
             RunningJob(
@@ -412,10 +417,11 @@ class RedisBroker:
                 queue=q,
                 owner=owner or None,
                 attempts=int(attempts or 0),
+                lease_seconds=float(ttl or 0),
                 lease_expires_at=_ms(str(expires)) or datetime.now(UTC),
                 lease_left=(expires - now) / 1000,
             )
-            for (expires, job_id, q), (task, owner, attempts, status) in zip(
+            for (expires, job_id, q), (task, owner, attempts, ttl, status) in zip(
                 leased, fields, strict=True
             )
             if status == JobStatus.PROCESSING  # finished between the two reads

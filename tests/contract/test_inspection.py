@@ -14,7 +14,7 @@ async def test_running_lists_leased_jobs_soonest_expiry_first_with_time_left(bro
     assert [r.task for r in running] == ["short", "long"]
     short = running[0]
     assert short.owner == "w1" and short.queue == "default" and short.attempts == 0
-    assert 15 < short.lease_left <= 20
+    assert 15 < short.lease_left <= 20 and short.lease_seconds == 20
     assert short.lease_expires_at.tzinfo is not None
     assert len(await broker.running(limit=1)) == 1
     await broker.complete_if_leased([Completion(lease, None) for lease in leases])

@@ -164,7 +164,7 @@ RETURNING id, queue;
 -- name: running
 -- Walks herd_jobs_leased; lease_left comes from the server clock, so a dashboard
 -- counting it down never compares its own clock with the database's.
-SELECT id, task, queue, lease_owner AS owner, attempts, lease_expires_at,
+SELECT id, task, queue, lease_owner AS owner, attempts, lease_seconds, lease_expires_at,
        extract(epoch FROM lease_expires_at - now())::float8 AS lease_left
   FROM herd_jobs
  WHERE status = 'processing'

@@ -1,0 +1,119 @@
+"""The FastAPI application: one herd App per server process, opened in the lifespan."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from herd.api import dashboard, evals, jobs, metrics, queries
+from herd.api.security import BearerAuth, BodyLimit, SecurityHeaders
+from herd.app import App
+from herd.config import Settings
+from herd.errors import (
+    BrokerError,
+    BrokerUnavailable,
+    DedupKeyHeld,
+    HerdError,
+    JobNotFound,
+    NotDeadLettered,
+    NotJSONSerializable,
+)
+
+log = logging.getLogger("herd.api")
+
+# herd errors a client can act on, by the status that says so; the message is
+# herd's own one line. Any other BrokerError may carry driver detail: logged only.
+_STATUS: list[tuple[type[HerdError], int]] = [
+    (JobNotFound, 404),
+    (NotDeadLettered, 409),
+    (DedupKeyHeld, 409),
+    (NotJSONSerializable, 422),
+]
+
+
+def create_app(
+    source: Settings | App | None = None,
+    *,
+    token: str | None = None,
+    body_limit: int | None = None,
+) -> FastAPI:
+    """The API over an App (opened here, closed by its owner) or over settings.
+
+    ``token`` and ``body_limit`` default to the settings (HERD_API_TOKEN,
+    HERD_API_BODY_LIMIT).
+    """
+    owned = not isinstance(source, App)
+    herd_app = source if isinstance(source, App) else App(settings=source or Settings.from_env())
+    settings = herd_app.settings
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await herd_app.open()
+        try:
+            yield
+        finally:
+            if owned:
+                await herd_app.close()
+
+    api = FastAPI(
+        title="herd",
+        summary="A crash-safe worker queue with caches for expensive model work.",
+        version="0.1.0",
+        lifespan=lifespan,
+        redoc_url=None,
+        responses={401: {"description": "missing or wrong bearer token"}},
+    )
+    api.state.herd = herd_app
+    for module in (jobs, evals, queries, metrics, dashboard):
+        api.include_router(module.router)
+    dashboard.mount_static(api)
+    _add_error_handlers(api)
+    # Added innermost first: headers on every answer (401 and 413 too), then
+    # authentication before a single byte of the body is read.
+    api.add_middleware(BodyLimit, limit=body_limit or settings.api_body_limit)
+    api.add_middleware(BearerAuth, token=token if token is not None else settings.api_token)
+    api.add_middleware(SecurityHeaders)
+    return api
+
+
+def _add_error_handlers(api: FastAPI) -> None:
+    @api.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = []
+        for e in exc.errors():
+            where, *field = [str(part) for part in e.get("loc", ())] or ["body"]
+            errors.append(
+                {"field": ".".join(field) or where, "location": where, "reason": str(e["msg"])}
+            )
+        return JSONResponse({"error": "invalid request", "errors": errors}, status_code=422)
+
+    @api.exception_handler(HerdError)
+    async def herd_error(request: Request, exc: HerdError) -> JSONResponse:
+        for cls, status in _STATUS:
+            if isinstance(exc, cls):
+                return JSONResponse({"error": str(exc)}, status_code=status)
+        if isinstance(exc, BrokerUnavailable):
+            log.warning("%s %s: %s", request.method, request.url.path, exc)
+            return JSONResponse({"error": "the job store is unavailable"}, status_code=503)
+        if isinstance(exc, BrokerError):
+            return _internal(request, exc)
+        return JSONResponse({"error": str(exc)}, status_code=400)
+
+    @api.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return _internal(request, exc)
+
+
+def _internal(request: Request, exc: BaseException) -> JSONResponse:
+    """The traceback stays in the server's log; the client gets an id to quote."""
+    ref = uuid.uuid4().hex[:12]
+    log.error("%s %s failed [%s]", request.method, request.url.path, ref, exc_info=exc)
+    body: dict[str, Any] = {"error": f"internal error (reference {ref} in the server log)"}
+    return JSONResponse(body, status_code=500)

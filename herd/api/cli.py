@@ -1,0 +1,200 @@
+"""`herd serve` (API, dashboard, metrics) and `herd status` (the dashboard in a terminal)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from herd import console
+from herd.api.models import OverviewOut
+from herd.api.overview import LEDGER_KINDS, depth, overview
+from herd.api.security import check_bind
+from herd.errors import ConfigError
+
+_LEDGER_LABELS = {
+    "call": "provider calls",
+    "lost": "cut short (lease lost)",
+    "cache": "avoided: cache",
+    "singleflight": "avoided: singleflight",
+    "dedup": "avoided: dedup",
+}
+_SPARK = " ▁▂▃▄▅▆▇█"
+
+
+def serve(
+    ctx: typer.Context,
+    host: Annotated[
+        str, typer.Option(help="Address to bind; beyond loopback needs HERD_API_TOKEN.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,
+    body_limit: Annotated[
+        int | None,
+        typer.Option(min=1, help="Largest request body in bytes [env HERD_API_BODY_LIMIT; 1 MiB]."),
+    ] = None,
+) -> None:
+    """Serve the HTTP API, the dashboard (/) and Prometheus metrics (/metrics)."""
+    import uvicorn
+
+    from herd.api.app import create_app
+
+    o = console.opts(ctx)
+    try:
+        check_bind(host, o.settings.api_token)
+    except ConfigError as exc:
+        console.err.print(f"herd: error: {exc}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    # Reach the stores once before serving: a wrong URL is one line here, not a
+    # traceback from the server's startup.
+    console.run(o, lambda app: app.stats())
+    access = "bearer token required" if o.settings.api_token else "no token: loopback only"
+    shown = f"[{host}]" if ":" in host else host
+    console.err.print(f"herd: serving on http://{shown}:{port}/ ({access})", soft_wrap=True)
+    uvicorn.run(
+        create_app(o.settings, body_limit=body_limit),
+        host=host,
+        port=port,
+        log_level="debug" if o.debug else "info",
+        lifespan="on",
+        server_header=False,
+    )
+
+
+def status(
+    ctx: typer.Context,
+    minutes: Annotated[int, typer.Option(min=1, max=120, help="Throughput window.")] = 30,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="Rows per table.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Queues, running jobs, throughput, dead letters, caches and the cost ledger."""
+    ov = console.run(console.opts(ctx), lambda app: overview(app, minutes=minutes, limit=limit))
+    if as_json:
+        sys.stdout.write(ov.model_dump_json() + "\n")
+        return
+    print_overview(ov)
+
+
+def _secs(value: float | None) -> str:
+    if value is None:
+        return ""
+    a = abs(value)
+    text = (
+        f"{a:.1f}s"
+        if a < 60
+        else f"{a // 60:.0f}m {a % 60:02.0f}s"
+        if a < 3600
+        else f"{a / 3600:.1f}h"
+    )
+    return ("-" if value < 0 else "") + text
+
+
+def _money(value: float | None) -> str:
+    return f"${value:,.4f}" if value else ""
+
+
+def sparkline(counts: list[int]) -> str:
+    top = max(counts, default=0)
+    return (
+        "".join(_SPARK[0 if not n else max(1, round(n / top * 8))] for n in counts) if top else ""
+    )
+
+
+def _table(title: str, *columns: str) -> Table:
+    table = Table(title=title, title_justify="left", title_style="bold")
+    for col in columns:
+        right = col.startswith(">")
+        table.add_column(col.lstrip(">"), justify="right" if right else "left")
+    return table
+
+
+def print_overview(ov: OverviewOut) -> None:
+    out = console.out
+    tp = ov.throughput
+    done, dead = sum(tp.succeeded), sum(tp.dead)
+    out.print(
+        Text.assemble(
+            ("herd", "bold"),
+            f"  broker {ov.broker}  ·  {ov.now:%Y-%m-%d %H:%M:%S} UTC  ·  last {tp.minutes} min: ",
+            (f"{done} succeeded", "green"),
+            ", ",
+            (f"{dead} dead-lettered", "red" if dead else ""),
+            "  ",
+            (sparkline([s + d for s, d in zip(tp.succeeded, tp.dead, strict=True)]), "cyan"),
+        )
+    )
+    for problem in ov.problems:
+        console.err.print(f"herd: warning: {problem}", soft_wrap=True)
+
+    q = _table(
+        "queues",
+        "queue",
+        ">pending",
+        ">ready",
+        ">running",
+        ">succeeded",
+        ">dead",
+        ">oldest wait",
+        ">depth",
+    )
+    for s in ov.queues:
+        n = {k.value: v for k, v in s.counts.items()}
+        q.add_row(
+            s.queue,
+            f"{n.get('pending', 0):,}",
+            f"{s.ready:,}",
+            *[f"{n.get(k, 0):,}" for k in ("processing", "succeeded", "dead")],
+            _secs(s.oldest_ready_age),
+            f"{depth(s):,}",
+        )
+    out.print(q)
+
+    r = _table("running", ">id", "task", "queue", "worker", ">try", ">lease left")
+    for run in ov.running:
+        left = Text(_secs(run.lease_left), style="red" if run.lease_left < 0 else "")
+        r.add_row(str(run.id), run.task, run.queue, run.owner or "", str(run.attempts + 1), left)
+    out.print(r if ov.running else Text("running: none", style="dim"))
+
+    d = _table("dead-letter queue", ">id", "task", "queue", "reason", "last error", "finished")
+    for job in ov.dead:
+        d.add_row(
+            str(job.id),
+            job.task,
+            job.queue,
+            job.dead_reason or "",
+            console.short(job.last_error or "", 60),
+            console.when(job.finished_at),
+        )
+    out.print(d if ov.dead else Text("dead-letter queue: empty", style="dim"))
+
+    c = _table("caches", "cache", "namespace", ">hit rate", ">hits", ">misses", ">entries")
+    for cache in ov.caches:
+        rate = f"{cache.hit_rate:.1%}" if cache.hit_rate is not None else ""
+        c.add_row(
+            cache.cache,
+            cache.namespace,
+            rate,
+            f"{cache.hits:,}",
+            f"{cache.misses:,}",
+            f"{cache.entries:,}",
+        )
+    out.print(c if ov.caches else Text("caches: no lookups yet", style="dim"))
+
+    led = _table(
+        "cost ledger", "", ">calls", ">tokens in", ">tokens out", ">spent", ">saved (est.)"
+    )
+    rows = {row.kind: row for row in ov.ledger}
+    for kind in LEDGER_KINDS:
+        row = rows.get(kind)
+        if row is not None:
+            led.add_row(
+                _LEDGER_LABELS[kind],
+                f"{row.calls:,}",
+                f"{row.input_tokens:,}",
+                f"{row.output_tokens:,}",
+                _money(row.cost),
+                _money(row.saved),
+            )
+    out.print(led)

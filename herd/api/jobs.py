@@ -1,0 +1,93 @@
+"""Jobs: enqueue, look up, list by status and queue; the dead-letter queue; statistics."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response, status
+
+from herd.api import overview
+from herd.api.deps import HerdApp
+from herd.api.models import (
+    EnqueueIn,
+    EnqueueOut,
+    JobOut,
+    OverviewOut,
+    QueueName,
+    RequeueIn,
+    RequeueOut,
+    StatsOut,
+)
+from herd.queue.base import JobStatus
+
+router = APIRouter(tags=["jobs"])
+
+Limit = Annotated[int, Query(ge=1, le=1000)]
+
+
+@router.post("/jobs", status_code=status.HTTP_201_CREATED, responses={200: {"model": EnqueueOut}})
+async def enqueue(body: EnqueueIn, app: HerdApp, response: Response) -> EnqueueOut:
+    """Add one job; 200 instead of 201 when an active job already holds its dedup key."""
+    result = await app.enqueue(
+        body.task,
+        body.payload,
+        queue=body.queue,
+        priority=body.priority,
+        dedup_key=body.dedup_key,
+        delay=body.delay,
+    )
+    if not result.created:
+        response.status_code = status.HTTP_200_OK
+    return EnqueueOut(job_id=result.job_id, created=result.created)
+
+
+JobId = Annotated[int, Path(ge=1, le=2**63 - 1)]
+
+
+@router.get("/jobs/{job_id}", responses={404: {"description": "no such job"}})
+async def get_job(job_id: JobId, app: HerdApp) -> JobOut:
+    return JobOut.of(await app.get_job(job_id))
+
+
+@router.get("/jobs")
+async def list_jobs(
+    app: HerdApp,
+    status: JobStatus | None = None,
+    queue: Annotated[QueueName | None, Query()] = None,
+    limit: Limit = 100,
+) -> list[JobOut]:
+    """Recent jobs, newest first."""
+    return [JobOut.of(j) for j in await app.list_jobs(status=status, queue=queue, limit=limit)]
+
+
+@router.get("/dlq", tags=["dead letters"])
+async def dead_letters(
+    app: HerdApp, queue: Annotated[QueueName | None, Query()] = None, limit: Limit = 100
+) -> list[JobOut]:
+    """Dead-lettered jobs, newest first, with their reasons and last errors."""
+    return [JobOut.of(j) for j in await app.dead_letters(queue=queue, limit=limit)]
+
+
+@router.post("/dlq/requeue", tags=["dead letters"], responses={409: {"description": "dedup"}})
+async def requeue(body: RequeueIn, app: HerdApp) -> RequeueOut:
+    """Send dead-lettered jobs back to their queues with fresh counters."""
+    done = await app.requeue(None if body.all else body.job_ids)
+    missing = sorted(set(body.job_ids or []) - set(done))
+    return RequeueOut(requeued=done, missing=missing)
+
+
+@router.get("/stats", tags=["statistics"])
+async def stats(app: HerdApp) -> StatsOut:
+    """Jobs per queue and status; cache counters and hit rates."""
+    return StatsOut(queues=await overview.queues(app), caches=await overview.caches(app))
+
+
+@router.get("/overview", tags=["statistics"])
+async def get_overview(
+    app: HerdApp,
+    minutes: Annotated[int, Query(ge=1, le=120)] = 30,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> OverviewOut:
+    """Everything the dashboard shows: queues, running jobs, throughput, dead letters,
+    caches and the cost ledger."""
+    return await overview.overview(app, minutes=minutes, limit=limit)

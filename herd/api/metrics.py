@@ -1,0 +1,197 @@
+"""GET /metrics (Prometheus text format) and GET /healthz.
+
+The collector reads the app at scrape time into a registry of this server's
+own: no process-wide default registry, so two apps in one process (tests, an
+embedding program) never mix their numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import psycopg
+import redis.asyncio as aioredis
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from herd.api import overview
+from herd.api.deps import HerdApp
+from herd.api.models import CacheOut, HealthOut, LedgerRow, QueueOut
+from herd.app import App
+from herd.config import mask_url
+from herd.errors import HerdError
+from herd.queue.base import JobStatus
+
+router = APIRouter(tags=["operations"])
+
+
+@dataclass
+class Reading:
+    queues: list[QueueOut] = field(default_factory=list)
+    caches: list[CacheOut] = field(default_factory=list)
+    ledger: list[LedgerRow] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+async def read(app: App) -> Reading:
+    reading = Reading(queues=await overview.queues(app))
+    for what, fill in (("caches", overview.caches), ("ledger", overview.ledger)):
+        try:
+            setattr(reading, what, await fill(app))
+        except HerdError as exc:
+            reading.problems.append(f"{what}: {exc}")
+    return reading
+
+
+class HerdCollector(Collector):
+    """Turns the latest reading into metric families; the route reads, then renders,
+    with no await in between, so concurrent scrapes cannot see each other's reading."""
+
+    def __init__(self) -> None:
+        self.reading = Reading()
+
+    def collect(self) -> Iterator[Metric]:
+        r = self.reading
+        jobs = GaugeMetricFamily(
+            "herd_queue_jobs", "Jobs by queue and status.", labels=["queue", "status"]
+        )
+        ready = GaugeMetricFamily("herd_queue_ready", "Pending jobs due now.", labels=["queue"])
+        age = GaugeMetricFamily(
+            "herd_queue_oldest_ready_age_seconds", "Wait of the oldest due job.", labels=["queue"]
+        )
+        running = GaugeMetricFamily(
+            "herd_jobs_running", "Jobs leased by a worker.", labels=["queue"]
+        )
+        dead = GaugeMetricFamily(
+            "herd_jobs_dead_lettered", "Jobs in the dead-letter queue.", labels=["queue"]
+        )
+        done = CounterMetricFamily(
+            "herd_jobs_completed",
+            "Jobs that succeeded (while their rows are kept).",
+            labels=["queue"],
+        )
+        for q in r.queues:
+            for st in JobStatus:
+                jobs.add_metric([q.queue, st.value], q.counts.get(st, 0))
+            ready.add_metric([q.queue], q.ready)
+            if q.oldest_ready_age is not None:
+                age.add_metric([q.queue], q.oldest_ready_age)
+            running.add_metric([q.queue], q.counts.get(JobStatus.PROCESSING, 0))
+            dead.add_metric([q.queue], q.counts.get(JobStatus.DEAD, 0))
+            done.add_metric([q.queue], q.counts.get(JobStatus.SUCCEEDED, 0))
+        yield from (jobs, ready, age, running, dead, done)
+
+        labels = ["cache", "namespace"]
+        hits = CounterMetricFamily("herd_cache_hits", "Cache lookups answered.", labels=labels)
+        misses = CounterMetricFamily(
+            "herd_cache_misses", "Cache lookups not answered.", labels=labels
+        )
+        entries = GaugeMetricFamily("herd_cache_entries", "Entries stored.", labels=labels)
+        events = CounterMetricFamily(
+            "herd_cache_events", "Other cache counters.", labels=[*labels, "event"]
+        )
+        for c in r.caches:
+            hits.add_metric([c.cache, c.namespace], c.hits)
+            misses.add_metric([c.cache, c.namespace], c.misses)
+            entries.add_metric([c.cache, c.namespace], c.entries)
+            for name, value in sorted(c.counters.items()):
+                if name not in ("hits", "misses", "entries"):
+                    events.add_metric([c.cache, c.namespace, name], value)
+        yield from (hits, misses, entries, events)
+
+        calls = CounterMetricFamily(
+            "herd_eval_ledger_calls",
+            "Provider calls made (call, lost) and avoided.",
+            labels=["kind"],
+        )
+        tokens = CounterMetricFamily(
+            "herd_eval_ledger_tokens", "Tokens of the ledger's rows.", labels=["kind", "direction"]
+        )
+        cost = CounterMetricFamily("herd_eval_ledger_cost_dollars", "Money paid.", labels=["kind"])
+        saved = CounterMetricFamily(
+            "herd_eval_ledger_saved_dollars", "Money not paid (estimated).", labels=["kind"]
+        )
+        for row in r.ledger:
+            calls.add_metric([row.kind], row.calls)
+            tokens.add_metric([row.kind, "input"], row.input_tokens)
+            tokens.add_metric([row.kind, "output"], row.output_tokens)
+            cost.add_metric([row.kind], row.cost or 0.0)
+            if row.saved is not None:
+                saved.add_metric([row.kind], row.saved)
+        yield from (calls, tokens, cost, saved)
+
+        problems = GaugeMetricFamily(
+            "herd_scrape_problems",
+            "Sections that could not be read in this scrape.",
+            labels=["section"],
+        )
+        for p in r.problems:
+            problems.add_metric([p.split(":", 1)[0]], 1)
+        yield problems
+
+
+def _registry(request: Request) -> tuple[CollectorRegistry, HerdCollector]:
+    state = request.app.state
+    if not hasattr(state, "metrics"):
+        collector = HerdCollector()
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        state.metrics = (registry, collector)
+    found: tuple[CollectorRegistry, HerdCollector] = state.metrics
+    return found
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+async def metrics(request: Request, app: HerdApp) -> Response:
+    """Queue depth, running, dead-lettered and completed jobs, cache hits and misses,
+    the evaluation cost ledger: read now, in Prometheus text format."""
+    registry, collector = _registry(request)
+    collector.reading = await read(app)
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _check_postgres(url: str) -> None:
+    try:
+        conn = await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=3)
+        async with conn:
+            await conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        raise HerdError(f"PostgreSQL at {mask_url(url)}: {_first_line(exc)}") from exc
+
+
+async def _check_redis(url: str) -> None:
+    client = aioredis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+    try:
+        await client.ping()
+    except (aioredis.RedisError, OSError) as exc:
+        raise HerdError(f"Redis at {mask_url(url)}: {_first_line(exc)}") from exc
+    finally:
+        await client.aclose()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+@router.get("/healthz", response_model=HealthOut, responses={503: {"model": HealthOut}})
+async def healthz(app: HerdApp) -> Response:
+    """ok when the database (and Redis, when configured) answers; 503 with the reason."""
+    checks: dict[str, str] = {}
+    probes = [("database", _check_postgres, app.settings.database_url or app.database_url())]
+    if app.settings.redis_url:
+        probes.append(("redis", _check_redis, app.settings.redis_url))
+    for name, probe, url in probes:
+        try:
+            await probe(url)
+            checks[name] = "ok"
+        except HerdError as exc:
+            checks[name] = str(exc)
+    health = HealthOut(
+        status="ok" if all(v == "ok" for v in checks.values()) else "down", checks=checks
+    )
+    return JSONResponse(health.model_dump(), status_code=200 if health.status == "ok" else 503)

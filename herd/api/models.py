@@ -1,0 +1,229 @@
+"""Request and response bodies of the HTTP API (they make its OpenAPI schema)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from herd.queue.base import Job, JobStatus, QueueStats, RunningJob, Throughput
+
+# Queue names become Redis hash tags ({queue}), where braces would split the slot.
+QueueName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^{}]+$")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnqueueIn(Strict):
+    task: Annotated[str, Field(min_length=1, max_length=200)]
+    payload: Any = None
+    queue: QueueName | None = None
+    priority: Annotated[int, Field(ge=-1_000_000, le=1_000_000)] | None = None
+    dedup_key: Annotated[str, Field(min_length=1, max_length=1000)] | None = None
+    delay: Annotated[float, Field(ge=0, le=366 * 86400)] = 0.0
+
+
+class EnqueueOut(BaseModel):
+    job_id: int
+    created: bool  # False: an active job with the same dedup_key already existed
+
+
+class JobOut(BaseModel):
+    id: int
+    task: str
+    queue: str
+    payload: Any
+    status: JobStatus
+    priority: int
+    dedup_key: str | None
+    attempts: int
+    stalls: int
+    max_attempts: int
+    max_stalls: int
+    lease_seconds: float
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    run_at: datetime
+    created_at: datetime
+    finished_at: datetime | None
+    result: Any
+    last_error: str | None
+    last_traceback: str | None
+    dead_reason: str | None
+    last_worker: str | None
+
+    @classmethod
+    def of(cls, job: Job) -> JobOut:
+        return cls.model_validate(job, from_attributes=True)
+
+
+class RequeueIn(Strict):
+    job_ids: (
+        Annotated[
+            list[Annotated[int, Field(ge=1, le=2**63 - 1)]], Field(min_length=1, max_length=10_000)
+        ]
+        | None
+    ) = None
+    all: bool = False
+
+    @model_validator(mode="after")
+    def _one_of(self) -> RequeueIn:
+        if (self.job_ids is not None) == self.all:
+            raise ValueError("give job_ids or all=true (not both)")
+        return self
+
+
+class RequeueOut(BaseModel):
+    requeued: list[int]
+    missing: list[int]  # asked for, but not in the dead-letter queue
+
+
+class QueueOut(BaseModel):
+    queue: str
+    counts: dict[JobStatus, int]
+    ready: int
+    oldest_ready_age: float | None
+
+    @classmethod
+    def of(cls, stats: QueueStats) -> QueueOut:
+        return cls.model_validate(stats, from_attributes=True)
+
+
+class RunningOut(BaseModel):
+    id: int
+    task: str
+    queue: str
+    owner: str | None
+    attempts: int
+    lease_seconds: float
+    lease_expires_at: datetime
+    lease_left: float
+
+    @classmethod
+    def of(cls, job: RunningJob) -> RunningOut:
+        return cls.model_validate(job, from_attributes=True)
+
+
+class ThroughputOut(BaseModel):
+    start: datetime
+    minutes: int
+    succeeded: list[int]  # all queues, one count per minute from start
+    dead: list[int]
+
+    @classmethod
+    def of(cls, tp: Throughput) -> ThroughputOut:
+        def total(per_queue: dict[str, list[int]]) -> list[int]:
+            return [sum(c[i] for c in per_queue.values()) for i in range(tp.minutes)]
+
+        return cls(
+            start=tp.start, minutes=tp.minutes, succeeded=total(tp.succeeded), dead=total(tp.dead)
+        )
+
+
+class CacheOut(BaseModel):
+    cache: str  # which cache ("exact", later "semantic")
+    namespace: str
+    entries: int
+    hits: int
+    misses: int
+    hit_rate: float | None  # hits / (hits + misses); None before the first lookup
+    counters: dict[str, int]
+
+
+class LedgerRow(BaseModel):
+    kind: str  # call, lost, cache, singleflight, dedup
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    cost: float | None  # paid (call, lost)
+    saved: float | None  # estimated: what the avoided calls cost when they were made
+
+
+class StatsOut(BaseModel):
+    queues: list[QueueOut]
+    caches: list[CacheOut]
+
+
+class OverviewOut(BaseModel):
+    """Everything the dashboard and `herd status` show, in one read."""
+
+    now: datetime
+    broker: str
+    queues: list[QueueOut]
+    running: list[RunningOut]
+    throughput: ThroughputOut
+    dead: list[JobOut]
+    recent: list[JobOut]
+    caches: list[CacheOut]
+    ledger: list[LedgerRow]
+    problems: list[str]  # sections that could not be read, and why
+
+
+class Document(Strict):
+    name: Annotated[str, Field(min_length=1, max_length=1000)]
+    text: Annotated[str, Field(min_length=1)]
+
+
+class EvalIn(Strict):
+    model: Annotated[str, Field(min_length=1, max_length=200)]
+    system: Annotated[str, Field(min_length=1)]
+    documents: Annotated[list[Document], Field(min_length=1, max_length=10_000)]
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    provider: Annotated[str, Field(pattern=r"^(openai|anthropic)$")] = "openai"
+    params: dict[str, Any] = Field(default_factory=dict)
+    batch: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    priority: int = 0
+
+
+class EvalOut(BaseModel):
+    batch: str
+    queued: int
+    deduplicated: int
+    job_ids: list[int]
+
+
+class EvalStatusOut(BaseModel):
+    batch: str | None
+    documents: int
+    done: int
+    failed: int
+    running: int
+    ledger: dict[str, dict[str, Any]]
+
+
+class QueryIn(Strict):
+    texts: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=10_000)]],
+        Field(min_length=1, max_length=100),
+    ]
+    collection: Annotated[str, Field(min_length=1, max_length=200)] = "default"
+    k: Annotated[int, Field(ge=1, le=1000)] = 5
+
+
+class Hit(BaseModel):
+    id: str
+    ref: str
+    score: float
+    text: str
+
+
+class Answer(BaseModel):
+    query: str
+    hits: list[Hit]
+
+
+class QueryOut(BaseModel):
+    answers: list[Answer]
+
+
+class HealthOut(BaseModel):
+    status: str  # ok or down
+    checks: dict[str, str]  # component -> "ok" or what is wrong
+
+
+class ErrorOut(BaseModel):
+    error: str
+    errors: list[dict[str, str]] | None = None

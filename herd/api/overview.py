@@ -1,0 +1,139 @@
+"""What an operator sees, read from the app: queues, running jobs, throughput, the
+dead-letter queue, caches and the cost ledger. The dashboard, `herd status` and
+/metrics read it through these functions, so the three never disagree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from herd.api.models import (
+    CacheOut,
+    JobOut,
+    LedgerRow,
+    OverviewOut,
+    QueueOut,
+    RunningOut,
+    ThroughputOut,
+)
+from herd.app import App
+from herd.errors import HerdError
+from herd.queue.base import JobStatus
+
+T = TypeVar("T")
+CacheStats = dict[str, dict[str, int]]  # namespace -> counters (hits, misses, entries …)
+
+
+async def _exact_cache(app: App) -> CacheStats:
+    from herd.llm.evaluate import EvalRuntime
+
+    return await (await EvalRuntime.of(app)).cache.store.stats()
+
+
+# Every cache the dashboard shows: (name, reader). A new cache adds one line here.
+CACHES: list[tuple[str, Callable[[App], Awaitable[CacheStats]]]] = [
+    ("exact", _exact_cache),
+]
+
+
+async def caches(app: App) -> list[CacheOut]:
+    out: list[CacheOut] = []
+    for name, read in CACHES:
+        for ns, counters in sorted((await read(app)).items()):
+            hits, misses = counters.get("hits", 0), counters.get("misses", 0)
+            out.append(
+                CacheOut(
+                    cache=name,
+                    namespace=ns,
+                    entries=counters.get("entries", 0),
+                    hits=hits,
+                    misses=misses,
+                    hit_rate=hits / (hits + misses) if hits + misses else None,
+                    counters=counters,
+                )
+            )
+    return out
+
+
+# Money saved is estimated per key: a call avoided (cache, singleflight, dedup) would
+# have cost what the key's computation cost, per job that computed it.
+_LEDGER = """
+WITH per_key AS (
+    SELECT key, sum(cost) / nullif(count(DISTINCT coalesce(job_id, 0)), 0) AS cost
+      FROM herd_eval_ledger WHERE kind = 'call' GROUP BY key
+)
+SELECT l.kind, count(*), sum(l.input_tokens), sum(l.output_tokens), sum(l.cost),
+       sum(p.cost) FILTER (WHERE l.kind IN ('cache', 'singleflight', 'dedup'))
+  FROM herd_eval_ledger l LEFT JOIN per_key p ON p.key = l.key
+ GROUP BY l.kind
+"""
+LEDGER_KINDS = ("call", "lost", "cache", "singleflight", "dedup")
+
+
+async def ledger(app: App) -> list[LedgerRow]:
+    from herd.llm.evaluate import EvalRuntime
+
+    rows = await (await EvalRuntime.of(app)).store.execute(_LEDGER)
+    found = {
+        kind: LedgerRow(
+            kind=kind,
+            calls=n,
+            input_tokens=int(i or 0),
+            output_tokens=int(o or 0),
+            cost=cost,
+            saved=saved,
+        )
+        for kind, n, i, o, cost, saved in rows
+    }
+    return [
+        found.get(
+            k, LedgerRow(kind=k, calls=0, input_tokens=0, output_tokens=0, cost=None, saved=None)
+        )
+        for k in LEDGER_KINDS
+    ]
+
+
+async def queues(app: App) -> list[QueueOut]:
+    return [QueueOut.of(s) for s in await app.stats()]
+
+
+async def _optional(what: str, read: Awaitable[list[T]], problems: list[str]) -> list[T]:
+    """Caches and the ledger live beside the queue (and may be down while it is up)."""
+    try:
+        return await read
+    except HerdError as exc:
+        problems.append(f"{what}: {exc}")
+        return []
+
+
+async def overview(app: App, *, minutes: int = 30, limit: int = 50) -> OverviewOut:
+    problems: list[str] = []
+    stats, running, tp, dead, recent = await asyncio.gather(
+        app.stats(),
+        app.broker.running(limit),
+        app.broker.throughput(minutes),
+        app.dead_letters(limit=limit),
+        app.list_jobs(limit=15),
+    )
+    cache_rows = await _optional("caches", caches(app), problems)
+    ledger_rows = await _optional("cost ledger", ledger(app), problems)
+    return OverviewOut(
+        now=datetime.now(UTC),
+        broker=app.broker.name,
+        queues=[QueueOut.of(s) for s in stats],
+        running=[RunningOut.of(r) for r in running],
+        throughput=ThroughputOut.of(tp),
+        dead=[JobOut.of(j) for j in dead],
+        recent=[JobOut.of(j) for j in recent],
+        caches=cache_rows,
+        ledger=ledger_rows,
+        problems=problems,
+    )
+
+
+def depth(q: QueueOut) -> int:
+    """Jobs still to run: pending (due or delayed) and running."""
+    return q.counts.get(JobStatus.PENDING, 0) + q.counts.get(JobStatus.PROCESSING, 0)

@@ -1,0 +1,322 @@
+// herd dashboard: polls /overview every 2 s and renders it with textContent only
+// (job payloads and errors are untrusted strings). The bearer token, when the
+// server wants one, lives in sessionStorage: gone when the tab closes.
+"use strict";
+
+const POLL_MS = 2000;
+const TOKEN_KEY = "herd.token";
+let lastData = null;
+let fetchedAt = 0;
+let timer = null;
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, props, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props || {})) {
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value);
+  }
+  for (const child of children) if (child != null) node.append(child);
+  return node;
+}
+
+function svg(tag, attrs) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, value);
+  return node;
+}
+
+const fmt = {
+  int: (n) => (n == null ? "–" : Number(n).toLocaleString("en-US")),
+  money: (x) => (x == null ? "–" : "$" + (x < 1 ? x.toFixed(4) : x.toFixed(2))),
+  pct: (x) => (x == null ? "–" : (100 * x).toFixed(1) + "%"),
+  secs(s) {
+    if (s == null) return "";
+    const a = Math.abs(s);
+    const text = a < 60 ? a.toFixed(1) + "s" : a < 3600 ? Math.floor(a / 60) + "m " + Math.floor(a % 60) + "s" : (a / 3600).toFixed(1) + "h";
+    return s < 0 ? "-" + text : text;
+  },
+  time: (iso) => (iso ? new Date(iso).toISOString().slice(11, 19) : ""),
+  short(value, width = 60) {
+    const text = typeof value === "string" ? value : JSON.stringify(value);
+    return text.length <= width ? text : text.slice(0, width - 1) + "…";
+  },
+};
+
+function headers() {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  const h = { "Content-Type": "application/json" };
+  if (token) h.Authorization = "Bearer " + token;
+  return h;
+}
+
+async function api(path, options = {}) {
+  const response = await fetch(path, { ...options, headers: headers(), cache: "no-store" });
+  if (response.status === 401) {
+    askToken(Boolean(sessionStorage.getItem(TOKEN_KEY)));
+    throw new Error("unauthorized");
+  }
+  const body = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error(body.error || "HTTP " + response.status);
+  return body;
+}
+
+function askToken(refused) {
+  const dialog = $("login");
+  $("login-error").hidden = !refused;
+  if (!dialog.open) dialog.showModal();
+  $("token").focus();
+}
+
+function bar(fraction, kind) {
+  const width = Math.max(0, Math.min(1, fraction || 0)) * 100;
+  return el("div", { class: "bar " + (kind || "") }, el("i", { style: "width:" + width.toFixed(1) + "%" }));
+}
+
+function fillTable(id, rows, columns, empty) {
+  const body = $(id).tBodies[0];
+  body.replaceChildren();
+  if (!rows.length) {
+    body.append(el("tr", {}, el("td", { class: "empty", colspan: String(columns), text: empty })));
+    return;
+  }
+  for (const row of rows) body.append(row);
+}
+
+function renderKpis(d) {
+  const sum = (f) => d.queues.reduce((acc, q) => acc + (q.counts[f] || 0), 0);
+  $("k-pending").textContent = fmt.int(sum("pending"));
+  $("k-running").textContent = fmt.int(sum("processing"));
+  $("k-done").textContent = fmt.int(d.throughput.succeeded.reduce((a, b) => a + b, 0));
+  $("k-dead").textContent = fmt.int(sum("dead"));
+  const hits = d.caches.reduce((a, c) => a + c.hits, 0);
+  const misses = d.caches.reduce((a, c) => a + c.misses, 0);
+  $("k-hits").textContent = hits + misses ? fmt.pct(hits / (hits + misses)) : "–";
+  const saved = d.ledger.reduce((a, r) => a + (r.saved || 0), 0);
+  $("k-saved").textContent = fmt.money(saved);
+}
+
+function renderThroughput(tp) {
+  const W = 600, H = 140, top = 10, bottom = 20, left = 30;
+  const n = tp.minutes;
+  const totals = tp.succeeded.map((s, i) => s + tp.dead[i]);
+  const max = Math.max(1, ...totals);
+  const chart = svg("svg", { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none", role: "img" });
+  const caption = svg("title", {});
+  caption.textContent = `jobs finished per minute over the last ${n} minutes`;
+  chart.append(caption);
+  const plotH = H - top - bottom, slot = (W - left) / n, barW = Math.max(2, slot * 0.72);
+  for (const frac of [0, 0.5, 1]) {
+    const y = top + plotH * (1 - frac);
+    chart.append(svg("line", { x1: left, x2: W, y1: y, y2: y, class: "grid-line" }));
+    const label = svg("text", { x: left - 6, y: y + 4, "text-anchor": "end", class: "axis" });
+    label.textContent = fmt.int(Math.round(max * frac));
+    chart.append(label);
+  }
+  tp.succeeded.forEach((ok, i) => {
+    const bad = tp.dead[i];
+    const x = left + i * slot + (slot - barW) / 2;
+    const hOk = (ok / max) * plotH, hBad = (bad / max) * plotH;
+    const title = `${fmt.time(new Date(Date.parse(tp.start) + i * 60000).toISOString()).slice(0, 5)} UTC: ${ok} succeeded, ${bad} dead`;
+    const group = svg("g", {});
+    group.append(svg("title", {}));
+    group.firstChild.textContent = title;
+    if (ok) group.append(svg("rect", { x, y: top + plotH - hOk, width: barW, height: hOk, rx: 1.5, class: "ok" }));
+    if (bad) group.append(svg("rect", { x, y: top + plotH - hOk - hBad, width: barW, height: hBad, rx: 1.5, class: "bad" }));
+    chart.append(group);
+  });
+  for (const [i, text] of [[0, `-${n}m`], [Math.floor(n / 2), `-${n - Math.floor(n / 2)}m`], [n - 1, "now"]]) {
+    const label = svg("text", { x: left + i * slot + slot / 2, y: H - 5, "text-anchor": "middle", class: "axis" });
+    label.textContent = text;
+    chart.append(label);
+  }
+  $("throughput").replaceChildren(chart);
+}
+
+function renderQueues(queues) {
+  const depth = (q) => (q.counts.pending || 0) + (q.counts.processing || 0);
+  const max = Math.max(1, ...queues.map(depth));
+  fillTable("queues", queues.map((q) => el("tr", {},
+    el("td", { class: "mono", text: q.queue }),
+    el("td", { class: "n", text: fmt.int(q.counts.pending || 0) }),
+    el("td", { class: "n", text: fmt.int(q.ready) }),
+    el("td", { class: "n", text: fmt.int(q.counts.processing || 0) }),
+    el("td", { class: "n", text: fmt.int(q.counts.succeeded || 0) }),
+    el("td", { class: "n", text: fmt.int(q.counts.dead || 0) }),
+    el("td", { class: "n", text: q.oldest_ready_age == null ? "" : fmt.secs(q.oldest_ready_age) }),
+    el("td", {}, bar(depth(q) / max)),
+  )), 8, "no queues yet");
+}
+
+function renderRunning(running) {
+  fillTable("running", running.map((r) => el("tr", { "data-job": String(r.id) },
+    el("td", { class: "n", text: String(r.id) }),
+    el("td", { class: "mono", text: r.task }),
+    el("td", { class: "mono", text: r.queue }),
+    el("td", { class: "mono muted clip", text: r.owner || "" }),
+    el("td", { class: "n", text: String(r.attempts + 1) }),
+    el("td", {}, el("div", { class: "lease" },
+      el("span", { class: "n countdown", "data-left": String(r.lease_left), "data-total": String(r.lease_seconds) }),
+      bar(0))),
+  )), 6, "no job is running");
+  tick();
+}
+
+// Lease countdowns move between polls: time left at the fetch, minus time since.
+function tick() {
+  const elapsed = (performance.now() - fetchedAt) / 1000;
+  for (const span of document.querySelectorAll(".countdown")) {
+    const left = Number(span.dataset.left) - elapsed;
+    const total = Number(span.dataset.total) || 1;
+    span.textContent = left < 0 ? "expired" : fmt.secs(left);
+    const barNode = span.nextElementSibling;
+    barNode.className = "bar " + (left < 0 ? "bad" : left < total * 0.25 ? "warn" : "ok");
+    barNode.firstChild.style.width = (Math.max(0, Math.min(1, left / total)) * 100).toFixed(1) + "%";
+  }
+}
+
+async function requeue(id, button) {
+  button.disabled = true;
+  try {
+    const result = await api("/dlq/requeue", { method: "POST", body: JSON.stringify({ job_ids: [id] }) });
+    toast(result.requeued.length ? `job ${id} requeued` : `job ${id} was no longer dead-lettered`);
+    await refresh();
+  } catch (error) {
+    toast(`requeue of job ${id} failed: ${error.message}`);
+    button.disabled = false;
+  }
+}
+
+function renderDead(dead) {
+  fillTable("dead", dead.map((j) => el("tr", { "data-job": String(j.id) },
+    el("td", { class: "n", text: String(j.id) }),
+    el("td", { class: "mono", text: j.task }),
+    el("td", { class: "mono", text: j.queue }),
+    el("td", {}, el("span", { class: "pill s-dead", text: j.dead_reason || "dead" })),
+    el("td", { class: "mono clip", text: fmt.short(j.last_error || "", 80), title: j.last_error || "" }),
+    el("td", { class: "mono muted", text: fmt.time(j.finished_at) }),
+    el("td", {}, el("button", { type: "button", class: "requeue", onclick: (e) => requeue(j.id, e.currentTarget), text: "Requeue" })),
+  )), 7, "the dead-letter queue is empty");
+}
+
+function renderRecent(jobs) {
+  fillTable("recent", jobs.map((j) => el("tr", { "data-job": String(j.id) },
+    el("td", { class: "n", text: String(j.id) }),
+    el("td", { class: "mono", text: j.task }),
+    el("td", { class: "mono", text: j.queue }),
+    el("td", {}, el("span", { class: "pill s-" + j.status, text: j.status })),
+    el("td", { class: "mono clip", text: fmt.short(j.payload, 70) }),
+    el("td", { class: "mono muted", text: fmt.time(j.created_at) }),
+  )), 6, "no jobs yet");
+}
+
+function renderCaches(caches) {
+  const box = $("caches");
+  box.replaceChildren();
+  if (!caches.length) {
+    box.append(el("p", { class: "muted", text: "no cache lookups yet" }));
+    return;
+  }
+  for (const c of caches) {
+    box.append(el("div", { class: "cache" },
+      el("div", { class: "head" },
+        el("span", { class: "mono", text: `${c.cache} · ${c.namespace}` }),
+        el("span", { class: "rate", text: fmt.pct(c.hit_rate) })),
+      bar(c.hit_rate, "ok"),
+      el("div", { class: "counts" },
+        el("span", { text: `${fmt.int(c.hits)} hits` }),
+        el("span", { text: `${fmt.int(c.misses)} misses` }),
+        el("span", { text: `${fmt.int(c.entries)} entries` }),
+        c.counters.waited ? el("span", { text: `${fmt.int(c.counters.waited)} waited` }) : null)));
+  }
+}
+
+const LEDGER_LABELS = {
+  call: "provider calls", lost: "cut short (lease lost)", cache: "avoided: cache",
+  singleflight: "avoided: singleflight", dedup: "avoided: dedup",
+};
+
+function renderLedger(rows) {
+  const out = rows.map((r) => {
+    const avoided = ["cache", "singleflight", "dedup"].includes(r.kind);
+    return el("tr", {},
+      el("td", { text: LEDGER_LABELS[r.kind] || r.kind }),
+      el("td", { class: "n", text: fmt.int(r.calls) }),
+      el("td", { class: "n", text: avoided ? "" : fmt.int(r.input_tokens + r.output_tokens) }),
+      el("td", { class: "n" + (avoided ? " saved" : ""), text: avoided ? (r.saved ? "−" + fmt.money(r.saved) : "") : (r.cost ? fmt.money(r.cost) : "") }));
+  });
+  const spent = rows.reduce((a, r) => a + (r.cost || 0), 0);
+  const saved = rows.reduce((a, r) => a + (r.saved || 0), 0);
+  out.push(el("tr", { class: "total" }, el("td", { text: "spent" }), el("td"), el("td"), el("td", { class: "n", text: fmt.money(spent) })));
+  out.push(el("tr", { class: "total" }, el("td", { text: "saved" }), el("td"), el("td"), el("td", { class: "n saved", text: fmt.money(saved) })));
+  fillTable("ledger", out, 4, "");
+}
+
+function render(d) {
+  $("broker").textContent = `broker: ${d.broker}`;
+  $("updated").textContent = `updated ${fmt.time(d.now)} UTC`;
+  const banner = $("banner");
+  banner.hidden = !d.problems.length;
+  banner.textContent = d.problems.join(" · ");
+  renderKpis(d);
+  renderThroughput(d.throughput);
+  renderQueues(d.queues);
+  renderRunning(d.running);
+  renderDead(d.dead);
+  renderRecent(d.recent);
+  renderCaches(d.caches);
+  renderLedger(d.ledger);
+}
+
+function setState(text, kind) {
+  const state = $("state");
+  state.textContent = text;
+  state.className = "pill " + kind;
+}
+
+async function refresh() {
+  try {
+    const data = await api("/overview?minutes=30");
+    fetchedAt = performance.now();
+    lastData = data;
+    render(data);
+    setState("live", "live");
+  } catch (error) {
+    if (error.message !== "unauthorized") {
+      setState("offline", "down");
+      const banner = $("banner");
+      banner.hidden = false;
+      banner.textContent = `cannot read the overview: ${error.message}` + (lastData ? " (showing the last one)" : "");
+    }
+  }
+}
+
+let toastTimer = null;
+function toast(text) {
+  const node = $("toast");
+  node.textContent = text;
+  node.hidden = false;
+  clearTimeout(toastTimer);
+  toastTimer = setTimeout(() => { node.hidden = true; }, 3000);
+}
+
+async function loop() {
+  await refresh();
+  timer = setTimeout(loop, POLL_MS);
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("login-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    sessionStorage.setItem(TOKEN_KEY, $("token").value.trim());
+    $("token").value = "";
+    $("login").close();
+    clearTimeout(timer);
+    loop();
+  });
+  setInterval(tick, 250);
+  loop();
+});

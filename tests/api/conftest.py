@@ -1,0 +1,123 @@
+"""Fixtures of the API tests: a herd App on a real store, the API over it in-process
+(httpx's ASGI transport) or as a real `herd serve` process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from herd.api import create_app
+from herd.app import App
+from herd.config import Settings
+from tests.conftest import flush_redis, truncate
+from tests.helpers import eventually_sync
+
+TOKEN = "s3cret-token-for-tests"
+
+
+def clean_side_tables(url: str) -> None:
+    """The ledger and the exact cache live beside the jobs; each test starts without them."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE herd_eval_ledger, herd_eval_items, herd_cache, herd_cache_stats")
+
+
+@pytest.fixture
+async def pg_app(pg_url: str, herd_home: Path) -> AsyncIterator[App]:
+    truncate(pg_url)
+    app = App(settings=Settings(home=herd_home, database_url=pg_url))
+    async with app:
+        clean_side_tables(pg_url)
+        yield app
+
+
+@pytest.fixture(params=["postgres", "redis"])
+async def any_app(
+    request: pytest.FixtureRequest, pg_url: str, herd_home: Path
+) -> AsyncIterator[App]:
+    """A herd App on each broker (the cache and the ledger stay on PostgreSQL)."""
+    truncate(pg_url)
+    settings = Settings(home=herd_home, database_url=pg_url, broker=request.param)
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_stack")
+        flush_redis(url)
+        settings = settings.override(redis_url=url)
+    app = App(settings=settings)
+    async with app:
+        clean_side_tables(pg_url)
+        yield app
+
+
+@asynccontextmanager
+async def client_of(app: App, **kw: object) -> AsyncIterator[httpx.AsyncClient]:
+    """The API over ``app``, lifespan included, called in-process."""
+    api = create_app(app, **kw)  # type: ignore[arg-type]
+    async with api.router.lifespan_context(api):
+        transport = httpx.ASGITransport(app=api)
+        async with httpx.AsyncClient(transport=transport, base_url="http://herd.test") as client:
+            yield client
+
+
+@pytest.fixture
+async def client(pg_app: App) -> AsyncIterator[httpx.AsyncClient]:
+    async with client_of(pg_app) as c:
+        yield c
+
+
+@pytest.fixture
+async def any_client(any_app: App) -> AsyncIterator[httpx.AsyncClient]:
+    async with client_of(any_app) as c:
+        yield c
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def herd_env(pg_url: str, herd_home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HERD_")}
+    return {**env, "HERD_DATABASE_URL": pg_url, "HERD_HOME": str(herd_home), **extra}
+
+
+@pytest.fixture
+def server(pg_url: str, herd_home: Path, tmp_path: Path) -> Iterator[str]:
+    """A real `herd serve` process on a free loopback port; yields its base URL."""
+    port = free_port()
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "herd", "serve", "--port", str(port)],
+        env=herd_env(pg_url, herd_home),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"herd serve exited: {(tmp_path / 'serve.log').read_text()}")
+        try:
+            return httpx.get(url + "/healthz", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        eventually_sync(up, timeout=30, interval=0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()

@@ -1,0 +1,128 @@
+"""/metrics, /healthz and /overview read the real stores."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from herd.api import create_app
+from herd.app import App
+from herd.cache import ExactCache
+from herd.config import Settings
+from herd.llm.evaluate import EvalRuntime
+from herd.queue.base import Completion
+from tests.api.conftest import client_of
+from tests.api.test_jobs import dead_job
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def test_metrics_parse_and_count_queues_caches_and_the_ledger(any_client, any_app):
+    for q in ("a", "a", "b"):
+        await any_client.post("/jobs", json={"task": "t", "queue": q})
+    (lease,) = await any_app.broker.claim(["b"], "w", 1)
+    await any_app.broker.complete_if_leased([Completion(lease, 1)])
+    await any_client.post("/jobs", json={"task": "t", "queue": "b"})
+    await any_app.broker.claim(["b"], "w", 1)
+    await dead_job(any_app, queue="c")
+    rt = await EvalRuntime.of(any_app)
+    cache: ExactCache = rt.cache
+    await cache.get_or_compute("k", lambda: _value())  # a miss, computed
+    await cache.get_or_compute("k", lambda: _value())  # a hit
+    for kind, cost in (("call", 0.5), ("cache", None), ("dedup", None)):
+        await rt.store.record(batch="b", job_id=7, key="k1", kind=kind, input_tokens=10, cost=cost)
+
+    r = await any_client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    m = samples(r.text)
+    assert m[("herd_queue_jobs", (("queue", "a"), ("status", "pending")))] == 2
+    assert m[("herd_queue_ready", (("queue", "a"),))] == 2
+    assert m[("herd_jobs_running", (("queue", "b"),))] == 1
+    assert m[("herd_jobs_completed_total", (("queue", "b"),))] == 1
+    assert m[("herd_jobs_dead_lettered", (("queue", "c"),))] == 1
+    ns = (("cache", "exact"), ("namespace", "eval"))
+    assert m[("herd_cache_hits_total", ns)] == 1 and m[("herd_cache_misses_total", ns)] == 1
+    assert m[("herd_cache_entries", ns)] == 1
+    assert m[("herd_eval_ledger_calls_total", (("kind", "call"),))] == 1
+    assert m[("herd_eval_ledger_cost_dollars_total", (("kind", "call"),))] == 0.5
+    assert m[("herd_eval_ledger_tokens_total", (("direction", "input"), ("kind", "call")))] == 10
+    # The avoided calls are worth what the key's call cost.
+    assert m[("herd_eval_ledger_saved_dollars_total", (("kind", "cache"),))] == 0.5
+    assert m[("herd_eval_ledger_saved_dollars_total", (("kind", "dedup"),))] == 0.5
+
+
+async def _value():
+    return {"answer": 42}
+
+
+async def test_two_apps_in_one_process_keep_their_own_metrics(pg_app, pg_url, herd_home):
+    async with client_of(pg_app) as one:
+        await one.post("/jobs", json={"task": "t", "queue": "only-one"})
+        first = (await one.get("/metrics")).text
+        second_api = create_app(pg_app)
+        async with second_api.router.lifespan_context(second_api):
+            pass
+        again = (await one.get("/metrics")).text
+    assert first.count("only-one") == again.count("only-one") > 0
+
+
+async def test_healthz_ok_then_down_with_the_reason(pg_app, pg_url, herd_home):
+    async with client_of(pg_app) as c:
+        r = await c.get("/healthz")
+    assert r.status_code == 200 and r.json() == {"status": "ok", "checks": {"database": "ok"}}
+    # Redis configured but nothing listens there: down, and says which and why.
+    settings = Settings(home=herd_home, database_url=pg_url, redis_url="redis://:pw@127.0.0.1:1/0")
+    async with App(settings=settings) as app, client_of(app) as c:
+        r = await c.get("/healthz")
+    assert r.status_code == 503
+    body = r.json()
+    assert body["status"] == "down" and body["checks"]["database"] == "ok"
+    assert body["checks"]["redis"].startswith("Redis at redis://:****@127.0.0.1:1/0")
+    assert "pw" not in r.text
+
+
+async def test_overview_has_everything_the_dashboard_shows(any_client, any_app):
+    await any_client.post("/jobs", json={"task": "known.task", "payload": {"n": 1}})
+    await any_client.post("/jobs", json={"task": "leased", "queue": "q2"})
+    (lease,) = await any_app.broker.claim(["q2"], "w-9", 1)
+    dead = await dead_job(any_app, queue="q3")
+    ov = (await any_client.get("/overview", params={"minutes": 10})).json()
+    assert ov["broker"] == any_app.broker.name
+    assert {q["queue"] for q in ov["queues"]} == {"default", "q2", "q3"}
+    (running,) = ov["running"]
+    assert (
+        running["id"] == lease.job_id and running["owner"] == "w-9" and running["lease_left"] > 20
+    )
+    assert [j["id"] for j in ov["dead"]] == [dead]
+    assert "known.task" in [j["task"] for j in ov["recent"]]
+    assert ov["throughput"]["minutes"] == 10 and sum(ov["throughput"]["dead"]) == 1
+    assert [row["kind"] for row in ov["ledger"]] == [
+        "call",
+        "lost",
+        "cache",
+        "singleflight",
+        "dedup",
+    ]
+    assert ov["problems"] == []
+
+
+async def test_openapi_schema_lists_the_routes(client):
+    schema = (await client.get("/openapi.json")).json()
+    for path in (
+        "/jobs",
+        "/jobs/{job_id}",
+        "/dlq",
+        "/dlq/requeue",
+        "/evals",
+        "/query",
+        "/metrics",
+        "/healthz",
+        "/stats",
+        "/overview",
+    ):
+        assert path in schema["paths"], path
