@@ -18,7 +18,9 @@ from herd.app import App
 from herd.llm.evaluate import QUEUE, EvalRuntime, EvalSpec, submit
 
 eval_cli = typer.Typer(no_args_is_help=True, help="LLM evaluations of documents.")
-cache_cli = typer.Typer(no_args_is_help=True, help="The exact result cache.")
+cache_cli = typer.Typer(
+    no_args_is_help=True, help="The exact result cache and the semantic query cache."
+)
 
 
 def _read_json_file(path: Path, what: str) -> Any:
@@ -271,10 +273,15 @@ def eval_results(
 def cache_stats(
     ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] = False
 ) -> None:
-    """Entries, hits, misses and computations per cache namespace."""
+    """Entries, hits, misses and computations of the exact and the semantic cache."""
 
-    async def work(app: App) -> dict[str, dict[str, int]]:
-        return await (await EvalRuntime.of(app)).cache.store.stats()
+    async def work(app: App) -> dict[str, Any]:
+        from herd.semantic.runtime import backend_stats
+
+        return {
+            "exact": await (await EvalRuntime.of(app)).cache.store.stats(),
+            "semantic": await backend_stats(app),
+        }
 
     stats = console.run(console.opts(ctx), work)
     if as_json:
@@ -285,20 +292,77 @@ def cache_stats(
     table.add_column("namespace")
     for col in cols:
         table.add_column(col, justify="right")
-    for ns, counters in sorted(stats.items()):
+    for ns, counters in sorted(stats["exact"].items()):
         table.add_row(ns, *[str(counters.get(c, 0)) for c in cols])
     console.out.print(table)
+    _print_semantic_stats(stats["semantic"])
+
+
+def _print_semantic_stats(stats: dict[str, dict[str, Any]]) -> None:
+    cols = ("entries", "hits", "misses", "hit_rate", "guard_rejections", "lock_waits",
+            "stampedes_suppressed", "stale", "evictions", "p50 lookup")  # fmt: skip
+    table = Table(title="semantic cache", title_justify="left")
+    table.add_column("cache")
+    for col in cols:
+        table.add_column(col.replace("_", " "), justify="right")
+    for name, figures in stats.items():
+        cells = [
+            f"{figures['hit_rate']:.1%}" if c == "hit_rate" else str(figures.get(c, 0))
+            for c in cols[:-1]
+        ]
+        table.add_row(name, *cells, _quantile(figures["lookup_seconds"], 0.5))
+    console.out.print(table)
+    for name, figures in stats.items():
+        sims = figures["nearest_similarity"]
+        if not sims["count"]:
+            continue
+        below, shown = 0, []
+        for le, n in sims["buckets"].items():
+            if n > below:
+                shown.append(f"≤{le}: {n - below}")
+            below = n
+        console.out.print(f"{name}: nearest similarity  " + "  ".join(shown), highlight=False)
+
+
+def _quantile(hist: dict[str, Any], q: float) -> str:
+    """The bucket bound under which a share ``q`` of the observations fall."""
+    if not hist["count"]:
+        return "-"
+    for le, n in hist["buckets"].items():
+        if n >= q * hist["count"]:
+            return "> 1 s" if le == "+Inf" else f"≤ {float(le) * 1000:g} ms"
+    return "-"
 
 
 @cache_cli.command("clear")
 def cache_clear(
     ctx: typer.Context,
-    namespace: Annotated[str | None, typer.Option(help="One namespace [default: all].")] = None,
+    namespace: Annotated[
+        str | None, typer.Option(help="One exact-cache namespace [default: all].")
+    ] = None,
+    collection: Annotated[
+        str | None,
+        typer.Option(help="Only the semantic cache's answers about this collection."),
+    ] = None,
+    which: Annotated[str, typer.Option(help="exact, semantic or both")] = "both",
 ) -> None:
-    """Remove cached results (the next request for them calls the model again)."""
+    """Remove cached results (the next request for them computes again)."""
+    if which not in ("exact", "semantic", "both"):
+        raise typer.BadParameter("use exact, semantic or both", param_hint="--which")
+    if collection is not None:
+        which = "semantic"  # the exact cache does not know collections
 
-    async def work(app: App) -> int:
-        return await (await EvalRuntime.of(app)).cache.store.clear(namespace)
+    async def work(app: App) -> tuple[int, int]:
+        from herd.semantic.runtime import backend_clear
 
-    removed = console.run(console.opts(ctx), work)
-    console.out.print(f"removed {removed} cache entries")
+        exact = semantic = 0
+        if which in ("exact", "both"):
+            exact = await (await EvalRuntime.of(app)).cache.store.clear(namespace)
+        if which in ("semantic", "both"):
+            semantic = await backend_clear(app, name=None, collection=collection)
+        return exact, semantic
+
+    exact, semantic = console.run(console.opts(ctx), work)
+    console.out.print(
+        f"removed {exact} exact and {semantic} semantic cache entries", highlight=False
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -14,8 +15,11 @@ from rich.text import Text
 
 from herd import console
 from herd.app import App
+from herd.jsonvalue import JSON
 from herd.rag.ingest import QUEUE, IngestError, Plan, RagRuntime, plan_and_apply
-from herd.rag.store import IndexError_
+from herd.rag.store import Hit, IndexError_
+from herd.semantic.cache import SemanticHit
+from herd.semantic.runtime import query_cache
 
 
 def ingest(
@@ -124,9 +128,20 @@ def query(
     collection: Annotated[str, typer.Option(help="The collection to search.")] = "default",
     k: Annotated[int, typer.Option("-k", min=1, max=1000)] = 5,
     file: Annotated[Path | None, typer.Option(help="Queries, one per line.")] = None,
+    cache: Annotated[
+        bool, typer.Option("--cache/--no-cache", help="Answer from the semantic query cache.")
+    ] = True,
+    tenant: Annotated[
+        str, typer.Option(help="The cache's tenant: answers are never shared across tenants.")
+    ] = "default",
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """The k chunks nearest to each query, with references and scores."""
+    """The k chunks nearest to each query, with references and scores.
+
+    A query close enough to one answered before (cosine similarity 0.95 or more,
+    with the same numbers, names, negations and scope words) is answered from the
+    semantic cache, which says so, with the similarity.
+    """
     queries = list(texts or [])
     if file is not None:
         try:
@@ -138,7 +153,7 @@ def query(
     if not queries:
         raise typer.BadParameter("give at least one query (arguments or --file)")
 
-    async def work(app: App) -> list[list[Any]]:
+    async def work(app: App) -> list[tuple[list[dict[str, Any]], SemanticHit | None]]:
         rt = await RagRuntime.of(app)
         gen = await rt.store.live(collection)
         if gen is None:
@@ -149,36 +164,76 @@ def query(
                 f" not {rt.embedder.id}: re-run herd ingest to build a matching generation"
             )
         vectors = await asyncio.to_thread(rt.embedder.embed, queries)
-        return [await rt.store.search(gen, vectors[i], k) for i in range(len(queries))]
+        fetch = max(k, CACHED_K)  # cache a few more than asked, so -k 3 and -k 5 share entries
+
+        async def retrieve(i: int, n: int) -> JSON:
+            hits = await rt.store.search(gen, vectors[i], n)
+            return {"k": n, "hits": [_hit(h) for h in hits]}
+
+        if not cache:
+            plain: list[Any] = [await retrieve(i, k) for i in range(len(queries))]
+            return [(v["hits"], None) for v in plain]
+        semantic = await query_cache(app, rt.embedder, tenant=tenant)
+        out: list[tuple[list[dict[str, Any]], SemanticHit | None]] = []
+        for i, q in enumerate(queries):
+            found = await semantic.aget_or_compute(
+                q,
+                functools.partial(retrieve, i, fetch),
+                vector=vectors[i],
+                collection=collection,
+                generation=gen.id,
+            )
+            value: Any = found.value
+            if value["k"] < k:  # cached by a run with a larger -k than this bound allows
+                value = await retrieve(i, k)
+            out.append((value["hits"][:k], found))
+        return out
 
     try:
         answers = console.run(console.opts(ctx), work)
     except IndexError_ as exc:
         console.err.print(f"herd: error: {exc}", soft_wrap=True, highlight=False, markup=False)
         raise typer.Exit(1) from None
-    for q, hits in zip(queries, answers, strict=True):
+    for q, (hits, found) in zip(queries, answers, strict=True):
         if as_json:
-            console.print_json(
-                {
-                    "query": q,
-                    "hits": [
-                        {
-                            "id": h.chunk_id,
-                            "ref": h.breadcrumb,
-                            "score": round(h.score, 4),
-                            "text": h.text,
-                        }
-                        for h in hits
-                    ],
-                }
-            )
+            console.print_json({"query": q, "cache": _cache_json(found), "hits": hits})
             continue
-        table = Table(title=Text(q), title_justify="left", show_lines=False)
+        title = Text(q)
+        title.append(f"  ({_cache_note(found)})", style="dim")
+        table = Table(title=title, title_justify="left", show_lines=False)
         for col in ("score", "reference", "text"):
             table.add_column(col)
         for h in hits:
-            text = h.text if len(h.text) <= 160 else h.text[:159] + "…"
+            text = h["text"] if len(h["text"]) <= 160 else h["text"][:159] + "…"
             # Text, not markup: KJV marks added words as [was], which rich would eat.
-            table.add_row(f"{h.score:.3f}", Text(h.breadcrumb), Text(text))
+            table.add_row(f"{h['score']:.3f}", Text(h["ref"]), Text(text))
         console.out.print(table)
     sys.stdout.flush()
+
+
+CACHED_K = 10
+
+
+def _hit(h: Hit) -> dict[str, Any]:
+    return {"id": h.chunk_id, "ref": h.breadcrumb, "score": round(h.score, 4), "text": h.text}
+
+
+def _cache_json(found: SemanticHit | None) -> dict[str, Any] | None:
+    if found is None:
+        return None
+    cached = found.source not in ("computed", "early")
+    return {
+        "hit": cached,
+        "source": found.source,
+        "similarity": round(found.similarity, 4) if cached else None,
+        "cached_query": found.query if cached else None,
+    }
+
+
+def _cache_note(found: SemanticHit | None) -> str:
+    if found is None:
+        return "cache off"
+    if found.source in ("computed", "early"):
+        return "retrieved; now cached"
+    label = {"hit": "semantic cache hit", "waited": "semantic cache hit", "stale": "stale cache"}
+    return f"{label[found.source]}, similarity {found.similarity:.3f}"

@@ -76,8 +76,9 @@ class Candidate:
 class SemanticStore(Protocol):
     name: str  # "redis" or "postgres"
 
-    async def open(self, dim: int) -> None:
-        """Connect and create the table or index for vectors of ``dim`` dimensions."""
+    async def open(self, dim: int | None) -> None:
+        """Connect and create the table or index for vectors of ``dim`` dimensions
+        (None: only for bookkeeping, such as stats and clear)."""
         ...
 
     async def close(self) -> None: ...

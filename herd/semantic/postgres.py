@@ -107,24 +107,26 @@ class PostgresSemanticStore:
         )
         self._search: sql.Composable = sql.SQL("")
 
-    async def open(self, dim: int) -> None:
-        self.dim = dim
-        self._search = sql.SQL(_SEARCH).format(dim=sql.Literal(dim))
+    async def open(self, dim: int | None) -> None:
+        self.dim = dim or 0
+        self._search = sql.SQL(_SEARCH).format(dim=sql.Literal(self.dim))
         with translate_errors(self.url):
             # The extension must exist before pooled connections register its type.
             conn = await AsyncConnection.connect(self.url, autocommit=True)
             async with conn:
                 await migrate(conn, "herd.semantic.sql")
-                async with conn.transaction():
-                    await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INDEX_LOCK,))
-                    await conn.execute(
-                        sql.SQL(
-                            "CREATE INDEX IF NOT EXISTS {name} ON herd_semantic USING hnsw"
-                            " ((vec::vector({dim})) vector_cosine_ops) WHERE dim = {dim}"
-                        ).format(
-                            name=sql.Identifier(f"herd_semantic_hnsw_{dim}"), dim=sql.Literal(dim)
+                if dim is not None:  # None: bookkeeping only (stats, clear)
+                    async with conn.transaction():
+                        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INDEX_LOCK,))
+                        await conn.execute(
+                            sql.SQL(
+                                "CREATE INDEX IF NOT EXISTS {name} ON herd_semantic USING hnsw"
+                                " ((vec::vector({dim})) vector_cosine_ops) WHERE dim = {dim}"
+                            ).format(
+                                name=sql.Identifier(f"herd_semantic_hnsw_{dim}"),
+                                dim=sql.Literal(dim),
+                            )
                         )
-                    )
             await self._pool.open(wait=True, timeout=10.0)
 
     async def close(self) -> None:

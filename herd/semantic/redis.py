@@ -112,8 +112,8 @@ class RedisSemanticStore:
         with translate_redis_errors(self.url):
             return await coro
 
-    async def open(self, dim: int) -> None:
-        self.dim = dim
+    async def open(self, dim: int | None) -> None:
+        self.dim = dim or 0
         await self._do(self._redis.ping())
 
     async def close(self) -> None:
