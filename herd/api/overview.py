@@ -116,7 +116,7 @@ async def overview(app: App, *, minutes: int = 30, limit: int = 50) -> OverviewO
         app.broker.running(limit),
         app.broker.throughput(minutes),
         app.dead_letters(limit=limit),
-        app.list_jobs(limit=15),
+        app.list_jobs(limit=10),
     )
     cache_rows = await _optional("caches", caches(app), problems)
     ledger_rows = await _optional("cost ledger", ledger(app), problems)

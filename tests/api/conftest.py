@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import httpx
@@ -89,24 +89,27 @@ def herd_env(pg_url: str, herd_home: Path, **extra: str) -> dict[str, str]:
     return {**env, "HERD_DATABASE_URL": pg_url, "HERD_HOME": str(herd_home), **extra}
 
 
-@pytest.fixture
-def server(pg_url: str, herd_home: Path, tmp_path: Path) -> Iterator[str]:
+@contextmanager
+def serving(pg_url: str, herd_home: Path, log_path: Path, **env: str) -> Iterator[str]:
     """A real `herd serve` process on a free loopback port; yields its base URL."""
     port = free_port()
-    log = (tmp_path / "serve.log").open("w")
+    log = log_path.open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "herd", "serve", "--port", str(port)],
-        env=herd_env(pg_url, herd_home),
+        env=herd_env(pg_url, herd_home, **env),
         stdout=log,
         stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
+    headers = (
+        {"Authorization": f"Bearer {env['HERD_API_TOKEN']}"} if "HERD_API_TOKEN" in env else {}
+    )
 
     def up() -> bool:
         if proc.poll() is not None:
-            raise AssertionError(f"herd serve exited: {(tmp_path / 'serve.log').read_text()}")
+            raise AssertionError(f"herd serve exited: {log_path.read_text()}")
         try:
-            return httpx.get(url + "/healthz", timeout=1).status_code == 200
+            return httpx.get(url + "/healthz", headers=headers, timeout=1).status_code == 200
         except httpx.TransportError:
             return False
 
@@ -121,3 +124,9 @@ def server(pg_url: str, herd_home: Path, tmp_path: Path) -> Iterator[str]:
             proc.kill()
             proc.wait()
         log.close()
+
+
+@pytest.fixture
+def server(pg_url: str, herd_home: Path, tmp_path: Path) -> Iterator[str]:
+    with serving(pg_url, herd_home, tmp_path / "serve.log") as url:
+        yield url

@@ -71,9 +71,11 @@ function askToken(refused) {
   $("token").focus();
 }
 
+// Widths go through the CSSOM: the page's CSP refuses inline style attributes.
 function bar(fraction, kind) {
-  const width = Math.max(0, Math.min(1, fraction || 0)) * 100;
-  return el("div", { class: "bar " + (kind || "") }, el("i", { style: "width:" + width.toFixed(1) + "%" }));
+  const fill = el("i");
+  fill.style.width = (Math.max(0, Math.min(1, fraction || 0)) * 100).toFixed(1) + "%";
+  return el("div", { class: "bar " + (kind || "") }, fill);
 }
 
 function fillTable(id, rows, columns, empty) {
@@ -109,11 +111,11 @@ function renderThroughput(tp) {
   caption.textContent = `jobs finished per minute over the last ${n} minutes`;
   chart.append(caption);
   const plotH = H - top - bottom, slot = (W - left) / n, barW = Math.max(2, slot * 0.72);
-  for (const frac of [0, 0.5, 1]) {
+  for (const frac of max >= 2 ? [0, 0.5, 1] : [0, 1]) {
     const y = top + plotH * (1 - frac);
     chart.append(svg("line", { x1: left, x2: W, y1: y, y2: y, class: "grid-line" }));
     const label = svg("text", { x: left - 6, y: y + 4, "text-anchor": "end", class: "axis" });
-    label.textContent = fmt.int(Math.round(max * frac));
+    label.textContent = fmt.int(Math.floor(max * frac));
     chart.append(label);
   }
   tp.succeeded.forEach((ok, i) => {

@@ -1,0 +1,58 @@
+"""`herd status`: the dashboard's picture in a terminal, and as JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from herd.config import Settings
+from herd.errors import ConfigError
+from tests.api.conftest import herd_env
+from tests.api.test_jobs import dead_job
+
+
+def herd(pg_url, herd_home, *args):
+    return subprocess.run(
+        [sys.executable, "-m", "herd", *args],
+        env={**herd_env(pg_url, herd_home), "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+async def test_status_shows_queues_running_dead_letters_caches_and_ledger(
+    pg_app, pg_url, herd_home
+):
+    await pg_app.enqueue("status.known", {"x": 1}, queue="q-status")
+    await pg_app.enqueue("status.running", queue="q-run")
+    await pg_app.broker.claim(["q-run"], "worker-xyz", 1)
+    dead = await dead_job(pg_app, queue="q-dead")
+    done = herd(pg_url, herd_home, "status")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for text in ("queues", "q-status", "worker-xyz", "dead-letter queue", "ValueError: boom"):
+        assert text in out, text
+    assert "cost ledger" in out and "avoided: cache" in out
+    as_json = herd(pg_url, herd_home, "status", "--json")
+    data = json.loads(as_json.stdout)
+    assert [j["id"] for j in data["dead"]] == [dead]
+    assert data["running"][0]["owner"] == "worker-xyz"
+    assert {q["queue"] for q in data["queues"]} == {"q-status", "q-run", "q-dead"}
+
+
+def test_status_with_an_unreachable_database_is_one_line_and_exit_1(herd_home, tmp_path):
+    url = f"postgresql://nobody@/nowhere?host={tmp_path}&connect_timeout=2"
+    done = herd(url, herd_home, "status")
+    assert done.returncode == 1
+    assert len(done.stderr.strip().splitlines()) == 1 and "unreachable" in done.stderr
+
+
+def test_settings_from_env_reads_the_body_limit():
+    assert Settings.from_env({"HERD_API_BODY_LIMIT": "2048"}).api_body_limit == 2048
+    assert Settings.from_env({}).api_body_limit == 1 << 20
+    with pytest.raises(ConfigError, match="HERD_API_BODY_LIMIT"):
+        Settings.from_env({"HERD_API_BODY_LIMIT": "lots"})
