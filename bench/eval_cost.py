@@ -29,6 +29,9 @@ so, if every herd job has finished while some document is still not done.
     pip install -e ".[bench]" && python bench/eval_cost.py [--docs 1000] [--workers 8]
         [--latency 0.3:0.9] [--kill-every 5] [--systems herd,celery] [--keep]
 
+``--quick`` (150 requests, 4 workers, 2 waves) is a smoke run of under a minute per
+system; ``--summary PATH`` also writes the figures as JSON for ``bench/report.py``.
+
 Defaults take about 3.5 minutes on 2 cores. Run it from the repository root. Everything
 it starts listens on 127.0.0.1 (PostgreSQL on a Unix socket) and is stopped when it
 ends, also on Ctrl-C.
@@ -65,6 +68,9 @@ if str(REPO) not in sys.path:
 from herd.cache.keys import normalize_document  # noqa: E402
 from herd.llm.documents import read_document  # noqa: E402
 from herd.llm.evaluate import EvalSpec  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _summary  # noqa: E402
 
 MODEL = "sim-1"
 PROMPT = (
@@ -799,6 +805,35 @@ def report(
         )
 
 
+def write_summary(args: argparse.Namespace, outcomes: list[Outcome], unique: int) -> None:
+    by = {o.system: o for o in outcomes}
+    h, c = by.get("herd"), by.get("celery")
+    if args.summary is None or h is None or c is None:
+        return
+    rows = [
+        _summary.row(
+            "provider calls per answered payload",
+            h.calls / max(1, h.payloads),
+            c.calls / max(1, c.payloads),
+            "calls",
+            "lower",
+        ),
+        _summary.row("provider calls in all", h.calls, c.calls, "calls", "lower"),
+        _summary.row("wall time to every answer", h.seconds, c.seconds, "s", "lower"),
+    ]
+    _summary.write(
+        args.summary,
+        "eval_cost",
+        "Celery",
+        rows,
+        [
+            f"{args.docs} evaluation requests ({unique} unique payloads), {args.workers} workers"
+            f" per system, one SIGKILL every {args.kill_every:g} s; duplicate calls beyond"
+            f" those cut short by kills: herd {h.duplicates}, Celery {c.duplicates}"
+        ],
+    )
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -838,7 +873,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--systems", default="herd,celery", help="comma-separated: herd, celery")
     p.add_argument("--seed", type=int, default=7, help="of the requests, latencies and kills")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (logs)")
+    p.add_argument("--quick", action="store_true", help="150 requests, 4 workers: a smoke run")
+    p.add_argument("--summary", type=Path, default=None, help="write the figures as JSON")
     args = p.parse_args(argv)
+    if args.quick:
+        args.docs, args.workers, args.waves = min(args.docs, 150), min(args.workers, 4), 2
+        args.wave_every, args.kill_every, args.deadline = 4.0, 4.0, min(args.deadline, 90.0)
     low, _, high = args.latency.partition(":")
     if args.visibility_timeout is None:
         args.visibility_timeout = (float(low) + float(high or low)) / 2
@@ -891,6 +931,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         print()
         report(outcomes, unique, requests, args)
+        write_summary(args, outcomes, unique)
         print(f"\ntotal {time.monotonic() - started:.0f}s", file=sys.stderr)
         bad = any(
             o.finished != o.documents or o.extra.get("stranded") or o.extra.get("deadline_hit")

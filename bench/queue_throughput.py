@@ -10,6 +10,10 @@ runs live in ``_redis_queues.py`` beside this file.
 
     pip install -e ".[bench]" && python bench/queue_throughput.py [--jobs 10000]
         [--concurrency 10] [--rounds 1] [--backends postgres,redis]
+        [--quick] [--summary PATH]
+
+``--quick``: 1,000 jobs, one round (a smoke run). ``--summary PATH``: also write the
+figures as JSON for ``bench/report.py`` (see ``bench/_summary.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _summary
 import psycopg
 
 from herd import App, Worker
@@ -148,7 +153,7 @@ ROOT = Path(__file__).resolve().parents[1]
 REDIS_SYSTEMS = ("herd", "arq", "rq", "celery")
 
 
-def run_postgres(args: argparse.Namespace) -> None:
+def run_postgres(args: argparse.Namespace) -> list[dict[str, Any]]:
     home = Path(tempfile.mkdtemp(prefix="herd-bench-"))
     server = embedded_server(home)
     admin = server.acquire()
@@ -196,9 +201,13 @@ def run_postgres(args: argparse.Namespace) -> None:
     print(f"{'procrastinate':14}{pe:>16,.0f}{pd:>16,.0f}")
     print(f"{'ratio':14}{he / pe:>15.1f}x{hd / pd:>15.1f}x")
     print(f"heartbeat: {per_tick:.2f} SQL statements per tick for 1,000 leases ({ticks} ticks)")
+    return [
+        _summary.row("PostgreSQL enqueue (vs Procrastinate)", he, pe, "jobs/s", "higher"),
+        _summary.row("PostgreSQL drain (vs Procrastinate)", hd, pd, "jobs/s", "higher"),
+    ]
 
 
-def run_redis(args: argparse.Namespace) -> None:
+def run_redis(args: argparse.Namespace) -> list[dict[str, Any]]:
     # tests.servers.redis_stack starts the server; _redis_queues sits beside this file.
     sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
     import _redis_queues as rb
@@ -268,10 +277,16 @@ def run_redis(args: argparse.Namespace) -> None:
         f"{'':18}{'enqueue jobs/s':>16}{'drain jobs/s':>14}"
         f"{'herd/peer enqueue':>19}{'herd/peer drain':>17}"
     )
+    rows = []
     for system in systems:
         e, d = med[system]
         ratios = "" if system == "herd" else f"{he / e:>18.1f}x{hd / d:>16.1f}x"
         print(f"{labels[system]:18}{e:>16,.0f}{d:>14,.0f}{ratios}")
+        if system != "herd":
+            peer = f"Redis, vs {labels[system]}"
+            rows.append(_summary.row(f"{peer}: enqueue", he, e, "jobs/s", "higher"))
+            rows.append(_summary.row(f"{peer}: drain", hd, d, "jobs/s", "higher"))
+    return rows
 
 
 def main() -> None:
@@ -295,7 +310,11 @@ def main() -> None:
         help="RQ SimpleWorker processes (one job at a time each); default: --concurrency",
     )
     parser.add_argument("--celery-pool", default="prefork", help="prefork or threads")
+    parser.add_argument("--quick", action="store_true", help="1,000 jobs, one round: a smoke run")
+    parser.add_argument("--summary", type=Path, default=None, help="write the figures as JSON")
     args = parser.parse_args()
+    if args.quick:
+        args.jobs, args.rounds = min(args.jobs, 1_000), 1
     if args.rq_processes is None:
         args.rq_processes = args.concurrency
     backends = [b for b in args.backends.split(",") if b]
@@ -303,12 +322,27 @@ def main() -> None:
         parser.error("--backends takes postgres, redis or both")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
+    rows: list[dict[str, Any]] = []
+    peers = []
     if "postgres" in backends:
-        run_postgres(args)
+        rows += run_postgres(args)
+        peers.append("Procrastinate")
     if "redis" in backends:
         if "postgres" in backends:
             print()
-        run_redis(args)
+        rows += run_redis(args)
+        names = {"arq": "arq", "rq": "RQ", "celery": "Celery"}
+        peers += [names[s] for s in args.redis_systems.split(",") if s and s != "herd"]
+    _summary.write(
+        args.summary,
+        "queue_throughput",
+        ", ".join(peers),
+        rows,
+        [
+            f"{args.jobs:,} no-op jobs, {args.concurrency} in flight, medians of"
+            f" {args.rounds} round(s); PostgreSQL: embedded 18; Redis: Redis Stack without AOF"
+        ],
+    )
 
 
 if __name__ == "__main__":

