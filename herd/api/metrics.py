@@ -20,18 +20,18 @@ from prometheus_client.registry import Collector
 
 from herd.api import overview
 from herd.api.deps import HerdApp
-from herd.api.models import CacheOut, HealthOut, LedgerRow, QueueOut
+from herd.api.models import CacheOut, HealthOut, LedgerRow
 from herd.app import App
 from herd.config import mask_url
 from herd.errors import HerdError
-from herd.queue.base import JobStatus
+from herd.queue.base import JobStatus, QueueStats
 
 router = APIRouter(tags=["operations"])
 
 
 @dataclass
 class Reading:
-    queues: list[QueueOut] = field(default_factory=list)
+    queues: list[QueueStats] = field(default_factory=list)
     caches: list[CacheOut] = field(default_factory=list)
     ledger: list[LedgerRow] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)

@@ -81,32 +81,6 @@ class RequeueOut(BaseModel):
     missing: list[int]  # asked for, but not in the dead-letter queue
 
 
-class QueueOut(BaseModel):
-    queue: str
-    counts: dict[JobStatus, int]
-    ready: int
-    oldest_ready_age: float | None
-
-    @classmethod
-    def of(cls, stats: QueueStats) -> QueueOut:
-        return cls.model_validate(stats, from_attributes=True)
-
-
-class RunningOut(BaseModel):
-    id: int
-    task: str
-    queue: str
-    owner: str | None
-    attempts: int
-    lease_seconds: float
-    lease_expires_at: datetime
-    lease_left: float
-
-    @classmethod
-    def of(cls, job: RunningJob) -> RunningOut:
-        return cls.model_validate(job, from_attributes=True)
-
-
 class ThroughputOut(BaseModel):
     start: datetime
     minutes: int
@@ -143,7 +117,7 @@ class LedgerRow(BaseModel):
 
 
 class StatsOut(BaseModel):
-    queues: list[QueueOut]
+    queues: list[QueueStats]
     caches: list[CacheOut]
 
 
@@ -152,8 +126,8 @@ class OverviewOut(BaseModel):
 
     now: datetime
     broker: str
-    queues: list[QueueOut]
-    running: list[RunningOut]
+    queues: list[QueueStats]
+    running: list[RunningJob]  # soonest lease expiry first
     throughput: ThroughputOut
     dead: list[JobOut]
     recent: list[JobOut]

@@ -15,13 +15,11 @@ from herd.api.models import (
     JobOut,
     LedgerRow,
     OverviewOut,
-    QueueOut,
-    RunningOut,
     ThroughputOut,
 )
 from herd.app import App
 from herd.errors import HerdError
-from herd.queue.base import JobStatus
+from herd.queue.base import JobStatus, QueueStats
 
 T = TypeVar("T")
 CacheStats = dict[str, dict[str, int]]  # namespace -> counters (hits, misses, entries …)
@@ -96,8 +94,8 @@ async def ledger(app: App) -> list[LedgerRow]:
     ]
 
 
-async def queues(app: App) -> list[QueueOut]:
-    return [QueueOut.of(s) for s in await app.stats()]
+async def queues(app: App) -> list[QueueStats]:
+    return await app.stats()
 
 
 async def _optional(what: str, read: Awaitable[list[T]], problems: list[str]) -> list[T]:
@@ -123,8 +121,8 @@ async def overview(app: App, *, minutes: int = 30, limit: int = 50) -> OverviewO
     return OverviewOut(
         now=datetime.now(UTC),
         broker=app.broker.name,
-        queues=[QueueOut.of(s) for s in stats],
-        running=[RunningOut.of(r) for r in running],
+        queues=stats,
+        running=running,
         throughput=ThroughputOut.of(tp),
         dead=[JobOut.of(j) for j in dead],
         recent=[JobOut.of(j) for j in recent],
@@ -134,6 +132,6 @@ async def overview(app: App, *, minutes: int = 30, limit: int = 50) -> OverviewO
     )
 
 
-def depth(q: QueueOut) -> int:
+def depth(q: QueueStats) -> int:
     """Jobs still to run: pending (due or delayed) and running."""
     return q.counts.get(JobStatus.PENDING, 0) + q.counts.get(JobStatus.PROCESSING, 0)
