@@ -106,7 +106,13 @@ def _table(title: str, *columns: str) -> Table:
     table = Table(title=title, title_justify="left", title_style="bold")
     for col in columns:
         right = col.startswith(">")
-        table.add_column(col.lstrip(">"), justify="right" if right else "left")
+        # Identifiers and numbers stay on one line; free text (errors) wraps.
+        table.add_column(
+            col.lstrip(">"),
+            justify="right" if right else "left",
+            no_wrap=col not in ("last error", ""),
+            overflow="ellipsis",
+        )
     return table
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import uuid
 
-from herd import Worker
 from herd.builtin import tasks as builtin_tasks
-from herd.rag import ingest
 from herd.rag.ingest import plan_and_apply
+from tests.rag.test_ingest import drain
 
 SPEC = {
     "model": "sim-small",
@@ -60,14 +59,7 @@ async def test_query_returns_the_nearest_chunks_with_references(
     pg_app.settings = pg_app.settings.override(home=herd_home)  # the model cache lives there
     pg_app.include(builtin_tasks)
     await plan_and_apply(pg_app, [corpus], name)
-    await Worker(
-        pg_app,
-        queues=[ingest.QUEUE],
-        concurrency=1,
-        poll_interval=0.05,
-        stop_when_idle=True,
-        install_signal_handlers=False,
-    ).run()
+    await drain(pg_app)
     r = await client.post(
         "/query",
         json={
