@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from herd.api.models import (
     CacheOut,
@@ -22,7 +22,9 @@ from herd.errors import HerdError
 from herd.queue.base import JobStatus, QueueStats
 
 T = TypeVar("T")
-CacheStats = dict[str, dict[str, int]]  # namespace -> counters (hits, misses, entries …)
+# name or namespace -> figures: counters (hits, misses, entries …) and maybe more (rates,
+# histograms), of which the API keeps the counters.
+CacheStats = dict[str, dict[str, Any]]
 
 
 async def _exact_cache(app: App) -> CacheStats:
@@ -31,16 +33,26 @@ async def _exact_cache(app: App) -> CacheStats:
     return await (await EvalRuntime.of(app)).cache.store.stats()
 
 
+async def _semantic_cache(app: App) -> CacheStats:
+    from herd.semantic.runtime import backend_stats
+
+    return await backend_stats(app)
+
+
 # Every cache the dashboard shows: (name, reader). A new cache adds one line here.
 CACHES: list[tuple[str, Callable[[App], Awaitable[CacheStats]]]] = [
     ("exact", _exact_cache),
+    ("semantic", _semantic_cache),
 ]
 
 
 async def caches(app: App) -> list[CacheOut]:
     out: list[CacheOut] = []
     for name, read in CACHES:
-        for ns, counters in sorted((await read(app)).items()):
+        for ns, figures in sorted((await read(app)).items()):
+            counters = {
+                k: v for k, v in figures.items() if isinstance(v, int) and not isinstance(v, bool)
+            }
             hits, misses = counters.get("hits", 0), counters.get("misses", 0)
             out.append(
                 CacheOut(
