@@ -39,11 +39,11 @@ class Reading:
 
 async def read(app: App) -> Reading:
     reading = Reading(queues=await overview.queues(app))
-    for what, fill in (("caches", overview.caches), ("ledger", overview.ledger)):
-        try:
-            setattr(reading, what, await fill(app))
-        except HerdError as exc:
-            reading.problems.append(f"{what}: {exc}")
+    reading.caches = await overview.caches(app, reading.problems)
+    try:
+        reading.ledger = await overview.ledger(app)
+    except HerdError as exc:
+        reading.problems.append(f"ledger: {exc}")
     return reading
 
 

@@ -46,10 +46,19 @@ CACHES: list[tuple[str, Callable[[App], Awaitable[CacheStats]]]] = [
 ]
 
 
-async def caches(app: App) -> list[CacheOut]:
+async def caches(app: App, problems: list[str] | None = None) -> list[CacheOut]:
+    """Every cache's namespaces. With ``problems``, a cache that cannot be read is
+    noted there and the others are still shown; without, its error is raised."""
     out: list[CacheOut] = []
     for name, read in CACHES:
-        for ns, figures in sorted((await read(app)).items()):
+        try:
+            stats = await read(app)
+        except HerdError as exc:
+            if problems is None:
+                raise
+            problems.append(f"{name} cache: {exc}")
+            continue
+        for ns, figures in sorted(stats.items()):
             counters = {
                 k: v for k, v in figures.items() if isinstance(v, int) and not isinstance(v, bool)
             }
@@ -128,7 +137,7 @@ async def overview(app: App, *, minutes: int = 30, limit: int = 50) -> OverviewO
         app.dead_letters(limit=limit),
         app.list_jobs(limit=10),
     )
-    cache_rows = await _optional("caches", caches(app), problems)
+    cache_rows = await caches(app, problems)
     ledger_rows = await _optional("cost ledger", ledger(app), problems)
     return OverviewOut(
         now=datetime.now(UTC),

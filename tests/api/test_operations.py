@@ -126,3 +126,21 @@ async def test_openapi_schema_lists_the_routes(client):
         "/overview",
     ):
         assert path in schema["paths"], path
+
+
+async def test_caches_that_cannot_be_read_are_problems_not_an_outage(pg_url, herd_home):
+    settings = Settings(
+        home=herd_home, database_url=pg_url, cache="redis", redis_url="redis://127.0.0.1:1/0"
+    )
+    async with App(settings=settings) as app, client_of(app) as c:
+        await c.post("/jobs", json={"task": "t", "queue": "still-up"})
+        ov = await c.get("/overview")
+        assert ov.status_code == 200
+        body = ov.json()
+        assert [q["queue"] for q in body["queues"]] == ["still-up"]
+        problems = " | ".join(body["problems"])
+        assert "exact cache:" in problems and "semantic cache:" in problems
+        assert "127.0.0.1:1" in problems
+        m = samples((await c.get("/metrics")).text)
+        assert m[("herd_scrape_problems", (("section", "exact cache"),))] == 1
+        assert m[("herd_queue_jobs", (("queue", "still-up"), ("status", "pending")))] == 1
