@@ -40,6 +40,8 @@ async def seed(pg_url: str, herd_home: Path) -> tuple[int, int]:
         return known.job_id, dead.job_id
 
 
+# The first run on a fresh machine installs chromium (apt-get) inside this test's setup.
+@pytest.mark.timeout(1200)
 def test_dashboard_shows_jobs_and_requeues_a_dead_letter(chromium, pg_url, herd_home, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
