@@ -68,6 +68,7 @@ class _Proc:
     log: Path
     stopped_until: float | None = None  # monotonic time of the planned SIGCONT
     signalled: str | None = None  # "kill" / "term": its exit is expected
+    fault: dict[str, Any] | None = None  # the kill / term event, closed when it exits
 
     @property
     def pid(self) -> int:
@@ -164,6 +165,11 @@ class Harness:
             if code is None:
                 continue
             self.procs.remove(p)
+            if p.fault is not None:
+                # A SIGTERMed worker lets its running jobs go on for the grace period (and
+                # they may start a call then): the fault lasts until the process is gone.
+                p.fault["until"] = time.time()
+                self._faults_file.write(json.dumps({**p.fault, "kind": "exited"}) + "\n")
             if p.signalled is None:
                 self.record.unexpected_exits.append(
                     {"pid": p.pid, "code": code, "log": p.log.name, "t": time.time()}
@@ -202,11 +208,11 @@ class Harness:
             if kind == "kill":
                 proc.signalled = "kill"
                 proc.popen.send_signal(signal.SIGKILL)
-                self._fault("kill", pid=proc.pid)
+                proc.fault = self._fault("kill", pid=proc.pid)
             elif kind == "term":
                 proc.signalled = "term"
                 proc.popen.send_signal(signal.SIGTERM)
-                self._fault("term", pid=proc.pid)
+                proc.fault = self._fault("term", pid=proc.pid)
             else:
                 seconds = self.cfg.stop_seconds or self.cfg.lease + 2.0
                 proc.popen.send_signal(signal.SIGSTOP)
@@ -326,6 +332,8 @@ class Harness:
                 code = None
             if p.signalled == "drain":
                 self.record.drain_exit_codes[p.pid] = code
+            elif p.fault is not None and p.fault.get("until") is None:
+                p.fault["until"] = time.time()
 
     def _simulator_records(self) -> dict[str, Any]:
         with httpx.Client(base_url=self.sim_url, timeout=30) as client:

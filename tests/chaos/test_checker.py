@@ -140,3 +140,14 @@ def test_workers_that_exit_by_themselves_or_badly_are_violations(tmp_path):
     text = " | ".join(evaluate(seen, record, sim, d).violations)
     assert "worker 13 exited by itself (code 1)" in text
     assert "worker 12 exited 1 on the drain's SIGTERM" in text
+
+
+def test_a_call_started_in_the_grace_period_of_a_sigterm_is_cut_short_by_it(tmp_path):
+    seen, record, sim, d = scenario(tmp_path)
+    # Worker 11 got SIGTERM before its call began; the grace period ran out mid-call.
+    record.faults = [{"t": T0 + 0.1, "kind": "term", "pid": 11, "until": T0 + 1.1}]
+    report = evaluate(seen, record, sim, d)
+    assert report.ok, report.text()
+    assert report.figures["cut_short_by"] == {"term": 1}
+    record.faults[0]["until"] = T0 + 0.15  # gone before the call: it cannot explain it
+    assert not evaluate(seen, record, sim, d).ok
