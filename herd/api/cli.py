@@ -33,7 +33,9 @@ def serve(
     port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,
     body_limit: Annotated[
         int | None,
-        typer.Option(min=1, help="Largest request body in bytes [env HERD_API_BODY_LIMIT; 1 MiB]."),
+        typer.Option(
+            min=1, help="Largest request body in bytes (env HERD_API_BODY_LIMIT; default 1 MiB)."
+        ),
     ] = None,
 ) -> None:
     """Serve the HTTP API, the dashboard (/) and Prometheus metrics (/metrics)."""
