@@ -9,6 +9,7 @@ cache, so expiry means the same thing on each.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -41,6 +42,7 @@ class Scope:
         }
 
 
+@functools.lru_cache(maxsize=4096)
 def _tag(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()[:24]
 
@@ -88,12 +90,15 @@ class SemanticStore(Protocol):
         ...
 
     async def search(
-        self, cache: str, scope: Scope, vector: Vector, *, k: int, alive_at: float
-    ) -> list[Candidate]:
-        """The ``k`` nearest entries of ``scope`` expiring after ``alive_at``, nearest first.
+        self, cache: str, scope: Scope, vector: Vector, *, k: int, alive_at: float, floor: float
+    ) -> tuple[float | None, list[Candidate]]:
+        """The similarity of the nearest entry of ``scope`` expiring after ``alive_at``
+        (by the index, in float32; None if there is none) and, nearest first, those of
+        the ``k`` nearest whose index similarity reaches ``floor``.
 
         Scope and expiry filter inside the KNN query, never after it, so that other
-        tenants' entries cannot crowd out the candidates of this one.
+        tenants' entries cannot crowd out the candidates of this one. ``floor`` lets a
+        backend skip decoding candidates that cannot pass.
         """
         ...
 
@@ -123,17 +128,30 @@ class SemanticStore(Protocol):
         ...
 
 
-def similarity(query: Vector, stored: Vector) -> float:
-    """Cosine similarity in float64 of two float32 vectors, so that a threshold holds
+def similarities(query: Vector, stored: list[Vector]) -> list[float]:
+    """Cosine similarities in float64 of float32 vectors, so that a threshold holds
     exactly: the index's float32 distance only chooses the candidates."""
+    if not stored:
+        return []
     a = np.asarray(query, dtype=np.float64)
     b = np.asarray(stored, dtype=np.float64)
-    if np.array_equal(a, b):
-        return 1.0 if a.any() else 0.0
-    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-    if na == 0.0 or nb == 0.0:
-        return 0.0
-    return max(-1.0, min(1.0, float(a @ b) / (na * nb)))
+    na, nb = float(np.linalg.norm(a)), np.linalg.norm(b, axis=1)
+    out = []
+    # Row by row, not one matrix product: the same summation order whatever the
+    # number of candidates, so a score never moves by an ulp across a boundary.
+    for row, norm in zip(b, nb, strict=True):
+        dot = float(row @ a)
+        if na == 0.0 or norm == 0.0:
+            out.append(0.0)
+        elif np.array_equal(row, a):  # rounding must not keep a vector from matching itself
+            out.append(1.0)
+        else:
+            out.append(max(-1.0, min(1.0, dot / (na * float(norm)))))
+    return out
+
+
+def similarity(query: Vector, stored: Vector) -> float:
+    return similarities(query, [stored])[0]
 
 
 def as_vector(values: Any, dim: int | None = None) -> Vector:

