@@ -340,7 +340,11 @@ def main() -> None:
         rows,
         [
             f"{args.jobs:,} no-op jobs, {args.concurrency} in flight, medians of"
-            f" {args.rounds} round(s); PostgreSQL: embedded 18; Redis: Redis Stack without AOF"
+            f" {args.rounds} round(s); "
+            + "; ".join(
+                {"postgres": "PostgreSQL: embedded 18", "redis": "Redis: Redis Stack, no AOF"}[b]
+                for b in backends
+            )
         ],
     )
 

@@ -6,7 +6,8 @@
 Each script runs in the virtualenv its peers need (created here under
 ``.bench-venvs/`` with ``python -m venv`` and ``pip install -e``): ``bench`` with
 ``.[test,bench]`` (Procrastinate, arq, RQ, sentence-transformers, LangChain) and
-``celery`` with ``.[test,bench-celery]`` (Celery needs a redis-py that arq refuses).
+``celery`` with ``.[test,bench-celery]`` (Celery needs a redis-py that arq refuses), and
+``redisvl`` with ``.[test,bench-redisvl]`` for ``semantic_cache.py`` when it is there.
 Every script is called with ``--summary PATH`` and writes its figures as JSON
 (``bench/_summary.py``); this script gathers them, with a description of the
 machine and the versions of herd and of every peer, into one table of ratios.
@@ -28,7 +29,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-VENVS = {"bench": ".[test,bench]", "celery": ".[test,bench-celery]"}
+# RedisVL, like Celery, wants a redis-py newer than arq allows: a venv of its own.
+VENVS = {
+    "bench": ".[test,bench]",
+    "celery": ".[test,bench-celery]",
+    "redisvl": ".[test,bench-redisvl]",
+}
 DISTS = [
     "herd", "procrastinate", "arq", "rq", "celery", "kombu", "redisvl", "langchain-core",
     "langchain-classic", "sqlalchemy", "sentence-transformers", "torch", "onnxruntime",
@@ -61,7 +67,7 @@ BENCHES = [
           "Embedding throughput vs sentence-transformers"),
     Bench("ingest", "bench", ["bench/ingest.py", "--no-cli"],
           "Corpus indexing: no-op re-run vs LangChain indexing"),
-    Bench("semantic_cache", "bench", ["bench/semantic_cache.py"],
+    Bench("semantic_cache", "redisvl", ["bench/semantic_cache.py"],
           "Semantic cache vs RedisVL", optional=True),
 ]  # fmt: skip
 
