@@ -17,8 +17,10 @@ Guarantees checked (each failure is a violation; the run fails on any):
      belongs to an attempt that a fault hit (its worker killed, stopped or
      terminated, or the job store restarted or its connections dropped) between
      the call's start and the job's next attempt; no call is unattributed;
-  4. every lease still held at the end belongs to a live worker (Redis: no lease
-     key outlives its job's lease);
+  4. every lease held when the faults stop belongs to a live worker, or to one that
+     died less than a lease ago (its lease runs out by itself), and every lease
+     still held at the end belongs to a live worker (Redis: no lease key outlives
+     its job's lease);
   5. workers exit only when told to, and exit 0 on the drain's SIGTERM.
 """
 
@@ -298,6 +300,22 @@ def evaluate(seen: Observed, record: RunRecord, sim: dict[str, Any], run_dir: Pa
             ):
                 report.violation(f"lease key of job {job_id} (token {token}) outlived its lease")
 
+    lease_seconds = float(record.config.get("lease", 0.0) or 0.0)
+    deaths = {
+        int(f["pid"]): float(f.get("until") or f["t"])
+        for f in record.faults
+        if f["kind"] in ("kill", "term")
+    }
+    for held_then in record.lease_snapshot:
+        if held_then["alive"]:
+            continue
+        died = deaths.get(held_then["pid"] or -1)
+        if died is None or held_then["t"] - died > lease_seconds + 1.0:
+            report.violation(
+                f"job {held_then['job']}: lease held by dead worker {held_then['pid']} when the"
+                f" faults stopped, {'never killed' if died is None else 'killed long before'}"
+            )
+
     # 5. workers
     for exit_ in record.unexpected_exits:
         report.violation(f"worker {exit_['pid']} exited by itself (code {exit_['code']})")
@@ -326,6 +344,11 @@ def evaluate(seen: Observed, record: RunRecord, sim: dict[str, Any], run_dir: Pa
     fig["calls_bound"] = (
         f"{calls_total} <= {n_succeeded} succeeded + {cut_short} cut short:"
         f" {'holds' if calls_total <= n_succeeded + cut_short else 'BROKEN'}"
+    )
+    fig["leases_held_when_faults_stopped"] = (
+        f"{len(record.lease_snapshot)}"
+        f" ({sum(1 for x in record.lease_snapshot if not x['alive'])} by workers that died"
+        " less than a lease before)"
     )
     fig["leases_held_at_end"] = held
     fig["drained"] = f"{record.drained} in {record.drain_seconds:.1f}s"

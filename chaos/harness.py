@@ -20,12 +20,20 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from chaos.backends import ROOT, PostgresBackend, RedisBackend, make_backend, pid_of_owner
+from chaos.backends import (
+    ROOT,
+    PostgresBackend,
+    RedisBackend,
+    alive,
+    make_backend,
+    pid_of_owner,
+)
 from chaos.checker import Report, check
 from herd import App
 from herd.errors import BrokerError
@@ -88,6 +96,8 @@ class RunRecord:
     unexpected_exits: list[dict[str, Any]] = field(default_factory=list)
     drain_exit_codes: dict[int, int | None] = field(default_factory=dict)
     drained: bool = False
+    # Leases held when the faults stopped: {job, pid, alive, t} (checked against the deaths).
+    lease_snapshot: list[dict[str, Any]] = field(default_factory=list)
     drain_seconds: float = 0.0
 
 
@@ -302,6 +312,7 @@ class Harness:
             # Drain: no more faults; every stopped worker continues; servers up.
             self._continue_due(force=True)
             await asyncio.to_thread(self.backend.ensure_running)
+            await self._snapshot_leases(broker)
             drain_start = time.monotonic()
             while time.monotonic() - drain_start < self.cfg.drain_timeout:
                 self._reap_and_replace()
@@ -318,6 +329,22 @@ class Harness:
         finally:
             await producer.close()
             self._cleanup()
+
+    async def _snapshot_leases(self, broker: Any) -> None:
+        """Who holds the unexpired leases now, and is that process alive?"""
+        try:
+            jobs = await broker.list_jobs(status=JobStatus.PROCESSING, limit=100_000)
+        except BrokerError as exc:
+            log.warning("no lease snapshot: %s", exc)
+            return
+        now = datetime.now(UTC)
+        for j in jobs:
+            if j.lease_expires_at is None or j.lease_expires_at <= now:
+                continue
+            pid = pid_of_owner(j.lease_owner)
+            self.record.lease_snapshot.append(
+                {"job": j.id, "pid": pid, "alive": pid is not None and alive(pid), "t": time.time()}
+            )
 
     async def _stop_workers(self) -> None:
         self._reap_and_replace(replace=False)

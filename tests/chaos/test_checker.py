@@ -151,3 +151,16 @@ def test_a_call_started_in_the_grace_period_of_a_sigterm_is_cut_short_by_it(tmp_
     assert report.figures["cut_short_by"] == {"term": 1}
     record.faults[0]["until"] = T0 + 0.15  # gone before the call: it cannot explain it
     assert not evaluate(seen, record, sim, d).ok
+
+
+def test_a_lease_held_by_a_worker_dead_for_longer_than_a_lease_is_a_violation(tmp_path):
+    seen, record, sim, d = scenario(tmp_path)
+    record.config["lease"] = 3.0
+    record.faults[0]["until"] = T0 + 0.5  # worker 11 died at T0 + 0.5
+    record.lease_snapshot = [{"job": 1, "pid": 11, "alive": False, "t": T0 + 2.0}]
+    assert evaluate(seen, record, sim, d).ok  # its lease may still run: fine
+    record.lease_snapshot[0]["t"] = T0 + 10.0
+    text = " | ".join(evaluate(seen, record, sim, d).violations)
+    assert "lease held by dead worker 11 when the faults stopped, killed long before" in text
+    record.lease_snapshot[0]["pid"] = 99
+    assert "never killed" in " | ".join(evaluate(seen, record, sim, d).violations)
