@@ -106,29 +106,23 @@ def versions(python: Path) -> dict[str, str]:
     return found
 
 
+def _field(path: str, key: str, sep: str) -> str | None:
+    """The value of the first ``key<sep>value`` line of a system file, if any."""
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
+                return line.split(sep, 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    return None
+
+
 def machine() -> dict[str, str]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    ram = ""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                ram = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
-    except OSError:
-        pass
-    osname = platform.platform()
-    try:
-        for line in Path("/etc/os-release").read_text().splitlines():
-            if line.startswith("PRETTY_NAME="):
-                osname = f"{line.split('=', 1)[1].strip(chr(34))}, Linux {platform.release()}"
-    except OSError:
-        pass
+    cpu = _field("/proc/cpuinfo", "model name", ":") or platform.processor() or platform.machine()
+    mem = _field("/proc/meminfo", "MemTotal", ":")
+    ram = f"{int(mem.split()[0]) / 1024 / 1024:.1f} GiB" if mem else "?"
+    pretty = _field("/etc/os-release", "PRETTY_NAME=", "=")
+    osname = f"{pretty}, Linux {platform.release()}" if pretty else platform.platform()
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
