@@ -277,3 +277,9 @@ def test_sync_and_async_agree(backend_url):
 
     assert asyncio.run(run()) == sync
     assert any(r is None for r in sync) and any(r is not None for r in sync)
+
+
+def test_exported_from_herd():
+    import herd
+
+    assert "SemanticCache" in herd.__all__ and herd.SemanticCache is SemanticCache
