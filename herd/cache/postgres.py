@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 from herd.cache.base import Entry
 from herd.jsonvalue import JSON, dumps
-from herd.queue.postgres import migrate, translate_errors
+from herd.queue.postgres import connection_pool, migrate, translate_errors
 
 _GET = """
 SELECT value, delta, extract(epoch FROM created_at), extract(epoch FROM expires_at),
@@ -40,9 +39,7 @@ class PostgresCacheStore:
 
     def __init__(self, url: str, *, pool_size: int = 4) -> None:
         self.url = url
-        self._pool = AsyncConnectionPool(
-            url, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": True}
-        )
+        self._pool = connection_pool(url, max_size=pool_size, name="herd-cache")
 
     async def open(self) -> None:
         with translate_errors(self.url):

@@ -21,7 +21,6 @@ from typing import Any
 
 import jsonschema
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 from herd.app import App
 from herd.cache import ExactCache, PostgresCacheStore, RedisCacheStore, canonical_key
@@ -33,7 +32,7 @@ from herd.llm.documents import DocumentError, find_documents, read_document
 from herd.llm.pricing import PriceTable
 from herd.llm.providers import Anthropic, OpenAICompatible, Provider
 from herd.locks import PostgresLocks, RedisLocks
-from herd.queue.postgres import migrate, translate_errors
+from herd.queue.postgres import connection_pool, migrate, translate_errors
 from herd.tasks import JobContext
 
 TASK = "herd.eval"
@@ -78,9 +77,7 @@ class EvalStore:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.pool = AsyncConnectionPool(
-            url, min_size=1, max_size=4, open=False, kwargs={"autocommit": True}
-        )
+        self.pool = connection_pool(url, max_size=4, name="herd-eval")
 
     async def open(self) -> None:
         with translate_errors(self.url):

@@ -18,7 +18,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from herd.errors import LeaseLost
 from herd.locks.base import BaseLocks, LockLease
-from herd.queue.postgres import migrate, translate_errors
+from herd.queue.postgres import connection_pool, migrate, translate_errors
 
 CHANNEL = "herd_locks"  # payload: the lock name; a hint for waiters
 
@@ -86,15 +86,7 @@ class PostgresLocks(BaseLocks):
         self._listen_kwargs: dict[str, Any] = {}
         if isinstance(db, str):
             self.url = self._where = db
-            self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-                db,
-                min_size=1,
-                max_size=max(1, pool_size),
-                open=False,
-                kwargs={"autocommit": True},
-                timeout=10.0,
-                name="herd-locks",
-            )
+            self._pool = connection_pool(db, max_size=max(1, pool_size), name="herd-locks")
             self._owns_pool = True
         else:
             # Only a plain conninfo lets us open the listening connection;

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
 from typing import Any
@@ -40,6 +40,33 @@ log = logging.getLogger("herd.postgres")
 
 CHANNEL = "herd_jobs"
 _MIGRATION_LOCK = 0x68657264  # 'herd': one migrator at a time across processes
+
+
+def connection_pool(
+    url: str,
+    *,
+    max_size: int,
+    name: str = "herd",
+    configure: Callable[[AsyncConnection[Any]], Awaitable[None]] | None = None,
+) -> AsyncConnectionPool[AsyncConnection[Any]]:
+    """The pool every herd store uses, opened later with ``open(wait=True)``.
+
+    Each connection is checked on checkout: after a server restart, a failover or a
+    dropped connection the pool would otherwise hand out a dead one, and a job's
+    fenced write would fail although its lease is still held (a retry, and a model
+    call paid again). The check costs one round trip per checkout.
+    """
+    return AsyncConnectionPool(
+        url,
+        min_size=1,
+        max_size=max_size,
+        open=False,
+        kwargs={"autocommit": True},
+        timeout=10.0,
+        name=name,
+        configure=configure,
+        check=AsyncConnectionPool.check_connection,
+    )
 
 
 @contextmanager
@@ -127,15 +154,7 @@ class PostgresBroker:
         self.url = url
         self.auto_migrate = auto_migrate
         self._q = queries()
-        self._pool = AsyncConnectionPool(
-            url,
-            min_size=1,
-            max_size=max(2, pool_size),
-            open=False,
-            kwargs={"autocommit": True},
-            timeout=10.0,
-            name="herd",
-        )
+        self._pool = connection_pool(url, max_size=max(2, pool_size))
         self._listener: AsyncConnection[Any] | None = None
         self._rotation = 0
         self._listener_lock = asyncio.Lock()

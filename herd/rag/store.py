@@ -22,10 +22,9 @@ from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
 from psycopg.types import TypeInfo
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 from herd.errors import HerdError
-from herd.queue.postgres import migrate, translate_errors
+from herd.queue.postgres import connection_pool, migrate, translate_errors
 
 
 class IndexError_(HerdError):  # noqa: N801 - "IndexError" would shadow the builtin
@@ -58,13 +57,8 @@ class Hit:
 class RagStore:
     def __init__(self, url: str, *, pool_size: int = 4) -> None:
         self.url = url
-        self.pool = AsyncConnectionPool(
-            url,
-            min_size=1,
-            max_size=pool_size,
-            open=False,
-            kwargs={"autocommit": True},
-            configure=register_vector_async,
+        self.pool = connection_pool(
+            url, max_size=pool_size, name="herd-rag", configure=register_vector_async
         )
         self._vector_info: TypeInfo | None = None
 

@@ -2,26 +2,20 @@
 
 A finding that is still open is marked ``xfail(strict=True)``: the test documents
 the behaviour, and turns red (XPASS) once the core is fixed, so the mark comes off.
+
+Fixed: the pool handed out connections the server had closed (no check on
+checkout), so a fenced write failed after a restart or a dropped connection
+although the lease was held; the job was retried and its model call paid again.
 """
 
 from __future__ import annotations
 
 import psycopg
-import pytest
 
-from herd.errors import BrokerUnavailable
 from herd.queue.base import NewJob
 from herd.queue.postgres import PostgresBroker
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=BrokerUnavailable,
-    reason="open: the PostgreSQL broker's pool hands out connections the server has closed"
-    " (no check on checkout), so a task's fenced write fails after a restart or a dropped"
-    " connection although the server is back and the lease is held; the job is retried and"
-    " its model call is paid again (most of the calls cut short in the long chaos runs)",
-)
 async def test_a_fenced_write_after_the_servers_connections_were_dropped_succeeds(clean_pg):
     broker = PostgresBroker(clean_pg, pool_size=2)
     await broker.open()
