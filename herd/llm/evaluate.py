@@ -167,29 +167,36 @@ class EvalRuntime:
     @classmethod
     async def _open(cls, app: App) -> EvalRuntime:
         url = app.database_url()
+        if app.settings.cache == "redis" and not app.settings.redis_url:
+            raise ConfigError("HERD_CACHE=redis needs HERD_REDIS_URL")
+        prices = PriceTable.default()
+        if os.environ.get("HERD_PRICES"):  # a JSON file of per-model prices
+            prices = prices.merged(PriceTable.from_file(os.environ["HERD_PRICES"]))
         store = EvalStore(url)
-        await store.open()
         if app.settings.cache == "redis":
-            if not app.settings.redis_url:
-                raise ConfigError("HERD_CACHE=redis needs HERD_REDIS_URL")
+            assert app.settings.redis_url
             cache_store: Any = RedisCacheStore(app.settings.redis_url)
             locks: Any = RedisLocks(app.settings.redis_url)
         else:
             cache_store, locks = PostgresCacheStore(url), PostgresLocks(url)
-        await cache_store.open()
-        await locks.open()
-        prices = PriceTable.default()
-        if os.environ.get("HERD_PRICES"):  # a JSON file of per-model prices
-            prices = prices.merged(PriceTable.from_file(os.environ["HERD_PRICES"]))
-        runtime = cls(store, ExactCache(cache_store, locks, namespace="eval", lock_ttl=30), prices)
+        opened: list[Any] = []
 
         async def close() -> None:
             for provider in runtime.providers.values():
                 await provider.aclose()
-            await locks.close()
-            await cache_store.close()
-            await store.close()
+            for part in reversed(opened):
+                await part.close()
 
+        runtime = cls(store, ExactCache(cache_store, locks, namespace="eval", lock_ttl=30), prices)
+        try:
+            # Each part is closed with the app once open: one that fails to open
+            # must not leave the others' pools behind.
+            for part in (store, cache_store, locks):
+                await part.open()
+                opened.append(part)
+        except BaseException:
+            await close()
+            raise
         app.on_close(close)
         return runtime
 

@@ -8,8 +8,9 @@ import psycopg
 import pytest
 
 from herd import App, JobStatus, Worker
+from herd.errors import HerdError
 from herd.llm import evaluate
-from herd.llm.evaluate import EvalSpec, submit
+from herd.llm.evaluate import EvalRuntime, EvalSpec, submit
 from tests.helpers import eventually
 
 SCHEMA = {
@@ -160,3 +161,22 @@ async def test_a_document_deduplicated_onto_a_finished_job_is_settled_from_it(ap
     assert (status["documents"], status["done"]) == (1, 1)
     ((result,),) = await rt.store.execute("SELECT result FROM herd_eval_items WHERE batch = 'late'")
     assert set(result["output"]) == {"score", "summary"}
+
+
+async def test_a_cache_that_cannot_open_leaves_no_pool_open(pg_url):
+    def connections() -> int:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid()"
+            ).fetchone()
+            return int(row[0])
+
+    other = App(database_url=pg_url)
+    # A port nothing listens on: the Redis cache fails after the evaluation store opened.
+    other.settings = other.settings.override(cache="redis", redis_url="redis://127.0.0.1:9/0")
+    async with other:
+        before = connections()
+        with pytest.raises(HerdError):
+            await EvalRuntime.of(other)
+        assert connections() == before
