@@ -14,9 +14,9 @@ Guarantees checked (each failure is a violation; the run fails on any):
      and no write that the side log shows refused (LeaseLost) is in the table;
   3. provider calls <= succeeded jobs + calls cut short by a fault: the accepted
      attempt of each succeeded job made exactly one call, and every other call
-     belongs to an attempt that a fault hit (its worker killed, stopped or
-     terminated, or the job store restarted or its connections dropped) between
-     the call's start and the job's next attempt; no call is unattributed;
+     belongs to an attempt that a fault hit during its life, from its start to the
+     job's next attempt (its worker killed, stopped or terminated, or the job store
+     restarted or its connections dropped); no call is unattributed;
   4. every lease held when the faults stop belongs to a live worker, or to one that
      died less than a lease ago (its lease runs out by itself), and every lease
      still held at the end belongs to a live worker (Redis: no lease key outlives
@@ -223,10 +223,12 @@ def evaluate(seen: Observed, record: RunRecord, sim: dict[str, Any], run_dir: Pa
     if untagged:
         report.violation(f"{untagged} provider calls carry no job:token:pid tag")
     next_start: dict[tuple[int, int], float] = {}
+    began: dict[tuple[int, int], float] = {}
     starts: dict[int, list[tuple[int, float]]] = defaultdict(list)
     for e in side:
         if e["event"] == "start":
             starts[e["job"]].append((e["token"], e["t"]))
+            began[(e["job"], e["token"])] = e["t"]
     for job_id, seq in starts.items():
         seq.sort()
         for (token, _), (_, t_next) in zip(seq, seq[1:], strict=False):
@@ -244,13 +246,18 @@ def evaluate(seen: Observed, record: RunRecord, sim: dict[str, Any], run_dir: Pa
                 accepted += 1
                 per_job_accepted[job_id] += 1
                 continue
+            # The attempt's life: from its start to the job's next attempt. A fault of its
+            # worker in that span doomed it (a stopped worker resumes and may start a call
+            # before its heartbeat learns the lease is gone); a fault of the job store
+            # reaches the attempts that found a cut connection later (GLOBAL_FAULT_REACH).
             horizon = next_start.get((job_id, token), record.ended)
+            life = began.get((job_id, token), call["start"])
             cause = None
             for kind, fpid, t0, t1 in windows:
                 if fpid is not None:
-                    hit = fpid == pid and t0 <= horizon and t1 >= call["start"]
+                    hit = fpid == pid and t0 <= horizon and t1 >= life
                 else:
-                    hit = t0 <= horizon and t1 >= call["start"] - GLOBAL_FAULT_REACH
+                    hit = t0 <= horizon and t1 >= life - GLOBAL_FAULT_REACH
                 if hit:
                     cause = kind
                     break

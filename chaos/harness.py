@@ -75,6 +75,7 @@ class _Proc:
     popen: subprocess.Popen[bytes]
     log: Path
     stopped_until: float | None = None  # monotonic time of the planned SIGCONT
+    stop_event: dict[str, Any] | None = None  # its "until" becomes the actual SIGCONT time
     signalled: str | None = None  # "kill" / "term": its exit is expected
     fault: dict[str, Any] | None = None  # the kill / term event, closed when it exits
 
@@ -227,7 +228,7 @@ class Harness:
                 seconds = self.cfg.stop_seconds or self.cfg.lease + 2.0
                 proc.popen.send_signal(signal.SIGSTOP)
                 proc.stopped_until = time.monotonic() + seconds
-                self._fault("stop", pid=proc.pid, until=time.time() + seconds)
+                proc.stop_event = self._fault("stop", pid=proc.pid, until=time.time() + seconds)
         elif kind == "restart":
             event = self._fault(f"{self.backend.name}_restart", until=None)
             await asyncio.to_thread(self.backend.restart, self.cfg.down_seconds)
@@ -244,6 +245,8 @@ class Harness:
                 if p.popen.poll() is None:
                     p.popen.send_signal(signal.SIGCONT)
                 p.stopped_until = None
+                if p.stop_event is not None:
+                    p.stop_event["until"] = time.time()
                 self._fault("cont", pid=p.pid)
 
     def _schedule(self) -> list[tuple[float, str]]:

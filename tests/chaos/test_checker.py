@@ -149,8 +149,20 @@ def test_a_call_started_in_the_grace_period_of_a_sigterm_is_cut_short_by_it(tmp_
     report = evaluate(seen, record, sim, d)
     assert report.ok, report.text()
     assert report.figures["cut_short_by"] == {"term": 1}
-    record.faults[0]["until"] = T0 + 0.15  # gone before the call: it cannot explain it
+    # A SIGTERM that ended before the attempt began cannot explain its call.
+    record.faults[0].update(t=T0 - 2.0, until=T0 - 1.5)
     assert not evaluate(seen, record, sim, d).ok
+
+
+def test_a_call_a_stopped_worker_starts_on_resuming_is_cut_short_by_the_stop(tmp_path):
+    seen, record, sim, d = scenario(tmp_path)
+    # Worker 11 was frozen during its attempt; resumed, it began its call before its
+    # heartbeat learned that the lease was gone.
+    record.faults = [{"t": T0 + 0.05, "kind": "stop", "pid": 11, "until": T0 + 0.1}]
+    sim["calls"]["tags"]["1:1:11"][0].update(start=T0 + 0.15, end=T0 + 0.2)
+    report = evaluate(seen, record, sim, d)
+    assert report.ok, report.text()
+    assert report.figures["cut_short_by"] == {"stop": 1}
 
 
 def test_a_lease_held_by_a_worker_dead_for_longer_than_a_lease_is_a_violation(tmp_path):
