@@ -291,12 +291,22 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     work = args.venvs / "runs" / datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     work.mkdir(parents=True, exist_ok=True)
-    pythons = {
-        name: ensure_venv(args.venvs, name, not args.no_install, work / f"pip-{name}.log")
-        for name in sorted({b.venv for b in benches})
-    }
+    pythons: dict[str, Path] = {}
+    broken: dict[str, list[str]] = {}
+    for name in sorted({b.venv for b in benches}):
+        log = work / f"pip-{name}.log"
+        try:
+            pythons[name] = ensure_venv(args.venvs, name, not args.no_install, log)
+        except (subprocess.CalledProcessError, OSError) as exc:
+            tail = log.read_text(errors="replace").splitlines()[-10:] if log.exists() else []
+            broken[name] = [f"the {name} venv could not be set up: {exc}", *tail]
     vers = {name: versions(python) for name, python in pythons.items()}
-    results = [run_bench(b, pythons[b.venv], args.quick, work) for b in benches]
+    results = [
+        run_bench(b, pythons[b.venv], args.quick, work)
+        if b.venv in pythons
+        else {"name": b.name, "seconds": 0.0, "code": "not run", "tail": broken[b.venv]}
+        for b in benches
+    ]
     (work / "results.json").write_text(json.dumps(results, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(render(results, info, vers, args.quick, time.monotonic() - started))
