@@ -181,8 +181,11 @@ def _num(x: float | None) -> str:
 
 def verdict(row: dict[str, Any]) -> str:
     herd, peer = row["herd"], row["peer"]
-    if not herd or not peer:
-        return "–"
+    if herd == peer:
+        return "on par"
+    if not herd or not peer:  # a zero on one side: no quotient, only a direction
+        good = (herd > peer) == (row["better"] == "higher")
+        return "better" if good else "worse"
     gain = herd / peer if row["better"] == "higher" else peer / herd
     if abs(gain - 1) < 0.05:
         return "on par"
