@@ -14,10 +14,9 @@ from typing import Any
 from pgvector.psycopg import register_vector_async
 from psycopg import AsyncConnection, sql
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 from herd.jsonvalue import dumps
-from herd.queue.postgres import migrate, translate_errors
+from herd.queue.postgres import connection_pool, migrate, translate_errors
 from herd.semantic.base import Candidate, NewEntry, Scope, Vector, as_vector
 
 _INDEX_LOCK = 0x68657264_5345  # 'herdSE': one index builder at a time
@@ -98,13 +97,8 @@ class PostgresSemanticStore:
     def __init__(self, url: str, *, pool_size: int = 8) -> None:
         self.url = url
         self.dim = 0
-        self._pool = AsyncConnectionPool(
-            url,
-            min_size=1,
-            max_size=pool_size,
-            open=False,
-            kwargs={"autocommit": True},
-            configure=_configure,
+        self._pool = connection_pool(
+            url, max_size=pool_size, name="herd-semantic", configure=_configure
         )
         self._search: sql.Composable = sql.SQL("")
 

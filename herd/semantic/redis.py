@@ -20,13 +20,15 @@ from redis.commands.search.field import NumericField, TagField, VectorField
 from redis.commands.search.index_definition import IndexDefinition, IndexType
 from redis.exceptions import ResponseError
 
+from herd.config import mask_url
+from herd.errors import BrokerError, ConfigError
 from herd.jsonvalue import dumps, loads
 from herd.queue.redis import translate_redis_errors
 from herd.semantic.base import NEVER, Candidate, NewEntry, Scope, Vector
 
 NAMES = "herd:semantic:names"
 PLAN_TTL = 5.0  # seconds a scope's search plan is trusted (see _plan)
-MIN_EF, MAX_EF = 32, 256
+MIN_EF, MAX_EF = 20, 256
 _RETURN = ("dist", "query", "guard", "value", "vec", "delta", "created_at", "expires_at")
 
 # Upsert, then evict the least recently used past the bound. Popped members whose
@@ -161,9 +163,15 @@ class RedisSemanticStore:
         )
         try:
             await self._do(self._redis.ft(name).create_index(schema, definition=definition))
-        except Exception as exc:
+        except BrokerError as exc:
+            why = str(exc.__cause__ or exc)
+            if "unknown command" in why.lower():
+                raise ConfigError(
+                    f"the semantic cache needs Redis Stack (the search module) at"
+                    f" {mask_url(self.url)}; or use HERD_CACHE=postgres"
+                ) from exc
             # Another process created it first: the same schema, so that is fine.
-            if "already exists" not in str(exc.__cause__ or exc):
+            if "already exists" not in why:
                 raise
         await self._do(self._redis.sadd(NAMES, cache))
         self._indexes.add((cache, self.dim))
@@ -233,7 +241,7 @@ class RedisSemanticStore:
         The search breadth: with random 384-dimensional vectors, EF_RUNTIME 20 finds a
         near repeat (cosine 0.995) 99.4% of the time at 10,000 entries but 57% at
         100,000, where 128 finds 98.5% and 256 all (measured). Unless it is fixed, it
-        grows with the index: one per 800 entries, from 32 to 256.
+        grows with the index: one per 800 entries, from 20 to 256.
         """
         now = time.monotonic()
         known = self._plans.get((index, where))
