@@ -81,6 +81,7 @@ NUMBER_WORDS.update(
     }
 )
 NUMBER_WORDS.update({"kedua": 2, "ketiga": 3, "keempat": 4, "kelima": 5, "seratus": 100})
+_ONE_BEFORE = frozenset(_words("the this that which any every each no another some"))
 _ROMAN = re.compile(r"^(?=[MDCLXVI]{2,}$)M{0,3}(CM|CD|D?C{0,3})(XC|XL|L?X{0,3})(IX|IV|V?I{0,3})$")
 _ROMAN_VALUES = {"M": 1000, "D": 500, "C": 100, "L": 50, "X": 10, "V": 5, "I": 1}
 # Words that open questions and requests in capitals without naming anything.
@@ -155,7 +156,8 @@ def signature(query: str) -> Signature:
     scope: set[str] = set()
     words: set[str] = set()
     start = True  # at the start of a sentence
-    for token in _TOKEN.findall(text):
+    tokens = _TOKEN.findall(text)
+    for i, token in enumerate(tokens):
         if token in _SENTENCE_END:
             start = True
             continue
@@ -169,7 +171,7 @@ def signature(query: str) -> Signature:
         if low in SCOPE:
             scope.add(low)
         words.add(low)
-        number = _number(token, low, start)
+        number = None if _pronoun_one(tokens, i, low) else _number(token, low, start)
         if number is not None:
             numbers.add(number)
         elif token[:1].isupper() and low not in COMMON | SCOPE | NEGATIONS:
@@ -184,6 +186,15 @@ def signature(query: str) -> Signature:
         tuple(sorted(scope)),
         tuple(sorted(words)),
     )
+
+
+def _pronoun_one(tokens: list[str], i: int, low: str) -> bool:
+    """ "the one who", "which one", "one of": a pronoun, not a count."""
+    if low != "one":
+        return False
+    before = tokens[i - 1].lower() if i else ""
+    after = tokens[i + 1].lower() if i + 1 < len(tokens) else ""
+    return before in _ONE_BEFORE or after in ("who", "that", "which", "whom", "whose")
 
 
 def _number(token: str, low: str, start: bool) -> str | None:

@@ -18,6 +18,7 @@ NEAR_MISSES = [
     ("Who was the first king of Israel?", "Who was the last king of Israel?"),  # scope
     ("Who are all the kings of Israel?", "Who are some of the kings of Israel?"),
     ("List three plagues of Egypt", "List four plagues of Egypt"),  # number word
+    ("Name one plague of Egypt", "Name two plagues of Egypt"),
 ]
 REWORDINGS = [
     ("What does Pasal 5 say about wages?", "What is said about wages in Pasal 5?"),
@@ -27,6 +28,7 @@ REWORDINGS = [
     ("List three plagues of Egypt", "Name 3 plagues of Egypt"),
     ("May I read Genesis 1?", "Can I read Genesis 1?"),  # "May" opening a question is no month
     ("What is the minimum wage in Jakarta?", "What's the minimum wage in Jakarta?"),
+    ("Who betrayed Jesus?", "Who was the one who betrayed Jesus?"),  # "one" as a pronoun
     ("What happened on 12 March 1998?", "What happened on March 12, 1998?"),
 ]
 
