@@ -264,6 +264,10 @@ def test_sync_and_async_agree(backend_url):
             for p in probes
             for t in thresholds
         ]
+        computed = cache.get_or_compute("q 9", lambda: "made", vector=vectors[5])
+        assert (computed.value, computed.source) == ("made", "computed")
+        again = cache.get_or_compute("q 9", lambda: "not again", vector=vectors[5])
+        assert (again.value, again.source, again.similarity) == ("made", "hit", 1.0)
 
     async def run() -> list:
         async with SemanticCache(url, embedder_id="sync", dim=DIM, name="sync") as cache:
