@@ -130,12 +130,13 @@ class Harness:
 
     def _start_simulator(self) -> None:
         low, high = self.cfg.call_seconds
-        self.sim = subprocess.Popen(
-            [sys.executable, "-m", "herd.llm.simulator", "--port", "0",
-             "--latency", f"{low}:{high}", "--seed", str(self.cfg.seed)],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=(self.dir / "simulator.log").open("wb"),
-            text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        )  # fmt: skip
+        with (self.dir / "simulator.log").open("wb") as stderr:
+            self.sim = subprocess.Popen(
+                [sys.executable, "-m", "herd.llm.simulator", "--port", "0",
+                 "--latency", f"{low}:{high}", "--seed", str(self.cfg.seed)],
+                cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            )  # fmt: skip
         assert self.sim.stdout is not None
         self.sim_url = self.sim.stdout.readline().strip()
         if not self.sim_url.startswith("http"):
@@ -153,18 +154,18 @@ class Harness:
             HERD_HOME=str(self.cfg.home),
             **self.backend.worker_env(),
         )
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "herd", "worker", "chaos.app:app",
-             "--concurrency", str(self.cfg.concurrency), "--poll-interval", "0.2",
-             "--grace", str(self.cfg.grace)],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=logfile.open("wb"),
-        )  # fmt: skip
+        with logfile.open("wb") as stderr:  # the child keeps its own copy
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "herd", "worker", "chaos.app:app",
+                 "--concurrency", str(self.cfg.concurrency), "--poll-interval", "0.2",
+                 "--grace", str(self.cfg.grace)],
+                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr,
+            )  # fmt: skip
         proc = _Proc(self.seq, popen, logfile)
         self.procs.append(proc)
         self.record.worker_pids.append(proc.pid)
-        (self.dir / "workers.jsonl").open("a").write(
-            json.dumps({"seq": proc.seq, "pid": proc.pid, "log": logfile.name}) + "\n"
-        )
+        with (self.dir / "workers.jsonl").open("a") as fh:
+            fh.write(json.dumps({"seq": proc.seq, "pid": proc.pid, "log": logfile.name}) + "\n")
         return proc
 
     def _live(self) -> list[_Proc]:
