@@ -175,6 +175,8 @@ class QueryIn(Strict):
     ]
     collection: Annotated[str, Field(min_length=1, max_length=200)] = "default"
     k: Annotated[int, Field(ge=1, le=1000)] = 5
+    cache: bool = True  # answer from the semantic cache when a close enough query was seen
+    tenant: Annotated[str, Field(min_length=1, max_length=200)] = "default"
 
 
 class Hit(BaseModel):
@@ -184,9 +186,17 @@ class Hit(BaseModel):
     text: str
 
 
+class CacheInfo(BaseModel):
+    hit: bool  # answered from the semantic cache
+    source: str  # hit, waited, stale, computed or early
+    similarity: float | None  # cosine similarity to the cached query, on a hit
+    cached_query: str | None
+
+
 class Answer(BaseModel):
     query: str
     hits: list[Hit]
+    cache: CacheInfo | None = None  # None when the request asked for no cache
 
 
 class QueryOut(BaseModel):

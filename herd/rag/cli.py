@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -15,11 +14,9 @@ from rich.text import Text
 
 from herd import console
 from herd.app import App
-from herd.jsonvalue import JSON
 from herd.rag.ingest import QUEUE, IngestError, Plan, RagRuntime, plan_and_apply
-from herd.rag.store import Hit, IndexError_
-from herd.semantic.cache import SemanticHit
-from herd.semantic.runtime import query_cache
+from herd.rag.query import Answer, answer
+from herd.rag.store import IndexError_
 
 
 def ingest(
@@ -153,57 +150,24 @@ def query(
     if not queries:
         raise typer.BadParameter("give at least one query (arguments or --file)")
 
-    async def work(app: App) -> list[tuple[list[dict[str, Any]], SemanticHit | None]]:
-        rt = await RagRuntime.of(app)
-        gen = await rt.store.live(collection)
-        if gen is None:
-            raise IndexError_(f"collection {collection!r} has no index yet: run herd ingest first")
-        if gen.settings.get("embedder") != rt.embedder.id:
-            raise IndexError_(
-                f"collection {collection!r} was indexed with {gen.settings.get('embedder')},"
-                f" not {rt.embedder.id}: re-run herd ingest to build a matching generation"
-            )
-        vectors = await asyncio.to_thread(rt.embedder.embed, queries)
-        fetch = max(k, CACHED_K)  # cache a few more than asked, so -k 3 and -k 5 share entries
-
-        async def retrieve(i: int, n: int) -> JSON:
-            hits = await rt.store.search(gen, vectors[i], n)
-            return {"k": n, "hits": [_hit(h) for h in hits]}
-
-        if not cache:
-            plain: list[Any] = [await retrieve(i, k) for i in range(len(queries))]
-            return [(v["hits"], None) for v in plain]
-        semantic = await query_cache(app, rt.embedder, tenant=tenant)
-        out: list[tuple[list[dict[str, Any]], SemanticHit | None]] = []
-        for i, q in enumerate(queries):
-            found = await semantic.aget_or_compute(
-                q,
-                functools.partial(retrieve, i, fetch),
-                vector=vectors[i],
-                collection=collection,
-                generation=gen.id,
-            )
-            value: Any = found.value
-            if value["k"] < k:  # cached by a run with a larger -k than this bound allows
-                value = await retrieve(i, k)
-            out.append((value["hits"][:k], found))
-        return out
+    async def work(app: App) -> list[Answer]:
+        return await answer(app, collection, queries, k, cache=cache, tenant=tenant)
 
     try:
         answers = console.run(console.opts(ctx), work)
     except IndexError_ as exc:
         console.err.print(f"herd: error: {exc}", soft_wrap=True, highlight=False, markup=False)
         raise typer.Exit(1) from None
-    for q, (hits, found) in zip(queries, answers, strict=True):
+    for a in answers:
         if as_json:
-            console.print_json({"query": q, "cache": _cache_json(found), "hits": hits})
+            console.print_json({"query": a.query, "cache": a.cache_json(), "hits": a.hits})
             continue
-        title = Text(q)
-        title.append(f"  ({_cache_note(found)})", style="dim")
+        title = Text(a.query)
+        title.append(f"  ({_cache_note(a)})", style="dim")
         table = Table(title=title, title_justify="left", show_lines=False)
         for col in ("score", "reference", "text"):
             table.add_column(col)
-        for h in hits:
+        for h in a.hits:
             text = h["text"] if len(h["text"]) <= 160 else h["text"][:159] + "…"
             # Text, not markup: KJV marks added words as [was], which rich would eat.
             table.add_row(f"{h['score']:.3f}", Text(h["ref"]), Text(text))
@@ -211,29 +175,11 @@ def query(
     sys.stdout.flush()
 
 
-CACHED_K = 10
-
-
-def _hit(h: Hit) -> dict[str, Any]:
-    return {"id": h.chunk_id, "ref": h.breadcrumb, "score": round(h.score, 4), "text": h.text}
-
-
-def _cache_json(found: SemanticHit | None) -> dict[str, Any] | None:
-    if found is None:
-        return None
-    cached = found.source not in ("computed", "early")
-    return {
-        "hit": cached,
-        "source": found.source,
-        "similarity": round(found.similarity, 4) if cached else None,
-        "cached_query": found.query if cached else None,
-    }
-
-
-def _cache_note(found: SemanticHit | None) -> str:
+def _cache_note(a: Answer) -> str:
+    found = a.cache
     if found is None:
         return "cache off"
-    if found.source in ("computed", "early"):
+    if not a.cached:
         return "retrieved; now cached"
     label = {"hit": "semantic cache hit", "waited": "semantic cache hit", "stale": "stale cache"}
     return f"{label[found.source]}, similarity {found.similarity:.3f}"

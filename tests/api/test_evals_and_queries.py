@@ -73,3 +73,22 @@ async def test_query_returns_the_nearest_chunks_with_references(
     assert first["query"] == "what happens when a worker dies?"
     assert "lease" in first["hits"][0]["text"] and "cache" in second["hits"][0]["text"]
     assert 0 < first["hits"][0]["score"] <= 1 and first["hits"][0]["ref"]
+    assert first["cache"] == {
+        "hit": False,
+        "source": "computed",
+        "similarity": None,
+        "cached_query": None,
+    }
+    # The same question again is answered by the semantic cache, not the index.
+    again = await client.post(
+        "/query", json={"texts": ["What happens when a worker dies?"], "collection": name, "k": 1}
+    )
+    (hit,) = again.json()["answers"]
+    assert hit["cache"]["hit"] and hit["cache"]["similarity"] >= 0.95
+    assert hit["cache"]["cached_query"] == "what happens when a worker dies?"
+    assert hit["hits"] == first["hits"]
+    off = await client.post(
+        "/query",
+        json={"texts": ["what happens when a worker dies?"], "collection": name, "cache": False},
+    )
+    assert off.json()["answers"][0]["cache"] is None
