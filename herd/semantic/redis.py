@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 import redis.asyncio as aioredis
 from redis.commands.search.field import NumericField, TagField, VectorField
-from redis.commands.search.index_definition import IndexDefinition, IndexType
+
+try:
+    from redis.commands.search.index_definition import IndexDefinition, IndexType
+except ImportError:  # redis-py 5 (arq still pins it) names the module in camel case
+    from redis.commands.search.indexDefinition import (  # type: ignore[no-redef,import-not-found,unused-ignore]
+        IndexDefinition,
+        IndexType,
+    )
 from redis.exceptions import ResponseError
 
 from herd.config import mask_url
