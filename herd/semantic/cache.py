@@ -175,6 +175,8 @@ class SemanticCache:
         self._flushed = time.monotonic()
         self._flushing = False
         self._portal: Portal | None = None
+        self._opened = False
+        self._opening = asyncio.Lock()
 
     # -- life
 
@@ -184,13 +186,23 @@ class SemanticCache:
         await self.locks.open()
         if self._clock is None:
             self._offset = await self.backend.server_time() - time.time()
+        self._opened = True
         return self
+
+    async def _ensure_open(self) -> None:
+        # Opened on first use too, so that a cache made in a script just works;
+        # ``with`` / ``async with`` also closes it.
+        if not self._opened:
+            async with self._opening:
+                if not self._opened:
+                    await self.open()
 
     async def close(self) -> None:
         await self._policy.drain()
         await self.flush()
         await self.locks.close()
         await self.backend.close()
+        self._opened = False
 
     async def __aenter__(self) -> Self:
         return await self.open()
@@ -277,10 +289,12 @@ class SemanticCache:
         return self._hit(req, req.found, found.source, value=found.value)
 
     async def aclear(self, *, collection: str | None = None, all_caches: bool = False) -> int:
+        await self._ensure_open()
         return await self.backend.clear(None if all_caches else self.name, collection)
 
     async def astats(self) -> dict[str, Any]:
         """This cache's figures: counters, hit rate, histograms (see herd.semantic.stats)."""
+        await self._ensure_open()
         await self.flush()
         raw = (await self.backend.read_stats()).get(self.name, {})
         return figures.summarize(raw)
@@ -323,6 +337,7 @@ class SemanticCache:
         generation: str | int,
         threshold: float | None,
     ) -> _Request:
+        await self._ensure_open()
         if vector is None:
             if self.embedder is None:
                 raise ConfigError("this cache has no embedder: pass vector=")

@@ -287,3 +287,16 @@ def test_exported_from_herd():
     import herd
 
     assert "SemanticCache" in herd.__all__ and herd.SemanticCache is SemanticCache
+
+
+def test_a_cache_used_without_opening_opens_itself(backend_url, embedder):
+    # The README's first example: no `with`, the real embedder, sync calls.
+    cache = SemanticCache(backend_url[1], embedder=embedder, name="readme")
+    try:
+        cache.store("Which sins are forgiven?", {"hits": ["kjv/matthew/12/31"]}, collection="kjv")
+        hit = cache.lookup("Which sins will be forgiven?", collection="kjv")
+        assert hit is not None and hit.value == {"hits": ["kjv/matthew/12/31"]}
+        assert hit.similarity >= 0.95
+        assert cache.lookup("Which sins are not forgiven?", collection="kjv") is None
+    finally:
+        cache.__exit__(None, None, None)
