@@ -93,6 +93,7 @@ async def work(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         side_log("flaky", ctx)
         raise RuntimeError("flaky job: fails its first attempt (before any provider call)")
     await asyncio.sleep(float(payload["seconds"]))
+    await ctx.check_lease()  # before the paid call: a worker resumed after SIGSTOP stops here
     side_log("call", ctx)
     answer = await call_provider(ctx)
     side_log("answered", ctx)

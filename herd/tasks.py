@@ -10,6 +10,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from herd.errors import LeaseLost
 from herd.jsonvalue import JSON
 from herd.queue.base import Lease
 
@@ -72,6 +73,22 @@ class JobContext:
     # Set when the lease is lost or the worker shuts down: a sync task running
     # in a thread cannot be cancelled, so it should check this between steps.
     cancelled: threading.Event = field(default_factory=threading.Event)
+    # Given by the worker: confirms the lease, renewing it first if it is not fresh.
+    confirm: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
+
+    async def check_lease(self) -> None:
+        """Raise LeaseLost unless this job's lease is still held: call it before an
+        expensive step, such as a model call.
+
+        Free while the heartbeat's last renewal is fresh; otherwise one renewal round
+        trip. A worker resumed after a pause (SIGSTOP, a suspended VM, a long stall)
+        learns here that another worker took the job over, instead of paying for a
+        call whose result the fencing would refuse.
+        """
+        if self.cancelled.is_set():
+            raise LeaseLost(f"job {self.job_id}: the lease is lost or being released")
+        if self.confirm is not None:
+            await self.confirm()
 
     @property
     def job_id(self) -> int:

@@ -203,6 +203,7 @@ class Worker:
         # The lease was granted at most "now" by the server; counting from the
         # moment we received it keeps our local deadline on the safe side.
         running = _Running(lease, ctx, deadline=time.monotonic() + lease.lease_seconds)
+        ctx.confirm = partial(self._confirm, running)
         self._running[lease.job_id] = running
         running.task = asyncio.create_task(self._execute(running), name=f"herd-job-{lease.job_id}")
 
@@ -381,6 +382,26 @@ class Worker:
             for (_, fut), ok in zip(batch, oks, strict=True):
                 if not fut.done():
                     fut.set_result(ok)
+
+    async def _confirm(self, running: _Running) -> None:
+        """``ctx.check_lease()``: renew now unless the heartbeat renewed recently."""
+        lease = running.lease
+        # The heartbeat renews every third of the lease, so a held lease normally
+        # has more than half of it left; less means we were paused or cut off.
+        if running.deadline - time.monotonic() > lease.lease_seconds / 2 and not running.lost:
+            return
+        sent = time.monotonic()
+        try:
+            renewed = {} if running.lost else await self.app.broker.renew_if_leased([lease])
+        except BrokerError:
+            if time.monotonic() <= running.deadline:
+                return  # unconfirmed, but not yet past our own deadline: still ours
+            renewed = None
+        if lease.job_id in (renewed or {}):
+            running.deadline = sent + lease.lease_seconds
+            return
+        self._lost(running, "renewal refused" if renewed is not None else "job store unreachable")
+        raise LeaseLost(f"job {lease.job_id}: the lease was lost")
 
     # -- heartbeat
 

@@ -91,6 +91,62 @@ async def test_lost_lease_cancels_the_task_and_writes_nothing(app, clean_pg):
     assert stats.lost == 1 and stats.succeeded == 0
 
 
+async def test_a_paused_worker_learns_before_its_next_model_call_that_the_job_moved(
+    app, clean_pg
+):
+    started, stolen = threading.Event(), threading.Event()
+    paid: list[str] = []
+
+    @app.task(name="paused", lease_seconds=0.6)
+    async def paused(payload, ctx):
+        started.set()
+        # The whole process stalls past its lease (SIGSTOP, a suspended VM): no
+        # heartbeat runs, and meanwhile another worker takes the job over.
+        time.sleep(0.8)
+        assert stolen.wait(10)
+        try:
+            await ctx.check_lease()
+        finally:
+            paid.append("checked")
+        paid.append("model call")  # must not be reached
+        return "stale result"
+
+    def thief() -> None:
+        async def steal() -> None:
+            assert started.wait(10)
+            broker = PostgresBroker(clean_pg)
+            await broker.open()
+            try:
+                with psycopg.connect(clean_pg, autocommit=True) as conn:
+                    conn.execute(
+                        "UPDATE herd_jobs SET lease_expires_at = now() - interval '1 second'"
+                    )
+                (lease,) = await broker.claim(["default"], "thief", 1)
+                assert lease.token == 2
+            finally:
+                await broker.close()
+            stolen.set()
+
+        asyncio.run(steal())
+
+    r = await app.enqueue("paused")
+    other = threading.Thread(target=thief)
+    other.start()
+    worker, run = start(app)
+    await status_of(app, r.job_id, JobStatus.PROCESSING)
+    async def lost() -> bool:
+        return worker.stats.lost == 1
+
+    await eventually(lost, timeout=15)
+    other.join(10)
+    worker.stop()
+    stats = await run
+    assert paid == ["checked"]  # refused before the call, not after it
+    job = await app.get_job(r.job_id)
+    assert job.last_worker == "thief" and job.lease_token == 2 and job.result is None
+    assert stats.lost == 1 and stats.succeeded == 0 and stats.refused == 0
+
+
 async def test_errors_retry_with_backoff_then_dead_letter_with_traceback(app):
     calls = []
 

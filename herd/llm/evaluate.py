@@ -243,6 +243,7 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     provider = rt.provider(spec)
 
     async def call(user: str) -> Completion:
+        await ctx.check_lease()  # a worker resumed after a pause pays for nothing
         try:
             done = await provider.complete(
                 spec.system, user, schema=spec.schema, params=spec.params
