@@ -71,13 +71,14 @@ async def answer(
     if not cache:
         plain: list[Any] = [await retrieve(i, k) for i in range(len(queries))]
         return [Answer(q, v["hits"], None) for q, v in zip(queries, plain, strict=True)]
-    semantic = await query_cache(app, rt.embedder, tenant=tenant)
+    semantic = await query_cache(app, rt.embedder)
     out = []
     for i, q in enumerate(queries):
         found = await semantic.aget_or_compute(
             q,
             functools.partial(retrieve, i, max(k, CACHED_K)),
             vector=vectors[i],
+            tenant=tenant,
             collection=collection,
             generation=gen.id,
         )

@@ -6,6 +6,7 @@ search module); otherwise it lives in the database in use, with pgvector.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from herd.app import App
@@ -28,24 +29,45 @@ def store_for(app: App) -> SemanticStore:
     return PostgresSemanticStore(app.database_url())
 
 
-async def query_cache(app: App, embedder: Any, *, tenant: str = "default") -> SemanticCache:
-    """An open cache for `herd query`'s retrievals, closed with the app."""
-    cache = SemanticCache(store_for(app), embedder=embedder, name=QUERY_CACHE, tenant=tenant)
-    await cache.open()
-    app.on_close(cache.close)
+async def query_cache(app: App, embedder: Any) -> SemanticCache:
+    """The app's open cache for retrievals (one per app and embedder, closed with the
+    app: a server answering many queries must not open a pool per request). Give
+    the tenant per call."""
+    key = f"semantic.query.{embedder.id}"
+    cache = app.state.get(key)
+    if cache is None:
+        async with app.state.setdefault("semantic.lock", asyncio.Lock()):
+            cache = app.state.get(key)
+            if cache is None:
+                cache = SemanticCache(store_for(app), embedder=embedder, name=QUERY_CACHE)
+                await cache.open()
+                app.on_close(cache.close)
+                app.state[key] = cache
+    assert isinstance(cache, SemanticCache)
     return cache
+
+
+async def _stats_store(app: App) -> SemanticStore:
+    store = app.state.get("semantic.stats_store")
+    if store is None:
+        async with app.state.setdefault("semantic.lock", asyncio.Lock()):
+            store = app.state.get("semantic.stats_store")
+            if store is None:
+                store = store_for(app)
+                await store.open(None)
+                app.on_close(store.close)
+                app.state["semantic.stats_store"] = store
+    found: SemanticStore = store
+    return found
 
 
 async def backend_stats(app: App) -> dict[str, dict[str, Any]]:
     """Every semantic cache's figures, by name (no embedder needed)."""
     from herd.semantic.stats import summarize
 
-    store = store_for(app)
-    await store.open(None)
-    try:
-        return {name: summarize(raw) for name, raw in sorted((await store.read_stats()).items())}
-    finally:
-        await store.close()
+    # The dashboard asks every 2 s: one store for the app's life, not one per read.
+    store = await _stats_store(app)
+    return {name: summarize(raw) for name, raw in sorted((await store.read_stats()).items())}
 
 
 async def backend_clear(app: App, *, name: str | None, collection: str | None) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import uuid
 
+import psycopg
+
 from herd.builtin import tasks as builtin_tasks
 from herd.rag.ingest import plan_and_apply
 from tests.rag.test_ingest import drain
@@ -48,7 +50,7 @@ async def test_query_a_collection_that_has_no_index_is_404(client):
 
 
 async def test_query_returns_the_nearest_chunks_with_references(
-    client, pg_app, tmp_path, herd_home
+    client, pg_app, tmp_path, herd_home, pg_url
 ):
     name = f"c{uuid.uuid4().hex[:10]}"
     corpus = tmp_path / "notes.md"
@@ -92,3 +94,18 @@ async def test_query_returns_the_nearest_chunks_with_references(
         json={"texts": ["what happens when a worker dies?"], "collection": name, "cache": False},
     )
     assert off.json()["answers"][0]["cache"] is None
+    # Queries share the app's cache: a server does not open pools per request.
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+
+        def sessions() -> int:
+            return conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            ).fetchone()[0]
+
+        before = sessions()
+        for n in range(5):
+            r = await client.post(
+                "/query", json={"texts": [f"question {n}"], "collection": name, "tenant": f"t{n}"}
+            )
+            assert r.status_code == 200
+        assert sessions() <= before
