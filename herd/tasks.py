@@ -83,7 +83,9 @@ class JobContext:
         Free while the heartbeat's last renewal is fresh; otherwise one renewal round
         trip. A worker resumed after a pause (SIGSTOP, a suspended VM, a long stall)
         learns here that another worker took the job over, instead of paying for a
-        call whose result the fencing would refuse.
+        call whose result the fencing would refuse. During a graceful shutdown the
+        job is handed back here (the task ends, no attempt counted), rather than
+        start a step that the end of the grace period could cut short.
         """
         if self.cancelled.is_set():
             raise LeaseLost(f"job {self.job_id}: the lease is lost or being released")

@@ -384,8 +384,22 @@ class Worker:
                     fut.set_result(ok)
 
     async def _confirm(self, running: _Running) -> None:
-        """``ctx.check_lease()``: renew now unless the heartbeat renewed recently."""
+        """``ctx.check_lease()``: renew now unless the heartbeat renewed recently;
+        during shutdown, hand the job back instead of starting a step the end of the
+        grace period may cut short (another worker runs it whole, nothing is paid twice).
+        """
         lease = running.lease
+        if self._stopping.is_set() and not running.lost:
+            running.releasing = True
+            running.ctx.cancelled.set()
+            try:
+                await self.app.broker.release_if_leased([lease])
+                log.warning("job %d handed back before its next step: shutting down", lease.job_id)
+            except BrokerError as exc:
+                log.error(
+                    "job %d: could not hand back (%s); its lease will expire", lease.job_id, exc
+                )
+            raise asyncio.CancelledError  # ends the task; _execute writes nothing more
         # The heartbeat renews every third of the lease, so a held lease normally
         # has more than half of it left; less means we were paused or cut off.
         if running.deadline - time.monotonic() > lease.lease_seconds / 2 and not running.lost:

@@ -91,9 +91,7 @@ async def test_lost_lease_cancels_the_task_and_writes_nothing(app, clean_pg):
     assert stats.lost == 1 and stats.succeeded == 0
 
 
-async def test_a_paused_worker_learns_before_its_next_model_call_that_the_job_moved(
-    app, clean_pg
-):
+async def test_a_paused_worker_learns_before_its_next_model_call_that_the_job_moved(app, clean_pg):
     started, stolen = threading.Event(), threading.Event()
     paid: list[str] = []
 
@@ -134,6 +132,7 @@ async def test_a_paused_worker_learns_before_its_next_model_call_that_the_job_mo
     other.start()
     worker, run = start(app)
     await status_of(app, r.job_id, JobStatus.PROCESSING)
+
     async def lost() -> bool:
         return worker.stats.lost == 1
 
@@ -220,6 +219,31 @@ async def test_graceful_stop_waits_then_releases_without_an_attempt(app):
     stuck_job = await app.get_job(s.job_id)
     assert stuck_job.status == JobStatus.PENDING
     assert stuck_job.attempts == 0 and stuck_job.stalls == 0 and stuck_job.lease_owner is None
+
+
+async def test_during_shutdown_a_job_about_to_call_the_model_is_handed_back(app):
+    waiting, go = threading.Event(), asyncio.Event()
+    paid: list[str] = []
+
+    @app.task(name="two-steps")
+    async def two_steps(payload, ctx):
+        waiting.set()
+        await go.wait()  # the first step ends after SIGTERM
+        await ctx.check_lease()
+        paid.append("model call")  # must not start in the grace period
+        return "ok"
+
+    r = await app.enqueue("two-steps")
+    worker, run = start(app, grace_period=30)
+    await eventually(lambda: asyncio.to_thread(waiting.is_set))
+    worker.stop()
+    go.set()
+    # Handed back at once, not after the 30 s grace period.
+    await asyncio.wait_for(run, 10)
+    assert paid == []
+    job = await app.get_job(r.job_id)
+    assert job.status == JobStatus.PENDING
+    assert job.attempts == 0 and job.stalls == 0 and job.lease_owner is None
 
 
 async def test_second_stop_releases_at_once(app):
