@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
@@ -150,9 +151,21 @@ def _ids_tokens(leases: Sequence[Lease]) -> dict[str, list[int]]:
 class PostgresBroker:
     name = "postgres"
 
-    def __init__(self, url: str, *, pool_size: int = 8, auto_migrate: bool = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 8,
+        auto_migrate: bool = True,
+        finished_ttl: float = 7 * 86400,
+    ) -> None:
+        """``finished_ttl``: seconds a succeeded job (and its result) is kept; 0 keeps
+        it. Dead-lettered jobs are kept until requeued or deleted by hand."""
         self.url = url
         self.auto_migrate = auto_migrate
+        self.finished_ttl = float(finished_ttl)
+        self._next_purge = 0.0
+        self._purging: asyncio.Task[int] | None = None
         self._q = queries()
         self._pool = connection_pool(url, max_size=max(2, pool_size))
         self._listener: AsyncConnection[Any] | None = None
@@ -175,6 +188,9 @@ class PostgresBroker:
                 raise psycopg.OperationalError("timed out opening the connection pool") from exc
 
     async def close(self) -> None:
+        if self._purging is not None:
+            self._purging.cancel()
+            await asyncio.gather(self._purging, return_exceptions=True)
         if self._listener is not None:
             await self._listener.close()
             self._listener = None
@@ -258,6 +274,11 @@ class PostgresBroker:
         # (priority, id) order instead of sorting every ready job of several
         # queues; the starting queue rotates so that none starves the others.
         leases: list[Lease] = []
+        if self.finished_ttl and time.monotonic() >= self._next_purge:
+            # Retention rides on claiming, so every worker fleet has it without a
+            # scheduler; at most every 10 minutes per process, in the background.
+            self._next_purge = time.monotonic() + 600
+            self._purging = asyncio.create_task(self._purge_quietly(), name="herd-purge")
         if limit <= 0 or not queues:
             return leases
         self._rotation = (self._rotation + 1) % len(queues)
@@ -273,6 +294,27 @@ class PostgresBroker:
                     continue
                 leases.append(Lease(**row, owner=owner))
         return leases
+
+    async def purge_finished(self, older_than: float | None = None, *, batch: int = 5000) -> int:
+        """Delete succeeded jobs finished more than ``older_than`` seconds ago (default:
+        ``finished_ttl``), in batches; returns how many."""
+        keep = self.finished_ttl if older_than is None else older_than
+        removed = 0
+        while True:
+            rows = await self._fetch("purge_finished", {"keep": keep, "limit": batch})
+            removed += len(rows)
+            if len(rows) < batch:
+                return removed
+
+    async def _purge_quietly(self) -> int:
+        try:
+            removed = await self.purge_finished()
+        except BrokerError as exc:
+            log.warning("purging succeeded jobs failed (retried later): %s", exc)
+            return 0
+        if removed:
+            log.info("purged %d succeeded jobs older than %.0fs", removed, self.finished_ttl)
+        return removed
 
     async def renew_if_leased(self, leases: Sequence[Lease]) -> dict[int, datetime]:
         if not leases:

@@ -187,3 +187,14 @@ SELECT w.start, f.queue,
        f.status, count(*)
   FROM w LEFT JOIN f ON true
  GROUP BY w.start, f.queue, i, f.status;
+
+-- name: purge_finished
+-- Succeeded jobs past their retention, one batch, oldest first, along the partial
+-- index herd_jobs_finished; SKIP LOCKED lets workers purge side by side.
+DELETE FROM herd_jobs WHERE id IN (
+    SELECT id FROM herd_jobs
+     WHERE status = 'succeeded' AND finished_at < now() - make_interval(secs => %(keep)s)
+     ORDER BY finished_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED)
+RETURNING id;
