@@ -386,11 +386,20 @@ async def finalize(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return {"deleted": len(gone), "swapped": swapped, "generation": gen.id}
 
 
+# How many active jobs finalize looks through for its generation's embed jobs.
+UNDERWAY_SCAN = 10_000
+
+
 async def _embedding_underway(app: App, gen_id: int) -> bool:
     for status in (JobStatus.PENDING, JobStatus.PROCESSING):
-        for job in await app.broker.list_jobs(status=status, queue=QUEUE, limit=10_000):
-            if job.task == EMBED_TASK and job.payload.get("generation") == gen_id:
-                return True
+        jobs = await app.broker.list_jobs(status=status, queue=QUEUE, limit=UNDERWAY_SCAN)
+        if any(j.task == EMBED_TASK and j.payload.get("generation") == gen_id for j in jobs):
+            return True
+        if len(jobs) >= UNDERWAY_SCAN:
+            # More active jobs than the scan sees (a corpus of over ~480k chunks):
+            # assume some are ours, so finalize waits instead of dead-lettering a
+            # run whose jobs are still queued.
+            return True
     return False
 
 

@@ -250,3 +250,19 @@ def test_a_200_mb_input_streams_in_bounded_memory(tmp_path, pg_url, herd_home):
     assert f'"added": {n}' in r.stdout
     peak_mb = int(r.stderr.rsplit("PEAK", 1)[1].split()[0]) / 1024
     assert peak_mb < 400, f"peak RSS {peak_mb:.0f} MB for a 200 MB file"
+
+
+async def test_finalize_waits_when_there_are_more_active_jobs_than_it_can_scan(app, monkeypatch):
+    from herd.rag.ingest import _embedding_underway
+
+    monkeypatch.setattr(ingest, "UNDERWAY_SCAN", 3)
+    others = [
+        (await app.enqueue("other.task", {"n": n}, queue=ingest.QUEUE)).job_id for n in range(3)
+    ]
+    try:
+        # None of them is this generation's, but the scan cannot see past them.
+        assert await _embedding_underway(app, 987654) is True
+    finally:
+        rt = await RagRuntime.of(app)
+        await rt.store.fetch("DELETE FROM herd_jobs WHERE id = ANY(%s)", (others,))
+    assert await _embedding_underway(app, 987654) is False
