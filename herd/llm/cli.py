@@ -143,15 +143,16 @@ async def _settle(app: App, batch: str | None) -> dict[str, int]:
         {"b": batch},
     )
     counts = {"failed": 0, "running": 0}
-    for (job_id,) in items:
-        job = await app.broker.get_job(job_id)
-        if job is None:
-            continue
+    ids = [job_id for (job_id,) in items]
+    jobs = []
+    for start in range(0, len(ids), 1000):  # one round trip per thousand jobs
+        jobs += await app.broker.get_jobs(ids[start : start + 1000])
+    for job in jobs:
         if job.status == "succeeded" and isinstance(job.result, dict):
             await rt.store.execute(
                 "UPDATE herd_eval_items SET status = 'done', source = %s, result = %s,"
                 " finished_at = now() WHERE job_id = %s AND status = 'queued'",
-                (job.result.get("source"), Jsonb(job.result), job_id),
+                (job.result.get("source"), Jsonb(job.result), job.id),
             )
         elif job.status == "dead":
             counts["failed"] += 1

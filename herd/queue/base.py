@@ -190,6 +190,10 @@ class Broker(Protocol):
 
     # -- inspection and operations
     async def get_job(self, job_id: int) -> Job | None: ...
+    async def get_jobs(self, job_ids: Sequence[int]) -> list[Job]:
+        """The jobs of these ids that exist, in one round trip (in no set order)."""
+        ...
+
     async def list_jobs(
         self, *, status: JobStatus | None = None, queue: str | None = None, limit: int = 100
     ) -> list[Job]: ...

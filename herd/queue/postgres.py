@@ -414,6 +414,11 @@ class PostgresBroker:
         rows = await self._fetch_dicts("get_job", {"id": job_id})
         return _job(rows[0]) if rows else None
 
+    async def get_jobs(self, job_ids: Sequence[int]) -> list[Job]:
+        if not job_ids:
+            return []
+        return [_job(r) for r in await self._fetch_dicts("get_jobs", {"ids": list(job_ids)})]
+
     async def list_jobs(
         self, *, status: JobStatus | None = None, queue: str | None = None, limit: int = 100
     ) -> list[Job]:

@@ -327,6 +327,20 @@ class RedisBroker:
         jobs = await self._load(queue, [job_id])
         return jobs[0] if jobs else None
 
+    async def get_jobs(self, job_ids: Sequence[int]) -> list[Job]:
+        if not job_ids:
+            return []
+        with self._errors():
+            queues = await self._redis.hmget("herd:jobq", [str(i) for i in job_ids])
+        by_queue: dict[str, list[int]] = {}
+        for job_id, queue in zip(job_ids, queues, strict=True):
+            if queue is not None:
+                by_queue.setdefault(str(queue), []).append(job_id)
+        out: list[Job] = []
+        for queue, ids in by_queue.items():
+            out += await self._load(queue, ids)
+        return out
+
     async def _queues(self) -> list[str]:
         with self._errors():
             return sorted(str(q) for q in await self._redis.smembers("herd:queues"))

@@ -46,3 +46,16 @@ async def test_throughput_counts_succeeded_and_dead_jobs_per_minute_per_queue(br
     assert sum(tp.succeeded["a"]) == 2 and sum(tp.dead["a"]) == 1
     assert "b" not in tp.succeeded
     assert sum(tp.succeeded["a"][-2:]) == 2
+
+
+async def test_get_jobs_returns_the_existing_jobs_of_several_queues_in_one_call(broker):
+    made = await broker.enqueue(
+        [job(task="a", payload={"n": 1}), job(task="b", queue="other", payload={"n": 2})]
+    )
+    ids = [m.job_id for m in made]
+    found = await broker.get_jobs([ids[1], 987_654_321, ids[0]])
+    assert sorted((j.id, j.task, j.queue, j.payload["n"]) for j in found) == [
+        (ids[0], "a", "default", 1),
+        (ids[1], "b", "other", 2),
+    ]
+    assert await broker.get_jobs([]) == []

@@ -140,6 +140,9 @@ SELECT 1 FROM herd_jobs
 -- name: get_job
 SELECT * FROM herd_jobs WHERE id = %(id)s;
 
+-- name: get_jobs
+SELECT * FROM herd_jobs WHERE id = ANY(%(ids)s::bigint[]);
+
 -- name: list_jobs
 SELECT * FROM herd_jobs
  WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
