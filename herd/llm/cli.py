@@ -9,13 +9,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from psycopg.types.json import Jsonb
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from herd import console
 from herd.app import App
-from herd.llm.evaluate import QUEUE, EvalRuntime, EvalSpec, submit
+from herd.llm.evaluate import QUEUE, EvalRuntime, EvalSpec, batch_status, settle, submit
 
 eval_cli = typer.Typer(no_args_is_help=True, help="LLM evaluations of documents.")
 cache_cli = typer.Typer(
@@ -99,7 +98,7 @@ def eval_submit(
             await Worker(
                 app, queues=[QUEUE], concurrency=concurrency, stop_when_idle=True, poll_interval=0.2
             ).run()
-        return report, (await _status(app, report.batch) if wait else None)
+        return report, (await batch_status(app, report.batch) if wait else None)
 
     report, status = console.run(opts, work)
     if as_json:
@@ -128,64 +127,6 @@ def _read_json_file_text(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise typer.BadParameter("must be a JSON object", param_hint="--params")
     return value
-
-
-async def _settle(app: App, batch: str | None) -> dict[str, int]:
-    """Bring items up to date with their jobs; count them by state.
-
-    A document deduplicated onto a job that finished while it was being submitted
-    misses the job's own update of its items, so the job's result is copied here.
-    """
-    rt = await EvalRuntime.of(app)
-    items = await rt.store.execute(
-        "SELECT DISTINCT job_id FROM herd_eval_items WHERE status = 'queued'"
-        " AND (%(b)s::text IS NULL OR batch = %(b)s)",
-        {"b": batch},
-    )
-    counts = {"failed": 0, "running": 0}
-    ids = [job_id for (job_id,) in items]
-    jobs = []
-    for start in range(0, len(ids), 1000):  # one round trip per thousand jobs
-        jobs += await app.broker.get_jobs(ids[start : start + 1000])
-    for job in jobs:
-        if job.status == "succeeded" and isinstance(job.result, dict):
-            await rt.store.execute(
-                "UPDATE herd_eval_items SET status = 'done', source = %s, result = %s,"
-                " finished_at = now() WHERE job_id = %s AND status = 'queued'",
-                (job.result.get("source"), Jsonb(job.result), job.id),
-            )
-        elif job.status == "dead":
-            counts["failed"] += 1
-        elif job.status == "processing":
-            counts["running"] += 1
-    return counts
-
-
-async def _status(app: App, batch: str | None) -> dict[str, Any]:
-    rt = await EvalRuntime.of(app)
-    counts = await _settle(app, batch)
-    failed, running = counts["failed"], counts["running"]
-    items = await rt.store.execute(
-        "SELECT job_id, status FROM herd_eval_items WHERE %(b)s::text IS NULL OR batch = %(b)s",
-        {"b": batch},
-    )
-    done = sum(1 for _, st in items if st == "done")
-    ledger = {
-        kind: {"n": n, "input_tokens": int(i or 0), "output_tokens": int(o or 0), "cost": c}
-        for kind, n, i, o, c in await rt.store.execute(
-            "SELECT kind, count(*), sum(input_tokens), sum(output_tokens), sum(cost)"
-            " FROM herd_eval_ledger WHERE %(b)s::text IS NULL OR batch = %(b)s GROUP BY kind",
-            {"b": batch},
-        )
-    }
-    return {
-        "batch": batch,
-        "documents": len(items),
-        "done": done,
-        "failed": failed,
-        "running": running,
-        "ledger": ledger,
-    }
 
 
 def _print_status(status: dict[str, Any]) -> None:
@@ -227,7 +168,7 @@ def eval_status(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Progress, failures and the cost ledger (calls made and avoided)."""
-    status = console.run(console.opts(ctx), lambda app: _status(app, batch))
+    status = console.run(console.opts(ctx), lambda app: batch_status(app, batch))
     if as_json:
         console.print_json(status)
     else:
@@ -246,7 +187,7 @@ def eval_results(
 
     async def work(app: App) -> list[tuple[Any, ...]]:
         rt = await EvalRuntime.of(app)
-        await _settle(app, batch)
+        await settle(app, batch)
         return await rt.store.execute(
             "SELECT batch, path, source, result FROM herd_eval_items WHERE status = 'done'"
             " AND (%(b)s::text IS NULL OR batch = %(b)s) ORDER BY batch, path",

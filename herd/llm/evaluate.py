@@ -32,6 +32,7 @@ from herd.llm.documents import DocumentError, find_documents, read_document
 from herd.llm.pricing import PriceTable
 from herd.llm.providers import Anthropic, OpenAICompatible, Provider
 from herd.locks import PostgresLocks, RedisLocks
+from herd.queue.base import EnqueueResult
 from herd.queue.postgres import connection_pool, migrate, translate_errors
 from herd.tasks import JobContext
 
@@ -324,61 +325,128 @@ async def submit(
     chunk: int = 200,
 ) -> SubmitReport:
     """Enqueue one evaluation job per readable document; report the unreadable ones."""
-    rt = await EvalRuntime.of(app)
     report = SubmitReport(batch or f"eval-{uuid.uuid4().hex[:8]}")
-    await rt.store.put_spec(spec)
     try:
         files = list(find_documents(paths))
     except DocumentError as exc:
         report.errors.append(str(exc))
         return report
     for start in range(0, len(files), chunk):
-        docs: dict[str, str] = {}
-        items: list[tuple[str, str, str]] = []  # path, doc hash, key
+        items: list[tuple[str, str]] = []  # path, normalized text
         for path in files[start : start + chunk]:
             try:
-                text = normalize_document(read_document(path))
+                items.append((str(path), normalize_document(read_document(path))))
             except DocumentError as exc:
                 report.errors.append(str(exc))
-                continue
-            doc_hash = hashlib.sha256(text.encode()).hexdigest()
-            docs[doc_hash] = text
-            items.append((str(path), doc_hash, spec.key(text)))
-        await rt.store.put_documents(docs)
-        results = await app.enqueue_many(
-            TASK,
-            [
-                {"batch": report.batch, "path": p, "doc": d, "spec": spec.hash, "key": k}
-                for p, d, k in items
-            ],
-            queue=QUEUE,
-            priority=priority,
-            dedup_keys=[k for _, _, k in items],
-        )
-        await rt.store.execute(
-            "INSERT INTO herd_eval_items (batch, path, key, job_id) SELECT %s, p, k, j FROM"
-            " unnest(%s::text[], %s::text[], %s::bigint[]) AS x(p, k, j) ON CONFLICT DO NOTHING",
-            (
-                report.batch,
-                [p for p, _, _ in items],
-                [k for _, _, k in items],
-                [r.job_id for r in results],
-            ),
-        )
-        for (_, _, k), r in zip(items, results, strict=True):
+        for r in await enqueue_documents(app, spec, report.batch, items, priority=priority):
             report.job_ids.append(r.job_id)
             if r.created:
                 report.queued += 1
             else:
                 report.deduplicated += 1
-                await rt.store.record(
-                    batch=report.batch,
-                    job_id=r.job_id,
-                    key=k,
-                    kind="dedup",
-                    model=spec.model,
-                    provider=spec.provider,
-                )
         if progress:
             progress(min(len(files), start + chunk))
     return report
+
+
+async def enqueue_documents(
+    app: App, spec: EvalSpec, batch: str, items: list[tuple[str, str]], *, priority: int = 0
+) -> list[EnqueueResult]:
+    """One job per (name, normalized text); identical evaluations share a job.
+
+    Stores the documents, the batch's items and a dedup ledger row for each
+    document that joined an existing job, so ``herd eval status`` sees it all.
+    """
+    if not items:
+        return []
+    rt = await EvalRuntime.of(app)
+    rows = [
+        (name, hashlib.sha256(text.encode()).hexdigest(), spec.key(text)) for name, text in items
+    ]
+    await rt.store.put_spec(spec)
+    await rt.store.put_documents(
+        {d: text for (_, d, _), (_, text) in zip(rows, items, strict=True)}
+    )
+    results = await app.enqueue_many(
+        TASK,
+        [{"batch": batch, "path": p, "doc": d, "spec": spec.hash, "key": k} for p, d, k in rows],
+        queue=QUEUE,
+        priority=priority,
+        dedup_keys=[k for _, _, k in rows],
+    )
+    await rt.store.execute(
+        "INSERT INTO herd_eval_items (batch, path, key, job_id) SELECT %s, p, k, j FROM"
+        " unnest(%s::text[], %s::text[], %s::bigint[]) AS x(p, k, j) ON CONFLICT DO NOTHING",
+        (batch, [p for p, _, _ in rows], [k for _, _, k in rows], [r.job_id for r in results]),
+    )
+    for (_, _, k), r in zip(rows, results, strict=True):
+        if not r.created:
+            await rt.store.record(
+                batch=batch,
+                job_id=r.job_id,
+                key=k,
+                kind="dedup",
+                model=spec.model,
+                provider=spec.provider,
+            )
+    return results
+
+
+async def settle(app: App, batch: str | None) -> dict[str, int]:
+    """Bring a batch's items (all batches: None) up to date with their jobs; count
+    them by state.
+
+    A document deduplicated onto a job that finished while it was being submitted
+    misses the job's own update of its items, so the job's result is copied here.
+    """
+    rt = await EvalRuntime.of(app)
+    items = await rt.store.execute(
+        "SELECT DISTINCT job_id FROM herd_eval_items WHERE status = 'queued'"
+        " AND (%(b)s::text IS NULL OR batch = %(b)s)",
+        {"b": batch},
+    )
+    counts = {"failed": 0, "running": 0}
+    ids = [job_id for (job_id,) in items]
+    jobs = []
+    for start in range(0, len(ids), 1000):  # one round trip per thousand jobs
+        jobs += await app.broker.get_jobs(ids[start : start + 1000])
+    for job in jobs:
+        if job.status == "succeeded" and isinstance(job.result, dict):
+            await rt.store.execute(
+                "UPDATE herd_eval_items SET status = 'done', source = %s, result = %s,"
+                " finished_at = now() WHERE job_id = %s AND status = 'queued'",
+                (job.result.get("source"), Jsonb(job.result), job.id),
+            )
+        elif job.status == "dead":
+            counts["failed"] += 1
+        elif job.status == "processing":
+            counts["running"] += 1
+    return counts
+
+
+async def batch_status(app: App, batch: str | None) -> dict[str, Any]:
+    """Progress of a batch (all: None) and its cost ledger: calls made and avoided."""
+    rt = await EvalRuntime.of(app)
+    counts = await settle(app, batch)
+    failed, running = counts["failed"], counts["running"]
+    items = await rt.store.execute(
+        "SELECT job_id, status FROM herd_eval_items WHERE %(b)s::text IS NULL OR batch = %(b)s",
+        {"b": batch},
+    )
+    done = sum(1 for _, st in items if st == "done")
+    ledger = {
+        kind: {"n": n, "input_tokens": int(i or 0), "output_tokens": int(o or 0), "cost": c}
+        for kind, n, i, o, c in await rt.store.execute(
+            "SELECT kind, count(*), sum(input_tokens), sum(output_tokens), sum(cost)"
+            " FROM herd_eval_ledger WHERE %(b)s::text IS NULL OR batch = %(b)s GROUP BY kind",
+            {"b": batch},
+        )
+    }
+    return {
+        "batch": batch,
+        "documents": len(items),
+        "done": done,
+        "failed": failed,
+        "running": running,
+        "ledger": ledger,
+    }

@@ -145,7 +145,7 @@ async def test_losing_the_lease_mid_call_aborts_the_request_and_writes_nothing(
 
 
 async def test_a_document_deduplicated_onto_a_finished_job_is_settled_from_it(app, sim, tmp_path):
-    from herd.llm.cli import _status
+    from herd.llm.evaluate import batch_status
 
     doc = tmp_path / "a.txt"
     doc.write_text("A paper.")
@@ -157,7 +157,7 @@ async def test_a_document_deduplicated_onto_a_finished_job_is_settled_from_it(ap
         "INSERT INTO herd_eval_items (batch, path, key, job_id) VALUES ('late', 'b.txt', 'k', %s)",
         (report.job_ids[0],),
     )
-    status = await _status(app, "late")
+    status = await batch_status(app, "late")
     assert (status["documents"], status["done"]) == (1, 1)
     ((result,),) = await rt.store.execute("SELECT result FROM herd_eval_items WHERE batch = 'late'")
     assert set(result["output"]) == {"score", "summary"}
