@@ -148,7 +148,7 @@ class SemanticCache:
             raise ConfigError(f"ttl must be a positive number of seconds or None, not {ttl!r}")
         if sliding and ttl is None:
             raise ConfigError("a sliding ttl needs a ttl")
-        self.backend = _store(backend) if isinstance(backend, str) else backend
+        self.backend = store_for_url(backend) if isinstance(backend, str) else backend
         self.locks = locks if locks is not None else _locks(self.backend)
         self.embedder = embedder
         self.embedder_id = embedder_id or (embedder.id if embedder is not None else None)
@@ -513,12 +513,12 @@ class _Bridge:
         return {self.cache.name: await self.cache.astats()}
 
 
-def _store(url: str) -> SemanticStore:
+def store_for_url(url: str) -> SemanticStore:
     if url.startswith(("redis://", "rediss://", "unix://")):
         from herd.semantic.redis import RedisSemanticStore
 
         return RedisSemanticStore(url)
-    if url.startswith(("postgres://", "postgresql://")):
+    if url.startswith(("postgres://", "postgresql://")) or "://" not in url:  # or a libpq DSN
         from herd.semantic.postgres import PostgresSemanticStore
 
         return PostgresSemanticStore(url)

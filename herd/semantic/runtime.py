@@ -12,7 +12,7 @@ from typing import Any
 from herd.app import App
 from herd.errors import ConfigError
 from herd.semantic.base import SemanticStore
-from herd.semantic.cache import SemanticCache
+from herd.semantic.cache import SemanticCache, store_for_url
 
 QUERY_CACHE = "rag"  # the name of the cache in front of `herd query`
 
@@ -21,12 +21,8 @@ def store_for(app: App) -> SemanticStore:
     if app.settings.cache == "redis":
         if not app.settings.redis_url:
             raise ConfigError("HERD_CACHE=redis needs HERD_REDIS_URL")
-        from herd.semantic.redis import RedisSemanticStore
-
-        return RedisSemanticStore(app.settings.redis_url)
-    from herd.semantic.postgres import PostgresSemanticStore
-
-    return PostgresSemanticStore(app.database_url())
+        return store_for_url(app.settings.redis_url)
+    return store_for_url(app.database_url())
 
 
 async def query_cache(app: App, embedder: Any) -> SemanticCache:
