@@ -79,7 +79,7 @@ async def requeue(body: RequeueIn, app: HerdApp) -> RequeueOut:
 @router.get("/stats", tags=["statistics"])
 async def stats(app: HerdApp) -> StatsOut:
     """Jobs per queue and status; cache counters and hit rates."""
-    return StatsOut(queues=await overview.queues(app), caches=await overview.caches(app))
+    return StatsOut(queues=await app.stats(), caches=await overview.caches(app))
 
 
 @router.get("/overview", tags=["statistics"])

@@ -38,12 +38,9 @@ class Reading:
 
 
 async def read(app: App) -> Reading:
-    reading = Reading(queues=await overview.queues(app))
+    reading = Reading(queues=await app.stats())
     reading.caches = await overview.caches(app, reading.problems)
-    try:
-        reading.ledger = await overview.ledger(app)
-    except HerdError as exc:
-        reading.problems.append(f"ledger: {exc}")
+    reading.ledger = await overview.optional("ledger", overview.ledger(app), reading.problems)
     return reading
 
 

@@ -115,11 +115,7 @@ async def ledger(app: App) -> list[LedgerRow]:
     ]
 
 
-async def queues(app: App) -> list[QueueStats]:
-    return await app.stats()
-
-
-async def _optional(what: str, read: Awaitable[list[T]], problems: list[str]) -> list[T]:
+async def optional(what: str, read: Awaitable[list[T]], problems: list[str]) -> list[T]:
     """Caches and the ledger live beside the queue (and may be down while it is up)."""
     try:
         return await read
@@ -138,7 +134,7 @@ async def overview(app: App, *, minutes: int = 30, limit: int = 50) -> OverviewO
         app.list_jobs(limit=10),
     )
     cache_rows = await caches(app, problems)
-    ledger_rows = await _optional("cost ledger", ledger(app), problems)
+    ledger_rows = await optional("cost ledger", ledger(app), problems)
     return OverviewOut(
         now=datetime.now(UTC),
         broker=app.broker.name,
