@@ -141,8 +141,10 @@ async def test_fingerprint_change_builds_a_new_generation_then_swaps(app, tmp_pa
         rebuild = await plan_and_apply(other, [kjv], name)
         assert rebuild.new_generation and rebuild.generation != first.generation
         assert rebuild.to_embed == 20
-        # Not built yet: the old generation still answers.
+        # Not built yet: the old generation still answers, and the new one's HNSW
+        # index waits for its vectors (built once in finalize, not row by row).
         assert (await rt.store.live(name)).id == first.generation
+        assert await hnsw_indexes(app, rebuild.generation) == 0
         assert (await search(app, name, "Let there be light"))[0] == "kjv/genesis/1/3"
         await drain(other)
     live = await rt.store.live(name)
