@@ -2,12 +2,14 @@
 
 from typing import TYPE_CHECKING, Any
 
+from herd._version import __version__
 from herd.app import App
 from herd.config import Settings
 from herd.errors import (
     BrokerError,
     BrokerUnavailable,
     ConfigError,
+    FallbackWarning,
     Fatal,
     HerdError,
     JobNotFound,
@@ -42,6 +44,7 @@ __all__ = [
     "ConfigError",
     "DeadReason",
     "EnqueueResult",
+    "FallbackWarning",
     "Fatal",
     "HerdError",
     "Job",
@@ -60,4 +63,5 @@ __all__ = [
     "UnknownTask",
     "Worker",
     "WorkerStats",
+    "__version__",
 ]

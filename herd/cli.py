@@ -13,15 +13,18 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.table import Table
 
+from herd._version import __version__
 from herd.app import App
 from herd.config import Settings
 from herd.console import Options, err, jsonable, opts, out, print_json, run, short, when
+from herd.errors import FallbackWarning
 from herd.queue.base import Job, JobStatus
 
 T = TypeVar("T")
@@ -58,6 +61,12 @@ def _add_feature_commands() -> None:
     cli.command()(status)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"herd {__version__}")
+        raise typer.Exit()
+
+
 @cli.callback()
 def _root(
     ctx: typer.Context,
@@ -73,6 +82,12 @@ def _root(
     ] = None,
     redis_url: Annotated[str | None, typer.Option(help="Redis URL [env HERD_REDIS_URL]")] = None,
     debug: Annotated[bool, typer.Option(help="Show tracebacks and debug logs.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print herd's version."
+        ),
+    ] = False,
 ) -> None:
     flags: dict[str, Any] = {
         "database_url": database_url,
@@ -92,6 +107,8 @@ def _root(
     logging.getLogger("herd").setLevel(logging.DEBUG if debug else logging.INFO)
     # The pool logs every failed reconnect; herd reports outages itself, once.
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR if not debug else logging.DEBUG)
+    if not sys.warnoptions:  # a fallback is logged as an error already: say it once
+        warnings.filterwarnings("ignore", category=FallbackWarning)
 
 
 def _jobs_table(jobs: list[Job], *, title: str, dead: bool = False) -> Table:
@@ -320,7 +337,7 @@ def migrate(ctx: typer.Context) -> None:
 @cli.command()
 def config(ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """The settings in force (secrets masked)."""
-    values = opts(ctx).settings.masked()
+    values = {"version": __version__, **opts(ctx).settings.masked()}
     if as_json:
         print_json(values)
         return

@@ -86,3 +86,12 @@ class LockNotAcquired(HerdError):
 
 class SingleflightTimeout(HerdError):
     """Another caller is computing this value and did not finish within the wait."""
+
+
+class FallbackWarning(RuntimeWarning):
+    """herd runs a slower fallback: something its fast path needs is missing or failed.
+
+    Also logged as an error. The test suite turns it into an error, so that a fallback
+    never hides a missing dependency; ``-W error::herd.FallbackWarning`` does the same
+    for an application's own tests.
+    """

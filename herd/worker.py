@@ -245,7 +245,8 @@ class Worker:
                 self._lost(running, "the task's fenced write was refused")
                 return
             except Retry as exc:
-                await self._fail(running, self._failure(running, exc, retry_in=exc.after))
+                failure = self._failure(running, exc, retry_in=exc.after)
+                await self._fail(running, failure, asked=True)
                 return
             except Fatal as exc:
                 await self._fail(
@@ -306,7 +307,8 @@ class Worker:
                 why,
             )
 
-    async def _fail(self, running: _Running, failure: Failure) -> None:
+    async def _fail(self, running: _Running, failure: Failure, *, asked: bool = False) -> None:
+        """Record a failure; ``asked``: the task raised Retry, the normal way to wait."""
         status = await self._write(running, lambda: self.app.broker.fail_if_leased(failure))
         if status is None:
             self.stats.refused += 1
@@ -321,10 +323,12 @@ class Worker:
             )
         else:
             self.stats.retried += 1
-            log.warning(
-                "job %d (%s) failed, retry in %.1fs: %s",
+            log.log(
+                logging.INFO if asked else logging.WARNING,
+                "job %d (%s) %s, retry in %.1fs: %s",
                 failure.lease.job_id,
                 failure.lease.task,
+                "asked to be retried" if asked else "failed",
                 failure.retry_in,
                 failure.error,
             )

@@ -25,6 +25,19 @@ def herd(*args: str, url: str | None = None, **env: str) -> subprocess.Completed
     )
 
 
+def herd_version() -> str:
+    import importlib.metadata
+
+    # What pip installed, which must be what herd says it is.
+    return importlib.metadata.version("herd")
+
+
+def test_version_is_printed_without_touching_any_server():
+    r = herd("--version", HERD_DATABASE_URL="postgresql://u:pw@127.0.0.1:1/nodb")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"herd {herd_version()}\n" and r.stderr == ""
+
+
 def test_unreachable_database_is_one_clear_line_not_a_traceback():
     r = herd("jobs", "list", url="postgresql://herd:s3cret@127.0.0.1:1/nodb")
     assert r.returncode == 1
@@ -89,6 +102,7 @@ def test_config_masks_secrets():
         HERD_HOME="/tmp/h",
     )
     values = json.loads(r.stdout)
+    assert values["version"] == herd_version()
     assert values["database_url"] == "postgresql://u:****@db/x"
     assert values["api_token"] == "****" and values["home"] == "/tmp/h"
     assert "hunter2" not in r.stdout and "tok-secret" not in r.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import threading
 import time
 
@@ -146,7 +147,8 @@ async def test_a_paused_worker_learns_before_its_next_model_call_that_the_job_mo
     assert stats.lost == 1 and stats.succeeded == 0 and stats.refused == 0
 
 
-async def test_errors_retry_with_backoff_then_dead_letter_with_traceback(app):
+async def test_errors_retry_with_backoff_then_dead_letter_with_traceback(app, caplog):
+    caplog.set_level(logging.INFO, logger="herd.worker")
     calls = []
 
     @app.task(name="flaky", max_attempts=3)
@@ -169,6 +171,11 @@ async def test_errors_retry_with_backoff_then_dead_letter_with_traceback(app):
     assert job.dead_reason == "max_attempts" and job.attempts == 3
     assert job.last_error == "ValueError: bad input 42"
     assert "in flaky" in job.last_traceback and job.last_worker == worker.name
+    # A Retry is how a task waits (finalize does, every ingest): not a warning.
+    retries = [(x.levelname, x.getMessage()) for x in caplog.records if "retry in" in x.message]
+    asked = f"job {r.job_id} (flaky) asked to be retried, retry in 0.3s: Retry: not yet"
+    assert retries[0] == ("INFO", asked)
+    assert retries[1][0] == "WARNING" and "failed" in retries[1][1]
 
 
 async def test_unknown_task_fatal_and_non_json_result_go_to_the_dlq(app):

@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from herd._version import __version__
 from herd.api import dashboard, evals, jobs, metrics, queries
 from herd.api.security import BearerAuth, BodyLimit, SecurityHeaders
 from herd.app import App
@@ -65,7 +66,7 @@ def create_app(
     api = FastAPI(
         title="herd",
         summary="A crash-safe worker queue with caches for expensive model work.",
-        version="0.1.0",
+        version=__version__,
         lifespan=lifespan,
         redoc_url=None,
         responses={401: {"description": "missing or wrong bearer token"}},

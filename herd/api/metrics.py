@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from herd._version import __version__
 from herd.api import overview
 from herd.api.deps import HerdApp
 from herd.api.models import CacheOut, HealthOut, LedgerRow
@@ -80,7 +81,11 @@ class HerdCollector(Collector):
             running.add_metric([q.queue], q.counts.get(JobStatus.PROCESSING, 0))
             dead.add_metric([q.queue], q.counts.get(JobStatus.DEAD, 0))
             done.add_metric([q.queue], q.counts.get(JobStatus.SUCCEEDED, 0))
-        yield from (jobs, ready, age, running, dead, done)
+        info = GaugeMetricFamily(
+            "herd_build_info", "herd's version (always 1).", labels=["version"]
+        )
+        info.add_metric([__version__], 1)
+        yield from (info, jobs, ready, age, running, dead, done)
 
         labels = ["cache", "namespace"]
         hits = CounterMetricFamily("herd_cache_hits", "Cache lookups answered.", labels=labels)
@@ -189,6 +194,8 @@ async def healthz(app: HerdApp) -> Response:
         except HerdError as exc:
             checks[name] = str(exc)
     health = HealthOut(
-        status="ok" if all(v == "ok" for v in checks.values()) else "down", checks=checks
+        status="ok" if all(v == "ok" for v in checks.values()) else "down",
+        version=__version__,
+        checks=checks,
     )
     return JSONResponse(health.model_dump(), status_code=200 if health.status == "ok" else 503)

@@ -205,6 +205,7 @@ class QueryOut(BaseModel):
 
 class HealthOut(BaseModel):
     status: str  # ok or down
+    version: str  # herd's
     checks: dict[str, str]  # component -> "ok" or what is wrong
 
 

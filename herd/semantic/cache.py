@@ -222,8 +222,13 @@ class SemanticCache:
 
     def _sync(self, coro: Any) -> Any:
         if self._portal is None:
-            self._portal = Portal(f"herd-semantic-{self.name}")
+            # A script that never closes the cache: close it at exit, in its own loop.
+            self._portal = Portal(f"herd-semantic-{self.name}", on_exit=self._close_if_open)
         return self._portal.call(coro)
+
+    async def _close_if_open(self) -> None:
+        if self._opened:
+            await self.close()
 
     def now(self) -> float:
         return self._clock() if self._clock is not None else time.time() + self._offset

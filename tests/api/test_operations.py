@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+import herd
 from herd.api import create_app
 from herd.app import App
 from herd.cache import ExactCache
@@ -40,6 +41,7 @@ async def test_metrics_parse_and_count_queues_caches_and_the_ledger(any_client, 
     r = await any_client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     m = samples(r.text)
+    assert m[("herd_build_info", (("version", herd.__version__),))] == 1
     assert m[("herd_queue_jobs", (("queue", "a"), ("status", "pending")))] == 2
     assert m[("herd_queue_ready", (("queue", "a"),))] == 2
     assert m[("herd_jobs_running", (("queue", "b"),))] == 1
@@ -74,7 +76,8 @@ async def test_two_apps_in_one_process_keep_their_own_metrics(pg_app, pg_url, he
 async def test_healthz_ok_then_down_with_the_reason(pg_app, pg_url, herd_home):
     async with client_of(pg_app) as c:
         r = await c.get("/healthz")
-    assert r.status_code == 200 and r.json() == {"status": "ok", "checks": {"database": "ok"}}
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok", "version": herd.__version__, "checks": {"database": "ok"}}
     # Redis configured but nothing listens there: down, and says which and why.
     settings = Settings(home=herd_home, database_url=pg_url, redis_url="redis://:pw@127.0.0.1:1/0")
     async with App(settings=settings) as app, client_of(app) as c:

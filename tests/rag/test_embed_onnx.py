@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from herd.errors import FallbackWarning
 from herd.rag.embedders import optimize
 from herd.rag.embedders.base import Embedder, sha256_file
 from herd.rag.embedders.onnx import OnnxEmbedder, default_embedder, minilm_files
@@ -131,7 +132,7 @@ def test_the_cached_fast_model_is_reused(
     def no_build(*args: object, **kwargs: object) -> None:
         raise AssertionError("rebuilt although the cached file exists")
 
-    monkeypatch.setattr(optimize, "build", no_build)
+    monkeypatch.setattr(optimize, "build_in_child", no_build)
     again = default_embedder(cache_dir=cache_dir)
     assert again.id == fast.id and again.model_path == fast.model_path
     assert again.model_path.stat().st_mtime_ns == stamp
@@ -147,12 +148,49 @@ def test_a_failed_build_falls_back_to_the_shipped_file(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("no fusion today")
 
-    monkeypatch.setattr(optimize, "build", broken)
-    with caplog.at_level(logging.WARNING, logger="herd.rag"):
+    monkeypatch.setattr(optimize, "build_in_child", broken)
+    with (
+        caplog.at_level(logging.WARNING, logger="herd.rag"),
+        pytest.warns(FallbackWarning, match="no fusion today"),
+    ):
         embedder = default_embedder(cache_dir=tmp_path, threads=1)
     assert embedder.model_path == minilm_files()[0] and "/int8;" in embedder.id
     assert "no fusion today" in caplog.text and "shipped int8" in caplog.text
+    assert caplog.records[-1].levelno == logging.ERROR  # loud: not a mere warning
     assert not list(tmp_path.glob("*.onnx")) and not list(tmp_path.glob(".build-*"))
+
+
+def test_a_missing_build_dependency_is_named_with_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_build(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a build was started without its dependencies")
+
+    monkeypatch.setattr(optimize, "build_in_child", no_build)
+    monkeypatch.setitem(optimize.NEEDED_MODULES, "herd_no_such_module", "herd-no-such-dist")
+    with pytest.warns(FallbackWarning, match="pip install herd-no-such-dist") as seen:
+        embedder = default_embedder(cache_dir=tmp_path, threads=1)
+    assert "incomplete install" in str(seen[0].message)
+    assert "/int8;" in embedder.id
+
+
+def test_the_build_dependencies_are_installed() -> None:
+    # What a fresh `pip install herd` must bring; the fallback above is for a broken one.
+    optimize.check_build_dependencies()
+
+
+def test_a_build_that_fails_in_its_process_is_reported_in_one_line(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [x])
+    not_bert = tmp_path / "identity.onnx"
+    onnx.save(helper.make_model(graph), str(not_bert))
+    with pytest.raises(optimize.OptimizeError, match="not a BERT encoder graph") as failed:
+        optimize.optimized_model(not_bert, tmp_path / "models", [[101, 102]])
+    assert "\n" not in str(failed.value) and "Traceback" not in str(failed.value)
+    assert not list((tmp_path / "models").glob("*.onnx"))
 
 
 def test_concurrent_builders_build_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -165,7 +203,7 @@ def test_concurrent_builders_build_once(tmp_path: Path, monkeypatch: pytest.Monk
         out.write_bytes(b"model")
         return out, {"probe_cosine_mean": 1.0, "probe_cosine_min": 1.0}
 
-    monkeypatch.setattr(optimize, "build", slow_build)
+    monkeypatch.setattr(optimize, "build_in_child", slow_build)
     source = minilm_files()[0]
     with ThreadPoolExecutor(4) as pool:
         paths = list(

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -11,6 +14,7 @@ import pytest
 
 from herd.errors import ConfigError
 from herd.semantic import SemanticCache, similarity
+from tests.conftest import ROOT
 from tests.helpers import eventually
 from tests.semantic.conftest import DIM, MakeCache, at_angle, random_vectors, unit
 
@@ -300,3 +304,42 @@ def test_a_cache_used_without_opening_opens_itself(backend_url, embedder):
         assert cache.lookup("Which sins are not forgiven?", collection="kjv") is None
     finally:
         cache.__exit__(None, None, None)
+
+
+README_SCRIPT = """
+import sys
+from herd import SemanticCache
+from herd.rag.embedders import default_embedder
+
+cache = SemanticCache(sys.argv[1], embedder=default_embedder(), name="script", ttl=3600)
+cache.store("Which sins are forgiven?", {"hits": ["kjv/matthew/12/31"]}, collection="kjv")
+hit = cache.lookup("Which sins will be forgiven?", collection="kjv")
+miss = cache.lookup("Which sins are not forgiven?", collection="kjv")
+print(hit is not None, miss is None)
+"""
+
+
+def test_the_readme_example_run_as_a_script_closes_itself_at_exit(
+    backend_url, embedder, herd_home, tmp_path
+):
+    # No `with` and no close: the interpreter's exit closes the cache, quietly, and the
+    # figures it buffered (flushed once a second) reach the backend instead of being lost.
+    script = tmp_path / "readme_example.py"
+    script.write_text(README_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HERD_")}
+    r = subprocess.run(
+        [sys.executable, str(script), backend_url[1]],
+        env={**env, "HERD_HOME": str(herd_home), "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True"]
+    assert r.stderr == "", r.stderr  # no "Task was destroyed but it is pending!"
+    cache = SemanticCache(backend_url[1], embedder=embedder, name="script")
+    try:
+        stats = cache.stats()
+    finally:
+        cache.__exit__(None, None, None)
+    assert stats["hits"] == 1 and stats["misses"] == 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,6 +30,7 @@ import numpy.typing as npt
 import onnxruntime as ort  # type: ignore[import-untyped]
 from tokenizers import Encoding, Tokenizer
 
+from herd.errors import FallbackWarning
 from herd.rag.embedders.base import (
     EmbedError,
     ModelUnavailable,
@@ -186,8 +188,9 @@ def default_embedder(
 
     The fast model is built on first use (a few seconds) into ``cache_dir``, by default
     ``HOME/models`` with ``HOME`` from ``home``, ``HERD_HOME`` or herd's data folder;
-    if it cannot be built, a warning is logged and the shipped int8 file runs (at about
-    half the speed; vectors within cosine ≈ 0.99 of the fast model's). ``fast=False``
+    if it cannot be built, an error is logged, a :class:`~herd.errors.FallbackWarning`
+    is issued, and the shipped int8 file runs (at about half the speed; vectors within
+    cosine ≈ 0.99 of the fast model's). ``fast=False``
     asks for the shipped file. The fast model runs each text alone (its vectors would otherwise
     depend on the other texts of a batch) with ``workers`` texts in flight, one thread
     each; the shipped one runs length-sorted batches of 32 on ``threads`` threads.
@@ -216,7 +219,9 @@ def default_embedder(
                 batch_invariant=False,
             )
         except (OptimizeError, EmbedError) as exc:
-            log.warning("%s; running the shipped int8 model instead (slower)", exc)
+            message = f"{exc}; running the shipped int8 model instead, at about half the speed"
+            log.error("%s", message)
+            warnings.warn(message, FallbackWarning, stacklevel=2)
     return OnnxEmbedder(
         source,
         tokenizer_path,

@@ -25,6 +25,12 @@ source's sha256 and :data:`RECIPE`, atomically (a temporary file renamed into pl
 under a file lock, so several processes starting together build it once and none
 reads a partial file.
 
+The build runs in a child process (``python -m herd.rag.embedders.optimize``): it
+peaks at about 1.3 GB (several copies of the float32 weights, the optimizer's model,
+three inference sessions), and a process that built in place would keep that peak
+for the rest of its life, since the allocator rarely hands it back. A worker or an
+``herd ingest --plan`` then stays at the size of its own work.
+
 Dynamic quantization scales each activation tensor by its own range, and a batch is
 one tensor: a text's vector then depends slightly on the texts padded beside it. The
 embedder therefore runs this model one text per call (see ``onnx.py``).
@@ -33,11 +39,14 @@ embedder therefore runs this model one text per call (see ``onnx.py``).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import math
 import os
 import re
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -59,6 +68,12 @@ RECIPE = "fused-int8dyn-pc-v1"
 MIN_MEAN_COSINE = 0.98
 MIN_COSINE = 0.95
 MAX_REBUILD_ERROR = 1e-3
+BUILD_TIMEOUT = 600.0
+"""Seconds a build may take (about 8 on 2 cores) before it counts as failed."""
+
+NEEDED_MODULES = {"onnx": "onnx", "sympy": "sympy"}
+"""Modules the build imports (by distribution): ``onnxruntime.transformers`` runs
+symbolic shape inference, which needs sympy, and onnxruntime does not require it."""
 
 _LAYER = re.compile(r"(?:^|\.)encoder\.layer\.(\d+)\.(.+)\.(weight|bias)$")
 _EMBEDDING = re.compile(
@@ -80,6 +95,10 @@ _LAYER_PARTS = (
 
 class OptimizeError(EmbedError):
     """The fast model could not be built; the shipped model is used instead."""
+
+
+class BuildDependencyMissing(OptimizeError):
+    """A module the build needs is not installed: the install of herd is incomplete."""
 
 
 F32 = npt.NDArray[np.float32]
@@ -115,6 +134,7 @@ def optimized_model(
     target = cache_dir / f"{name}.{RECIPE}.{source_sha}.onnx"
     if target.is_file():
         return target
+    check_build_dependencies()
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         with _locked(cache_dir / f".{target.name}.lock"):
@@ -122,7 +142,7 @@ def optimized_model(
                 return target
             started = time.monotonic()
             with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".build-") as tmp:
-                built, report = build(source, Path(tmp), probes, num_heads=num_heads)
+                built, report = build_in_child(source, Path(tmp), probes, num_heads=num_heads)
                 report |= {"source_sha256": source_sha, "source": str(source)}
                 report["seconds"] = round(time.monotonic() - started, 1)
                 sidecar = Path(tmp) / "report.json"
@@ -140,10 +160,89 @@ def optimized_model(
     return target
 
 
+def check_build_dependencies() -> None:
+    """Raise :class:`BuildDependencyMissing`, naming what to install, when one is absent."""
+    missing = [dist for module, dist in NEEDED_MODULES.items() if not _importable(module)]
+    if missing:
+        raise BuildDependencyMissing(
+            f"the fast model needs {' and '.join(missing)}, not installed here although herd"
+            f" declares it (an incomplete install); fix it with: pip install {' '.join(missing)}"
+        )
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def build_in_child(
+    source: Path, workdir: Path, probes: Sequence[Sequence[int]], *, num_heads: int = 12
+) -> tuple[Path, dict[str, Any]]:
+    """:func:`build` in a child process (see the module's docstring for why)."""
+    request = {
+        "source": str(source),
+        "workdir": str(workdir),
+        "probes": [list(p) for p in probes],
+        "num_heads": num_heads,
+    }
+    # The child imports herd from where this process did, installed or not.
+    root = str(Path(__file__).resolve().parents[3])
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    )
+    try:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"import sys; from {__name__} import _child_main; sys.exit(_child_main())",
+            ],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT,
+            env=env,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise OptimizeError(
+            f"building the fast model took more than {BUILD_TIMEOUT:.0f} s"
+        ) from None
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        why = done.stderr.strip().splitlines()[-1:] or [f"the build exited with {done.returncode}"]
+        raise OptimizeError(f"building the fast model failed: {why[0]}")
+    answer = json.loads(lines[-1])
+    return Path(answer["model"]), answer["report"]
+
+
+def _child_main() -> int:
+    """The child's side of :func:`build_in_child`: a request on stdin, one line out."""
+    request = json.loads(sys.stdin.read())
+    try:
+        model, report = build(
+            Path(request["source"]),
+            Path(request["workdir"]),
+            request["probes"],
+            num_heads=request["num_heads"],
+        )
+    except Exception as exc:  # one line for the parent, which falls back to the source
+        why = str(exc) if isinstance(exc, OptimizeError) else f"{type(exc).__name__}: {exc}"
+        print(" ".join(why.split()), file=sys.stderr)
+        return 1
+    print(json.dumps({"model": str(model), "report": report}))
+    return 0
+
+
 def build(
     source: Path, workdir: Path, probes: Sequence[Sequence[int]], *, num_heads: int = 12
 ) -> tuple[Path, dict[str, Any]]:
-    """Steps 1 to 5 in ``workdir``; returns the quantized file and what was checked."""
+    """Steps 1 to 5 in ``workdir``; returns the quantized file and what was checked.
+
+    This runs in the calling process; :func:`optimized_model` runs it in a child.
+    """
     import onnx
     from onnxruntime.quantization import (  # type: ignore[import-untyped]
         QuantType,

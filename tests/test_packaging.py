@@ -1,0 +1,63 @@
+"""What a fresh `pip install herd` brings: every module herd imports, and its version."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+import herd
+from herd.rag.embedders import optimize
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _dist(requirement: str) -> str:
+    name = re.match(r"[A-Za-z0-9._-]+", requirement)
+    assert name is not None, requirement
+    return re.sub(r"[-_.]+", "-", name[0]).lower()
+
+
+def declared() -> set[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return {_dist(r) for r in project["dependencies"]}
+
+
+def imported_modules() -> dict[str, str]:
+    """Top-level modules that herd's own files import, with one file that does."""
+    found: dict[str, str] = {}
+    for path in sorted((ROOT / "herd").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                found.setdefault(name.partition(".")[0], str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_module_herd_imports_is_a_declared_dependency():
+    by_module = importlib.metadata.packages_distributions()
+    wanted = declared()
+    undeclared = {}
+    for module, where in imported_modules().items():
+        if module in sys.stdlib_module_names or module in {"herd", "__future__"}:
+            continue
+        dists = {_dist(d) for d in by_module.get(module, [module])}
+        if not dists & wanted:
+            undeclared[module] = (sorted(dists), where)
+    assert not undeclared, f"imported but not in [project].dependencies: {undeclared}"
+
+
+def test_the_fast_models_build_dependencies_are_declared():
+    # Imported by onnxruntime.transformers, not by herd: the scan above cannot see them.
+    assert {_dist(d) for d in optimize.NEEDED_MODULES.values()} <= declared()
+
+
+def test_the_version_is_written_once():
+    assert herd.__version__ == importlib.metadata.version("herd")
