@@ -21,6 +21,7 @@ import platform
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -46,6 +47,9 @@ def rate(embed: Embed, texts: Sequence[str]) -> tuple[float, np.ndarray]:
 
 
 def main() -> int:
+    from herd.errors import FallbackWarning
+
+    warnings.simplefilter("error", FallbackWarning)  # a benchmark never measures a fallback
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--verses", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=3)

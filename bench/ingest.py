@@ -56,6 +56,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -685,6 +686,9 @@ def cli_noop(url: str, corpus: Path, app: App) -> float:
 
 
 def main() -> int:
+    from herd.errors import FallbackWarning
+
+    warnings.simplefilter("error", FallbackWarning)  # a benchmark never measures a fallback
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=None, help="the first N verses only")
     parser.add_argument("--rounds", type=int, default=3, help="no-op rounds per system")

@@ -28,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +209,9 @@ def rates(hits: list[bool], labels: list[str]) -> tuple[float, float]:
 
 
 def main() -> None:
+    from herd.errors import FallbackWarning
+
+    warnings.simplefilter("error", FallbackWarning)  # a benchmark never measures a fallback
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000", help="entries, comma-separated")
     parser.add_argument("--queries", type=int, default=1000)

@@ -13,8 +13,11 @@ from herd.embedded import EmbeddedPostgres
 from tests.helpers import eventually_sync
 
 HOLD = """
-import sys, time
+import signal, sys, time
 from pathlib import Path
+# SIGINT ends this holder cleanly even when started from a shell's background job,
+# which hands its children SIGINT ignored (then Python installs no handler of its own).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from herd.embedded import embedded_server
 url = embedded_server(Path(sys.argv[1])).acquire()
 import psycopg

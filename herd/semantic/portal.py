@@ -7,7 +7,8 @@ a sync facade therefore keeps one loop alive for its whole life instead of an
 A script that never closes its facade still exits quietly: the portal runs the
 facade's ``on_exit`` coroutine (closing its pools) from an ``atexit`` hook while
 its thread still runs, instead of leaving the pools' tasks to be destroyed
-pending with the loop.
+pending with the loop. The hook keeps the facade alive until it is closed or the
+process exits.
 """
 
 from __future__ import annotations

@@ -190,10 +190,10 @@ def default_embedder(
     ``HOME/models`` with ``HOME`` from ``home``, ``HERD_HOME`` or herd's data folder;
     if it cannot be built, an error is logged, a :class:`~herd.errors.FallbackWarning`
     is issued, and the shipped int8 file runs (at about half the speed; vectors within
-    cosine ≈ 0.99 of the fast model's). ``fast=False``
-    asks for the shipped file. The fast model runs each text alone (its vectors would otherwise
-    depend on the other texts of a batch) with ``workers`` texts in flight, one thread
-    each; the shipped one runs length-sorted batches of 32 on ``threads`` threads.
+    cosine ≈ 0.99 of the fast model's). ``fast=False`` asks for the shipped file. The
+    fast model runs each text alone (its vectors would otherwise depend on the other
+    texts of a batch) with ``workers`` texts in flight, one thread each; the shipped one
+    runs length-sorted batches of 32 on ``threads`` threads.
     ``threads × workers`` defaults to the number of CPUs.
     """
     if not 1 <= max_length <= MODEL_MAX_LENGTH:
