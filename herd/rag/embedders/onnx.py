@@ -189,7 +189,7 @@ def default_embedder(
     The fast model is built on first use (a few seconds) into ``cache_dir``, by default
     ``HOME/models`` with ``HOME`` from ``home``, ``HERD_HOME`` or herd's data folder;
     if it cannot be built, an error is logged, a :class:`~herd.errors.FallbackWarning`
-    is issued, and the shipped int8 file runs (at about half the speed; vectors within
+    is issued, and the shipped int8 file runs (2 to 4 times slower; vectors within
     cosine ≈ 0.99 of the fast model's). ``fast=False`` asks for the shipped file. The
     fast model runs each text alone (its vectors would otherwise depend on the other
     texts of a batch) with ``workers`` texts in flight, one thread each; the shipped one
@@ -219,7 +219,7 @@ def default_embedder(
                 batch_invariant=False,
             )
         except (OptimizeError, EmbedError) as exc:
-            message = f"{exc}; running the shipped int8 model instead, at about half the speed"
+            message = f"{exc}; running the shipped int8 model instead, 2 to 4 times slower"
             log.error("%s", message)
             warnings.warn(message, FallbackWarning, stacklevel=2)
     return OnnxEmbedder(
