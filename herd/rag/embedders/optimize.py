@@ -25,11 +25,11 @@ source's sha256 and :data:`RECIPE`, atomically (a temporary file renamed into pl
 under a file lock, so several processes starting together build it once and none
 reads a partial file.
 
-The build runs in a child process (``python -m herd.rag.embedders.optimize``): it
-peaks at about 1.3 GB (several copies of the float32 weights, the optimizer's model,
-three inference sessions), and a process that built in place would keep that peak
-for the rest of its life, since the allocator rarely hands it back. A worker or an
-``herd ingest --plan`` then stays at the size of its own work.
+The build runs in a child Python process (:func:`build_in_child`): it peaks at
+1.3 GB (several copies of the float32 weights, the optimizer's model, three inference
+sessions), and a process that built in place would keep that peak for the rest of
+its life, since the allocator rarely hands it back. A worker or an ``herd ingest
+--plan`` then stays at the size of its own work (156 MB for a 200 MB plan).
 
 Dynamic quantization scales each activation tensor by its own range, and a batch is
 one tensor: a text's vector then depends slightly on the texts padded beside it. The
