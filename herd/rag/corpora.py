@@ -31,12 +31,18 @@ def kjv_lines(books: int = 66) -> Iterator[str]:
 CORPORA = {"kjv": kjv_lines}
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of at least 1, not {text!r}")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write a public-domain corpus as a text file.")
     parser.add_argument("corpus", choices=sorted(CORPORA))
     parser.add_argument("out", type=Path)
-    parser.add_argument("--books", type=int, default=66, help="only the first N books")
-    parser.add_argument("--verses", type=int, default=None, help="only the first N verses")
+    parser.add_argument("--books", type=_positive, default=66, help="only the first N books")
+    parser.add_argument("--verses", type=_positive, default=None, help="only the first N verses")
     args = parser.parse_args(argv)
     tmp = args.out.with_suffix(args.out.suffix + ".tmp")
     n = 0

@@ -273,3 +273,21 @@ async def test_finalize_waits_when_there_are_more_active_jobs_than_it_can_scan(a
         rt = await RagRuntime.of(app)
         await rt.store.fetch("DELETE FROM herd_jobs WHERE id = ANY(%s)", (others,))
     assert await _embedding_underway(app, 987654) is False
+
+
+def test_the_corpus_writer_takes_the_first_verses_and_refuses_a_bad_count(tmp_path, capsys):
+    from herd.rag import corpora
+
+    out = tmp_path / "kjv.txt"
+    assert corpora.main(["kjv", str(out), "--verses", "2000"]) == 0
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 2000 and lines[0].startswith("Genesis 1:1 ")
+    assert lines[-1].startswith("Exodus ")
+    for bad in ("-3", "0", "many"):
+        with pytest.raises(SystemExit) as refused:
+            corpora.main(["kjv", str(tmp_path / "x.txt"), "--verses", bad])
+        assert refused.value.code == 2
+        assert f"argument --verses: a whole number of at least 1, not '{bad}'" in (
+            capsys.readouterr().err
+        )
+    assert not (tmp_path / "x.txt").exists()
