@@ -10,6 +10,7 @@ from pathlib import Path
 import platformdirs
 
 from herd.errors import ConfigError
+from herd.jsonvalue import MAX_BYTES, MAX_DEPTH
 
 
 def default_home() -> Path:
@@ -25,6 +26,11 @@ class Settings:
     cache: str = "postgres"  # where the exact cache lives: "postgres" or "redis"
     api_token: str | None = field(default=None, repr=False)
     api_body_limit: int = 1 << 20  # bytes of a request body `herd serve` accepts (413 past it)
+    # Refused at enqueue (payload) or dead-lettered at completion (result): one huge or
+    # deeply nested job must not break every listing and dashboard poll that shows it.
+    max_payload_bytes: int = MAX_BYTES
+    max_result_bytes: int = MAX_BYTES
+    max_json_depth: int = MAX_DEPTH
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -38,6 +44,9 @@ class Settings:
             cache=env.get("HERD_CACHE") or "postgres",
             api_token=env.get("HERD_API_TOKEN") or None,
             api_body_limit=_bytes(env, "HERD_API_BODY_LIMIT", 1 << 20),
+            max_payload_bytes=_bytes(env, "HERD_MAX_PAYLOAD_BYTES", MAX_BYTES),
+            max_result_bytes=_bytes(env, "HERD_MAX_RESULT_BYTES", MAX_BYTES),
+            max_json_depth=_bytes(env, "HERD_MAX_JSON_DEPTH", MAX_DEPTH, unit="levels"),
         )
 
     def override(self, **values: object) -> Settings:
@@ -60,12 +69,12 @@ class Settings:
         return out
 
 
-def _bytes(env: dict[str, str], name: str, default: int) -> int:
+def _bytes(env: dict[str, str], name: str, default: int, *, unit: str = "bytes") -> int:
     raw = env.get(name)
     if not raw:
         return default
     if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"{name} must be a positive number of bytes, not {raw!r}")
+        raise ConfigError(f"{name} must be a positive number of {unit}, not {raw!r}")
     return int(raw)
 
 

@@ -24,6 +24,14 @@ class NotJSONSerializable(HerdError):
     """The value is not JSON: payloads and results must be JSON objects, lists or scalars."""
 
 
+class InvalidInput(NotJSONSerializable):
+    """A value given to herd is refused; the message names the field and the limit."""
+
+    def __init__(self, message: str | None = None, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class UnknownTask(HerdError):
     """No task with that name is registered."""
 
