@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,20 @@ def fingerprint(embedder: Embedder, options: dict[str, Any]) -> tuple[str, dict[
         "options": options,
     }
     return hashlib.sha256(canonical(settings).encode()).hexdigest()[:32], settings
+
+
+# A run's deletion scope: the files it read and whatever lies under the folders it
+# was given. Folders compare as plain prefixes: under LIKE, the ``_``, ``%`` and
+# ``\`` of a folder's name would be wildcards reaching into its neighbours.
+SCOPE = (
+    "(c.source = ANY(%(files)s) OR EXISTS (SELECT 1 FROM unnest(%(folders)s::text[]) AS d(prefix)"
+    " WHERE starts_with(c.source, d.prefix)))"
+)
+
+
+def _prefixes(folders: Iterable[str | Path]) -> list[str]:
+    """What the paths under each folder start with (the root folder is its own prefix)."""
+    return [os.path.join(d, "") for d in folders]
 
 
 def _part(chunk_id: str, fmt_is_verse: bool) -> str:
@@ -148,11 +163,10 @@ async def plan_and_apply(
         ).fetchone()
         if dup:
             raise IngestError(f"chunk id {dup[0]!r} comes from more than one file: {dup[1]}")
-        scope = "(c.source = ANY(%(files)s) OR c.source LIKE ANY(%(folders)s))"
         params = {
             "c": collection,
             "files": [str(f) for f in files],
-            "folders": [f"{d}/%" for d in folders],
+            "folders": _prefixes(folders),
         }
         counts = await (
             await conn.execute(
@@ -165,7 +179,7 @@ async def plan_and_apply(
         ).fetchone()
         deleted = await (
             await conn.execute(
-                f"SELECT count(*) FROM herd_chunks c WHERE c.collection = %(c)s AND {scope}"
+                f"SELECT count(*) FROM herd_chunks c WHERE c.collection = %(c)s AND {SCOPE}"
                 " AND NOT EXISTS (SELECT 1 FROM herd_run_chunks r WHERE r.chunk_id = c.chunk_id)",
                 params,
             )
@@ -360,12 +374,12 @@ async def finalize(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         files, folders = row if row else ([], [])
         cur = await conn.execute(
             "DELETE FROM herd_chunks c WHERE c.collection = %(c)s AND c.run_id < %(run)s AND"
-            " (c.source = ANY(%(files)s) OR c.source LIKE ANY(%(folders)s)) RETURNING chunk_id",
+            f" {SCOPE} RETURNING chunk_id",
             {
                 "c": gen.collection,
                 "run": payload["run"],
                 "files": files,
-                "folders": [f"{d}/%" for d in folders],
+                "folders": _prefixes(folders),
             },
         )
         gone = [r[0] for r in await cur.fetchall()]

@@ -291,3 +291,52 @@ def test_the_corpus_writer_takes_the_first_verses_and_refuses_a_bad_count(tmp_pa
             capsys.readouterr().err
         )
     assert not (tmp_path / "x.txt").exists()
+
+
+async def sources(app: App, name: str) -> dict[str, int]:
+    rt = await RagRuntime.of(app)
+    rows = await rt.store.fetch(
+        "SELECT source, count(*) FROM herd_chunks WHERE collection = %s GROUP BY source", (name,)
+    )
+    return {Path(s).parent.name: n for s, n in rows}
+
+
+# Each folder's name, read as a LIKE pattern, also matches its neighbour's.
+WILDCARD_NEIGHBOURS = [
+    ("my_docs", "my-docs"),
+    ("100%", "100 percent"),
+    ("a\\b", "ab"),
+    ("d\u00f6c_s \u00fc", "d\u00f6cXs \u00fc"),
+]
+
+
+async def test_ingesting_a_folder_leaves_the_chunks_of_folders_its_name_could_match(app, tmp_path):
+    name = collection()
+    for i, (wild, neighbour) in enumerate(WILDCARD_NEIGHBOURS):
+        for role, folder in (("w", wild), ("n", neighbour)):
+            (tmp_path / folder).mkdir()
+            (tmp_path / folder / f"{role}{i}.txt").write_text(
+                f"A paragraph kept in the folder {folder}.\n"
+            )
+    neighbours = [tmp_path / n for _, n in WILDCARD_NEIGHBOURS]
+    await plan_and_apply(app, neighbours, name)
+    await drain(app)
+    before = await sources(app, name)
+    assert before == {n: 1 for _, n in WILDCARD_NEIGHBOURS}
+
+    for wild, _ in WILDCARD_NEIGHBOURS:
+        plan = await plan_and_apply(app, [tmp_path / wild], name)
+        assert plan.deleted == 0, wild
+        await drain(app)
+    assert await sources(app, name) == {
+        **before,
+        **{w: 1 for w, _ in WILDCARD_NEIGHBOURS},
+    }
+
+    # Within its own scope a run still deletes what it no longer sees.
+    (tmp_path / "my_docs" / "w0.txt").unlink()
+    (tmp_path / "my_docs" / "other.txt").write_text("Another paragraph.\n")
+    plan = await plan_and_apply(app, [tmp_path / "my_docs"], name)
+    assert plan.deleted == 1
+    await drain(app)
+    assert (await sources(app, name))["my-docs"] == 1
