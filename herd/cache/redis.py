@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -12,6 +13,15 @@ from herd.jsonvalue import JSON, dumps
 from herd.queue.redis import translate_redis_errors
 
 NAMESPACES = "herd:cache:namespaces"
+
+
+def glob_literal(text: str) -> str:
+    """``text`` as a SCAN/KEYS pattern that matches itself only.
+
+    A name is user text: unescaped, the ``*`` of a cache named ``a*`` would match
+    every cache whose name starts with ``a``, and its clear would delete their keys.
+    """
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
 def _key(namespace: str, key: str) -> str:
@@ -79,7 +89,8 @@ class RedisCacheStore:
         await self._do(self._redis.delete(_key(namespace, key)))
 
     async def _keys(self, namespace: str) -> list[str]:
-        return [k async for k in self._redis.scan_iter(match=_key(namespace, "*"), count=1000)]
+        pattern = _key(glob_literal(namespace), "*")
+        return [k async for k in self._redis.scan_iter(match=pattern, count=1000)]
 
     async def clear(self, namespace: str | None = None) -> int:
         namespaces = (

@@ -27,6 +27,7 @@ except ImportError:  # redis-py 5 (arq still pins it) names the module in camel 
     )
 from redis.exceptions import ResponseError
 
+from herd.cache.redis import glob_literal
 from herd.config import mask_url
 from herd.errors import BrokerError, ConfigError
 from herd.jsonvalue import dumps, loads
@@ -322,7 +323,7 @@ class RedisSemanticStore:
         caches = [cache] if cache else [_s(c) for c in await self._do(self._redis.smembers(NAMES))]
         removed = 0
         for name in caches:
-            pattern = f"herd:semantic:{{{name}}}:*:e:*"
+            pattern = f"herd:semantic:{{{glob_literal(name)}}}:*:e:*"
             keys = [k async for k in self._redis.scan_iter(match=pattern, count=1000)]
             if collection is not None:
                 scopes = await self._do(self._hget_many(keys, "scope"))

@@ -150,6 +150,23 @@ async def test_hit_after_compute_and_errors_are_not_cached(backend):
     assert stats["errors"] == 1 and stats["hits"] == 1 and stats["entries"] == 1
 
 
+@pytest.mark.parametrize("wild", ["a*", "a?", "[ab]", "a\\"])
+async def test_clearing_a_namespace_with_glob_characters_leaves_the_others(backend, wild):
+    _, _, store, _ = backend
+    others = ["ab", "a", "b", "a\\x", "aa*"]
+    for ns in [wild, *others]:
+        await store.put(ns, "k1", {"ns": ns}, delta=0.0, ttl=None)
+        await store.put(ns, "k2", {"ns": ns}, delta=0.0, ttl=None)
+        await store.count({"misses": 2}, ns)
+    assert (await store.stats())[wild]["entries"] == 2
+    assert await store.clear(wild) == 2
+    for ns in others:
+        assert await store.get(ns, "k1") is not None, ns
+    stats = await store.stats()
+    assert stats[wild].get("entries", 0) == 0
+    assert {ns: stats[ns]["entries"] for ns in others} == dict.fromkeys(others, 2)
+
+
 async def test_ttl_expiry_recomputes(backend):
     _, _, store, locks = backend
     cache = ExactCache(store, locks, namespace="ttl", ttl=0.3)

@@ -255,6 +255,23 @@ async def test_clear_by_collection(make_cache: MakeCache):
     assert await cache.alookup(Q, vector=v[1], collection="uu") is not None
 
 
+@pytest.mark.parametrize("wild", ["a*", "a?", "[ab]", "a\\"])
+async def test_clearing_a_cache_with_glob_characters_leaves_the_others(
+    make_cache: MakeCache, wild: str
+):
+    v = random_vectors(2, seed=3)
+    cleared = await make_cache(name=wild)
+    others = [await make_cache(name=n) for n in ("ab", "a", "a\\x")]
+    await cleared.astore(Q, 1, vector=v[0])
+    for other in others:
+        await other.astore(Q, 2, vector=v[1])
+    assert await cleared.aclear() == 1
+    assert await cleared.alookup(Q, vector=v[0]) is None
+    for other in others:
+        assert await other.alookup(Q, vector=v[1]) is not None, other.name
+        assert (await other.astats())["entries"] == 1
+
+
 def test_sync_and_async_agree(backend_url):
     url = backend_url[1]
     vectors = random_vectors(6, seed=21)
