@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
+import http.client
 import json
 import random
+from collections.abc import Iterator
 
 import httpx
 import jsonschema
 import pytest
 
 from herd.llm import OpenAICompatible, ProviderError, RetryPolicy
-from herd.llm.simulator import content
+from herd.llm.simulator import SimConfig, Simulator, content
 from tests.llm.conftest import Sim, start_simulator, stop_simulator
 from tests.llm.schemas import SCHEMAS
 
@@ -167,3 +170,79 @@ async def test_latency_range_is_applied(sim: Sim) -> None:
         done = await asyncio.gather(*(llm.complete("s", f"u{i}") for i in range(4)))
     assert all(0.4 <= c.latency < 2 for c in done)
     assert sim.stats()["max_in_flight"] == 4  # concurrent, not queued behind each other
+
+
+@pytest.fixture
+def keyed() -> Iterator[Simulator]:
+    simulator = Simulator(SimConfig(api_key="sk-operator")).start()
+    try:
+        yield simulator
+    finally:
+        simulator.close()
+
+
+def test_control_routes_need_the_key_when_the_simulator_has_one(keyed: Simulator) -> None:
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+    with httpx.Client(base_url=keyed.url, timeout=10) as client:
+        for headers in ({}, {"authorization": "Bearer sk-wrong"}, {"x-api-key": "sk-operato"}):
+            refused = client.post("/_sim/config", json={"api_key": None}, headers=headers)
+            assert refused.status_code == 401, headers
+            assert "API key" in refused.json()["error"]["message"]
+            assert client.post("/_sim/reset", headers=headers).status_code == 401
+        assert client.get("/_sim/config").json()["api_key"] == "***"  # still set
+        assert client.post("/v1/chat/completions", json=chat).status_code == 401
+
+        bearer = {"authorization": "Bearer sk-operator"}
+        changed = client.post("/_sim/config", json={"api_key": "sk-new"}, headers=bearer)
+        assert changed.status_code == 200
+        # Now the key in force guards the config; the start-up one still guards reset.
+        assert client.post("/_sim/config", json={}, headers=bearer).status_code == 401
+        assert client.post(
+            "/_sim/config", json={}, headers={"x-api-key": "sk-new"}
+        ).status_code == (200)
+        assert client.post("/_sim/reset", headers=bearer).status_code == 200
+        assert client.post("/v1/chat/completions", json=chat, headers=bearer).status_code == 200
+
+
+def test_keys_are_compared_in_constant_time(
+    keyed: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compared: list[tuple[bytes, bytes]] = []
+    real = hmac.compare_digest
+
+    def recording(a: bytes, b: bytes) -> bool:
+        compared.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", recording)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+    with httpx.Client(base_url=keyed.url, timeout=10) as client:
+        assert client.post("/v1/chat/completions", json=chat, headers={
+            "authorization": "Bearer sk-guess"}).status_code == 401  # fmt: skip
+        assert (
+            client.post("/_sim/config", json={}, headers={"x-api-key": "sk-x"}).status_code == 401
+        )
+    assert (b"sk-guess", b"sk-operator") in compared
+    assert (b"sk-x", b"sk-operator") in compared
+
+
+def test_a_body_over_the_limit_is_refused_with_413_unread(sim: Sim) -> None:
+    from herd.llm.simulator.server import MAX_BODY_BYTES
+
+    host, port = httpx.URL(sim.url).host, httpx.URL(sim.url).port
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        # Only the headers go out: a server that waited for the body would time out.
+        conn.putrequest("POST", "/v1/chat/completions")
+        conn.putheader("content-type", "application/json")
+        conn.putheader("content-length", str(MAX_BODY_BYTES + 1))
+        conn.endheaders()
+        response = conn.getresponse()
+        answer = json.loads(response.read())
+    finally:
+        conn.close()
+    assert response.status == 413
+    assert f"over the limit of {MAX_BODY_BYTES}" in answer["error"]["message"]
+    assert sim.stats()["calls"] == 0
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * 1_000_000}]}
+    assert sim.http.post("/v1/chat/completions", json=body).status_code == 200

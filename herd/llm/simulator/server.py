@@ -16,6 +16,13 @@ Routes::
     POST /_sim/config           change the behaviour: a partial JSON object
     POST /_sim/reset            counters, script and behaviour back to start-up
 
+When the simulator has a key, ``POST /_sim/config`` needs it too (``Authorization:
+Bearer KEY`` or ``x-api-key: KEY``), else 401: whoever may call the model must not
+be able to switch its key off. ``POST /_sim/reset`` needs the start-up key
+(``--api-key``), as it only goes back to what the operator started. Request bodies
+are bounded: past ``MAX_BODY_BYTES`` (32 MiB, the size Anthropic's API takes) the
+answer is 413 and the body is not read.
+
 What a model call gets is decided in this order: a wrong or missing key (when the
 simulator has one) → 401; an Anthropic call without ``anthropic-version`` → 400;
 ``stream: true`` → 400; then the next entry of the script if any, else a random
@@ -27,6 +34,7 @@ answers: it waits until the client goes away, or ``hang_max`` seconds).
 from __future__ import annotations
 
 import copy
+import hmac
 import json
 import logging
 import random
@@ -44,6 +52,7 @@ from herd.llm.simulator import content
 
 log = logging.getLogger("herd.llm.simulator")
 
+MAX_BODY_BYTES = 32 * 1024 * 1024  # a request body past this is refused with 413
 TAGGED_MAX = 1_000_000  # tagged-call records kept until the next reset
 OUTCOMES = ("ok", "rate_limit", "server_error", "malformed", "schema_invalid", "hang")
 ALIASES = {"429": "rate_limit", "500": "server_error", "invalid": "schema_invalid"}
@@ -344,9 +353,15 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/v1/messages":
             self._model_call("anthropic", body)
         elif path == "/_sim/reset":
+            if not self._control_allowed(state.initial.api_key):
+                return
             state.reset()
             self._json(200, {"ok": True})
         elif path == "/_sim/config":
+            with state.lock:
+                key = state.config.api_key
+            if not self._control_allowed(key):
+                return
             if not isinstance(body, dict):
                 self._json(400, {"error": {"message": "config must be a JSON object"}})
                 return
@@ -393,7 +408,7 @@ class _Handler(BaseHTTPRequestHandler):
             if api == "anthropic"
             else (self.headers.get("authorization") or "").removeprefix("Bearer ").strip()
         )
-        if key is not None and given != key:
+        if key is not None and not _same_key(given, key):
             # Like the real services, the refusal names the key it got: the clients must
             # keep it out of their errors and logs.
             self._error(api, generation, 401, "authentication_error", f"Invalid API key: {given}")
@@ -504,13 +519,32 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(max(0.0, deadline - time.monotonic()))
             return False
 
+    def _control_allowed(self, key: str | None) -> bool:
+        """True if the call may change the simulator; else it is answered 401."""
+        bearer = (self.headers.get("authorization") or "").removeprefix("Bearer ").strip()
+        if key is None or _same_key(bearer, key) or _same_key(self.headers.get("x-api-key"), key):
+            return True
+        message = "the simulator's control routes need its API key (Authorization: Bearer KEY)"
+        self._json(401, {"error": {"message": message, "type": "authentication_error"}})
+        return False
+
     def _read_body(self) -> Any:
         try:
             length = int(self.headers.get("content-length") or 0)
         except ValueError:
             length = -1
-        if length < 0 or length > 256 * 1024 * 1024:
+        if length < 0:
             self._json(400, {"error": {"message": "bad Content-Length"}})
+            return None
+        if length > MAX_BODY_BYTES:
+            # Not read: the connection closes instead, so its bytes cost nothing.
+            self.close_connection = True
+            message = f"request body of {length} bytes is over the limit of {MAX_BODY_BYTES}"
+            self._json(
+                413,
+                {"error": {"message": message, "type": "request_too_large"}},
+                {"connection": "close"},
+            )
             return None
         raw = self.rfile.read(length) if length else b""
         if not raw:
@@ -637,6 +671,14 @@ class _Request:
             _text(m.get("content")) for m in self.messages if isinstance(m, dict)
         ]
         return "\n".join(parts)
+
+
+def _same_key(given: str | None, key: str) -> bool:
+    """Compared in constant time: how long a refusal takes says nothing of the key."""
+    # Header values arrive decoded as Latin-1: encoding them back gives the bytes sent.
+    return given is not None and hmac.compare_digest(
+        given.encode("latin-1", "replace"), key.encode("utf-8")
+    )
 
 
 def _is_dict(value: Any) -> bool:
