@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -14,15 +14,34 @@ from rich.text import Text
 
 from herd import console
 from herd.app import App
+from herd.errors import InvalidInput
+from herd.jsonvalue import check_text
 from herd.rag.ingest import QUEUE, IngestError, Plan, RagRuntime, plan_and_apply
 from herd.rag.query import Answer, answer
 from herd.rag.store import IndexError_
 
 
+def _collection_name(value: str) -> str:
+    """Refused before anything runs: a name no store keeps intact (NUL, lone surrogate)."""
+    try:
+        return check_text(value, "--collection")
+    except InvalidInput as exc:
+        _fail(str(exc), code=2)
+
+
+def _fail(message: str, *, code: int = 1) -> NoReturn:
+    # The message may quote the refused text: printed with escapes, never re-encoded raw.
+    shown = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    console.err.print(f"herd: error: {shown}", soft_wrap=True, highlight=False, markup=False)
+    raise typer.Exit(code)
+
+
 def ingest(
     ctx: typer.Context,
     paths: Annotated[list[Path], typer.Argument(help="Files or folders of the corpus.")],
-    collection: Annotated[str, typer.Option(help="The collection to index into.")],
+    collection: Annotated[
+        str, typer.Option(help="The collection to index into.", callback=_collection_name)
+    ],
     fmt: Annotated[
         str, typer.Option("--format", help="auto, verse, pasal, markdown, paragraph or jsonl")
     ] = "auto",
@@ -122,7 +141,9 @@ def ingest(
 def query(
     ctx: typer.Context,
     texts: Annotated[list[str] | None, typer.Argument(metavar="[TEXT]...")] = None,
-    collection: Annotated[str, typer.Option(help="The collection to search.")] = "default",
+    collection: Annotated[
+        str, typer.Option(help="The collection to search.", callback=_collection_name)
+    ] = "default",
     k: Annotated[int, typer.Option("-k", min=1, max=1000)] = 5,
     file: Annotated[Path | None, typer.Option(help="Queries, one per line.")] = None,
     cache: Annotated[

@@ -28,7 +28,7 @@ from psycopg.types.json import Jsonb
 
 from herd.app import App
 from herd.errors import Fatal, HerdError, Retry
-from herd.jsonvalue import canonical
+from herd.jsonvalue import canonical, check_text, text_problem
 from herd.locks import PostgresLocks
 from herd.queue.base import JobStatus
 from herd.rag.chunkers import FORMATS, ChunkError, chunk_file
@@ -144,17 +144,18 @@ async def plan_and_apply(
     progress: Callable[[int], None] | None = None,
 ) -> Plan:
     """Compare the files with the collection; with ``apply``, store and enqueue the work."""
+    check_text(collection, "collection")
     rt = await RagRuntime.of(app)
     key, settings = fingerprint(rt.embedder, {})
     live = await rt.store.live(collection)
-    files, folders = _expand(paths)
+    files, folders, skipped = _expand(paths)
     async with rt.store.connection() as conn:
         await conn.execute(
             "CREATE TEMP TABLE IF NOT EXISTS herd_run_chunks (chunk_id text, source text,"
             " part text, text text, breadcrumb text, metadata jsonb, hash text)"
         )
         await conn.execute("TRUNCATE herd_run_chunks")
-        errors = await _load(conn, files, None if fmt == "auto" else fmt, progress)
+        errors = skipped + await _load(conn, files, None if fmt == "auto" else fmt, progress)
         dup = await (
             await conn.execute(
                 "SELECT chunk_id, array_agg(DISTINCT source) FROM herd_run_chunks GROUP BY chunk_id"
@@ -260,11 +261,15 @@ async def enqueue_missing(app: App, rt: RagRuntime, gen: Generation, plan: Plan)
     )
 
 
-def _expand(paths: Sequence[Path]) -> tuple[list[Path], list[Path]]:
+def _expand(paths: Sequence[Path]) -> tuple[list[Path], list[Path], list[str]]:
+    """The files and folders to read, and why any file found is skipped."""
     files: list[Path] = []
     folders: list[Path] = []
     for path in paths:
         path = path.resolve()
+        # A name of undecodable bytes: PostgreSQL (UTF-8) cannot record it as a source.
+        if text_problem(str(path)):
+            raise IngestError(f"{_shown(path)}: the path is not valid UTF-8")
         if path.is_dir():
             folders.append(path)
             files += sorted(
@@ -274,7 +279,10 @@ def _expand(paths: Sequence[Path]) -> tuple[list[Path], list[Path]]:
             files.append(path)
         else:
             raise IngestError(f"{path}: no such file or directory")
-    return files, folders
+    skipped = [
+        f"{_shown(f)}: the file name is not valid UTF-8" for f in files if text_problem(str(f))
+    ]
+    return [f for f in files if not text_problem(str(f))], folders, skipped
 
 
 async def _load(
@@ -319,6 +327,11 @@ async def _load(
         if progress:
             progress(done)
     return errors
+
+
+def _shown(path: Path) -> str:
+    """The path as it can be printed: undecodable bytes as escapes."""
+    return str(path).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 async def embed_batch(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from herd.app import App
-from herd.jsonvalue import JSON
+from herd.jsonvalue import JSON, check_text
 from herd.rag.ingest import RagRuntime
 from herd.rag.store import Hit, IndexError_
 from herd.semantic.cache import SemanticHit
@@ -52,7 +52,11 @@ async def answer(
     cache: bool = True,
     tenant: str = "default",
 ) -> list[Answer]:
-    """Search the collection's live generation; raises IndexError_ when it cannot."""
+    """Search the collection's live generation; raises IndexError_ when it cannot.
+
+    A collection name no store keeps (NUL, lone surrogate) raises InvalidInput.
+    """
+    check_text(collection, "collection")
     rt = await RagRuntime.of(app)
     gen = await rt.store.live(collection)
     if gen is None:

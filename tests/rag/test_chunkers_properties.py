@@ -183,12 +183,16 @@ def test_any_text_on_one_line(name: str, raw: str) -> None:
     check(CHUNKERS[name](), raw)
 
 
-RECORD_TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=40)
-RECORD_ID = st.one_of(st.text(min_size=1, max_size=8), st.integers(min_value=0, max_value=5))
+# What a store keeps: no lone surrogate, no NUL (a record with one is refused, below).
+STORABLE = st.characters(exclude_categories=["Cs"], exclude_characters="\x00")
+RECORD_TEXT = st.text(STORABLE, max_size=40)
+RECORD_ID = st.one_of(
+    st.text(STORABLE, min_size=1, max_size=8), st.integers(min_value=0, max_value=5)
+)
 RECORDS = st.lists(
     st.fixed_dictionaries(
         {"id": RECORD_ID, "text": RECORD_TEXT},
-        optional={"source": st.text(max_size=5), "n": st.integers()},
+        optional={"source": st.text(STORABLE, max_size=5), "n": st.integers()},
     ),
     max_size=20,
 )
@@ -206,6 +210,19 @@ def test_jsonl_keeps_every_record(records: list[dict[str, object]], end: str) ->
         assert {k: v for k, v in c.metadata.items() if k not in ("start_line", "end_line")} == {
             k: v for k, v in r.items() if k not in ("id", "text")
         }
+
+
+@SETTINGS
+@given(records=RECORDS, at=st.integers(min_value=0), bad=st.sampled_from(["\x00", "\ud800"]))
+def test_jsonl_refuses_a_record_no_store_keeps_naming_its_line(
+    records: list[dict[str, object]], at: int, bad: str
+) -> None:
+    records = [*records, {"id": "x", "text": f"before {bad} after"}]
+    i = at % len(records)
+    records[i], records[-1] = records[-1], records[i]
+    lines = [json.dumps(r) + "\n" for r in records]
+    with pytest.raises(ChunkError, match=f"line {i + 1}: the record.text contains a"):
+        list(JsonlChunker().chunk("doc", lines))
 
 
 @SETTINGS

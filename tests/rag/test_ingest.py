@@ -340,3 +340,68 @@ async def test_ingesting_a_folder_leaves_the_chunks_of_folders_its_name_could_ma
     assert plan.deleted == 1
     await drain(app)
     assert (await sources(app, name))["my-docs"] == 1
+
+
+async def test_a_nul_byte_is_reported_for_its_file_and_the_rest_is_indexed(app, tmp_path):
+    name = collection()
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "good.txt").write_text("\n".join(GENESIS_1_3[:5]) + "\n")
+    (corpus / "nul.txt").write_bytes(
+        b"Genesis 1:1 In the beginning\nGenesis 1:2 And\x00 the earth\n"
+    )
+    (corpus / "records.jsonl").write_text(
+        '{"id": "r1", "text": "fine"}\n{"id": "r2", "text": "a \\u0000 escaped"}\n'
+    )
+    (corpus / "lone.jsonl").write_text('{"id": "r3", "text": "half \\ud800 a pair"}\n')
+    (corpus / os.fsdecode(b"caf\xe9.txt")).write_text("A paragraph under an undecodable name.\n")
+    plan = await plan_and_apply(app, [corpus], name)
+    await drain(app)
+    assert plan.added == 5
+    errors = "\n".join(plan.errors)
+    assert f"{corpus / 'nul.txt'}: nul, line 2: a NUL byte at byte 44" in errors, errors
+    assert f"{corpus / 'records.jsonl'}: records, line 2: the record.text contains a NUL" in errors
+    assert f"{corpus / 'lone.jsonl'}: lone, line 1: the record.text contains a lone" in errors
+    assert f"{corpus}/caf\\udce9.txt: the file name is not valid UTF-8" in errors
+    assert len(plan.errors) == 4
+    rt = await RagRuntime.of(app)
+    rows = await rt.store.fetch("SELECT count(*) FROM herd_chunks WHERE collection = %s", (name,))
+    assert rows[0][0] == 5
+
+
+@pytest.mark.parametrize("bad", ["a\x00b", "a\udc80b"])
+async def test_a_collection_name_no_store_keeps_is_refused_before_anything_is_written(
+    app, tmp_path, bad
+):
+    from herd.errors import InvalidInput
+    from herd.rag.query import answer
+
+    (tmp_path / "kjv.txt").write_text("\n".join(GENESIS_1_3[:3]) + "\n")
+    rt = await RagRuntime.of(app)
+    runs = await rt.store.fetch("SELECT count(*) FROM herd_ingest_runs")
+    with pytest.raises(InvalidInput, match="collection contains a") as refused:
+        await plan_and_apply(app, [tmp_path / "kjv.txt"], bad)
+    assert refused.value.field == "collection"
+    assert await rt.store.fetch("SELECT count(*) FROM herd_ingest_runs") == runs
+    with pytest.raises(InvalidInput, match="collection contains a"):
+        await answer(app, bad, ["light"], 3)
+
+
+def test_the_cli_refuses_a_collection_name_of_undecodable_bytes(tmp_path, pg_url):
+    (tmp_path / "kjv.txt").write_text("\n".join(GENESIS_1_3[:3]) + "\n")
+    env = dict(
+        os.environ, HERD_DATABASE_URL=pg_url, HERD_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT)
+    )
+    for command in ("ingest", "query"):
+        target = str(tmp_path / "kjv.txt") if command == "ingest" else "light"
+        r = subprocess.run(
+            [sys.executable, "-m", "herd", command, target, "--collection", b"a\xffb"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.strip().splitlines() == [
+            "herd: error: --collection contains a lone surrogate at position 1 (not valid UTF-8)"
+        ]

@@ -148,6 +148,11 @@ def _decoded(file: Iterable[bytes], doc: str) -> Iterator[str]:
             raise ChunkError(
                 f"not UTF-8 text at byte {consumed + exc.start} ({exc.reason})", doc=doc, line=where
             ) from None
+        if (nul := raw.find(b"\x00")) >= 0:
+            # PostgreSQL text cannot hold a NUL: the file is refused here, where the
+            # place is known, rather than by the database with no place at all.
+            where = breaks + 1 + len(LINE_BREAK.findall(raw[:nul].decode("utf-8")))
+            raise ChunkError(f"a NUL byte at byte {consumed + nul}", doc=doc, line=where)
         breaks += len(LINE_BREAK.findall(line))
         consumed += len(raw)
         yield line

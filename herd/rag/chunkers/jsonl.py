@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 
-from herd.jsonvalue import JSON
+from herd.errors import NotJSONSerializable
+from herd.jsonvalue import JSON, check
 from herd.rag.chunkers.base import (
     LINE_KEYS,
     BaseChunker,
@@ -81,4 +82,9 @@ class JsonlChunker(BaseChunker):
                 doc=doc_id,
                 line=number,
             )
+        try:
+            # An escape (\u0000, a lone \ud800) decodes to what no store can keep.
+            check(value, what="the record")
+        except NotJSONSerializable as exc:
+            raise ChunkError(str(exc), doc=doc_id, line=number) from None
         return value
