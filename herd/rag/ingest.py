@@ -31,7 +31,7 @@ from herd.errors import Fatal, HerdError, Retry
 from herd.jsonvalue import canonical, check_text, text_problem
 from herd.locks import PostgresLocks
 from herd.queue.base import JobStatus
-from herd.rag.chunkers import FORMATS, ChunkError, chunk_file
+from herd.rag.chunkers import FORMATS, ChunkError, chunk_file, place_of
 from herd.rag.store import Generation, RagStore
 from herd.tasks import JobContext
 
@@ -92,9 +92,12 @@ def _prefixes(folders: Iterable[str | Path]) -> list[str]:
     return [os.path.join(d, "") for d in folders]
 
 
-def _part(chunk_id: str, fmt_is_verse: bool) -> str:
+def _part(chunk_id: str, fmt_is_verse: bool, place: str) -> str:
     parts = chunk_id.split("/")
-    return "/".join(parts[:2]) if fmt_is_verse and len(parts) > 2 else parts[0]
+    if fmt_is_verse and len(parts) > 2:
+        return "/".join(parts[:2])
+    # A plain file's ids start with its place, folders and all: the file is the partition.
+    return place if chunk_id.startswith(f"{place}/") else parts[0]
 
 
 class RagRuntime:
@@ -148,27 +151,33 @@ async def plan_and_apply(
     rt = await RagRuntime.of(app)
     key, settings = fingerprint(rt.embedder, {})
     live = await rt.store.live(collection)
-    files, folders, skipped = _expand(paths)
+    places, folders, skipped = _expand(paths)
+    files = list(places)
+    order = {f: i for i, f in enumerate(files)}
+    chunk_format = None if fmt == "auto" else fmt
+    params = {
+        "c": collection,
+        "files": [str(f) for f in files],
+        "folders": _prefixes(folders),
+    }
     async with rt.store.connection() as conn:
         await conn.execute(
             "CREATE TEMP TABLE IF NOT EXISTS herd_run_chunks (chunk_id text, source text,"
-            " part text, text text, breadcrumb text, metadata jsonb, hash text)"
+            " part text, text text, breadcrumb text, metadata jsonb, hash text, ord integer)"
         )
         await conn.execute("TRUNCATE herd_run_chunks")
-        errors = skipped + await _load(conn, files, None if fmt == "auto" else fmt, progress)
-        dup = await (
+        errors = skipped + await _load(conn, places, chunk_format, progress, order)
+        # A file whose ids are taken (by an earlier file of this run, or in the
+        # collection by a file outside this run's scope) is read again with a place
+        # that names it alone; ids that name their text stay and are reported below.
+        clashing = {Path(r[0]) for r in await (await conn.execute(_CLASHING, params)).fetchall()}
+        if clashing:
+            moved = {f: f"{places[f]}-{_digest(f)}" for f in files if f in clashing}
             await conn.execute(
-                "SELECT chunk_id, array_agg(DISTINCT source) FROM herd_run_chunks GROUP BY chunk_id"
-                " HAVING count(*) > 1 LIMIT 1"
+                "DELETE FROM herd_run_chunks WHERE source = ANY(%s)", ([str(f) for f in moved],)
             )
-        ).fetchone()
-        if dup:
-            raise IngestError(f"chunk id {dup[0]!r} comes from more than one file: {dup[1]}")
-        params = {
-            "c": collection,
-            "files": [str(f) for f in files],
-            "folders": _prefixes(folders),
-        }
+            await _load(conn, moved, chunk_format, None, order)
+        await _refuse_clashes(conn, params)
         counts = await (
             await conn.execute(
                 "SELECT count(*) FILTER (WHERE c.chunk_id IS NULL),"
@@ -261,9 +270,11 @@ async def enqueue_missing(app: App, rt: RagRuntime, gen: Generation, plan: Plan)
     )
 
 
-def _expand(paths: Sequence[Path]) -> tuple[list[Path], list[Path], list[str]]:
-    """The files and folders to read, and why any file found is skipped."""
-    files: list[Path] = []
+def _expand(paths: Sequence[Path]) -> tuple[dict[Path, str], list[Path], list[str]]:
+    """The files to read with their places (see ``place_of``), the folders, and why any
+    file found is skipped. A folder is the root of the files under it; a file given
+    by itself is its own."""
+    files: dict[Path, str] = {}
     folders: list[Path] = []
     for path in paths:
         path = path.resolve()
@@ -272,26 +283,73 @@ def _expand(paths: Sequence[Path]) -> tuple[list[Path], list[Path], list[str]]:
             raise IngestError(f"{_shown(path)}: the path is not valid UTF-8")
         if path.is_dir():
             folders.append(path)
-            files += sorted(
-                p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")
-            )
+            for p in sorted(path.rglob("*")):
+                if p.is_file() and not p.name.startswith("."):
+                    files.setdefault(p, place_of(p, path))
         elif path.is_file():
-            files.append(path)
+            files.setdefault(path, place_of(path, path.parent))
         else:
             raise IngestError(f"{path}: no such file or directory")
     skipped = [
         f"{_shown(f)}: the file name is not valid UTF-8" for f in files if text_problem(str(f))
     ]
-    return [f for f in files if not text_problem(str(f))], folders, skipped
+    return {f: p for f, p in files.items() if not text_problem(str(f))}, folders, skipped
+
+
+# The run's files whose chunk ids another file has: an earlier one of the run
+# (``ord``: the order the files were given), or one in the collection that this
+# run does not cover (one it covers gives its ids up: a text moved between files).
+_CLASHING = (
+    "SELECT source FROM (SELECT source, ord, min(ord) OVER (PARTITION BY chunk_id) AS first"
+    " FROM herd_run_chunks) r WHERE ord > first UNION SELECT r.source FROM herd_run_chunks r"
+    " JOIN herd_chunks c ON c.collection = %(c)s AND c.chunk_id = r.chunk_id"
+    f" WHERE c.source <> r.source AND NOT {SCOPE}"
+)
+
+
+async def _refuse_clashes(conn: Any, params: dict[str, Any]) -> None:
+    """Before anything is written: an id two files still share is an error naming both."""
+    cur = await conn.execute(
+        "SELECT chunk_id, array_agg(source ORDER BY ord) FROM herd_run_chunks GROUP BY chunk_id"
+        " HAVING count(*) > 1 LIMIT 1"
+    )
+    if row := await cur.fetchone():
+        raise IngestError(
+            f"chunk id {row[0]!r} comes from both {row[1][0]} and {row[1][1]}: their ids"
+            " name the text, not the file; ingest them into different collections"
+        )
+    cur = await conn.execute(
+        "SELECT r.chunk_id, c.source, r.source FROM herd_run_chunks r JOIN herd_chunks c"
+        " ON c.collection = %(c)s AND c.chunk_id = r.chunk_id"
+        f" WHERE c.source <> r.source AND NOT {SCOPE} LIMIT 1",
+        params,
+    )
+    if row := await cur.fetchone():
+        raise IngestError(
+            f"chunk id {row[0]!r} of {row[2]} is already in collection {params['c']!r},"
+            f" from {row[1]}: their ids name the text, not the file; ingest {row[1]} with"
+            " this run to replace it, or use another collection"
+        )
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(str(path).encode()).hexdigest()[:8]
 
 
 async def _load(
-    conn: Any, files: Iterable[Path], fmt: str | None, progress: Callable[[int], None] | None
+    conn: Any,
+    places: dict[Path, str],
+    fmt: str | None,
+    progress: Callable[[int], None] | None,
+    order: dict[Path, int],
 ) -> list[str]:
-    """Stream every file's chunks into the run table; a bad file is reported, not fatal."""
+    """Stream every file's chunks into the run table; a bad file is reported, not fatal.
+
+    ``order``: each file's position among those the run was given.
+    """
     errors: list[str] = []
     done = 0
-    for path in files:
+    for path, place in places.items():
         try:
             if path.stat().st_size == 0:
                 errors.append(f"{path}: the file is empty")
@@ -301,20 +359,22 @@ async def _load(
                 conn.transaction(),
                 conn.cursor().copy(
                     "COPY herd_run_chunks (chunk_id, source, part, text, breadcrumb, metadata,"
-                    " hash) FROM STDIN"
+                    " hash, ord) FROM STDIN"
                 ) as copy,
             ):
-                for chunk in chunk_file(path, format=fmt):
+                ord_ = order[path]
+                for chunk in chunk_file(path, format=fmt, place=place):
                     verse = "book" in chunk.metadata
                     await copy.write_row(
                         (
                             chunk.id,
                             str(path),
-                            _part(chunk.id, verse),
+                            _part(chunk.id, verse, place),
                             chunk.text,
                             chunk.breadcrumb,
                             Jsonb(chunk.metadata),
                             chunk.hash,
+                            ord_,
                         )
                     )
                     rows += 1

@@ -405,3 +405,74 @@ def test_the_cli_refuses_a_collection_name_of_undecodable_bytes(tmp_path, pg_url
         assert r.stderr.strip().splitlines() == [
             "herd: error: --collection contains a lone surrogate at position 1 (not valid UTF-8)"
         ]
+
+
+async def ids_by_source(app: App, name: str) -> dict[str, list[str]]:
+    rt = await RagRuntime.of(app)
+    rows = await rt.store.fetch(
+        "SELECT source, array_agg(chunk_id ORDER BY chunk_id) FROM herd_chunks"
+        " WHERE collection = %s GROUP BY source",
+        (name,),
+    )
+    return {s: ids for s, ids in rows}
+
+
+async def test_files_of_one_name_in_two_folders_keep_chunks_of_their_own(app, tmp_path):
+    name = collection()
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "notes.txt").write_text(f"The notes kept in folder {folder}.\n")
+    a, b = tmp_path / "a" / "notes.txt", tmp_path / "b" / "notes.txt"
+    await plan_and_apply(app, [tmp_path / "a"], name)
+    await drain(app)
+    second = await plan_and_apply(app, [tmp_path / "b"], name)
+    assert (second.added, second.changed) == (1, 0)
+    await drain(app)
+    ids = await ids_by_source(app, name)
+    assert ids[str(a)] == ["notes/p1"]
+    (b_id,) = ids[str(b)]
+    assert b_id.startswith("notes-") and b_id.endswith("/p1")
+    again = await plan_and_apply(app, [tmp_path / "b"], name)  # the same id each run
+    assert (again.unchanged, again.added, again.deleted) == (1, 0, 0)
+    await drain(app)
+    assert await ids_by_source(app, name) == ids
+
+    # One run over both: the path under the folder given is in the ids.
+    other = collection()
+    await plan_and_apply(app, [tmp_path], other)
+    await drain(app)
+    assert await ids_by_source(app, other) == {str(a): ["a/notes/p1"], str(b): ["b/notes/p1"]}
+
+
+async def test_ids_that_name_their_text_refuse_a_second_file_before_writing(app, tmp_path):
+    name = collection()
+    for folder in ("x", "y"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "kjv.txt").write_text("\n".join(GENESIS_1_3[:3]) + "\n")
+    x, y = tmp_path / "x" / "kjv.txt", tmp_path / "y" / "kjv.txt"
+    await plan_and_apply(app, [x], name)
+    await drain(app)
+    before = await ids_by_source(app, name)
+    rt = await RagRuntime.of(app)
+    runs = await rt.store.fetch("SELECT count(*) FROM herd_ingest_runs")
+    with pytest.raises(ingest.IngestError) as refused:
+        await plan_and_apply(app, [y], name)
+    assert f"of {y} is already in collection" in str(refused.value)
+    assert f"from {x}" in str(refused.value) and "kjv/genesis/1/1" in str(refused.value)
+    with pytest.raises(ingest.IngestError, match=f"comes from both {x} and {y}"):
+        await plan_and_apply(app, [tmp_path / "x", tmp_path / "y"], collection())
+    assert await ids_by_source(app, name) == before
+    assert await rt.store.fetch("SELECT count(*) FROM herd_ingest_runs") == runs
+
+
+async def test_two_folders_in_one_run_with_a_file_of_one_name(app, tmp_path):
+    name = collection()
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "notes.md").write_text(f"# Notes\n\nKept in folder {folder}.\n")
+    plan = await plan_and_apply(app, [tmp_path / "a", tmp_path / "b"], name)
+    assert plan.added == 2
+    await drain(app)
+    ids = await ids_by_source(app, name)
+    assert ids[str(tmp_path / "a" / "notes.md")] == ["notes/notes/p1"]  # the first keeps its id
+    assert ids[str(tmp_path / "b" / "notes.md")][0].startswith("notes-")

@@ -53,6 +53,7 @@ __all__ = [
     "detect_format",
     "get_chunker",
     "normalize_text",
+    "place_of",
 ]
 
 FORMATS: MappingProxyType[str, Callable[..., BaseChunker]] = MappingProxyType(
@@ -121,12 +122,15 @@ def chunk_file(
     *,
     doc_id: str | None = None,
     format: str | None = None,
+    place: str | None = None,
     **options: Any,
 ) -> Iterator[Chunk]:
     """Stream a UTF-8 file through the chunker of its format (detected unless given).
 
     ``doc_id`` defaults to the file name without extension, slugged
-    (``UU_13_2003.txt`` -> ``uu-13-2003``).
+    (``UU_13_2003.txt`` -> ``uu-13-2003``). ``place`` is the doc id instead for a
+    chunker whose ids do not name themselves (markdown, paragraph): where the file
+    sits (``place_of``), so that ``a/notes.txt`` and ``b/notes.txt`` differ.
     """
     path = Path(path)
     doc = doc_id or slugify(path.stem, fallback="doc")
@@ -134,7 +138,19 @@ def chunk_file(
         lines = _decoded(file, doc)
         head = list(itertools.islice(lines, SNIFF_LINES))
         chunker = get_chunker(format or detect_format(path, head), **options)
+        if place is not None and not chunker.names_itself:
+            doc = place
         yield from chunker.chunk(doc, itertools.chain(head, lines))
+
+
+def place_of(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> str:
+    """A file's path under ``root`` without its extension, slugged part by part.
+
+    ``root/Guides/Set up.md`` -> ``guides/set-up``; a file given by itself (its
+    own folder as root) keeps the plain doc id, ``set-up``.
+    """
+    relative = Path(path).relative_to(root).with_suffix("")
+    return "/".join(slugify(part, fallback="doc") for part in relative.parts)
 
 
 def _decoded(file: Iterable[bytes], doc: str) -> Iterator[str]:

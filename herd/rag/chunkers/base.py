@@ -101,6 +101,10 @@ class BaseChunker(ABC):
 
     name: str
     version: str
+    names_itself = True
+    """Whether the text gives the ids (a verse, a Pasal, a record's id): False when
+    they are only positions (``p12``) under the document's, which must then say
+    where the file is (see ``chunk_file``'s ``place``)."""
 
     def chunk(self, doc_id: str, lines: Iterable[str]) -> Iterator[Chunk]:
         for event in self.events(doc_id, lines):

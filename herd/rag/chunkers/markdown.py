@@ -42,6 +42,7 @@ def _crumb(stack: Sequence[Node], paragraph: int | None) -> str:
 
 class MarkdownChunker(BaseChunker):
     name = "markdown"
+    names_itself = False
     version = "1"
 
     def __init__(self, *, max_chars: int = DEFAULT_MAX_CHARS) -> None:

@@ -27,6 +27,7 @@ def _crumb(stack: Sequence[Node], paragraph: int | None) -> str:
 
 class ParagraphChunker(BaseChunker):
     name = "paragraph"
+    names_itself = False
     version = "1"
 
     def __init__(self, *, max_chars: int = DEFAULT_MAX_CHARS) -> None:
