@@ -31,6 +31,9 @@ class Settings:
     max_payload_bytes: int = MAX_BYTES
     max_result_bytes: int = MAX_BYTES
     max_json_depth: int = MAX_DEPTH
+    # Seconds a corpus generation swapped out keeps its vectors, for the queries that
+    # resolved it just before the swap; a later ingest's finalize drops it.
+    rag_retired_grace: int = 300
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -47,6 +50,7 @@ class Settings:
             max_payload_bytes=_bytes(env, "HERD_MAX_PAYLOAD_BYTES", MAX_BYTES),
             max_result_bytes=_bytes(env, "HERD_MAX_RESULT_BYTES", MAX_BYTES),
             max_json_depth=_bytes(env, "HERD_MAX_JSON_DEPTH", MAX_DEPTH, unit="levels"),
+            rag_retired_grace=_bytes(env, "HERD_RAG_RETIRED_GRACE", 300, unit="seconds"),
         )
 
     def override(self, **values: object) -> Settings:

@@ -468,9 +468,9 @@ async def finalize(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     if gen.status == "building":
         await rt.store.build_index(gen)
         await rt.store.swap(gen)
-        await rt.store.drop_retired(gen.collection)
         swapped = True
-    return {"deleted": len(gone), "swapped": swapped, "generation": gen.id}
+    dropped = await rt.store.drop_retired(ctx.app.settings.rag_retired_grace)
+    return {"deleted": len(gone), "swapped": swapped, "generation": gen.id, "dropped": dropped}
 
 
 # How many active jobs finalize looks through for its generation's embed jobs.

@@ -5,7 +5,10 @@ a fixed dimension and an HNSW index (cosine), built once its vectors are loaded.
 Re-indexing with another embedder or chunker builds a new generation beside the
 live one; ``swap`` checks it (count and a checksum over the chunk hashes) and
 points the collection at it in one UPDATE, so queries move from the old index to
-the new one atomically.
+the new one atomically. The old generation is retired, not dropped: a query that
+resolved it just before the swap still reads its table. ``drop_retired`` drops
+those retired longer than the grace (``HERD_RAG_RETIRED_GRACE``, 300 s by
+default), at every finalize, so at most the latest few tables wait for it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
+import psycopg
 from pgvector.psycopg import register_vector_async
 from pgvector.psycopg.vector import register_vector_info
 from psycopg import AsyncConnection, sql
@@ -29,6 +33,10 @@ from herd.queue.postgres import connection_pool, migrate, translate_errors
 
 class IndexError_(HerdError):  # noqa: N801 - "IndexError" would shadow the builtin
     """The index is not in a state that allows this."""
+
+
+class GenerationGone(IndexError_):
+    """The generation was retired and its vectors dropped: resolve the live one again."""
 
 
 @dataclass(frozen=True)
@@ -290,8 +298,8 @@ class RagStore:
                     f" ({vectors} vectors for {chunks} chunks); not swapping"
                 )
             await conn.execute(
-                "UPDATE herd_generations SET status = 'retired' WHERE collection = %s"
-                " AND status = 'live'",
+                "UPDATE herd_generations SET status = 'retired', retired_at = now()"
+                " WHERE collection = %s AND status = 'live'",
                 (gen.collection,),
             )
             await conn.execute(
@@ -303,16 +311,28 @@ class RagStore:
                 (gen.id, gen.collection),
             )
 
-    async def drop_retired(self, collection: str) -> list[int]:
-        """Drop the vector tables of retired generations (after a swap)."""
+    async def drop_retired(self, grace: float) -> list[int]:
+        """Drop the vector tables of generations retired ``grace`` seconds ago or more.
+
+        Every collection's: whichever ingest finalizes next keeps the state bounded.
+        A query still reading a table holds the DROP back until it is done.
+        """
         dropped = []
         for (gen_id,) in await self.fetch(
-            "SELECT id FROM herd_generations WHERE collection = %s AND status = 'retired'",
-            (collection,),
+            "SELECT id FROM herd_generations WHERE status = 'retired' AND dropped_at IS NULL"
+            " AND (retired_at IS NULL OR retired_at <= now() - make_interval(secs => %s))"
+            " ORDER BY id",
+            (grace,),
         ):
-            await self.fetch(
-                sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(f"herd_vectors_{gen_id}"))
-            )
+            async with self.connection() as conn, conn.transaction():
+                await conn.execute(
+                    sql.SQL("DROP TABLE IF EXISTS {}").format(
+                        sql.Identifier(f"herd_vectors_{gen_id}")
+                    )
+                )
+                await conn.execute(
+                    "UPDATE herd_generations SET dropped_at = now() WHERE id = %s", (gen_id,)
+                )
             dropped.append(gen_id)
         return dropped
 
@@ -325,13 +345,18 @@ class RagStore:
             await conn.execute(
                 sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(max(ef_search, k)))
             )
-            cur = await conn.execute(
-                sql.SQL(
-                    "SELECT v.chunk_id, c.breadcrumb, c.text, 1 - (v.embedding <=> %(q)s),"
-                    " c.metadata FROM (SELECT chunk_id, embedding FROM {} ORDER BY embedding"
-                    " <=> %(q)s LIMIT %(k)s) v JOIN herd_chunks c ON c.collection = %(c)s"
-                    " AND c.chunk_id = v.chunk_id ORDER BY v.embedding <=> %(q)s"
-                ).format(gen.table),
-                {"q": vector, "k": k, "c": gen.collection},
-            )
+            try:
+                cur = await conn.execute(
+                    sql.SQL(
+                        "SELECT v.chunk_id, c.breadcrumb, c.text, 1 - (v.embedding <=> %(q)s),"
+                        " c.metadata FROM (SELECT chunk_id, embedding FROM {} ORDER BY embedding"
+                        " <=> %(q)s LIMIT %(k)s) v JOIN herd_chunks c ON c.collection = %(c)s"
+                        " AND c.chunk_id = v.chunk_id ORDER BY v.embedding <=> %(q)s"
+                    ).format(gen.table),
+                    {"q": vector, "k": k, "c": gen.collection},
+                )
+            except psycopg.errors.UndefinedTable:
+                raise GenerationGone(
+                    f"generation {gen.id} of {gen.collection!r} was swapped out and dropped"
+                ) from None
             return [Hit(a, b, t, float(s), m) for a, b, t, s, m in await cur.fetchall()]

@@ -150,8 +150,66 @@ async def test_fingerprint_change_builds_a_new_generation_then_swaps(app, tmp_pa
     live = await rt.store.live(name)
     assert live.id == rebuild.generation and live.settings["embedder"].endswith("+v2")
     assert await hnsw_indexes(app, live.id) == 1
-    rows = await rt.store.fetch("SELECT to_regclass(%s)", (f"herd_vectors_{first.generation}",))
-    assert rows[0][0] is None  # the retired generation's table is gone
+    # The retired generation keeps its table for the grace (see the next test).
+    assert await table_exists(app, first.generation)
+
+
+async def table_exists(app: App, gen_id: int) -> bool:
+    rt = await RagRuntime.of(app)
+    rows = await rt.store.fetch("SELECT to_regclass(%s)", (f"herd_vectors_{gen_id}",))
+    return rows[0][0] is not None
+
+
+async def test_a_query_on_the_generation_swapped_out_succeeds_until_its_grace_ends(
+    app, tmp_path, pg_url
+):
+    name = collection()
+    kjv = tmp_path / "kjv.txt"
+    kjv.write_text("\n".join(GENESIS_1_3[:20]) + "\n")
+    first = await plan_and_apply(app, [kjv], name)
+    await drain(app)
+    rt = await RagRuntime.of(app)
+    resolved = await rt.store.live(name)  # as a query does, before its search
+    vec = rt.embedder.embed(["Let there be light"])[0]
+
+    other = App(database_url=pg_url)
+    other.settings = app.settings.override(rag_retired_grace=3600)
+    other.include(builtin_tasks)
+    async with other:
+        other.state["rag.embedder"] = Renamed(rt.embedder, "v3")
+        rebuild = await plan_and_apply(other, [kjv], name)
+        await drain(other)
+        assert (await rt.store.live(name)).id == rebuild.generation
+        # The swap is done, and the search that resolved the old generation still runs.
+        hits = await rt.store.search(resolved, vec, 3)
+        assert hits[0].chunk_id == "kjv/genesis/1/3"
+        assert (await plan_and_apply(other, [kjv], name)).to_embed == 0
+        await drain(other)  # a finalize inside the grace keeps the table
+        assert await table_exists(app, first.generation)
+
+    # Once the grace is over, the next finalize drops the table.
+    short = App(database_url=pg_url)
+    short.settings = app.settings.override(rag_retired_grace=1)
+    short.include(builtin_tasks)
+    async with short:
+        short.state["rag.embedder"] = Renamed(rt.embedder, "v3")
+
+        async def dropped_by_a_finalize() -> bool:
+            await plan_and_apply(short, [kjv], name)
+            await drain(short)
+            return not await table_exists(app, first.generation)
+
+        await eventually(dropped_by_a_finalize, timeout=30, interval=0.2)
+    rows = await rt.store.fetch(
+        "SELECT status, dropped_at IS NOT NULL FROM herd_generations WHERE id = %s",
+        (first.generation,),
+    )
+    assert rows == [("retired", True)]
+    # Past the grace, a search still holding it is told so (a 404 through the API).
+    from herd.rag.store import GenerationGone
+
+    with pytest.raises(GenerationGone, match="was swapped out and dropped"):
+        await rt.store.search(resolved, vec, 3)
 
 
 async def test_bad_files_are_reported_and_the_rest_is_indexed(app, tmp_path):
