@@ -45,6 +45,10 @@ class _Running:
     task: asyncio.Task[None] | None = None
     lost: bool = False
     releasing: bool = False
+    # Set once the result or failure is handed to the store: from then on the write's
+    # own answer says whether the lease held. A renewal refused meanwhile only means
+    # the write landed first (the job is finished), not that another worker has it.
+    writing: bool = False
 
 
 @dataclass
@@ -309,6 +313,7 @@ class Worker:
 
     async def _fail(self, running: _Running, failure: Failure, *, asked: bool = False) -> None:
         """Record a failure; ``asked``: the task raised Retry, the normal way to wait."""
+        running.writing = True
         status = await self._write(running, lambda: self.app.broker.fail_if_leased(failure))
         if status is None:
             self.stats.refused += 1
@@ -352,6 +357,7 @@ class Worker:
 
     async def _complete(self, running: _Running, result: Any) -> bool:
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        running.writing = True
         self._completions.append((Completion(running.lease, result), fut))
         self._completion_ready.set()
         ok = await fut
@@ -444,6 +450,8 @@ class Worker:
                     continue
                 if renewed is not None and r.lease.job_id in renewed:
                     r.deadline = sent + r.lease.lease_seconds
+                elif r.writing:
+                    continue  # still renewed while the write waits out an outage; never cut
                 elif renewed is not None or now > r.deadline:
                     # Refused by the server, or unconfirmed past our own deadline:
                     # another worker may hold it now, so stop paying for this run.
