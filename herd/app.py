@@ -9,7 +9,15 @@ from typing import Any, overload
 from herd.config import Settings
 from herd.errors import ConfigError, HerdError, JobNotFound
 from herd.jsonvalue import JSON, dumps
-from herd.queue.base import Broker, EnqueueResult, Job, JobStatus, NewJob, QueueStats
+from herd.queue.base import (
+    Broker,
+    EnqueueResult,
+    Job,
+    JobStatus,
+    NewJob,
+    QueueStats,
+    RequeueResult,
+)
 from herd.tasks import Backoff, Task, TaskFunction
 
 TaskRef = str | Task
@@ -244,8 +252,11 @@ class App:
     async def dead_letters(self, *, queue: str | None = None, limit: int = 100) -> list[Job]:
         return await self.broker.list_jobs(status=JobStatus.DEAD, queue=queue, limit=limit)
 
-    async def requeue(self, job_ids: Sequence[int] | None) -> list[int]:
-        """Send dead-lettered jobs back to the queue (None: all of them)."""
+    async def requeue(self, job_ids: Sequence[int] | None) -> RequeueResult:
+        """Send dead-lettered jobs back to the queue (None: all of them).
+
+        A job whose dedup key an active job holds stays dead; it is listed in
+        ``skipped`` with the id of that job, and the others are requeued."""
         return await self.broker.requeue_dead(job_ids)
 
     async def stats(self) -> list[QueueStats]:

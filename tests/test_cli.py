@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -86,6 +87,36 @@ def test_enqueue_list_show_dlq_requeue_round_trip(clean_pg):
     assert stats[0]["counts"] == {"pending": 1}
     missing = herd("jobs", "show", "999999", url=clean_pg)
     assert missing.returncode == 1 and "no job has id 999999" in missing.stderr
+
+
+def test_dlq_requeue_all_requeues_the_rest_and_names_each_job_left_dead(clean_pg):
+    from herd.queue.postgres import PostgresBroker
+    from tests.contract.test_requeue import dead
+    from tests.helpers import job
+
+    async def seed():
+        broker = PostgresBroker(clean_pg)
+        await broker.open()
+        try:
+            (held,) = await dead(broker, dedup_key="doc-7")
+            plain = await dead(broker, n=2)
+            (holder,) = await broker.enqueue([job(dedup_key="doc-7")])
+            return held, plain, holder.job_id
+        finally:
+            await broker.close()
+
+    held, plain, holder = asyncio.run(seed())
+    r = herd("dlq", "requeue", "--all", url=clean_pg)
+    assert r.returncode == 1
+    assert f"requeued 2 jobs: {plain}" in r.stdout
+    assert r.stderr.strip().splitlines() == [
+        f"herd: skipped job {held}: active job {holder} holds its dedup key 'doc-7'"
+    ]
+    r = herd("dlq", "requeue", str(held), "--json", url=clean_pg)
+    assert r.returncode == 1 and json.loads(r.stdout) == {
+        "requeued": [],
+        "skipped": [{"job_id": held, "dedup_key": "doc-7", "held_by": holder}],
+    }
 
 
 def test_worker_with_an_app_that_cannot_be_imported_is_a_usage_error(clean_pg):

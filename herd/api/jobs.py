@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response, status
@@ -16,6 +17,7 @@ from herd.api.models import (
     QueueName,
     RequeueIn,
     RequeueOut,
+    SkippedOut,
     StatsOut,
 )
 from herd.queue.base import JobStatus
@@ -68,12 +70,14 @@ async def dead_letters(
     return [JobOut.of(j) for j in await app.dead_letters(queue=queue, limit=limit)]
 
 
-@router.post("/dlq/requeue", tags=["dead letters"], responses={409: {"description": "dedup"}})
+@router.post("/dlq/requeue", tags=["dead letters"])
 async def requeue(body: RequeueIn, app: HerdApp) -> RequeueOut:
-    """Send dead-lettered jobs back to their queues with fresh counters."""
-    done = await app.requeue(None if body.all else body.job_ids)
-    missing = sorted(set(body.job_ids or []) - set(done))
-    return RequeueOut(requeued=done, missing=missing)
+    """Send dead-lettered jobs back to their queues with fresh counters; a job whose
+    dedup key an active job holds stays dead and is listed in ``skipped``."""
+    result = await app.requeue(None if body.all else body.job_ids)
+    skipped = [SkippedOut(**dataclasses.asdict(c)) for c in result.skipped]
+    missing = sorted(set(body.job_ids or []) - set(result.requeued) - {c.job_id for c in skipped})
+    return RequeueOut(requeued=result.requeued, missing=missing, skipped=skipped)
 
 
 @router.get("/stats", tags=["statistics"])

@@ -76,9 +76,16 @@ class RequeueIn(Strict):
         return self
 
 
+class SkippedOut(BaseModel):
+    job_id: int
+    dedup_key: str
+    held_by: int  # the active job that holds the dedup key
+
+
 class RequeueOut(BaseModel):
     requeued: list[int]
     missing: list[int]  # asked for, but not in the dead-letter queue
+    skipped: list[SkippedOut] = []  # left dead: an active job holds their dedup key
 
 
 class ThroughputOut(BaseModel):

@@ -83,6 +83,21 @@ class EnqueueResult:
 
 
 @dataclass(frozen=True)
+class DedupConflict:
+    """A dead job left dead: requeued, it would share its dedup key with an active job."""
+
+    job_id: int
+    dedup_key: str
+    held_by: int  # the active job that holds the key
+
+
+@dataclass(frozen=True)
+class RequeueResult:
+    requeued: list[int]  # ascending
+    skipped: list[DedupConflict] = field(default_factory=list)  # by job id
+
+
+@dataclass(frozen=True)
 class Lease:
     """A claimed job, with the fencing token every later write must carry."""
 
@@ -198,8 +213,11 @@ class Broker(Protocol):
         self, *, status: JobStatus | None = None, queue: str | None = None, limit: int = 100
     ) -> list[Job]: ...
     async def stats(self) -> list[QueueStats]: ...
-    async def requeue_dead(self, job_ids: Sequence[int] | None) -> list[int]:
-        """Move dead-lettered jobs back to pending with fresh counters; None means all."""
+    async def requeue_dead(self, job_ids: Sequence[int] | None) -> RequeueResult:
+        """Move dead-lettered jobs back to pending with fresh counters; None means all.
+
+        A job whose dedup key an active job holds is skipped and reported, never
+        blocking the others."""
         ...
 
     async def running(self, limit: int = 100) -> list[RunningJob]:

@@ -89,19 +89,32 @@ async def test_dead_letters_are_listed_with_reason_and_requeued(any_client, any_
     ]
     r = await any_client.post("/dlq/requeue", json={"job_ids": [first, 424242]})
     assert r.status_code == 200
-    assert r.json() == {"requeued": [first], "missing": [424242]}
+    assert r.json() == {"requeued": [first], "missing": [424242], "skipped": []}
     assert (await any_client.get(f"/jobs/{first}")).json()["status"] == "pending"
     r = await any_client.post("/dlq/requeue", json={"all": True})
-    assert r.json() == {"requeued": [second], "missing": []}
+    assert r.json() == {"requeued": [second], "missing": [], "skipped": []}
     assert (await any_client.get("/dlq")).json() == []
 
 
-async def test_requeue_conflicting_with_an_active_dedup_key_is_409(any_client, any_app):
-    dead = await dead_job(any_app, dedup_key="k1")
-    await any_client.post("/jobs", json={"task": "t", "dedup_key": "k1"})
-    r = await any_client.post("/dlq/requeue", json={"job_ids": [dead]})
-    assert r.status_code == 409
-    assert "dedup key" in r.json()["error"]
+async def test_requeue_skips_a_job_whose_dedup_key_is_held_and_names_the_holder(
+    any_client, any_app
+):
+    held = await dead_job(any_app, dedup_key="k1")
+    plain = await dead_job(any_app, queue="other")
+    holder = (await any_client.post("/jobs", json={"task": "t", "dedup_key": "k1"})).json()
+    for body in ({"all": True}, {"job_ids": [held, 424242]}):
+        r = await any_client.post("/dlq/requeue", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["skipped"] == [
+            {"job_id": held, "dedup_key": "k1", "held_by": holder["job_id"]}
+        ]
+    assert r.json() == {
+        "requeued": [],
+        "missing": [424242],
+        "skipped": [{"job_id": held, "dedup_key": "k1", "held_by": holder["job_id"]}],
+    }
+    assert (await any_client.get(f"/jobs/{plain}")).json()["status"] == "pending"
+    assert (await any_client.get(f"/jobs/{held}")).json()["status"] == "dead"
 
 
 async def test_stats_count_jobs_per_queue_and_status(any_client, any_app):

@@ -184,7 +184,10 @@ async function requeue(id, button) {
   button.disabled = true;
   try {
     const result = await api("/dlq/requeue", { method: "POST", body: JSON.stringify({ job_ids: [id] }) });
-    toast(result.requeued.length ? `job ${id} requeued` : `job ${id} was no longer dead-lettered`);
+    const held = (result.skipped || [])[0];
+    toast(result.requeued.length ? `job ${id} requeued`
+      : held ? `job ${id} stays dead: active job ${held.held_by} holds its dedup key`
+      : `job ${id} was no longer dead-lettered`);
     await refresh();
   } catch (error) {
     toast(`requeue of job ${id} failed: ${error.message}`);
