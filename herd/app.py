@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, overload
 
 from herd.config import Settings
-from herd.errors import ConfigError, HerdError, JobNotFound
-from herd.jsonvalue import JSON, dumps
+from herd.errors import ConfigError, HerdError, InvalidInput, JobNotFound
+from herd.jsonvalue import JSON, check, check_text
 from herd.queue.base import (
+    MAX_DEDUP_KEY_LENGTH,
+    MAX_NAME_LENGTH,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
     Broker,
     EnqueueResult,
     Job,
@@ -174,16 +179,49 @@ class App:
         priority: int | None,
         dedup_key: str | None,
         delay: float,
+        what: str = "payload",
     ) -> NewJob:
+        """The one gate of every producer (Python, CLI, API, built-in features): what
+        a store, a listing or a dashboard would choke on later is refused here, with
+        the field named."""
         name = task.name if isinstance(task, Task) else task
         spec = task if isinstance(task, Task) else self.tasks.get(name)
         if not name:
-            raise HerdError("a task name is required")
+            raise InvalidInput("a task name is required", field="task")
+        check_text(name, "task", max_length=MAX_NAME_LENGTH)
+        queue = queue or (spec.queue if spec else "default")
+        check_text(queue, "queue", max_length=MAX_NAME_LENGTH)
+        priority = priority if priority is not None else (spec.priority if spec else 0)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidInput(
+                f"priority must be an integer, not {type(priority).__name__}", field="priority"
+            )
+        if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+            raise InvalidInput(
+                f"priority is {priority}; the limit is {MIN_PRIORITY} to {MAX_PRIORITY}",
+                field="priority",
+            )
+        if dedup_key is not None:
+            # An empty key means "none" to the Redis broker and a key to PostgreSQL.
+            if dedup_key == "":
+                raise InvalidInput("dedup_key is empty; give a key or None", field="dedup_key")
+            check_text(dedup_key, "dedup_key", max_length=MAX_DEDUP_KEY_LENGTH)
+        if not isinstance(delay, int | float) or not math.isfinite(delay):
+            raise InvalidInput(
+                f"delay must be a finite number of seconds, not {delay!r}", field="delay"
+            )
+        check(
+            payload,
+            what=what,
+            max_depth=self.settings.max_json_depth,
+            max_bytes=self.settings.max_payload_bytes,
+            limit_name="HERD_MAX_PAYLOAD_BYTES",
+        )
         return NewJob(
             task=name,
             payload=payload,
-            queue=queue or (spec.queue if spec else "default"),
-            priority=priority if priority is not None else (spec.priority if spec else 0),
+            queue=queue,
+            priority=priority,
             dedup_key=dedup_key,
             delay=delay,
             lease_seconds=spec.lease_seconds if spec else 30.0,
@@ -205,7 +243,6 @@ class App:
         job = self._new_job(
             task, payload, queue=queue, priority=priority, dedup_key=dedup_key, delay=delay
         )
-        dumps(payload, what=f"payload of {job.task!r}")
         (result,) = await self.broker.enqueue([job])
         return result
 
@@ -225,12 +262,19 @@ class App:
         keys = list(dedup_keys) if dedup_keys is not None else [None] * len(items)
         if len(keys) != len(items):
             raise HerdError("dedup_keys must have one entry per payload")
+        # Every job is checked before the first batch is sent: all are enqueued, or none.
         jobs = [
-            self._new_job(task, p, queue=queue, priority=priority, dedup_key=k, delay=delay)
-            for p, k in zip(items, keys, strict=True)
+            self._new_job(
+                task,
+                p,
+                queue=queue,
+                priority=priority,
+                dedup_key=k,
+                delay=delay,
+                what=f"payloads[{i}]",
+            )
+            for i, (p, k) in enumerate(zip(items, keys, strict=True))
         ]
-        for i, job in enumerate(jobs):
-            dumps(job.payload, what=f"payload #{i} of {job.task!r}")
         out: list[EnqueueResult] = []
         for start in range(0, len(jobs), batch_size):
             out += await self.broker.enqueue(jobs[start : start + batch_size])

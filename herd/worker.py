@@ -30,7 +30,7 @@ from typing import Any
 
 from herd.app import App
 from herd.errors import BrokerError, BrokerUnavailable, Fatal, LeaseLost, NotJSONSerializable, Retry
-from herd.jsonvalue import dumps
+from herd.jsonvalue import check
 from herd.queue.base import Completion, DeadReason, Failure, JobStatus, Lease
 from herd.tasks import JobContext, call_task
 
@@ -263,13 +263,20 @@ class Worker:
             if running.lost:
                 return
             try:
-                dumps(result)
+                settings = self.app.settings
+                check(
+                    result,
+                    what="result",
+                    max_depth=settings.max_json_depth,
+                    max_bytes=settings.max_result_bytes,
+                    limit_name="HERD_MAX_RESULT_BYTES",
+                )
             except NotJSONSerializable as exc:
                 await self._fail(
                     running,
                     Failure(
                         lease,
-                        f"task returned a non-JSON result: {exc}",
+                        f"task returned a result herd cannot store: {exc}",
                         final=True,
                         reason=DeadReason.BAD_RESULT,
                     ),

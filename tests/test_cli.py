@@ -119,6 +119,39 @@ def test_dlq_requeue_all_requeues_the_rest_and_names_each_job_left_dead(clean_pg
     }
 
 
+def test_bad_job_fields_and_payloads_are_one_line_naming_the_field(clean_pg):
+    deep = "[" * 300 + "]" * 300
+    cases = [
+        (["t", deep], {}, "payload is nested more than 64 levels deep"),
+        (["t", '{"s": "nul \\u0000"}'], {}, "payload.s contains a NUL character"),
+        (["t", "--priority", "99999999999"], {}, "priority is 99999999999; the limit"),
+        (["t", "--dedup-key", ""], {}, "dedup_key is empty"),
+        (["t", '"x"'], {"HERD_MAX_PAYLOAD_BYTES": "2"}, "the limit is 2 (HERD_MAX_PAYLOAD_BYTES)"),
+    ]
+    for args, env, says in cases:
+        r = herd("enqueue", *args, url=clean_pg, **env)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1, (args, r.stderr)
+        assert lines[0].startswith("herd: error: ") and says in lines[0], r.stderr
+    # Bytes that are not UTF-8 in an argument reach Python as lone surrogates.
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("HERD_")}
+    environ.update(PYTHONPATH=str(ROOT), HERD_DATABASE_URL=clean_pg)
+    r = subprocess.run(
+        [sys.executable.encode(), b"-m", b"herd", b"enqueue", b"t\xff"],
+        capture_output=True,
+        env=environ,
+        timeout=60,
+    )
+    assert r.returncode == 1 and b"task contains a lone surrogate" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert herd("jobs", "list", "--json", url=clean_pg).stdout == ""
+    ok = herd("enqueue", "a\\u0000b", '{"s": "\\\\u0000"}', "--json", url=clean_pg)
+    assert ok.returncode == 0, ok.stderr
+    shown = herd("jobs", "show", str(json.loads(ok.stdout)["job_id"]), "--json", url=clean_pg)
+    assert json.loads(shown.stdout)["task"] == "a\\u0000b"
+    assert json.loads(shown.stdout)["payload"] == {"s": "\\u0000"}
+
+
 def test_worker_with_an_app_that_cannot_be_imported_is_a_usage_error(clean_pg):
     r = herd("worker", "no_such_module:app", url=clean_pg)
     assert r.returncode == 2 and "cannot import 'no_such_module'" in r.stderr

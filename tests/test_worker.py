@@ -378,3 +378,35 @@ async def test_a_drain_to_idle_counts_every_job_succeeded_and_none_lost(app, cap
     assert {j.status for j in await app.broker.get_jobs(ids)} == {JobStatus.SUCCEEDED}
     assert (stats.succeeded, stats.lost, stats.refused) == (3000, 0, 0)
     assert not [x for x in caplog.records if "lease lost" in x.getMessage()]
+
+
+async def test_a_result_too_deep_or_too_big_is_dead_lettered_with_the_limit_named(app):
+    app.settings = app.settings.override(max_result_bytes=1000)
+
+    @app.task(name="deep")
+    async def deep(payload):
+        value: object = 1
+        for _ in range(300):
+            value = [value]
+        return value
+
+    @app.task(name="big")
+    async def big(payload):
+        return "x" * 2000
+
+    @app.task(name="fits")
+    async def fits(payload):
+        return "x" * 998
+
+    ids = [(await app.enqueue(name)).job_id for name in ("deep", "big", "fits")]
+    worker, run = start(app)
+    jobs = [await status_of(app, i, JobStatus.DEAD, JobStatus.SUCCEEDED) for i in ids]
+    worker.stop()
+    await run
+    deep_job, big_job, fits_job = jobs
+    assert deep_job.status == big_job.status == JobStatus.DEAD
+    assert deep_job.dead_reason == big_job.dead_reason == "bad_result"
+    assert deep_job.result is None and big_job.result is None
+    assert "HERD_MAX_JSON_DEPTH" in deep_job.last_error
+    assert "2002 bytes as JSON; the limit is 1000 (HERD_MAX_RESULT_BYTES)" in big_job.last_error
+    assert fits_job.status == JobStatus.SUCCEEDED and fits_job.result == "x" * 998

@@ -13,6 +13,7 @@ from herd.api.models import (
     EnqueueIn,
     EnqueueOut,
     JobOut,
+    JobSummaryOut,
     OverviewOut,
     QueueName,
     RequeueIn,
@@ -20,7 +21,9 @@ from herd.api.models import (
     SkippedOut,
     StatsOut,
 )
+from herd.errors import InvalidInput
 from herd.queue.base import JobStatus
+from herd.tasks import INTERNAL_PREFIX, is_internal
 
 router = APIRouter(tags=["jobs"])
 
@@ -29,7 +32,21 @@ Limit = Annotated[int, Query(ge=1, le=1000)]
 
 @router.post("/jobs", status_code=status.HTTP_201_CREATED, responses={200: {"model": EnqueueOut}})
 async def enqueue(body: EnqueueIn, app: HerdApp, response: Response) -> EnqueueOut:
-    """Add one job; 200 instead of 201 when an active job already holds its dedup key."""
+    """Add one job; 200 instead of 201 when an active job already holds its dedup key.
+
+    herd's own tasks (``herd.…``) are refused: their endpoints make their payloads. A
+    server given an app with tasks refuses the names that app does not register."""
+    if is_internal(body.task):
+        raise InvalidInput(
+            f"task {body.task!r} is internal to herd (the {INTERNAL_PREFIX}* names); use its"
+            " own endpoint (POST /evals) or command (herd ingest)",
+            field="task",
+        )
+    if app.tasks and body.task not in app.tasks:
+        raise InvalidInput(
+            f"unknown task {body.task!r}: this server's app registers no task by that name",
+            field="task",
+        )
     result = await app.enqueue(
         body.task,
         body.payload,
@@ -57,17 +74,18 @@ async def list_jobs(
     status: JobStatus | None = None,
     queue: Annotated[QueueName | None, Query()] = None,
     limit: Limit = 100,
-) -> list[JobOut]:
-    """Recent jobs, newest first."""
-    return [JobOut.of(j) for j in await app.list_jobs(status=status, queue=queue, limit=limit)]
+) -> list[JobSummaryOut]:
+    """Recent jobs, newest first; payloads and results as excerpts (whole: GET /jobs/{id})."""
+    jobs = await app.list_jobs(status=status, queue=queue, limit=limit)
+    return [JobSummaryOut.of(j) for j in jobs]
 
 
 @router.get("/dlq", tags=["dead letters"])
 async def dead_letters(
     app: HerdApp, queue: Annotated[QueueName | None, Query()] = None, limit: Limit = 100
-) -> list[JobOut]:
+) -> list[JobSummaryOut]:
     """Dead-lettered jobs, newest first, with their reasons and last errors."""
-    return [JobOut.of(j) for j in await app.dead_letters(queue=queue, limit=limit)]
+    return [JobSummaryOut.of(j) for j in await app.dead_letters(queue=queue, limit=limit)]
 
 
 @router.post("/dlq/requeue", tags=["dead letters"])

@@ -16,6 +16,12 @@ from typing import Protocol, runtime_checkable
 
 from herd.jsonvalue import JSON
 
+# What a job's fields may hold, checked at enqueue (App) and by the API's models. A
+# priority names a Redis stream and a PostgreSQL integer; names and keys are indexed.
+MAX_NAME_LENGTH = 200  # task and queue names
+MAX_DEDUP_KEY_LENGTH = 1000
+MIN_PRIORITY, MAX_PRIORITY = -1_000_000, 1_000_000
+
 
 class JobStatus(enum.StrEnum):
     PENDING = "pending"  # waiting to run (possibly delayed until run_at)

@@ -37,7 +37,7 @@ from redis import exceptions as rexc
 from redis.commands.core import AsyncScript
 
 from herd.config import mask_url
-from herd.errors import BrokerError, BrokerUnavailable
+from herd.errors import BrokerError, BrokerUnavailable, InvalidInput
 from herd.jsonvalue import dumps, loads
 from herd.queue.base import (
     Completion,
@@ -68,8 +68,9 @@ def _lua(name: str) -> str:
 
 def prefix(queue: str) -> str:
     if "{" in queue or "}" in queue:
-        raise BrokerError(
-            f"queue name {queue!r} may not contain braces (they form Redis hash tags)"
+        raise InvalidInput(
+            f"queue name {queue!r} may not contain braces (they form Redis hash tags)",
+            field="queue",
         )
     return f"herd:{{{queue}}}:"
 

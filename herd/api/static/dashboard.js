@@ -213,7 +213,7 @@ function renderRecent(jobs) {
     el("td", { class: "mono", text: j.task }),
     el("td", { class: "mono", text: j.queue }),
     el("td", {}, el("span", { class: "pill s-" + j.status, text: j.status })),
-    el("td", { class: "mono clip", text: fmt.short(j.payload, 70) }),
+    el("td", { class: "mono clip", text: fmt.short(j.payload_excerpt, 70) }),
     el("td", { class: "mono muted", text: fmt.time(j.created_at) }),
   )), 6, "no jobs yet");
 }
