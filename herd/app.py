@@ -210,7 +210,7 @@ class App:
             raise InvalidInput(
                 f"delay must be a finite number of seconds, not {delay!r}", field="delay"
             )
-        check(
+        text = check(
             payload,
             what=what,
             max_depth=self.settings.max_json_depth,
@@ -227,6 +227,7 @@ class App:
             lease_seconds=spec.lease_seconds if spec else 30.0,
             max_attempts=spec.max_attempts if spec else 3,
             max_stalls=spec.max_stalls if spec else 3,
+            payload_json=text,
         )
 
     async def enqueue(

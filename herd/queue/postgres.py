@@ -36,6 +36,7 @@ from herd.queue.base import (
     RequeueResult,
     RunningJob,
     Throughput,
+    payload_text,
 )
 from herd.queue.sql import migrations, queries
 
@@ -224,7 +225,7 @@ class PostgresBroker:
         params = {
             "queue": [j.queue for j in jobs],
             "task": [j.task for j in jobs],
-            "payload": [dumps(j.payload, what=f"payload of {j.task!r}") for j in jobs],
+            "payload": [payload_text(j) for j in jobs],
             "priority": [j.priority for j in jobs],
             "dedup_key": [j.dedup_key for j in jobs],
             "delay": [max(0.0, float(j.delay)) for j in jobs],

@@ -52,6 +52,7 @@ from herd.queue.base import (
     RequeueResult,
     RunningJob,
     Throughput,
+    payload_text,
 )
 
 log = logging.getLogger("herd.redis")
@@ -149,7 +150,7 @@ class RedisBroker:
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
         if not jobs:
             return []
-        payloads = [dumps(j.payload, what=f"payload of {j.task!r}") for j in jobs]
+        payloads = [payload_text(j) for j in jobs]
         for j in jobs:
             prefix(j.queue)
         with self._errors():
