@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, overload
 
 from herd.config import Settings
-from herd.errors import ConfigError, HerdError, JobNotFound
-from herd.jsonvalue import JSON, dumps
-from herd.queue.base import Broker, EnqueueResult, Job, JobStatus, NewJob, QueueStats
+from herd.errors import ConfigError, HerdError, InvalidInput, JobNotFound
+from herd.jsonvalue import JSON, check, check_text
+from herd.queue.base import (
+    MAX_DEDUP_KEY_LENGTH,
+    MAX_NAME_LENGTH,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    Broker,
+    EnqueueResult,
+    Job,
+    JobStatus,
+    NewJob,
+    QueueStats,
+    RequeueResult,
+)
 from herd.tasks import Backoff, Task, TaskFunction
 
 TaskRef = str | Task
@@ -166,21 +179,55 @@ class App:
         priority: int | None,
         dedup_key: str | None,
         delay: float,
+        what: str = "payload",
     ) -> NewJob:
+        """The one gate of every producer (Python, CLI, API, built-in features): what
+        a store, a listing or a dashboard would choke on later is refused here, with
+        the field named."""
         name = task.name if isinstance(task, Task) else task
         spec = task if isinstance(task, Task) else self.tasks.get(name)
         if not name:
-            raise HerdError("a task name is required")
+            raise InvalidInput("a task name is required", field="task")
+        check_text(name, "task", max_length=MAX_NAME_LENGTH)
+        queue = queue or (spec.queue if spec else "default")
+        check_text(queue, "queue", max_length=MAX_NAME_LENGTH)
+        priority = priority if priority is not None else (spec.priority if spec else 0)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidInput(
+                f"priority must be an integer, not {type(priority).__name__}", field="priority"
+            )
+        if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+            raise InvalidInput(
+                f"priority is {priority}; the limit is {MIN_PRIORITY} to {MAX_PRIORITY}",
+                field="priority",
+            )
+        if dedup_key is not None:
+            # An empty key means "none" to the Redis broker and a key to PostgreSQL.
+            if dedup_key == "":
+                raise InvalidInput("dedup_key is empty; give a key or None", field="dedup_key")
+            check_text(dedup_key, "dedup_key", max_length=MAX_DEDUP_KEY_LENGTH)
+        if not isinstance(delay, int | float) or not math.isfinite(delay):
+            raise InvalidInput(
+                f"delay must be a finite number of seconds, not {delay!r}", field="delay"
+            )
+        text = check(
+            payload,
+            what=what,
+            max_depth=self.settings.max_json_depth,
+            max_bytes=self.settings.max_payload_bytes,
+            limit_name="HERD_MAX_PAYLOAD_BYTES",
+        )
         return NewJob(
             task=name,
             payload=payload,
-            queue=queue or (spec.queue if spec else "default"),
-            priority=priority if priority is not None else (spec.priority if spec else 0),
+            queue=queue,
+            priority=priority,
             dedup_key=dedup_key,
             delay=delay,
             lease_seconds=spec.lease_seconds if spec else 30.0,
             max_attempts=spec.max_attempts if spec else 3,
             max_stalls=spec.max_stalls if spec else 3,
+            payload_json=text,
         )
 
     async def enqueue(
@@ -197,7 +244,6 @@ class App:
         job = self._new_job(
             task, payload, queue=queue, priority=priority, dedup_key=dedup_key, delay=delay
         )
-        dumps(payload, what=f"payload of {job.task!r}")
         (result,) = await self.broker.enqueue([job])
         return result
 
@@ -217,12 +263,19 @@ class App:
         keys = list(dedup_keys) if dedup_keys is not None else [None] * len(items)
         if len(keys) != len(items):
             raise HerdError("dedup_keys must have one entry per payload")
+        # Every job is checked before the first batch is sent: all are enqueued, or none.
         jobs = [
-            self._new_job(task, p, queue=queue, priority=priority, dedup_key=k, delay=delay)
-            for p, k in zip(items, keys, strict=True)
+            self._new_job(
+                task,
+                p,
+                queue=queue,
+                priority=priority,
+                dedup_key=k,
+                delay=delay,
+                what=f"payloads[{i}]",
+            )
+            for i, (p, k) in enumerate(zip(items, keys, strict=True))
         ]
-        for i, job in enumerate(jobs):
-            dumps(job.payload, what=f"payload #{i} of {job.task!r}")
         out: list[EnqueueResult] = []
         for start in range(0, len(jobs), batch_size):
             out += await self.broker.enqueue(jobs[start : start + batch_size])
@@ -244,8 +297,11 @@ class App:
     async def dead_letters(self, *, queue: str | None = None, limit: int = 100) -> list[Job]:
         return await self.broker.list_jobs(status=JobStatus.DEAD, queue=queue, limit=limit)
 
-    async def requeue(self, job_ids: Sequence[int] | None) -> list[int]:
-        """Send dead-lettered jobs back to the queue (None: all of them)."""
+    async def requeue(self, job_ids: Sequence[int] | None) -> RequeueResult:
+        """Send dead-lettered jobs back to the queue (None: all of them).
+
+        A job whose dedup key an active job holds stays dead; it is listed in
+        ``skipped`` with the id of that job, and the others are requeued."""
         return await self.broker.requeue_dead(job_ids)
 
     async def stats(self) -> list[QueueStats]:

@@ -309,14 +309,22 @@ def dlq_requeue(
     """Send dead-lettered jobs back to their queue with fresh counters."""
     if bool(job_ids) == all_:
         raise typer.BadParameter("give job ids or --all (not both)")
-    done = run(opts(ctx), lambda a: a.requeue(None if all_ else job_ids))
+    result = run(opts(ctx), lambda a: a.requeue(None if all_ else job_ids))
+    done = result.requeued
     if as_json:
-        print_json({"requeued": done})
+        print_json(result)
     else:
         out.print(f"requeued {len(done)} jobs" + (f": {done}" if done else ""))
-    missing = set(job_ids or []) - set(done)
+    for c in result.skipped:
+        err.print(
+            f"herd: skipped job {c.job_id}: active job {c.held_by} holds its dedup key"
+            f" {c.dedup_key!r}",
+            soft_wrap=True,
+        )
+    missing = set(job_ids or []) - set(done) - {c.job_id for c in result.skipped}
     if missing:
         err.print(f"not in the dead-letter queue: {sorted(missing)}")
+    if missing or result.skipped:
         raise typer.Exit(1)
 
 

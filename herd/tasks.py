@@ -21,6 +21,14 @@ if TYPE_CHECKING:
 
 TaskFunction = Callable[..., Any]
 
+# herd's own tasks (herd.builtin) are named under this prefix; their payloads are made by
+# herd's features (herd eval, herd ingest), so the generic POST /jobs refuses the prefix.
+INTERNAL_PREFIX = "herd."
+
+
+def is_internal(name: str) -> bool:
+    return name.startswith(INTERNAL_PREFIX)
+
 
 @dataclass(frozen=True)
 class Backoff:
@@ -118,4 +126,4 @@ async def call_task(
     return await run_sync(task.fn, payload, **kwargs)
 
 
-__all__ = ["Backoff", "JobContext", "Task", "call_task"]
+__all__ = ["INTERNAL_PREFIX", "Backoff", "JobContext", "Task", "call_task", "is_internal"]

@@ -30,7 +30,7 @@ from typing import Any
 
 from herd.app import App
 from herd.errors import BrokerError, BrokerUnavailable, Fatal, LeaseLost, NotJSONSerializable, Retry
-from herd.jsonvalue import dumps
+from herd.jsonvalue import check
 from herd.queue.base import Completion, DeadReason, Failure, JobStatus, Lease
 from herd.tasks import JobContext, call_task
 
@@ -45,6 +45,10 @@ class _Running:
     task: asyncio.Task[None] | None = None
     lost: bool = False
     releasing: bool = False
+    # Set once the result or failure is handed to the store: from then on the write's
+    # own answer says whether the lease held. A renewal refused meanwhile only means
+    # the write landed first (the job is finished), not that another worker has it.
+    writing: bool = False
 
 
 @dataclass
@@ -259,13 +263,20 @@ class Worker:
             if running.lost:
                 return
             try:
-                dumps(result)
+                settings = self.app.settings
+                check(
+                    result,
+                    what="result",
+                    max_depth=settings.max_json_depth,
+                    max_bytes=settings.max_result_bytes,
+                    limit_name="HERD_MAX_RESULT_BYTES",
+                )
             except NotJSONSerializable as exc:
                 await self._fail(
                     running,
                     Failure(
                         lease,
-                        f"task returned a non-JSON result: {exc}",
+                        f"task returned a result herd cannot store: {exc}",
                         final=True,
                         reason=DeadReason.BAD_RESULT,
                     ),
@@ -309,6 +320,7 @@ class Worker:
 
     async def _fail(self, running: _Running, failure: Failure, *, asked: bool = False) -> None:
         """Record a failure; ``asked``: the task raised Retry, the normal way to wait."""
+        running.writing = True
         status = await self._write(running, lambda: self.app.broker.fail_if_leased(failure))
         if status is None:
             self.stats.refused += 1
@@ -352,6 +364,7 @@ class Worker:
 
     async def _complete(self, running: _Running, result: Any) -> bool:
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        running.writing = True
         self._completions.append((Completion(running.lease, result), fut))
         self._completion_ready.set()
         ok = await fut
@@ -444,6 +457,8 @@ class Worker:
                     continue
                 if renewed is not None and r.lease.job_id in renewed:
                     r.deadline = sent + r.lease.lease_seconds
+                elif r.writing:
+                    continue  # still renewed while the write waits out an outage; never cut
                 elif renewed is not None or now > r.deadline:
                     # Refused by the server, or unconfirmed past our own deadline:
                     # another worker may hold it now, so stop paying for this run.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -86,6 +87,69 @@ def test_enqueue_list_show_dlq_requeue_round_trip(clean_pg):
     assert stats[0]["counts"] == {"pending": 1}
     missing = herd("jobs", "show", "999999", url=clean_pg)
     assert missing.returncode == 1 and "no job has id 999999" in missing.stderr
+
+
+def test_dlq_requeue_all_requeues_the_rest_and_names_each_job_left_dead(clean_pg):
+    from herd.queue.postgres import PostgresBroker
+    from tests.contract.test_requeue import dead
+    from tests.helpers import job
+
+    async def seed():
+        broker = PostgresBroker(clean_pg)
+        await broker.open()
+        try:
+            (held,) = await dead(broker, dedup_key="doc-7")
+            plain = await dead(broker, n=2)
+            (holder,) = await broker.enqueue([job(dedup_key="doc-7")])
+            return held, plain, holder.job_id
+        finally:
+            await broker.close()
+
+    held, plain, holder = asyncio.run(seed())
+    r = herd("dlq", "requeue", "--all", url=clean_pg)
+    assert r.returncode == 1
+    assert f"requeued 2 jobs: {plain}" in r.stdout
+    assert r.stderr.strip().splitlines() == [
+        f"herd: skipped job {held}: active job {holder} holds its dedup key 'doc-7'"
+    ]
+    r = herd("dlq", "requeue", str(held), "--json", url=clean_pg)
+    assert r.returncode == 1 and json.loads(r.stdout) == {
+        "requeued": [],
+        "skipped": [{"job_id": held, "dedup_key": "doc-7", "held_by": holder}],
+    }
+
+
+def test_bad_job_fields_and_payloads_are_one_line_naming_the_field(clean_pg):
+    deep = "[" * 300 + "]" * 300
+    cases = [
+        (["t", deep], {}, "payload is nested more than 64 levels deep"),
+        (["t", '{"s": "nul \\u0000"}'], {}, "payload.s contains a NUL character"),
+        (["t", "--priority", "99999999999"], {}, "priority is 99999999999; the limit"),
+        (["t", "--dedup-key", ""], {}, "dedup_key is empty"),
+        (["t", '"x"'], {"HERD_MAX_PAYLOAD_BYTES": "2"}, "the limit is 2 (HERD_MAX_PAYLOAD_BYTES)"),
+    ]
+    for args, env, says in cases:
+        r = herd("enqueue", *args, url=clean_pg, **env)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1, (args, r.stderr)
+        assert lines[0].startswith("herd: error: ") and says in lines[0], r.stderr
+    # Bytes that are not UTF-8 in an argument reach Python as lone surrogates.
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("HERD_")}
+    environ.update(PYTHONPATH=str(ROOT), HERD_DATABASE_URL=clean_pg)
+    r = subprocess.run(
+        [sys.executable.encode(), b"-m", b"herd", b"enqueue", b"t\xff"],
+        capture_output=True,
+        env=environ,
+        timeout=60,
+    )
+    assert r.returncode == 1 and b"task contains a lone surrogate" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert herd("jobs", "list", "--json", url=clean_pg).stdout == ""
+    ok = herd("enqueue", "a\\u0000b", '{"s": "\\\\u0000"}', "--json", url=clean_pg)
+    assert ok.returncode == 0, ok.stderr
+    shown = herd("jobs", "show", str(json.loads(ok.stdout)["job_id"]), "--json", url=clean_pg)
+    assert json.loads(shown.stdout)["task"] == "a\\u0000b"
+    assert json.loads(shown.stdout)["payload"] == {"s": "\\u0000"}
 
 
 def test_worker_with_an_app_that_cannot_be_imported_is_a_usage_error(clean_pg):

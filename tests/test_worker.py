@@ -301,3 +301,112 @@ async def _enqueue_ignoring_drops(app):
         return await app.enqueue_many("step", list(range(20)))
     except BrokerError:
         return None
+
+
+class RenewsWhileWriting:
+    """A real broker whose completion (or failure) write waits, once stored, until the
+    heartbeat has renewed again: the interleaving of a drain's last jobs, made certain."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.written = asyncio.Event()
+        self.renewed_after_write = asyncio.Event()
+        self.refused_after_write: list[int] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def open(self):  # the fixture opens and closes the real broker
+        pass
+
+    async def close(self):
+        pass
+
+    async def renew_if_leased(self, leases):
+        renewed = await self.inner.renew_if_leased(leases)
+        if self.written.is_set():
+            self.refused_after_write += [x.job_id for x in leases if x.job_id not in renewed]
+            self.renewed_after_write.set()
+        return renewed
+
+    async def _hold(self, reply):
+        self.written.set()
+        await asyncio.wait_for(self.renewed_after_write.wait(), 10)
+        return reply
+
+    async def complete_if_leased(self, items):
+        return await self._hold(await self.inner.complete_if_leased(items))
+
+    async def fail_if_leased(self, failure):
+        return await self._hold(await self.inner.fail_if_leased(failure))
+
+
+@pytest.mark.parametrize("outcome", ["succeeds", "fails"])
+async def test_a_renewal_refused_while_the_result_is_being_written_is_not_a_lost_lease(
+    broker, outcome, caplog
+):
+    spy = RenewsWhileWriting(broker)
+    app = App(broker=spy)
+
+    @app.task(name="quick", lease_seconds=0.6, max_attempts=1)
+    async def quick(payload):
+        if outcome == "fails":
+            raise Fatal("no")
+        return "done"
+
+    async with app:
+        r = await app.enqueue("quick")
+        worker, run = start(app, stop_when_idle=True)
+        stats = await asyncio.wait_for(run, 20)
+        job = await app.get_job(r.job_id)
+    # The store had the job finished when the heartbeat asked: its renewal was refused.
+    assert spy.refused_after_write == [r.job_id]
+    assert job.status == (JobStatus.SUCCEEDED if outcome == "succeeds" else JobStatus.DEAD)
+    assert stats.lost == 0 and stats.refused == 0
+    assert (stats.succeeded, stats.dead) == ((1, 0) if outcome == "succeeds" else (0, 1))
+    assert not [x for x in caplog.records if "lease lost" in x.getMessage()]
+
+
+async def test_a_drain_to_idle_counts_every_job_succeeded_and_none_lost(app, caplog):
+    @app.task(name="noop", lease_seconds=0.3)  # a heartbeat every 0.1 s: many cross a write
+    async def noop(payload):
+        return None
+
+    ids = [r.job_id for r in await app.enqueue_many("noop", [None] * 3000)]
+    worker, run = start(app, concurrency=20, stop_when_idle=True)
+    stats = await asyncio.wait_for(run, 100)
+    assert {j.status for j in await app.broker.get_jobs(ids)} == {JobStatus.SUCCEEDED}
+    assert (stats.succeeded, stats.lost, stats.refused) == (3000, 0, 0)
+    assert not [x for x in caplog.records if "lease lost" in x.getMessage()]
+
+
+async def test_a_result_too_deep_or_too_big_is_dead_lettered_with_the_limit_named(app):
+    app.settings = app.settings.override(max_result_bytes=1000)
+
+    @app.task(name="deep")
+    async def deep(payload):
+        value: object = 1
+        for _ in range(300):
+            value = [value]
+        return value
+
+    @app.task(name="big")
+    async def big(payload):
+        return "x" * 2000
+
+    @app.task(name="fits")
+    async def fits(payload):
+        return "x" * 998
+
+    ids = [(await app.enqueue(name)).job_id for name in ("deep", "big", "fits")]
+    worker, run = start(app)
+    jobs = [await status_of(app, i, JobStatus.DEAD, JobStatus.SUCCEEDED) for i in ids]
+    worker.stop()
+    await run
+    deep_job, big_job, fits_job = jobs
+    assert deep_job.status == big_job.status == JobStatus.DEAD
+    assert deep_job.dead_reason == big_job.dead_reason == "bad_result"
+    assert deep_job.result is None and big_job.result is None
+    assert "HERD_MAX_JSON_DEPTH" in deep_job.last_error
+    assert "2002 bytes as JSON; the limit is 1000 (HERD_MAX_RESULT_BYTES)" in big_job.last_error
+    assert fits_job.status == JobStatus.SUCCEEDED and fits_job.result == "x" * 998

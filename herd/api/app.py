@@ -22,6 +22,7 @@ from herd.errors import (
     BrokerUnavailable,
     DedupKeyHeld,
     HerdError,
+    InvalidInput,
     JobNotFound,
     NotDeadLettered,
     NotJSONSerializable,
@@ -99,7 +100,10 @@ def _add_error_handlers(api: FastAPI) -> None:
     async def herd_error(request: Request, exc: HerdError) -> JSONResponse:
         for cls, status in _STATUS:
             if isinstance(exc, cls):
-                return JSONResponse({"error": str(exc)}, status_code=status)
+                body: dict[str, Any] = {"error": str(exc)}
+                if isinstance(exc, InvalidInput) and exc.field:  # the shape of a pydantic 422
+                    body["errors"] = [{"field": exc.field, "location": "body", "reason": str(exc)}]
+                return JSONResponse(body, status_code=status)
         if isinstance(exc, BrokerUnavailable):
             log.warning("%s %s: %s", request.method, request.url.path, exc)
             return JSONResponse({"error": "the job store is unavailable"}, status_code=503)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response, status
@@ -12,13 +13,17 @@ from herd.api.models import (
     EnqueueIn,
     EnqueueOut,
     JobOut,
+    JobSummaryOut,
     OverviewOut,
     QueueName,
     RequeueIn,
     RequeueOut,
+    SkippedOut,
     StatsOut,
 )
+from herd.errors import InvalidInput
 from herd.queue.base import JobStatus
+from herd.tasks import INTERNAL_PREFIX, is_internal
 
 router = APIRouter(tags=["jobs"])
 
@@ -27,7 +32,21 @@ Limit = Annotated[int, Query(ge=1, le=1000)]
 
 @router.post("/jobs", status_code=status.HTTP_201_CREATED, responses={200: {"model": EnqueueOut}})
 async def enqueue(body: EnqueueIn, app: HerdApp, response: Response) -> EnqueueOut:
-    """Add one job; 200 instead of 201 when an active job already holds its dedup key."""
+    """Add one job; 200 instead of 201 when an active job already holds its dedup key.
+
+    herd's own tasks (``herd.…``) are refused: their endpoints make their payloads. A
+    server given an app with tasks refuses the names that app does not register."""
+    if is_internal(body.task):
+        raise InvalidInput(
+            f"task {body.task!r} is internal to herd (the {INTERNAL_PREFIX}* names); use its"
+            " own endpoint (POST /evals) or command (herd ingest)",
+            field="task",
+        )
+    if app.tasks and body.task not in app.tasks:
+        raise InvalidInput(
+            f"unknown task {body.task!r}: this server's app registers no task by that name",
+            field="task",
+        )
     result = await app.enqueue(
         body.task,
         body.payload,
@@ -55,25 +74,28 @@ async def list_jobs(
     status: JobStatus | None = None,
     queue: Annotated[QueueName | None, Query()] = None,
     limit: Limit = 100,
-) -> list[JobOut]:
-    """Recent jobs, newest first."""
-    return [JobOut.of(j) for j in await app.list_jobs(status=status, queue=queue, limit=limit)]
+) -> list[JobSummaryOut]:
+    """Recent jobs, newest first; payloads and results as excerpts (whole: GET /jobs/{id})."""
+    jobs = await app.list_jobs(status=status, queue=queue, limit=limit)
+    return [JobSummaryOut.of(j) for j in jobs]
 
 
 @router.get("/dlq", tags=["dead letters"])
 async def dead_letters(
     app: HerdApp, queue: Annotated[QueueName | None, Query()] = None, limit: Limit = 100
-) -> list[JobOut]:
+) -> list[JobSummaryOut]:
     """Dead-lettered jobs, newest first, with their reasons and last errors."""
-    return [JobOut.of(j) for j in await app.dead_letters(queue=queue, limit=limit)]
+    return [JobSummaryOut.of(j) for j in await app.dead_letters(queue=queue, limit=limit)]
 
 
-@router.post("/dlq/requeue", tags=["dead letters"], responses={409: {"description": "dedup"}})
+@router.post("/dlq/requeue", tags=["dead letters"])
 async def requeue(body: RequeueIn, app: HerdApp) -> RequeueOut:
-    """Send dead-lettered jobs back to their queues with fresh counters."""
-    done = await app.requeue(None if body.all else body.job_ids)
-    missing = sorted(set(body.job_ids or []) - set(done))
-    return RequeueOut(requeued=done, missing=missing)
+    """Send dead-lettered jobs back to their queues with fresh counters; a job whose
+    dedup key an active job holds stays dead and is listed in ``skipped``."""
+    result = await app.requeue(None if body.all else body.job_ids)
+    skipped = [SkippedOut(**dataclasses.asdict(c)) for c in result.skipped]
+    missing = sorted(set(body.job_ids or []) - set(result.requeued) - {c.job_id for c in skipped})
+    return RequeueOut(requeued=result.requeued, missing=missing, skipped=skipped)
 
 
 @router.get("/stats", tags=["statistics"])

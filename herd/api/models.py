@@ -2,15 +2,40 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from herd.queue.base import Job, JobStatus, QueueStats, RunningJob, Throughput
+from herd.jsonvalue import text_problem
+from herd.queue.base import (
+    MAX_DEDUP_KEY_LENGTH,
+    MAX_NAME_LENGTH,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    Job,
+    JobStatus,
+    QueueStats,
+    RunningJob,
+    Throughput,
+)
+
+
+def _storable(value: str) -> str:
+    """A 422 that names the field for what no store keeps intact (NUL, lone surrogate)."""
+    problem = text_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+Stored = AfterValidator(_storable)
 
 # Queue names become Redis hash tags ({queue}), where braces would split the slot.
-QueueName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^{}]+$")]
+QueueName = Annotated[
+    str, Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=r"^[^{}]+$"), Stored
+]
 
 
 class Strict(BaseModel):
@@ -18,17 +43,67 @@ class Strict(BaseModel):
 
 
 class EnqueueIn(Strict):
-    task: Annotated[str, Field(min_length=1, max_length=200)]
-    payload: Any = None
+    task: Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH), Stored]
+    payload: Any = None  # depth and size are the app's settings: checked by App.enqueue
     queue: QueueName | None = None
-    priority: Annotated[int, Field(ge=-1_000_000, le=1_000_000)] | None = None
-    dedup_key: Annotated[str, Field(min_length=1, max_length=1000)] | None = None
+    priority: Annotated[int, Field(ge=MIN_PRIORITY, le=MAX_PRIORITY)] | None = None
+    dedup_key: (
+        Annotated[str, Field(min_length=1, max_length=MAX_DEDUP_KEY_LENGTH), Stored] | None
+    ) = None
     delay: Annotated[float, Field(ge=0, le=366 * 86400)] = 0.0
 
 
 class EnqueueOut(BaseModel):
     job_id: int
     created: bool  # False: an active job with the same dedup_key already existed
+
+
+EXCERPT_CHARS = 200  # of a payload or result in a listing
+
+
+def excerpt(value: Any) -> str:
+    """The start of a value's JSON, for listings: one huge job cannot flood every poll."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError:  # stored before depth was capped at enqueue
+        return "(nested too deep to show; GET /jobs/{id} has it)"
+    return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 1] + "…"
+
+
+class JobSummaryOut(BaseModel):
+    """A job in a listing (GET /jobs, /dlq, /overview): payload and result as excerpts;
+    GET /jobs/{id} has them whole, with the traceback."""
+
+    id: int
+    task: str
+    queue: str
+    payload_excerpt: str  # the payload's JSON, cut at EXCERPT_CHARS characters
+    status: JobStatus
+    priority: int
+    dedup_key: str | None
+    attempts: int
+    stalls: int
+    max_attempts: int
+    max_stalls: int
+    lease_seconds: float
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    run_at: datetime
+    created_at: datetime
+    finished_at: datetime | None
+    result_excerpt: str | None  # likewise; None until the job succeeded
+    last_error: str | None
+    dead_reason: str | None
+    last_worker: str | None
+
+    @classmethod
+    def of(cls, job: Job) -> JobSummaryOut:
+        fields = {k: getattr(job, k) for k in cls.model_fields if hasattr(job, k)}
+        return cls(
+            **fields,
+            payload_excerpt=excerpt(job.payload),
+            result_excerpt=excerpt(job.result) if job.status == JobStatus.SUCCEEDED else None,
+        )
 
 
 class JobOut(BaseModel):
@@ -76,9 +151,16 @@ class RequeueIn(Strict):
         return self
 
 
+class SkippedOut(BaseModel):
+    job_id: int
+    dedup_key: str
+    held_by: int  # the active job that holds the dedup key
+
+
 class RequeueOut(BaseModel):
     requeued: list[int]
     missing: list[int]  # asked for, but not in the dead-letter queue
+    skipped: list[SkippedOut] = []  # left dead: an active job holds their dedup key
 
 
 class ThroughputOut(BaseModel):
@@ -129,8 +211,8 @@ class OverviewOut(BaseModel):
     queues: list[QueueStats]
     running: list[RunningJob]  # soonest lease expiry first
     throughput: ThroughputOut
-    dead: list[JobOut]
-    recent: list[JobOut]
+    dead: list[JobSummaryOut]
+    recent: list[JobSummaryOut]
     caches: list[CacheOut]
     ledger: list[LedgerRow]
     problems: list[str]  # sections that could not be read, and why

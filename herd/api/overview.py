@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from herd.api.models import (
     CacheOut,
-    JobOut,
+    JobSummaryOut,
     LedgerRow,
     OverviewOut,
     ThroughputOut,
@@ -141,8 +141,8 @@ async def overview(app: App, *, minutes: int = 30, limit: int = 50) -> OverviewO
         queues=stats,
         running=running,
         throughput=ThroughputOut.of(tp),
-        dead=[JobOut.of(j) for j in dead],
-        recent=[JobOut.of(j) for j in recent],
+        dead=[JobSummaryOut.of(j) for j in dead],
+        recent=[JobSummaryOut.of(j) for j in recent],
         caches=cache_rows,
         ledger=ledger_rows,
         problems=problems,

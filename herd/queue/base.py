@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from herd.jsonvalue import JSON
+from herd.jsonvalue import JSON, dumps
+
+# What a job's fields may hold, checked at enqueue (App) and by the API's models. A
+# priority names a Redis stream and a PostgreSQL integer; names and keys are indexed.
+MAX_NAME_LENGTH = 200  # task and queue names
+MAX_DEDUP_KEY_LENGTH = 1000
+MIN_PRIORITY, MAX_PRIORITY = -1_000_000, 1_000_000
 
 
 class JobStatus(enum.StrEnum):
@@ -47,6 +53,16 @@ class NewJob:
     lease_seconds: float = 30.0
     max_attempts: int = 3
     max_stalls: int = 3
+    # The payload as stored, when the producer (App) has checked and serialized it
+    # already: a 300,000-job enqueue then serializes each payload once, not twice.
+    payload_json: str | None = field(default=None, repr=False, compare=False)
+
+
+def payload_text(job: NewJob) -> str:
+    """What a broker stores for the job's payload."""
+    if job.payload_json is not None:
+        return job.payload_json
+    return dumps(job.payload, what=f"payload of {job.task!r}")
 
 
 @dataclass(frozen=True)
@@ -80,6 +96,21 @@ class Job:
 class EnqueueResult:
     job_id: int
     created: bool  # False: an active job with the same dedup_key already existed
+
+
+@dataclass(frozen=True)
+class DedupConflict:
+    """A dead job left dead: requeued, it would share its dedup key with an active job."""
+
+    job_id: int
+    dedup_key: str
+    held_by: int  # the active job that holds the key
+
+
+@dataclass(frozen=True)
+class RequeueResult:
+    requeued: list[int]  # ascending
+    skipped: list[DedupConflict] = field(default_factory=list)  # by job id
 
 
 @dataclass(frozen=True)
@@ -198,8 +229,11 @@ class Broker(Protocol):
         self, *, status: JobStatus | None = None, queue: str | None = None, limit: int = 100
     ) -> list[Job]: ...
     async def stats(self) -> list[QueueStats]: ...
-    async def requeue_dead(self, job_ids: Sequence[int] | None) -> list[int]:
-        """Move dead-lettered jobs back to pending with fresh counters; None means all."""
+    async def requeue_dead(self, job_ids: Sequence[int] | None) -> RequeueResult:
+        """Move dead-lettered jobs back to pending with fresh counters; None means all.
+
+        A job whose dedup key an active job holds is skipped and reported, never
+        blocking the others."""
         ...
 
     async def running(self, limit: int = 100) -> list[RunningJob]:

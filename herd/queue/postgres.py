@@ -21,10 +21,11 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from herd.config import mask_url
-from herd.errors import BrokerError, BrokerUnavailable, DedupKeyHeld, LeaseLost, MigrationError
+from herd.errors import BrokerError, BrokerUnavailable, LeaseLost, MigrationError
 from herd.jsonvalue import dumps
 from herd.queue.base import (
     Completion,
+    DedupConflict,
     EnqueueResult,
     Failure,
     Job,
@@ -32,8 +33,10 @@ from herd.queue.base import (
     Lease,
     NewJob,
     QueueStats,
+    RequeueResult,
     RunningJob,
     Throughput,
+    payload_text,
 )
 from herd.queue.sql import migrations, queries
 
@@ -222,7 +225,7 @@ class PostgresBroker:
         params = {
             "queue": [j.queue for j in jobs],
             "task": [j.task for j in jobs],
-            "payload": [dumps(j.payload, what=f"payload of {j.task!r}") for j in jobs],
+            "payload": [payload_text(j) for j in jobs],
             "priority": [j.priority for j in jobs],
             "dedup_key": [j.dedup_key for j in jobs],
             "delay": [max(0.0, float(j.delay)) for j in jobs],
@@ -439,22 +442,34 @@ class PostgresBroker:
                 )
         return list(out.values())
 
-    async def requeue_dead(self, job_ids: Sequence[int] | None) -> list[int]:
+    async def requeue_dead(self, job_ids: Sequence[int] | None) -> RequeueResult:
         params = {"all": job_ids is None, "ids": list(job_ids or [])}
-        try:
-            with translate_errors(self.url):
-                async with self._pool.connection() as conn, conn.transaction():
-                    cur = await conn.execute(self._q["requeue_dead"], params)
-                    rows = await cur.fetchall()
-                    if rows:
-                        await conn.execute(
-                            self._q["notify"], {"queues": sorted({r[1] for r in rows})}
-                        )
-        except BrokerError as exc:
-            if isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
-                raise DedupKeyHeld() from None
-            raise
-        return sorted(r[0] for r in rows)
+        tries = 5
+        while True:
+            try:
+                with translate_errors(self.url):
+                    async with self._pool.connection() as conn, conn.transaction():
+                        cur = await conn.execute(self._q["requeue_dead"], params)
+                        rows = await cur.fetchall()
+                        moved = [r for r in rows if r[3] is None]
+                        if moved:
+                            await conn.execute(
+                                self._q["notify"], {"queues": sorted({r[1] for r in moved})}
+                            )
+            except BrokerError as exc:
+                # An enqueue took a key between the statement's snapshot and its write:
+                # the next try sees that job as the holder.
+                tries -= 1
+                if isinstance(exc.__cause__, psycopg.errors.UniqueViolation) and tries:
+                    continue
+                raise
+            return RequeueResult(
+                requeued=sorted(r[0] for r in moved),
+                skipped=sorted(
+                    (DedupConflict(r[0], r[2], r[3]) for r in rows if r[3] is not None),
+                    key=lambda c: c.job_id,
+                ),
+            )
 
     async def running(self, limit: int = 100) -> list[RunningJob]:
         return [RunningJob(**r) for r in await self._fetch_dicts("running", {"limit": limit})]

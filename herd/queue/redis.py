@@ -37,10 +37,11 @@ from redis import exceptions as rexc
 from redis.commands.core import AsyncScript
 
 from herd.config import mask_url
-from herd.errors import BrokerError, BrokerUnavailable, DedupKeyHeld
+from herd.errors import BrokerError, BrokerUnavailable, InvalidInput
 from herd.jsonvalue import dumps, loads
 from herd.queue.base import (
     Completion,
+    DedupConflict,
     EnqueueResult,
     Failure,
     Job,
@@ -48,8 +49,10 @@ from herd.queue.base import (
     Lease,
     NewJob,
     QueueStats,
+    RequeueResult,
     RunningJob,
     Throughput,
+    payload_text,
 )
 
 log = logging.getLogger("herd.redis")
@@ -66,8 +69,9 @@ def _lua(name: str) -> str:
 
 def prefix(queue: str) -> str:
     if "{" in queue or "}" in queue:
-        raise BrokerError(
-            f"queue name {queue!r} may not contain braces (they form Redis hash tags)"
+        raise InvalidInput(
+            f"queue name {queue!r} may not contain braces (they form Redis hash tags)",
+            field="queue",
         )
     return f"herd:{{{queue}}}:"
 
@@ -146,7 +150,7 @@ class RedisBroker:
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
         if not jobs:
             return []
-        payloads = [dumps(j.payload, what=f"payload of {j.task!r}") for j in jobs]
+        payloads = [payload_text(j) for j in jobs]
         for j in jobs:
             prefix(j.queue)
         with self._errors():
@@ -375,24 +379,25 @@ class RedisBroker:
             out.append(QueueStats(q, by_status, ready=max(0, counts[0] - counts[-1])))
         return out
 
-    async def requeue_dead(self, job_ids: Sequence[int] | None) -> list[int]:
-        done: list[int] = []
+    async def requeue_dead(self, job_ids: Sequence[int] | None) -> RequeueResult:
+        targets: dict[str, list[str]] = defaultdict(list)
         if job_ids is None:
             targets = {q: ["*"] for q in await self._queues()}
-        else:
-            targets = defaultdict(list)
-            for job_id in job_ids:
-                queue = await self._queue_of(job_id)
+        elif job_ids:
+            with self._errors():
+                queues = await self._redis.hmget("herd:jobq", [str(i) for i in job_ids])
+            # In id order, as for '*': of dead jobs sharing a free key, the oldest wins.
+            for job_id, queue in sorted(zip(job_ids, queues, strict=True)):
                 if queue is not None:
-                    targets[queue].append(str(job_id))
+                    targets[str(queue)].append(str(job_id))
+        done: list[int] = []
+        skipped: list[DedupConflict] = []
+        # One script per queue: a conflict in one queue no longer stops the others.
         for queue, ids in targets.items():
-            try:
-                done += [int(i) for i in await self._run("requeue_dead", queue, *ids)]
-            except BrokerError as exc:
-                if "DEDUP" in str(exc):
-                    raise DedupKeyHeld() from None
-                raise
-        return sorted(done)
+            moved, held = await self._run("requeue_dead", queue, *ids)
+            done += [int(i) for i in moved]
+            skipped += [DedupConflict(int(i), key, int(holder)) for i, key, holder in held]
+        return RequeueResult(sorted(done), sorted(skipped, key=lambda c: c.job_id))
 
     async def _now_ms(self) -> int:
         with self._errors():

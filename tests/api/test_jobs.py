@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from herd.queue.base import DeadReason, Failure
+from herd.queue.base import Completion, DeadReason, Failure
+from tests.api.conftest import client_of
 from tests.helpers import job
 
 INJECTIONS = [
@@ -89,19 +90,32 @@ async def test_dead_letters_are_listed_with_reason_and_requeued(any_client, any_
     ]
     r = await any_client.post("/dlq/requeue", json={"job_ids": [first, 424242]})
     assert r.status_code == 200
-    assert r.json() == {"requeued": [first], "missing": [424242]}
+    assert r.json() == {"requeued": [first], "missing": [424242], "skipped": []}
     assert (await any_client.get(f"/jobs/{first}")).json()["status"] == "pending"
     r = await any_client.post("/dlq/requeue", json={"all": True})
-    assert r.json() == {"requeued": [second], "missing": []}
+    assert r.json() == {"requeued": [second], "missing": [], "skipped": []}
     assert (await any_client.get("/dlq")).json() == []
 
 
-async def test_requeue_conflicting_with_an_active_dedup_key_is_409(any_client, any_app):
-    dead = await dead_job(any_app, dedup_key="k1")
-    await any_client.post("/jobs", json={"task": "t", "dedup_key": "k1"})
-    r = await any_client.post("/dlq/requeue", json={"job_ids": [dead]})
-    assert r.status_code == 409
-    assert "dedup key" in r.json()["error"]
+async def test_requeue_skips_a_job_whose_dedup_key_is_held_and_names_the_holder(
+    any_client, any_app
+):
+    held = await dead_job(any_app, dedup_key="k1")
+    plain = await dead_job(any_app, queue="other")
+    holder = (await any_client.post("/jobs", json={"task": "t", "dedup_key": "k1"})).json()
+    for body in ({"all": True}, {"job_ids": [held, 424242]}):
+        r = await any_client.post("/dlq/requeue", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["skipped"] == [
+            {"job_id": held, "dedup_key": "k1", "held_by": holder["job_id"]}
+        ]
+    assert r.json() == {
+        "requeued": [],
+        "missing": [424242],
+        "skipped": [{"job_id": held, "dedup_key": "k1", "held_by": holder["job_id"]}],
+    }
+    assert (await any_client.get(f"/jobs/{plain}")).json()["status"] == "pending"
+    assert (await any_client.get(f"/jobs/{held}")).json()["status"] == "dead"
 
 
 async def test_stats_count_jobs_per_queue_and_status(any_client, any_app):
@@ -113,3 +127,124 @@ async def test_stats_count_jobs_per_queue_and_status(any_client, any_app):
     assert by_queue["a"]["counts"]["pending"] == 2 and by_queue["a"]["ready"] == 2
     assert by_queue["b"]["counts"] == {"pending": 1, "dead": 1}
     assert isinstance(stats["caches"], list)
+
+
+def nested(depth):
+    value = "leaf"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+# Raw bodies: a lone surrogate is valid JSON text ("\ud800") that no client library sends.
+BAD_FIELDS = [
+    ('{"task": "a\\u0000b"}', "task", "NUL"),
+    ('{"task": "a\\ud800"}', "task", "unicode"),
+    ('{"task": "t", "queue": "q\\u0000"}', "queue", "NUL"),
+    ('{"task": "t", "queue": "\\udfff"}', "queue", "unicode"),
+    ('{"task": "t", "dedup_key": "k\\u0000"}', "dedup_key", "NUL"),
+    ('{"task": "t", "dedup_key": "\\ud800x"}', "dedup_key", "unicode"),
+    ('{"task": "t", "priority": 2147483648}', "priority", "1000000"),
+    ('{"task": "t", "priority": -1e30}', "priority", ""),
+    ('{"task": "t", "payload": {"a": "\\u0000"}}', "payload.a", "NUL"),
+    ('{"task": "t", "payload": ["\\ud800"]}', "payload[0]", "lone surrogate"),
+]
+
+
+@pytest.mark.parametrize(("raw", "field", "says"), BAD_FIELDS)
+async def test_bad_characters_and_priorities_are_422_naming_the_field(any_client, raw, field, says):
+    r = await any_client.post(
+        "/jobs", content=raw.encode(), headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 422, r.text
+    (error,) = r.json()["errors"]
+    assert error["field"] == field and says in error["reason"]
+    assert (await any_client.get("/jobs")).json() == []
+
+
+async def test_a_literal_backslash_u0000_is_text_end_to_end(any_client):
+    text = "a\\u0000b"  # a backslash then "u0000": not a NUL
+    body = {"task": text, "payload": {text: text}, "queue": text, "dedup_key": text}
+    r = await any_client.post("/jobs", json=body)
+    assert r.status_code == 201, r.text
+    job = (await any_client.get(f"/jobs/{r.json()['job_id']}")).json()
+    assert {k: job[k] for k in body} == body
+    (listed,) = (await any_client.get("/jobs")).json()
+    assert listed["payload_excerpt"] == '{"a\\\\u0000b":"a\\\\u0000b"}'
+
+
+async def test_a_payload_nested_300_deep_is_422_and_every_listing_stays_up(any_client):
+    r = await any_client.post("/jobs", json={"task": "t", "payload": {"x": nested(300)}})
+    assert r.status_code == 422
+    assert r.json()["errors"][0]["field"] == "payload"
+    assert "nested more than 64 levels deep" in r.json()["error"]
+    assert "HERD_MAX_JSON_DEPTH" in r.json()["error"]
+    ok = await any_client.post("/jobs", json={"task": "t", "payload": nested(60)})
+    assert ok.status_code == 201
+    for path in ("/jobs", f"/jobs/{ok.json()['job_id']}", "/overview", "/dlq"):
+        assert (await any_client.get(path)).status_code == 200, path
+
+
+async def test_a_payload_over_the_size_limit_is_422_naming_the_setting(any_client, any_app):
+    any_app.settings = any_app.settings.override(max_payload_bytes=1000)
+    r = await any_client.post("/jobs", json={"task": "t", "payload": "x" * 1000})
+    assert r.status_code == 422
+    assert "1002 bytes as JSON; the limit is 1000 (HERD_MAX_PAYLOAD_BYTES)" in r.json()["error"]
+    assert r.json()["errors"][0]["field"] == "payload"
+
+
+async def test_listings_carry_excerpts_and_only_get_job_the_whole_payload(any_client, any_app):
+    big = {"text": "x" * 500_000}
+    ids = [
+        (await any_client.post("/jobs", json={"task": "t", "payload": big})).json()["job_id"]
+        for _ in range(3)
+    ]
+    (lease,) = await any_app.broker.claim(["default"], "w", 1)
+    await any_app.broker.complete_if_leased([Completion(lease, {"answer": "y" * 500_000})])
+    await dead_job(any_app, payload=big)
+    listed = await any_client.get("/jobs")
+    assert len(listed.content) < 20_000
+    rows = {j["id"]: j for j in listed.json()}
+    assert set(rows) > set(ids)
+    done = rows[lease.job_id]
+    assert "payload" not in done and "result" not in done and "last_traceback" not in done
+    payload, result = done["payload_excerpt"], done["result_excerpt"]
+    assert payload.startswith('{"text":"xxx') and payload[-1] == "…" and len(payload) == 200
+    assert result.startswith('{"answer":"yyy') and len(result) == 200
+    assert rows[ids[1]]["result_excerpt"] is None
+    for path in ("/overview", "/dlq"):
+        r = await any_client.get(path)
+        assert r.status_code == 200 and len(r.content) < 20_000, path
+    ov = (await any_client.get("/overview")).json()
+    assert ov["recent"][0]["payload_excerpt"].startswith('{"text":"xxx')
+    whole = (await any_client.get(f"/jobs/{lease.job_id}")).json()
+    assert whole["payload"] == big and whole["result"] == {"answer": "y" * 500_000}
+
+
+@pytest.mark.parametrize("task", ["herd.eval", "herd.rag.embed", "herd.rag.finalize", "herd.x"])
+async def test_herds_internal_tasks_cannot_be_enqueued_through_post_jobs(any_client, task):
+    r = await any_client.post("/jobs", json={"task": task, "payload": {"key": "forged"}})
+    assert r.status_code == 422
+    assert r.json()["errors"][0]["field"] == "task" and "internal to herd" in r.json()["error"]
+    assert (await any_client.get("/jobs")).json() == []
+
+
+def test_every_built_in_task_is_named_under_the_refused_prefix():
+    from herd.builtin import tasks
+    from herd.tasks import is_internal
+
+    assert tasks.tasks and all(is_internal(name) for name in tasks.tasks)
+
+
+async def test_a_server_given_an_app_with_tasks_refuses_unknown_task_names(pg_app):
+    @pg_app.task(name="reports.nightly")
+    def nightly(payload):
+        return None
+
+    async with client_of(pg_app) as c:
+        assert (await c.post("/jobs", json={"task": "reports.nightly"})).status_code == 201
+        r = await c.post("/jobs", json={"task": "reports.nighlty"})
+        assert r.status_code == 422
+        assert "unknown task 'reports.nighlty'" in r.json()["error"]
+        assert r.json()["errors"][0]["field"] == "task"
+        assert len((await c.get("/jobs")).json()) == 1

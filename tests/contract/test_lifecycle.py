@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from herd.queue.base import DeadReason, Failure, JobStatus
+from herd.queue.base import DeadReason, Failure, JobStatus, RequeueResult
 from tests.helpers import eventually, job
 
 
@@ -75,15 +75,15 @@ async def test_requeue_from_dead_letter_queue(broker):
         (lease,) = await broker.claim(["default"], "w", 1)
         await broker.fail_if_leased(Failure(lease, "boom"))
     assert len(await broker.list_jobs(status=JobStatus.DEAD)) == 2
-    assert await broker.requeue_dead([a.job_id]) == [a.job_id]
+    assert (await broker.requeue_dead([a.job_id])).requeued == [a.job_id]
     stored = await broker.get_job(a.job_id)
     assert (
         stored.status == JobStatus.PENDING and stored.attempts == 0 and stored.dead_reason is None
     )
     (lease,) = await broker.claim(["default"], "w", 1)
     assert lease.job_id == a.job_id
-    assert await broker.requeue_dead(None) == [b.job_id]
-    assert await broker.requeue_dead([a.job_id]) == []  # not dead: nothing to do
+    assert (await broker.requeue_dead(None)).requeued == [b.job_id]
+    assert await broker.requeue_dead([a.job_id]) == RequeueResult([], [])  # not dead
 
 
 async def test_stats_count_jobs_by_queue_and_status(broker):

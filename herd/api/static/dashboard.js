@@ -184,7 +184,10 @@ async function requeue(id, button) {
   button.disabled = true;
   try {
     const result = await api("/dlq/requeue", { method: "POST", body: JSON.stringify({ job_ids: [id] }) });
-    toast(result.requeued.length ? `job ${id} requeued` : `job ${id} was no longer dead-lettered`);
+    const held = (result.skipped || [])[0];
+    toast(result.requeued.length ? `job ${id} requeued`
+      : held ? `job ${id} stays dead: active job ${held.held_by} holds its dedup key`
+      : `job ${id} was no longer dead-lettered`);
     await refresh();
   } catch (error) {
     toast(`requeue of job ${id} failed: ${error.message}`);
@@ -210,7 +213,7 @@ function renderRecent(jobs) {
     el("td", { class: "mono", text: j.task }),
     el("td", { class: "mono", text: j.queue }),
     el("td", {}, el("span", { class: "pill s-" + j.status, text: j.status })),
-    el("td", { class: "mono clip", text: fmt.short(j.payload, 70) }),
+    el("td", { class: "mono clip", text: fmt.short(j.payload_excerpt, 70) }),
     el("td", { class: "mono muted", text: fmt.time(j.created_at) }),
   )), 6, "no jobs yet");
 }

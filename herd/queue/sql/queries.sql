@@ -158,11 +158,39 @@ SELECT queue, status, count(*) AS n,
   FROM herd_jobs GROUP BY queue, status ORDER BY queue, status;
 
 -- name: requeue_dead
-UPDATE herd_jobs SET status = 'pending', attempts = 0, stalls = 0, run_at = now(),
-                     dead_reason = NULL, finished_at = NULL, lease_owner = NULL,
-                     lease_expires_at = NULL
- WHERE status = 'dead' AND (%(all)s OR id = ANY(%(ids)s::bigint[]))
-RETURNING id, queue;
+-- A dead job whose dedup key an active job holds stays dead and is reported with
+-- that job's id; of dead jobs sharing a free key, the oldest goes back and holds
+-- it. One statement: the rest are requeued whatever one conflict says.
+WITH dead AS MATERIALIZED (
+    SELECT id, queue, dedup_key FROM herd_jobs
+     WHERE status = 'dead' AND (%(all)s OR id = ANY(%(ids)s::bigint[]))
+     ORDER BY id
+       FOR UPDATE
+), held AS (
+    SELECT d.id, a.id AS held_by FROM dead d
+      JOIN herd_jobs a ON a.queue = d.queue AND a.dedup_key = d.dedup_key
+     WHERE a.status IN ('pending', 'processing')
+), free AS (
+    SELECT DISTINCT ON (queue, dedup_key) id, queue, dedup_key FROM dead
+     WHERE dedup_key IS NOT NULL AND id NOT IN (SELECT id FROM held)
+     ORDER BY queue, dedup_key, id
+), go AS (
+    SELECT id FROM dead WHERE dedup_key IS NULL
+    UNION ALL
+    SELECT id FROM free
+), moved AS (
+    UPDATE herd_jobs j SET status = 'pending', attempts = 0, stalls = 0, run_at = now(),
+                           dead_reason = NULL, finished_at = NULL, lease_owner = NULL,
+                           lease_expires_at = NULL
+      FROM go WHERE j.id = go.id
+    RETURNING j.id, j.queue
+)
+SELECT id, queue, NULL::text AS dedup_key, NULL::bigint AS held_by FROM moved
+UNION ALL
+SELECT d.id, d.queue, d.dedup_key, coalesce(h.held_by, f.id) FROM dead d
+  LEFT JOIN held h ON h.id = d.id
+  LEFT JOIN free f ON f.queue = d.queue AND f.dedup_key = d.dedup_key
+ WHERE d.id NOT IN (SELECT id FROM go);
 
 -- name: running
 -- Walks herd_jobs_leased; lease_left comes from the server clock, so a dashboard
