@@ -26,6 +26,7 @@ from herd.errors import (
     NotDeadLettered,
     NotJSONSerializable,
 )
+from herd.masking import mask
 
 log = logging.getLogger("herd.api")
 
@@ -99,13 +100,13 @@ def _add_error_handlers(api: FastAPI) -> None:
     async def herd_error(request: Request, exc: HerdError) -> JSONResponse:
         for cls, status in _STATUS:
             if isinstance(exc, cls):
-                return JSONResponse({"error": str(exc)}, status_code=status)
+                return JSONResponse({"error": mask(str(exc))}, status_code=status)
         if isinstance(exc, BrokerUnavailable):
             log.warning("%s %s: %s", request.method, request.url.path, exc)
             return JSONResponse({"error": "the job store is unavailable"}, status_code=503)
         if isinstance(exc, BrokerError):
             return _internal(request, exc)
-        return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse({"error": mask(str(exc))}, status_code=400)
 
     @api.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

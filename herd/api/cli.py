@@ -55,7 +55,7 @@ def serve(
     access = "bearer token required" if o.settings.api_token else "no token: loopback only"
     shown = f"[{host}]" if ":" in host else host
     console.err.print(f"herd: serving on http://{shown}:{port}/ ({access})", soft_wrap=True)
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(o.settings, body_limit=body_limit),
         host=host,
         port=port,
@@ -63,6 +63,8 @@ def serve(
         lifespan="on",
         server_header=False,
     )
+    console.mask_logs()  # uvicorn's handlers exist once its config is made
+    uvicorn.Server(config).run()
 
 
 def status(
