@@ -12,6 +12,9 @@ from herd.errors import ConfigError
 from herd.jsonvalue import MAX_BYTES, MAX_DEPTH
 from herd.masking import mask, remember, remember_urls
 
+# The largest max_tokens (or max_completion_tokens) an evaluation's params may ask for.
+EVAL_MAX_TOKENS = 16_384
+
 
 def default_home() -> Path:
     return Path(platformdirs.user_data_dir("herd", appauthor=False))
@@ -31,6 +34,8 @@ class Settings:
     max_payload_bytes: int = MAX_BYTES
     max_result_bytes: int = MAX_BYTES
     max_json_depth: int = MAX_DEPTH
+    # Bounds what an evaluation's params may ask a provider to generate (and bill) per call.
+    eval_max_tokens: int = EVAL_MAX_TOKENS
 
     def __post_init__(self) -> None:
         # Whatever prints an error later masks these verbatim, even where the URL's
@@ -62,6 +67,7 @@ class Settings:
             max_payload_bytes=_bytes(env, "HERD_MAX_PAYLOAD_BYTES", MAX_BYTES),
             max_result_bytes=_bytes(env, "HERD_MAX_RESULT_BYTES", MAX_BYTES),
             max_json_depth=_bytes(env, "HERD_MAX_JSON_DEPTH", MAX_DEPTH, unit="levels"),
+            eval_max_tokens=_bytes(env, "HERD_EVAL_MAX_TOKENS", EVAL_MAX_TOKENS, unit="tokens"),
         )
 
     def override(self, **values: object) -> Settings:

@@ -241,6 +241,16 @@ async def test_credentials_in_the_base_url_never_show(monkeypatch: pytest.Monkey
         assert password not in text
 
 
+@BOTH
+async def test_params_cannot_choose_another_model(
+    sim: Sim, make: Factory, closing: list[HTTPProvider]
+) -> None:
+    llm = make(sim)
+    closing.append(llm)
+    await llm.complete("s", "u", params={"model": "a-pricier-model", "temperature": 0})
+    assert sim.stats()["by_model"] == {llm.model: 1}  # the model it was made for, and priced
+
+
 def test_a_base_url_without_http_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="http:// or https://"):
         OpenAICompatible("localhost:8000/v1", model="m")
