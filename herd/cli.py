@@ -23,7 +23,18 @@ from rich.table import Table
 from herd._version import __version__
 from herd.app import App
 from herd.config import Settings
-from herd.console import Options, err, jsonable, opts, out, print_json, run, short, when
+from herd.console import (
+    Options,
+    err,
+    jsonable,
+    mask_logs,
+    opts,
+    out,
+    print_json,
+    run,
+    short,
+    when,
+)
 from herd.errors import FallbackWarning
 from herd.queue.base import Job, JobStatus
 
@@ -107,6 +118,7 @@ def _root(
     logging.getLogger("herd").setLevel(logging.DEBUG if debug else logging.INFO)
     # The pool logs every failed reconnect; herd reports outages itself, once.
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR if not debug else logging.DEBUG)
+    mask_logs()
     if not sys.warnoptions:  # a fallback is logged as an error already: say it once
         warnings.filterwarnings("ignore", category=FallbackWarning)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -11,13 +10,17 @@ import platformdirs
 
 from herd.errors import ConfigError
 from herd.jsonvalue import MAX_BYTES, MAX_DEPTH
+from herd.masking import mask, remember, remember_urls
+
+# The largest max_tokens (or max_completion_tokens) an evaluation's params may ask for.
+EVAL_MAX_TOKENS = 16_384
 
 
 def default_home() -> Path:
     return Path(platformdirs.user_data_dir("herd", appauthor=False))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Settings:
     home: Path = field(default_factory=default_home)
     database_url: str | None = None
@@ -34,6 +37,23 @@ class Settings:
     # Seconds a corpus generation swapped out keeps its vectors, for the queries that
     # resolved it just before the swap; a later ingest's finalize drops it.
     rag_retired_grace: int = 300
+    # Bounds what an evaluation's params may ask a provider to generate (and bill) per call.
+    eval_max_tokens: int = EVAL_MAX_TOKENS
+
+    def __post_init__(self) -> None:
+        # Whatever prints an error later masks these verbatim, even where the URL's
+        # shape did not survive (a driver quoting the piece it could not parse).
+        remember(self.api_token)
+        remember_urls(self.database_url, self.redis_url)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{f.name}='****'"
+            if f.name == "api_token" and self.api_token
+            else f"{f.name}={mask(repr(getattr(self, f.name)))}"
+            for f in fields(self)
+        )
+        return f"Settings({shown})"
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -51,6 +71,7 @@ class Settings:
             max_result_bytes=_bytes(env, "HERD_MAX_RESULT_BYTES", MAX_BYTES),
             max_json_depth=_bytes(env, "HERD_MAX_JSON_DEPTH", MAX_DEPTH, unit="levels"),
             rag_retired_grace=_bytes(env, "HERD_RAG_RETIRED_GRACE", 300, unit="seconds"),
+            eval_max_tokens=_bytes(env, "HERD_EVAL_MAX_TOKENS", EVAL_MAX_TOKENS, unit="tokens"),
         )
 
     def override(self, **values: object) -> Settings:
@@ -66,10 +87,8 @@ class Settings:
                 out[f.name] = "(embedded)" if f.name == "database_url" else "(not set)"
             elif f.name == "api_token":
                 out[f.name] = "****"
-            elif f.name.endswith("_url"):
-                out[f.name] = mask_url(str(value))
             else:
-                out[f.name] = str(value)
+                out[f.name] = mask(str(value))
         return out
 
 
@@ -82,11 +101,7 @@ def _bytes(env: dict[str, str], name: str, default: int, *, unit: str = "bytes")
     return int(raw)
 
 
-_PASSWORD_IN_URL = re.compile(r"(?P<scheme>[a-z0-9+.-]+://)(?P<user>[^:@/]*):(?P<pw>[^@/]*)@", re.I)
-
-
 def mask_url(url: str) -> str:
-    """Hide the password of a connection URL so that it never reaches a log."""
-    return _PASSWORD_IN_URL.sub(
-        lambda m: f"{m['scheme']}{m['user']}:****@" if m["pw"] else m[0], url
-    )
+    """Hide the credentials of a connection URL, or of any text holding one (the one
+    masking of :mod:`herd.masking`), so that they never reach a log."""
+    return mask(url)

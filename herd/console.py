@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import enum
 import json
+import logging
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -23,6 +24,7 @@ from rich.text import Text
 from herd.app import App
 from herd.config import Settings
 from herd.errors import HerdError
+from herd.masking import MaskingFilter, mask
 
 T = TypeVar("T")
 
@@ -56,8 +58,20 @@ def run(opts: Options, work: Callable[[App], Awaitable[T]], app: App | None = No
     except HerdError as exc:
         if opts.debug:
             raise
-        err.print(Text.assemble(("herd: error:", "red"), f" {exc}"), soft_wrap=True)
+        err.print(Text.assemble(("herd: error:", "red"), f" {mask(str(exc))}"), soft_wrap=True)
         raise typer.Exit(1) from None
+
+
+def mask_logs() -> None:
+    """Mask credentials in every record the root logger's and uvicorn's handlers write.
+
+    Called once logging is configured (the CLI's root callback; `herd serve` again once
+    uvicorn has installed its own handlers).
+    """
+    for name in ("", "uvicorn", "uvicorn.error", "uvicorn.access"):
+        for handler in logging.getLogger(name).handlers:
+            if not any(isinstance(f, MaskingFilter) for f in handler.filters):
+                handler.addFilter(MaskingFilter())
 
 
 def jsonable(value: Any) -> Any:

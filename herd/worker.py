@@ -31,6 +31,7 @@ from typing import Any
 from herd.app import App
 from herd.errors import BrokerError, BrokerUnavailable, Fatal, LeaseLost, NotJSONSerializable, Retry
 from herd.jsonvalue import check
+from herd.masking import mask
 from herd.queue.base import Completion, DeadReason, Failure, JobStatus, Lease
 from herd.tasks import JobContext, call_task
 
@@ -300,8 +301,9 @@ class Worker:
         delay = retry_in if retry_in is not None else task.backoff.delay(running.lease.attempts + 1)
         return Failure(
             running.lease,
-            error=_clip(f"{type(exc).__name__}: {exc}", 4_000),
-            traceback=_clip("".join(traceback.format_exception(exc)), 64_000),
+            # Masked before clipping: a cut must not leave half a password behind.
+            error=_clip(mask(f"{type(exc).__name__}: {exc}"), 4_000),
+            traceback=_clip(mask("".join(traceback.format_exception(exc))), 64_000),
             retry_in=delay,
             final=final,
             reason=reason,

@@ -27,6 +27,7 @@ from herd.errors import (
     NotDeadLettered,
     NotJSONSerializable,
 )
+from herd.masking import mask
 
 log = logging.getLogger("herd.api")
 
@@ -100,16 +101,18 @@ def _add_error_handlers(api: FastAPI) -> None:
     async def herd_error(request: Request, exc: HerdError) -> JSONResponse:
         for cls, status in _STATUS:
             if isinstance(exc, cls):
-                body: dict[str, Any] = {"error": str(exc)}
+                body: dict[str, Any] = {"error": mask(str(exc))}
                 if isinstance(exc, InvalidInput) and exc.field:  # the shape of a pydantic 422
-                    body["errors"] = [{"field": exc.field, "location": "body", "reason": str(exc)}]
+                    body["errors"] = [
+                        {"field": exc.field, "location": "body", "reason": mask(str(exc))}
+                    ]
                 return JSONResponse(body, status_code=status)
         if isinstance(exc, BrokerUnavailable):
             log.warning("%s %s: %s", request.method, request.url.path, exc)
             return JSONResponse({"error": "the job store is unavailable"}, status_code=503)
         if isinstance(exc, BrokerError):
             return _internal(request, exc)
-        return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse({"error": mask(str(exc))}, status_code=400)
 
     @api.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+from types import FrameType
 from typing import Annotated
 
 import typer
@@ -49,13 +51,17 @@ def serve(
     except ConfigError as exc:
         console.err.print(f"herd: error: {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again to die by
+    # it, which skips atexit: the embedded PostgreSQL this process holds would be left
+    # running. The handler it restores before raising is this one: a normal exit.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     # Reach the stores once before serving: a wrong URL is one line here, not a
     # traceback from the server's startup.
     console.run(o, lambda app: app.stats())
     access = "bearer token required" if o.settings.api_token else "no token: loopback only"
     shown = f"[{host}]" if ":" in host else host
     console.err.print(f"herd: serving on http://{shown}:{port}/ ({access})", soft_wrap=True)
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(o.settings, body_limit=body_limit),
         host=host,
         port=port,
@@ -63,6 +69,12 @@ def serve(
         lifespan="on",
         server_header=False,
     )
+    console.mask_logs()  # uvicorn's handlers exist once its config is made
+    uvicorn.Server(config).run()
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
 
 
 def status(

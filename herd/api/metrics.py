@@ -162,15 +162,18 @@ async def _check_postgres(url: str) -> None:
         async with conn:
             await conn.execute("SELECT 1")
     except psycopg.Error as exc:
-        raise HerdError(f"PostgreSQL at {mask_url(url)}: {_first_line(exc)}") from exc
+        raise HerdError(mask_url(f"PostgreSQL at {url}: {_first_line(exc)}")) from exc
 
 
 async def _check_redis(url: str) -> None:
-    client = aioredis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+    try:
+        client = aioredis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+    except ValueError as exc:  # a URL redis-py cannot parse (an unencoded '/' in a password)
+        raise HerdError(mask_url(f"Redis at {url}: {exc}")) from exc
     try:
         await client.ping()
     except (aioredis.RedisError, OSError) as exc:
-        raise HerdError(f"Redis at {mask_url(url)}: {_first_line(exc)}") from exc
+        raise HerdError(mask_url(f"Redis at {url}: {_first_line(exc)}")) from exc
     finally:
         await client.aclose()
 

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from herd import console
 from herd.app import App
+from herd.errors import InvalidInput
 from herd.llm.evaluate import QUEUE, EvalRuntime, EvalSpec, batch_status, settle, submit
 
 eval_cli = typer.Typer(no_args_is_help=True, help="LLM evaluations of documents.")
@@ -55,14 +56,18 @@ def eval_submit(
         system = prompt.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise typer.BadParameter(f"{prompt}: {exc}", param_hint="--prompt") from None
-    spec = EvalSpec(
-        model=model,
-        system=system,
-        schema=_read_json_file(schema, "--schema") if schema else None,
-        provider=provider,
-        params=_read_json_file_text(params),
-    )
     opts = console.opts(ctx)
+    try:
+        spec = EvalSpec(
+            model=model,
+            system=system,
+            schema=_read_json_file(schema, "--schema") if schema else None,
+            provider=provider,
+            params=_read_json_file_text(params),
+        )
+        spec.check(opts.settings)
+    except InvalidInput as exc:
+        raise typer.BadParameter(str(exc), param_hint="--params") from None
 
     async def work(app: App) -> Any:
         from herd.builtin import tasks as builtin_tasks

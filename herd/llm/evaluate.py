@@ -25,12 +25,15 @@ from psycopg.types.json import Jsonb
 from herd.app import App
 from herd.cache import ExactCache, PostgresCacheStore, RedisCacheStore, canonical_key
 from herd.cache.keys import normalize_document
-from herd.errors import ConfigError, Fatal
+from herd.config import EVAL_MAX_TOKENS, Settings
+from herd.errors import ConfigError, Fatal, InvalidInput
 from herd.jsonvalue import JSON, canonical
 from herd.llm.completion import Completion
 from herd.llm.documents import DocumentError, find_documents, read_document
+from herd.llm.params import check_params
 from herd.llm.pricing import PriceTable
 from herd.llm.providers import Anthropic, OpenAICompatible, Provider
+from herd.llm.providers.anthropic import DEFAULT_MAX_TOKENS
 from herd.locks import PostgresLocks, RedisLocks
 from herd.queue.base import EnqueueResult
 from herd.queue.postgres import connection_pool, migrate, translate_errors
@@ -49,6 +52,15 @@ class EvalSpec:
     schema: dict[str, Any] | None = None
     provider: str = "openai"  # or "anthropic"
     params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Refused where a spec is made, so the Python API, the CLI and the HTTP API
+        # refuse alike; the token bound needs the settings in force: check().
+        check_params(self.params)
+
+    def check(self, settings: Settings) -> None:
+        """Refuse params asking for more tokens per call than ``HERD_EVAL_MAX_TOKENS``."""
+        check_params(self.params, max_tokens=settings.eval_max_tokens)
 
     @property
     def hash(self) -> str:
@@ -121,7 +133,10 @@ class EvalStore:
         rows = await self.execute("SELECT spec FROM herd_eval_specs WHERE hash = %s", (spec_hash,))
         if not rows:
             raise Fatal(f"evaluation spec {spec_hash[:12]}… is not stored")
-        return EvalSpec(**rows[0][0])
+        try:
+            return EvalSpec(**rows[0][0])
+        except InvalidInput as exc:  # stored before such params were refused
+            raise Fatal(f"evaluation spec {spec_hash[:12]}… is refused: {exc}") from None
 
     async def record(
         self,
@@ -151,6 +166,7 @@ class EvalRuntime:
     cache: ExactCache
     prices: PriceTable
     providers: dict[tuple[str, str], Provider] = field(default_factory=dict)
+    max_tokens: int = EVAL_MAX_TOKENS  # the setting eval_max_tokens
 
     @classmethod
     async def of(cls, app: App) -> EvalRuntime:
@@ -188,7 +204,12 @@ class EvalRuntime:
             for part in reversed(opened):
                 await part.close()
 
-        runtime = cls(store, ExactCache(cache_store, locks, namespace="eval", lock_ttl=30), prices)
+        runtime = cls(
+            store,
+            ExactCache(cache_store, locks, namespace="eval", lock_ttl=30),
+            prices,
+            max_tokens=app.settings.eval_max_tokens,
+        )
         try:
             # Each part is closed with the app once open: one that fails to open
             # must not leave the others' pools behind.
@@ -207,7 +228,10 @@ class EvalRuntime:
             if spec.provider == "openai":
                 found = OpenAICompatible(model=spec.model)
             elif spec.provider == "anthropic":
-                found = Anthropic(model=spec.model)
+                # Anthropic needs a max_tokens: its default, unless the setting is lower.
+                found = Anthropic(
+                    model=spec.model, max_tokens=min(DEFAULT_MAX_TOKENS, self.max_tokens)
+                )
             else:
                 raise Fatal(f"unknown provider {spec.provider!r}: use openai or anthropic")
             self.providers[(spec.provider, spec.model)] = found
@@ -240,6 +264,10 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     rt = await EvalRuntime.of(ctx.app)
     key, batch = payload["key"], payload.get("batch")
     spec = await rt.store.spec(payload["spec"])
+    try:
+        spec.check(ctx.app.settings)
+    except InvalidInput as exc:  # enqueued under a higher HERD_EVAL_MAX_TOKENS
+        raise Fatal(str(exc)) from None
     document = await rt.store.document(payload["doc"])
     provider = rt.provider(spec)
 
@@ -325,6 +353,7 @@ async def submit(
     chunk: int = 200,
 ) -> SubmitReport:
     """Enqueue one evaluation job per readable document; report the unreadable ones."""
+    spec.check(app.settings)  # before a single document is read
     report = SubmitReport(batch or f"eval-{uuid.uuid4().hex[:8]}")
     try:
         files = list(find_documents(paths))
@@ -357,6 +386,7 @@ async def enqueue_documents(
     Stores the documents, the batch's items and a dedup ledger row for each
     document that joined an existing job, so ``herd eval status`` sees it all.
     """
+    spec.check(app.settings)
     if not items:
         return []
     rt = await EvalRuntime.of(app)

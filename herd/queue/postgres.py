@@ -80,6 +80,7 @@ def translate_errors(url: str) -> Iterator[None]:
         yield
     except psycopg.OperationalError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = mask_url(first)  # libpq quotes the piece of a URL it could not parse
         raise BrokerUnavailable(
             f"PostgreSQL at {mask_url(url)} is unreachable ({first}); is the server running and"
             " HERD_DATABASE_URL right?"

@@ -37,7 +37,7 @@ from redis import exceptions as rexc
 from redis.commands.core import AsyncScript
 
 from herd.config import mask_url
-from herd.errors import BrokerError, BrokerUnavailable, InvalidInput
+from herd.errors import BrokerError, BrokerUnavailable, ConfigError, InvalidInput
 from herd.jsonvalue import dumps, loads
 from herd.queue.base import (
     Completion,
@@ -105,9 +105,12 @@ class RedisBroker:
         """``finished_ttl``: seconds a succeeded job's hash (and result) is kept; 0 keeps it."""
         self.url = url
         self.finished_ttl = int(finished_ttl)
-        self._redis: aioredis.Redis = aioredis.Redis.from_url(
-            url, decode_responses=True, protocol=2, health_check_interval=30
-        )
+        try:
+            self._redis: aioredis.Redis = aioredis.Redis.from_url(
+                url, decode_responses=True, protocol=2, health_check_interval=30
+            )
+        except ValueError as exc:  # e.g. an unencoded '/' in the password: not a traceback
+            raise ConfigError(mask_url(f"the Redis URL {url} cannot be read: {exc}")) from None
         self._scripts: dict[str, AsyncScript] = {
             n: self._redis.register_script(_lua(n)) for n in SCRIPTS
         }

@@ -8,7 +8,8 @@ import psycopg
 import pytest
 
 from herd import App, JobStatus, Worker
-from herd.errors import HerdError
+from herd.config import EVAL_MAX_TOKENS, Settings
+from herd.errors import HerdError, InvalidInput
 from herd.llm import evaluate
 from herd.llm.evaluate import EvalRuntime, EvalSpec, submit
 from tests.helpers import eventually
@@ -180,3 +181,98 @@ async def test_a_cache_that_cannot_open_leaves_no_pool_open(pg_url):
         with pytest.raises(HerdError):
             await EvalRuntime.of(other)
         assert connections() == before
+
+
+# -- params that would change the price or the fan-out of a call
+
+REFUSED_PARAMS = [
+    ({"model": "gpt-4-32k"}, "params.model"),
+    ({"messages": [{"role": "user", "content": "x"}]}, "params.messages"),
+    ({"system": "Be generous."}, "params.system"),
+    ({"stream": True}, "params.stream"),
+    ({"stream_options": {"include_usage": True}}, "params.stream_options"),
+    ({"service_tier": "priority"}, "params.service_tier"),
+    ({"n": 5}, "params.n"),
+    ({"n": True}, "params.n"),
+    ({"best_of": 3}, "params.best_of"),
+    ({"max_tokens": 0}, "params.max_tokens"),
+    ({"max_tokens": "lots"}, "params.max_tokens"),
+    ({"max_completion_tokens": -1}, "params.max_completion_tokens"),
+]
+
+
+@pytest.mark.parametrize(("params", "field"), REFUSED_PARAMS, ids=[f for _, f in REFUSED_PARAMS])
+def test_a_spec_refuses_params_that_change_price_or_fan_out(params, field):
+    with pytest.raises(InvalidInput) as caught:
+        EvalSpec(model="sim-1", system="s", params=params)
+    assert caught.value.field == field and str(caught.value).startswith(field)
+
+
+def test_harmless_params_and_a_single_answer_are_accepted():
+    EvalSpec(model="sim-1", system="s", params={"temperature": 0, "seed": 7, "n": 1, "best_of": 1})
+    spec = EvalSpec(model="sim-1", system="s", params={"max_tokens": EVAL_MAX_TOKENS})
+    spec.check(Settings())  # the default bound is inclusive
+
+
+async def test_max_tokens_is_bounded_by_the_setting_before_anything_is_enqueued(app, tmp_path):
+    doc = tmp_path / "a.txt"
+    doc.write_text("A paper.")
+    over = EvalSpec(model="sim-1", system="s", params={"max_tokens": EVAL_MAX_TOKENS + 1})
+    with pytest.raises(InvalidInput, match=r"params.max_tokens is 16385; the limit is 16384"):
+        await submit(app, [doc], over)
+    app.settings = app.settings.override(eval_max_tokens=100)
+    lower = EvalSpec(model="sim-1", system="s", params={"max_completion_tokens": 101})
+    with pytest.raises(InvalidInput, match="HERD_EVAL_MAX_TOKENS") as caught:
+        await evaluate.enqueue_documents(app, lower, "b", [("a.txt", "A paper.")])
+    assert caught.value.field == "params.max_completion_tokens"
+    assert await app.list_jobs() == []
+
+
+async def test_a_job_enqueued_under_a_higher_limit_is_dead_lettered_not_called(app, sim, tmp_path):
+    doc = tmp_path / "a.txt"
+    doc.write_text("A paper.")
+    spec = EvalSpec(model="sim-1", system="s", schema=SCHEMA, params={"max_tokens": 500})
+    report = await submit(app, [doc], spec)
+    app.settings = app.settings.override(eval_max_tokens=100)  # the workers' setting
+    await run_until_idle(app)
+    job = await app.get_job(report.job_ids[0])
+    assert job.status == JobStatus.DEAD and job.dead_reason == "fatal"
+    assert "params.max_tokens is 500; the limit is 100" in job.last_error
+    assert sim.stats()["calls"] == 0
+
+
+def test_the_cli_refuses_such_params_as_a_usage_error(tmp_path):
+    from tests.test_cli import herd
+
+    doc, prompt = tmp_path / "a.txt", tmp_path / "prompt.txt"
+    doc.write_text("A paper.")
+    prompt.write_text("Rate it.")
+    base = ("eval", "submit", str(doc), "--prompt", str(prompt), "--model", "sim-1")
+    # Refused before any store is reached: no database is configured or started here.
+    url = "postgresql://herd@127.0.0.1:9/none"
+    for params, field, env in (
+        ('{"model": "gpt-4-32k"}', "params.model", {}),
+        ('{"n": 4}', "params.n", {}),
+        ('{"max_tokens": 101}', "params.max_tokens", {"HERD_EVAL_MAX_TOKENS": "100"}),
+    ):
+        r = herd(*base, "--params", params, url=url, COLUMNS="200", **env)
+        assert r.returncode == 2, r.stderr
+        assert field in r.stderr and "--params" in r.stderr and "Traceback" not in r.stderr
+
+
+async def test_the_http_api_answers_422_naming_the_param(app):
+    from tests.api.conftest import client_of
+
+    body = {"model": "sim-1", "system": "s", "documents": [{"name": "a", "text": "A paper."}]}
+    async with client_of(app) as c:
+        for params, field in (
+            ({"model": "gpt-4-32k"}, "params.model"),
+            ({"best_of": 2}, "params.best_of"),
+            ({"max_tokens": EVAL_MAX_TOKENS + 1}, "params.max_tokens"),
+        ):
+            r = await c.post("/evals", json={**body, "params": params})
+            assert r.status_code == 422, r.text
+            assert field in r.text
+            if "max_tokens" in field:
+                assert str(EVAL_MAX_TOKENS) in r.text
+    assert await app.list_jobs() == []

@@ -224,6 +224,33 @@ async def test_an_unreachable_server_is_retried_then_reported() -> None:
     assert f"127.0.0.1:{port}" in str(caught.value)
 
 
+async def test_credentials_in_the_base_url_never_show(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    password = "pw-in-the-url-4711"
+    monkeypatch.setenv("OPENAI_BASE_URL", f"http://user:{password}@127.0.0.1:{port}/v1")
+    llm = OpenAICompatible(model="m", retry=FAST)
+    async with llm:
+        with pytest.raises(ProviderUnavailable) as caught:
+            await llm.complete("s", "u")
+    exc = caught.value
+    assert f"http://user:****@127.0.0.1:{port}/v1" in str(exc)
+    shown = [str(exc), repr(exc), "".join(traceback.format_exception(exc)), repr(llm)]
+    for text in shown:
+        assert password not in text
+
+
+@BOTH
+async def test_params_cannot_choose_another_model(
+    sim: Sim, make: Factory, closing: list[HTTPProvider]
+) -> None:
+    llm = make(sim)
+    closing.append(llm)
+    await llm.complete("s", "u", params={"model": "a-pricier-model", "temperature": 0})
+    assert sim.stats()["by_model"] == {llm.model: 1}  # the model it was made for, and priced
+
+
 def test_a_base_url_without_http_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="http:// or https://"):
         OpenAICompatible("localhost:8000/v1", model="m")

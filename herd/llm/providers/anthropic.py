@@ -28,6 +28,7 @@ from herd.llm.providers.base import HTTPProvider, RetryPolicy, int_or_zero
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
+DEFAULT_MAX_TOKENS = 4096
 TOOL_NAME = "record_result"
 
 
@@ -45,7 +46,7 @@ class Anthropic(HTTPProvider):
         model: str,
         timeout: float | Timeouts | None = None,
         retry: RetryPolicy | None = None,
-        max_tokens: int = 4096,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
         structured: Literal["native", "tool"] = "native",
         version: str = API_VERSION,
         name: str = "anthropic",
@@ -97,6 +98,7 @@ class Anthropic(HTTPProvider):
                 ]
                 body["tool_choice"] = {"type": "tool", "name": TOOL_NAME}
         body.update(params)
+        body["model"] = self.model  # the model priced: params do not choose another
         body["messages"] = [{"role": "user", "content": user}]
         body["stream"] = False
         return "/v1/messages", headers, body

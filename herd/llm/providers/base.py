@@ -38,6 +38,7 @@ from herd.llm.errors import (
     ProviderUnavailable,
     RateLimited,
 )
+from herd.masking import mask, remember, remember_urls
 
 log = logging.getLogger("herd.llm")
 
@@ -121,10 +122,10 @@ def parse_retry_after(headers: Mapping[str, str], now: datetime | None = None) -
 
 
 def redact(text: str, secret: str | None) -> str:
-    """``text`` with every occurrence of ``secret`` replaced."""
+    """``text`` with ``secret`` and every other credential (herd.masking) hidden."""
     if secret:
         text = text.replace(secret, REDACTED)
-    return text
+    return mask(text)
 
 
 def excerpt(body: str, secret: str | None) -> str:
@@ -177,6 +178,10 @@ class HTTPProvider(ABC):
         self.timeouts = Timeouts.of(timeout)
         self.retry = retry or RetryPolicy()
         self.__api_key = _Secret(api_key) if api_key else None
+        # A key or a base URL's password given in code is masked wherever it shows up
+        # later (a job's last_error, a traceback, a log line), like one from the environment.
+        remember(api_key)
+        remember_urls(self.base_url)
         t = self.timeouts
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
@@ -188,7 +193,8 @@ class HTTPProvider(ABC):
 
     def __repr__(self) -> str:
         key = "set" if self.__api_key else "none"
-        return f"{type(self).__name__}(model={self.model!r}, base_url={self.base_url!r}, key={key})"
+        where = mask(self.base_url)
+        return f"{type(self).__name__}(model={self.model!r}, base_url={where!r}, key={key})"
 
     @property
     def _api_key(self) -> str | None:
@@ -264,7 +270,7 @@ class HTTPProvider(ABC):
                 cause: BaseException = exc
             except httpx.TransportError as exc:
                 error = ProviderUnavailable(
-                    f"{self._who()}: {type(exc).__name__} talking to {self.base_url}"
+                    f"{self._who()}: {type(exc).__name__} talking to {mask(self.base_url)}"
                     f"{_tries(attempt)}: {redact(str(exc), self._api_key) or 'no detail'}",
                     provider=self.name,
                     model=self.model,

@@ -80,6 +80,7 @@ class OpenAICompatible(HTTPProvider):
                 },
             }
         body.update(params)
+        body["model"] = self.model  # the model priced: params do not choose another
         body["messages"] = messages
         body["stream"] = False
         return "/chat/completions", headers, body

@@ -1,0 +1,65 @@
+"""What an evaluation's ``params`` may ask of a provider.
+
+The params are merged into every request body of the evaluation, and the ledger
+prices each call by the spec's model at standard rates for one answer. So params
+that would change what is priced (``model``, ``service_tier``), what is sent
+(``messages``, ``system``: the spec's prompt and the document make them), how many
+answers are generated and billed (``n``, ``best_of`` above 1) or how the answer is
+read (``stream``, ``stream_options``) are refused, and the tokens one call may
+generate (``max_tokens``, ``max_completion_tokens``) are bounded by the setting
+``HERD_EVAL_MAX_TOKENS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from herd.errors import InvalidInput
+
+REFUSED = {
+    "model": "the spec's model is the one called and priced; set the model of the spec",
+    "messages": "the spec's system prompt and the document make the messages",
+    "system": "the spec's system prompt is the one sent; set the system of the spec",
+    "stream": "an evaluation reads one whole answer",
+    "stream_options": "an evaluation reads one whole answer",
+    "service_tier": "the ledger prices calls at the standard tier",
+}
+ONE = ("n", "best_of")  # answers generated (and billed) per call; one is read
+TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
+
+
+def check_params(params: Mapping[str, Any], *, max_tokens: int | None = None) -> None:
+    """Refuse params that change the price or the fan-out of a call (see the module).
+
+    ``max_tokens``: the bound (the setting ``eval_max_tokens``); None checks only that
+    a token limit given is a positive integer.
+    """
+    if not isinstance(params, Mapping):
+        raise InvalidInput(
+            f"params must be a JSON object, not {type(params).__name__}", field="params"
+        )
+    for key, value in params.items():
+        field = f"params.{key}"
+        if key in REFUSED:
+            raise InvalidInput(f"{field} is not allowed: {REFUSED[key]}", field=field)
+        if key in ONE and (not _is_int(value) or value != 1):
+            raise InvalidInput(
+                f"{field} must be 1, not {value!r}: an evaluation reads one answer per call,"
+                " and every answer generated is paid for",
+                field=field,
+            )
+        if key in TOKEN_LIMITS:
+            if not _is_int(value) or value < 1:
+                raise InvalidInput(
+                    f"{field} must be a positive integer, not {value!r}", field=field
+                )
+            if max_tokens is not None and value > max_tokens:
+                raise InvalidInput(
+                    f"{field} is {value}; the limit is {max_tokens} (HERD_EVAL_MAX_TOKENS)",
+                    field=field,
+                )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
