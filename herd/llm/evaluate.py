@@ -26,7 +26,7 @@ from herd.app import App
 from herd.cache import ExactCache, PostgresCacheStore, RedisCacheStore, canonical_key
 from herd.cache.keys import normalize_document
 from herd.errors import ConfigError, Fatal
-from herd.jsonvalue import JSON, canonical
+from herd.jsonvalue import JSON, canonical, check, check_text
 from herd.llm.completion import Completion
 from herd.llm.documents import DocumentError, find_documents, read_document
 from herd.llm.pricing import PriceTable
@@ -357,6 +357,11 @@ async def enqueue_documents(
     Stores the documents, the batch's items and a dedup ledger row for each
     document that joined an existing job, so ``herd eval status`` sees it all.
     """
+    check_text(batch, "batch")
+    check(asdict(spec), what="spec")
+    for i, (name, text) in enumerate(items):
+        check_text(name, f"documents[{i}].name")
+        check_text(text, f"documents[{i}].text")
     if not items:
         return []
     rt = await EvalRuntime.of(app)

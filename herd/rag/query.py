@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from herd.app import App
-from herd.jsonvalue import JSON
+from herd.jsonvalue import JSON, check_text
 from herd.rag.ingest import RagRuntime
 from herd.rag.store import Hit, IndexError_
 from herd.semantic.cache import SemanticHit
@@ -53,6 +53,10 @@ async def answer(
     tenant: str = "default",
 ) -> list[Answer]:
     """Search the collection's live generation; raises IndexError_ when it cannot."""
+    check_text(collection, "collection")
+    check_text(tenant, "tenant")
+    for i, q in enumerate(queries):
+        check_text(q, f"queries[{i}]")
     rt = await RagRuntime.of(app)
     gen = await rt.store.live(collection)
     if gen is None:
