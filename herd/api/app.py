@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -13,8 +13,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from herd._version import __version__
-from herd.api import dashboard, evals, jobs, metrics, queries
-from herd.api.security import BearerAuth, BodyLimit, SecurityHeaders
+from herd.api import dashboard, docs, evals, jobs, metrics, queries
+from herd.api.security import (
+    BearerAuth,
+    BodyLimit,
+    LocalOrTrusted,
+    SecurityHeaders,
+    with_security_headers,
+)
 from herd.app import App
 from herd.config import Settings
 from herd.errors import (
@@ -44,15 +50,19 @@ def create_app(
     *,
     token: str | None = None,
     body_limit: int | None = None,
+    trusted_hosts: Sequence[str] | None = None,
 ) -> FastAPI:
     """The API over an App (opened here, closed by its owner) or over settings.
 
-    ``token`` and ``body_limit`` default to the settings (HERD_API_TOKEN,
-    HERD_API_BODY_LIMIT).
+    ``token``, ``body_limit`` and ``trusted_hosts`` default to the settings
+    (HERD_API_TOKEN, HERD_API_BODY_LIMIT, HERD_API_TRUSTED_HOSTS). Without a token of
+    16 characters or more, only loopback clients are answered, however the server
+    was started.
     """
     owned = not isinstance(source, App)
     herd_app = source if isinstance(source, App) else App(settings=source or Settings.from_env())
     settings = herd_app.settings
+    token = (token if token is not None else settings.api_token or "").strip() or None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -68,18 +78,22 @@ def create_app(
         summary="A crash-safe worker queue with caches for expensive model work.",
         version=__version__,
         lifespan=lifespan,
+        docs_url=None,  # herd.api.docs serves it without a CDN
         redoc_url=None,
         responses={401: {"description": "missing or wrong bearer token"}},
     )
     api.state.herd = herd_app
-    for module in (jobs, evals, queries, metrics, dashboard):
+    for module in (jobs, evals, queries, metrics, dashboard, docs):
         api.include_router(module.router)
     dashboard.mount_static(api)
+    docs.mount_assets(api)
     _add_error_handlers(api)
-    # Added innermost first: headers on every answer (401 and 413 too), then
-    # authentication before a single byte of the body is read.
+    # Added innermost first: headers on every answer (403, 400, 401 and 413 too), then
+    # who and which host name, then authentication before a byte of the body is read.
     api.add_middleware(BodyLimit, limit=body_limit or settings.api_body_limit)
-    api.add_middleware(BearerAuth, token=token if token is not None else settings.api_token)
+    api.add_middleware(BearerAuth, token=token)
+    hosts = settings.api_trusted_hosts if trusted_hosts is None else tuple(trusted_hosts)
+    api.add_middleware(LocalOrTrusted, token=token, trusted_hosts=hosts)
     api.add_middleware(SecurityHeaders)
     return api
 
@@ -117,4 +131,7 @@ def _internal(request: Request, exc: BaseException) -> JSONResponse:
     ref = uuid.uuid4().hex[:12]
     log.error("%s %s failed [%s]", request.method, request.url.path, ref, exc_info=exc)
     body: dict[str, Any] = {"error": f"internal error (reference {ref} in the server log)"}
-    return JSONResponse(body, status_code=500)
+    response = JSONResponse(body, status_code=500)
+    # Starlette answers a 500 outside every middleware: the headers are added here.
+    response.raw_headers = with_security_headers(response.raw_headers)
+    return response
