@@ -11,9 +11,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from herd._version import __version__
 from herd.api import dashboard, docs, evals, jobs, metrics, queries
+from herd.api.models import ErrorOut
 from herd.api.security import (
     BearerAuth,
     BodyLimit,
@@ -43,6 +45,21 @@ _STATUS: list[tuple[type[HerdError], int]] = [
     (DedupKeyHeld, 409),
     (NotJSONSerializable, 422),
 ]
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorOut, "description": description}
+
+
+# Answers any route may give, documented on each so that a client (or a fuzzer)
+# can check every 4xx against the schema; 422 replaces FastAPI's own shape.
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _error("a Host name this server does not answer for, or a request herd refuses"),
+    401: _error("missing or wrong bearer token"),
+    403: _error("a client off loopback, and no token (or one under 16 characters) configured"),
+    413: _error("request body past HERD_API_BODY_LIMIT"),
+    422: _error("a field or parameter is invalid: each is named with the reason"),
+}
 
 
 def create_app(
@@ -80,7 +97,7 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,  # herd.api.docs serves it without a CDN
         redoc_url=None,
-        responses={401: {"description": "missing or wrong bearer token"}},
+        responses=ERRORS,
     )
     api.state.herd = herd_app
     for module in (jobs, evals, queries, metrics, dashboard, docs):
@@ -108,6 +125,12 @@ def _add_error_handlers(api: FastAPI) -> None:
                 {"field": ".".join(field) or where, "location": where, "reason": str(e["msg"])}
             )
         return JSONResponse({"error": "invalid request", "errors": errors}, status_code=422)
+
+    @api.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        # FastAPI's own refusals (a body that is not UTF-8, no such route, a wrong
+        # method) in herd's documented shape, not FastAPI's {"detail": ...}.
+        return JSONResponse({"error": str(exc.detail)}, exc.status_code, headers=exc.headers)
 
     @api.exception_handler(HerdError)
     async def herd_error(request: Request, exc: HerdError) -> JSONResponse:

@@ -246,6 +246,14 @@ class HealthOut(BaseModel):
     checks: dict[str, str]  # component -> "ok" or what is wrong
 
 
+class FieldError(BaseModel):
+    field: str  # dotted path in the body, or the parameter's name
+    location: str  # body, path, query or header
+    reason: str
+
+
 class ErrorOut(BaseModel):
+    """Every 4xx (and the 500 and 503) answer: one line, and for 422 each field at fault."""
+
     error: str
-    errors: list[dict[str, str]] | None = None
+    errors: list[FieldError] | None = None

@@ -457,3 +457,23 @@ def test_a_real_server_answers_over_tcp(server):
     r = httpx.get(server + "/healthz")
     assert r.status_code == 200 and r.json()["checks"]["database"] == "ok"
     assert "server" not in r.headers
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"\x80\x81", b"[" * 100_000, b'{"task": "' + b"\xc3" + b'"}'],
+    ids=["bytes", "deep", "cut"],
+)
+async def test_a_body_that_is_not_json_text_is_a_4xx_in_herds_shape(client, body):
+    """Found by tests/api/test_fuzz.py: FastAPI answered {"detail": ...}, not the schema."""
+    for path in ("/jobs", "/evals", "/query"):
+        r = await client.post(path, content=body, headers={"content-type": "application/json"})
+        assert r.status_code in (400, 422), (path, r.status_code)
+        assert isinstance(r.json()["error"], str) and "detail" not in r.json()
+
+
+async def test_unknown_routes_and_methods_answer_in_herds_shape(client):
+    r = await client.get("/no/such/route")
+    assert r.status_code == 404 and r.json() == {"error": "Not Found"}
+    r = await client.delete("/jobs")
+    assert r.status_code == 405 and "error" in r.json() and r.headers["allow"]
