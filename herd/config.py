@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -29,6 +30,9 @@ class Settings:
     cache: str = "postgres"  # where the exact cache lives: "postgres" or "redis"
     api_token: str | None = field(default=None, repr=False)
     api_body_limit: int = 1 << 20  # bytes of a request body `herd serve` accepts (413 past it)
+    # Host names the API answers for besides loopback ones ('*.example.org': its subdomains);
+    # empty: any name with a token, none without (herd.api.security.LocalOrTrusted).
+    api_trusted_hosts: tuple[str, ...] = ()
     # Refused at enqueue (payload) or dead-lettered at completion (result): one huge or
     # deeply nested job must not break every listing and dashboard poll that shows it.
     max_payload_bytes: int = MAX_BYTES
@@ -65,8 +69,10 @@ class Settings:
             redis_url=env.get("HERD_REDIS_URL") or None,
             broker=env.get("HERD_BROKER") or "postgres",
             cache=env.get("HERD_CACHE") or "postgres",
-            api_token=env.get("HERD_API_TOKEN") or None,
+            # Trimmed as the Authorization header is: a token pasted with its newline matches.
+            api_token=(env.get("HERD_API_TOKEN") or "").strip() or None,
             api_body_limit=_bytes(env, "HERD_API_BODY_LIMIT", 1 << 20),
+            api_trusted_hosts=_hosts(env, "HERD_API_TRUSTED_HOSTS"),
             max_payload_bytes=_bytes(env, "HERD_MAX_PAYLOAD_BYTES", MAX_BYTES),
             max_result_bytes=_bytes(env, "HERD_MAX_RESULT_BYTES", MAX_BYTES),
             max_json_depth=_bytes(env, "HERD_MAX_JSON_DEPTH", MAX_DEPTH, unit="levels"),
@@ -99,6 +105,20 @@ def _bytes(env: dict[str, str], name: str, default: int, *, unit: str = "bytes")
     if not raw.isdigit() or int(raw) < 1:
         raise ConfigError(f"{name} must be a positive number of {unit}, not {raw!r}")
     return int(raw)
+
+
+_HOST = re.compile(r"(\*\.)?([a-z0-9_-]+(\.[a-z0-9_-]+)*|\[[0-9a-f:.]+\])|\*")
+
+
+def _hosts(env: dict[str, str], name: str) -> tuple[str, ...]:
+    hosts = tuple(h.strip().lower().removesuffix(".") for h in env.get(name, "").split(","))
+    for host in hosts:
+        if host and not _HOST.fullmatch(host):
+            raise ConfigError(
+                f"{name}: {host!r} is not a host name; give names without scheme, port or"
+                " path, comma separated ('*.example.org' for its subdomains)"
+            )
+    return tuple(h for h in hosts if h)
 
 
 def mask_url(url: str) -> str:

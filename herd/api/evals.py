@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import uuid
+from typing import Annotated
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Path, status
 
 from herd.api.deps import HerdApp
-from herd.api.models import EvalIn, EvalOut, EvalStatusOut
+from herd.api.models import BatchName, EvalIn, EvalOut, EvalStatusOut
 from herd.app import App
 from herd.cache.keys import normalize_document
 from herd.llm import evaluate
@@ -49,6 +50,6 @@ async def submit(body: EvalIn, app: HerdApp) -> EvalOut:
 
 
 @router.get("/evals/{batch}")
-async def batch_status(batch: str, app: HerdApp) -> EvalStatusOut:
+async def batch_status(batch: Annotated[BatchName, Path()], app: HerdApp) -> EvalStatusOut:
     """Progress of a batch and its cost ledger (calls made and avoided)."""
     return EvalStatusOut.model_validate(await evaluate.batch_status(app, batch))

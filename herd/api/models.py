@@ -6,9 +6,18 @@ import json
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from herd.jsonvalue import text_problem
+from herd.errors import InvalidInput
+from herd.jsonvalue import check, text_problem
 from herd.queue.base import (
     MAX_DEDUP_KEY_LENGTH,
     MAX_NAME_LENGTH,
@@ -22,15 +31,18 @@ from herd.queue.base import (
 )
 
 
-def _storable(value: str) -> str:
-    """A 422 that names the field for what no store keeps intact (NUL, lone surrogate)."""
-    problem = text_problem(value)
-    if problem:
+def _storable(value: Any) -> Any:
+    # Before pydantic's own checks, so that a lone surrogate is named as one, not as
+    # "unable to parse raw data"; a value that is not a string is left to them.
+    if isinstance(value, str) and (problem := text_problem(value)):
         raise ValueError(problem)
     return value
 
 
-Stored = AfterValidator(_storable)
+# Every string of a request that reaches a store: PostgreSQL refuses a NUL and
+# UTF-8 a lone surrogate, which would be a 500 after the request was accepted.
+Stored = BeforeValidator(_storable)
+SafeText = Annotated[str, Stored]
 
 # Queue names become Redis hash tags ({queue}), where braces would split the slot.
 QueueName = Annotated[
@@ -218,20 +230,34 @@ class OverviewOut(BaseModel):
     problems: list[str]  # sections that could not be read, and why
 
 
+BatchName = Annotated[SafeText, Field(min_length=1, max_length=200)]
+
+
 class Document(Strict):
-    name: Annotated[str, Field(min_length=1, max_length=1000)]
-    text: Annotated[str, Field(min_length=1)]
+    name: Annotated[SafeText, Field(min_length=1, max_length=1000)]
+    text: Annotated[SafeText, Field(min_length=1)]
 
 
 class EvalIn(Strict):
-    model: Annotated[str, Field(min_length=1, max_length=200)]
-    system: Annotated[str, Field(min_length=1)]
+    model: Annotated[SafeText, Field(min_length=1, max_length=200)]
+    system: Annotated[SafeText, Field(min_length=1)]
     documents: Annotated[list[Document], Field(min_length=1, max_length=10_000)]
     json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
     provider: Annotated[str, Field(pattern=r"^(openai|anthropic)$")] = "openai"
     params: dict[str, Any] = Field(default_factory=dict)
-    batch: Annotated[str, Field(min_length=1, max_length=200)] | None = None
-    priority: int = 0
+    batch: BatchName | None = None
+    priority: Annotated[int, Field(ge=-1_000_000, le=1_000_000)] = 0
+
+    @field_validator("json_schema", "params")
+    @classmethod
+    def _storable_json(cls, value: Any, info: ValidationInfo) -> Any:
+        """The spec is stored as JSON: its keys and strings, at any depth, too."""
+        name = info.field_name or "value"
+        try:
+            check(value, what=cls.model_fields[name].alias or name)
+        except InvalidInput as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
 
 class EvalOut(BaseModel):
@@ -252,13 +278,13 @@ class EvalStatusOut(BaseModel):
 
 class QueryIn(Strict):
     texts: Annotated[
-        list[Annotated[str, Field(min_length=1, max_length=10_000)]],
+        list[Annotated[SafeText, Field(min_length=1, max_length=10_000)]],
         Field(min_length=1, max_length=100),
     ]
-    collection: Annotated[str, Field(min_length=1, max_length=200)] = "default"
+    collection: Annotated[SafeText, Field(min_length=1, max_length=200)] = "default"
     k: Annotated[int, Field(ge=1, le=1000)] = 5
     cache: bool = True  # answer from the semantic cache when a close enough query was seen
-    tenant: Annotated[str, Field(min_length=1, max_length=200)] = "default"
+    tenant: Annotated[SafeText, Field(min_length=1, max_length=200)] = "default"
 
 
 class Hit(BaseModel):
@@ -291,6 +317,14 @@ class HealthOut(BaseModel):
     checks: dict[str, str]  # component -> "ok" or what is wrong
 
 
+class FieldError(BaseModel):
+    field: str  # dotted path in the body, or the parameter's name
+    location: str  # body, path, query or header
+    reason: str
+
+
 class ErrorOut(BaseModel):
+    """Every 4xx (and the 500 and 503) answer: one line, and for 422 each field at fault."""
+
     error: str
-    errors: list[dict[str, str]] | None = None
+    errors: list[FieldError] | None = None

@@ -1,4 +1,4 @@
-"""Who may talk to the API, and how much: bearer tokens, body limits, bind checks.
+"""Who may talk to the API, and how much: bearer tokens, host names, body limits, bind checks.
 
 Plain ASGI middleware rather than FastAPI dependencies, so that no route can be
 added without them, and so that the body limit is enforced while the body is
@@ -25,6 +25,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 OPEN_PATHS = ("/", "/favicon.ico")
 OPEN_PREFIXES = ("/static/",)
 
+# Shorter is guessable by anyone who can reach the port: accepted on loopback only.
+MIN_TOKEN_LENGTH = 16
+
 
 def is_loopback(host: str) -> bool:
     if host == "localhost":
@@ -35,13 +38,46 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve to anything
 
 
+def strong(token: str | None) -> bool:
+    return token is not None and len(token) >= MIN_TOKEN_LENGTH
+
+
 def check_bind(host: str, token: str | None) -> None:
-    """Refuse to serve beyond this machine without a token."""
-    if not token and not is_loopback(host):
+    """Refuse to serve beyond this machine without a token long enough not to be guessed."""
+    if is_loopback(host):
+        return
+    if not token:
         raise ConfigError(
             f"refusing to listen on {host} without a token: set HERD_API_TOKEN"
             " (every request must then send 'Authorization: Bearer <token>'), or bind 127.0.0.1"
         )
+    if not strong(token):
+        raise ConfigError(
+            f"refusing to listen on {host} with a HERD_API_TOKEN of {len(token)} characters:"
+            f" off loopback it needs at least {MIN_TOKEN_LENGTH}, or bind 127.0.0.1"
+        )
+
+
+def host_name(header: str) -> str | None:
+    """The name of a Host header, lowercase, without its port; None when malformed."""
+    name, port = header.strip().lower(), ""
+    if name.startswith("["):
+        end = name.find("]")
+        if end < 0:
+            return None
+        name, port = name[: end + 1], name[end + 1 :]
+    elif ":" in name:
+        name, _, rest = name.partition(":")
+        port = ":" + rest
+    if port and not (port.startswith(":") and port[1:].isdigit()):
+        return None
+    return name.removesuffix(".") or None
+
+
+def _client_is_local(scope: Scope) -> bool:
+    client = scope.get("client")
+    # No peer address: a Unix socket or an in-process call, both on this machine.
+    return not client or is_loopback(str(client[0]))
 
 
 async def send_json(
@@ -67,6 +103,60 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
         if key.lower() == name:
             return bytes(value)
     return None
+
+
+class LocalOrTrusted:
+    """Which clients and which Host names the server answers, whoever built it.
+
+    The bind check of `herd serve` cannot see ``uvicorn --factory ... --host 0.0.0.0``,
+    so without a token long enough the app itself answers loopback clients only (403).
+    Without a token, a browser on this machine can be made to call the API by any
+    page whose name an attacker re-points at 127.0.0.1 (DNS rebinding): only loopback
+    names and HERD_API_TRUSTED_HOSTS are then answered (400). With a token, an
+    attacker's page cannot send it; the list, when given, is still enforced.
+    """
+
+    def __init__(self, app: ASGIApp, token: str | None, trusted_hosts: Sequence[str] = ()) -> None:
+        self.app = app
+        self.token = token
+        self.trusted = tuple(h.lower() for h in trusted_hosts)
+
+    def host_allowed(self, header: bytes | None) -> bool:
+        name = host_name(header.decode("latin-1")) if header else None
+        if name is None:
+            return False
+        if is_loopback(name):
+            return True
+        if not self.trusted:
+            return bool(self.token)
+        return any(
+            t == "*" or name == t or (t.startswith("*.") and name.endswith(t[1:]))
+            for t in self.trusted
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if not strong(self.token) and not _client_is_local(scope):
+            return await send_json(
+                send,
+                403,
+                {
+                    "error": "this server answers loopback clients only: set HERD_API_TOKEN"
+                    f" (at least {MIN_TOKEN_LENGTH} characters) to serve other machines"
+                },
+            )
+        if not self.host_allowed(_header(scope, b"host")):
+            trusted = "HERD_API_TRUSTED_HOSTS" + ("" if self.token else " (or set HERD_API_TOKEN)")
+            return await send_json(
+                send,
+                400,
+                {
+                    "error": "the Host header names no host this server answers for: use"
+                    f" localhost, 127.0.0.1 or [::1], or a name listed in {trusted}"
+                },
+            )
+        await self.app(scope, receive, send)
 
 
 class BearerAuth:
@@ -148,15 +238,29 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
-class SecurityHeaders:
-    """Headers that keep browsers from sniffing, framing or leaking referrers."""
+# A JSON answer loads nothing and may be framed by no one; the pages that load
+# something (the dashboard, /docs) send their own policy, which is kept.
+DEFAULT_CSP = b"default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 
-    HEADERS = [
-        (b"x-content-type-options", b"nosniff"),
-        (b"x-frame-options", b"DENY"),
-        (b"referrer-policy", b"no-referrer"),
-        (b"cache-control", b"no-store"),
-    ]
+HEADERS = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cache-control", b"no-store"),
+    (b"cross-origin-resource-policy", b"same-origin"),
+    (b"content-security-policy", DEFAULT_CSP),
+]
+
+
+def with_security_headers(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """``headers`` plus each security header that the response does not set itself."""
+    present = {bytes(k).lower() for k, _ in headers}
+    return [*headers, *((k, v) for k, v in HEADERS if k not in present)]
+
+
+class SecurityHeaders:
+    """Headers that keep browsers from sniffing, framing, leaking referrers or loading
+    anything a response did not ask for, on every answer."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -167,7 +271,7 @@ class SecurityHeaders:
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *self.HEADERS]
+                message["headers"] = with_security_headers(message.get("headers", []))
             await send(message)
 
         await self.app(scope, receive, with_headers)

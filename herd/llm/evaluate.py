@@ -27,7 +27,7 @@ from herd.cache import ExactCache, PostgresCacheStore, RedisCacheStore, canonica
 from herd.cache.keys import normalize_document
 from herd.config import EVAL_MAX_TOKENS, Settings
 from herd.errors import ConfigError, Fatal, InvalidInput
-from herd.jsonvalue import JSON, canonical
+from herd.jsonvalue import JSON, canonical, check, check_text
 from herd.llm.completion import Completion
 from herd.llm.documents import DocumentError, find_documents, read_document
 from herd.llm.params import check_params
@@ -387,6 +387,11 @@ async def enqueue_documents(
     document that joined an existing job, so ``herd eval status`` sees it all.
     """
     spec.check(app.settings)
+    check_text(batch, "batch")
+    check(asdict(spec), what="spec")
+    for i, (name, text) in enumerate(items):
+        check_text(name, f"documents[{i}].name")
+        check_text(text, f"documents[{i}].text")
     if not items:
         return []
     rt = await EvalRuntime.of(app)

@@ -57,6 +57,9 @@ async def answer(
     A collection name no store keeps (NUL, lone surrogate) raises InvalidInput.
     """
     check_text(collection, "collection")
+    check_text(tenant, "tenant")
+    for i, q in enumerate(queries):
+        check_text(q, f"queries[{i}]")
     rt = await RagRuntime.of(app)
     gen = await rt.store.live(collection)
     if gen is None:

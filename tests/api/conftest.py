@@ -57,12 +57,18 @@ async def any_app(
 
 
 @asynccontextmanager
-async def client_of(app: App, **kw: object) -> AsyncIterator[httpx.AsyncClient]:
-    """The API over ``app``, lifespan included, called in-process."""
+async def client_of(
+    app: App,
+    *,
+    peer: tuple[str, int] = ("127.0.0.1", 50000),
+    base_url: str = "http://127.0.0.1:8000",
+    **kw: object,
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The API over ``app``, lifespan included, called in-process from the address ``peer``."""
     api = create_app(app, **kw)  # type: ignore[arg-type]
     async with api.router.lifespan_context(api):
-        transport = httpx.ASGITransport(app=api)
-        async with httpx.AsyncClient(transport=transport, base_url="http://herd.test") as client:
+        transport = httpx.ASGITransport(app=api, client=peer)
+        async with httpx.AsyncClient(transport=transport, base_url=base_url) as client:
             yield client
 
 
@@ -90,12 +96,21 @@ def herd_env(pg_url: str, herd_home: Path, **extra: str) -> dict[str, str]:
 
 
 @contextmanager
-def serving(pg_url: str, herd_home: Path, log_path: Path, **env: str) -> Iterator[str]:
-    """A real `herd serve` process on a free loopback port; yields its base URL."""
+def serving(
+    pg_url: str,
+    herd_home: Path,
+    log_path: Path,
+    *,
+    command: list[str] | None = None,
+    **env: str,
+) -> Iterator[str]:
+    """A real `herd serve` process (or ``command``, given the port) on a free port,
+    answering on loopback; yields its base URL."""
     port = free_port()
     log = log_path.open("w")
+    argv = command or [sys.executable, "-m", "herd", "serve"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "herd", "serve", "--port", str(port)],
+        [*argv, "--port", str(port)],
         env=herd_env(pg_url, herd_home, **env),
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -5,9 +5,13 @@ from __future__ import annotations
 import uuid
 
 import psycopg
+import pytest
 
 from herd.builtin import tasks as builtin_tasks
+from herd.errors import InvalidInput
+from herd.llm.evaluate import EvalSpec, enqueue_documents
 from herd.rag.ingest import plan_and_apply
+from herd.rag.query import answer
 from tests.rag.test_ingest import drain
 
 SPEC = {
@@ -109,3 +113,114 @@ async def test_query_returns_the_nearest_chunks_with_references(
             )
             assert r.status_code == 200
         assert sessions() <= before
+
+
+NUL, SURROGATE = "a\x00b", "a\ud800b"
+
+
+def _eval_with(where: str, bad: str) -> dict[str, object]:
+    body: dict[str, object] = {**SPEC, "documents": [{"name": "a.txt", "text": "fine"}]}
+    if where.startswith("documents."):
+        body["documents"] = [{"name": "a.txt", "text": "fine", where.split(".")[-1]: bad}]
+    elif where.startswith("schema.") or where.startswith("params."):
+        top, key = where.split(".")
+        body[top] = {key: bad}
+    else:
+        body[where] = bad
+    return body
+
+
+def _json(body: object) -> bytes:
+    """The body as a client sends it: json.dumps escapes a lone surrogate, httpx would fail."""
+    import json
+
+    return json.dumps(body).encode()
+
+
+@pytest.mark.parametrize("bad", [NUL, SURROGATE], ids=["nul", "surrogate"])
+@pytest.mark.parametrize(
+    ("where", "field"),
+    [
+        ("model", "model"),
+        ("system", "system"),
+        ("batch", "batch"),
+        ("documents.name", "documents.0.name"),
+        ("documents.text", "documents.0.text"),
+        ("schema.title", "schema"),
+        ("params.stop", "params"),
+    ],
+)
+async def test_bad_characters_in_an_eval_are_422_naming_the_field(client, where, field, bad):
+    r = await client.post(
+        "/evals",
+        content=_json(_eval_with(where, bad)),
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 422, r.text
+    (error,) = r.json()["errors"]
+    assert error["field"] == field, error
+    assert ("NUL" if bad == NUL else "surrogate") in error["reason"]
+
+
+@pytest.mark.parametrize("bad", [NUL, SURROGATE], ids=["nul", "surrogate"])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"texts": ["ok", "BAD"]}, "texts.1"),
+        ({"texts": ["ok"], "collection": "BAD"}, "collection"),
+        ({"texts": ["ok"], "tenant": "BAD"}, "tenant"),
+    ],
+)
+async def test_bad_characters_in_a_query_are_422_naming_the_field(client, body, field, bad):
+    sent = {
+        k: [bad if t == "BAD" else t for t in v] if k == "texts" else bad if v == "BAD" else v
+        for k, v in body.items()
+    }
+    r = await client.post(
+        "/query", content=_json(sent), headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 422, r.text
+    (error,) = r.json()["errors"]
+    assert error["field"] == field and "position 1" in error["reason"], error
+
+
+async def test_a_nul_in_the_batch_of_a_status_url_is_422(client):
+    r = await client.get("/evals/a%00b")
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"][0]["field"] == "batch"
+
+
+async def test_a_literal_backslash_u0000_is_text_and_accepted(client):
+    text = "a literal \\u0000 is six characters"
+    docs = [{"name": "lit\\u0000.txt", "text": text}]
+    r = await client.post("/evals", json={**SPEC, "system": text, "documents": docs})
+    assert r.status_code == 201, r.text
+    q = await client.post("/query", json={"texts": [text], "collection": "none\\u0000"})
+    assert q.status_code == 404  # past validation: the collection simply has no index
+
+
+@pytest.mark.parametrize("bad", [NUL, SURROGATE], ids=["nul", "surrogate"])
+async def test_the_python_entry_points_refuse_bad_characters(pg_app, bad):
+    spec = EvalSpec(model="m", system="s")
+    with pytest.raises(InvalidInput, match="batch"):
+        await enqueue_documents(pg_app, spec, bad, [("a.txt", "fine")])
+    with pytest.raises(InvalidInput, match="name"):
+        await enqueue_documents(pg_app, spec, "b", [(bad, "fine")])
+    with pytest.raises(InvalidInput, match="text"):
+        await enqueue_documents(pg_app, spec, "b", [("a.txt", bad)])
+    with pytest.raises(InvalidInput, match="system"):
+        await enqueue_documents(pg_app, EvalSpec(model="m", system=bad), "b", [("a", "t")])
+    with pytest.raises(InvalidInput, match="collection"):
+        await answer(pg_app, bad, ["q"], 1)
+    with pytest.raises(InvalidInput, match=r"queries\[0\]"):
+        await answer(pg_app, "default", [bad], 1)
+    with pytest.raises(InvalidInput, match="tenant"):
+        await answer(pg_app, "default", ["q"], 1, tenant=bad)
+
+
+async def test_an_eval_priority_out_of_range_is_422_not_a_database_error(client):
+    r = await client.post(
+        "/evals", json={**SPEC, "documents": [{"name": "a", "text": "t"}], "priority": 2**63}
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"][0]["field"] == "priority"
