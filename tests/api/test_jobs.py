@@ -139,11 +139,11 @@ def nested(depth):
 # Raw bodies: a lone surrogate is valid JSON text ("\ud800") that no client library sends.
 BAD_FIELDS = [
     ('{"task": "a\\u0000b"}', "task", "NUL"),
-    ('{"task": "a\\ud800"}', "task", "unicode"),
+    ('{"task": "a\\ud800"}', "task", "surrogate"),
     ('{"task": "t", "queue": "q\\u0000"}', "queue", "NUL"),
-    ('{"task": "t", "queue": "\\udfff"}', "queue", "unicode"),
+    ('{"task": "t", "queue": "\\udfff"}', "queue", "surrogate"),
     ('{"task": "t", "dedup_key": "k\\u0000"}', "dedup_key", "NUL"),
-    ('{"task": "t", "dedup_key": "\\ud800x"}', "dedup_key", "unicode"),
+    ('{"task": "t", "dedup_key": "\\ud800x"}', "dedup_key", "surrogate"),
     ('{"task": "t", "priority": 2147483648}', "priority", "1000000"),
     ('{"task": "t", "priority": -1e30}', "priority", ""),
     ('{"task": "t", "payload": {"a": "\\u0000"}}', "payload.a", "NUL"),
