@@ -35,7 +35,7 @@ from herd.console import (
     short,
     when,
 )
-from herd.errors import FallbackWarning
+from herd.errors import ConfigError, FallbackWarning
 from herd.queue.base import Job, JobStatus
 
 T = TypeVar("T")
@@ -107,7 +107,12 @@ def _root(
         "broker": broker.value if broker else None,
     }
     flags = {k: v for k, v in flags.items() if v is not None}
-    ctx.obj = Options(Settings.from_env().override(**flags), flags, debug)
+    try:
+        settings = Settings.from_env().override(**flags)
+    except ConfigError as exc:  # a bad HERD_* variable: one line, not a traceback
+        err.print(f"herd: error: {exc}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    ctx.obj = Options(settings, flags, debug)
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.DEBUG if debug else logging.WARNING,

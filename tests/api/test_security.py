@@ -400,6 +400,19 @@ def test_the_trusted_hosts_setting():
             Settings.from_env({"HERD_API_TRUSTED_HOSTS": bad})
 
 
+def test_serve_with_a_bad_trusted_host_exits_2_with_one_line(pg_url, herd_home):
+    done = subprocess.run(
+        [sys.executable, "-m", "herd", "serve", "--port", "1"],
+        env=herd_env(pg_url, herd_home, HERD_API_TRUSTED_HOSTS="herd.lan,https://x.org"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "HERD_API_TRUSTED_HOSTS" in lines[0] and "x.org" in lines[0]
+
+
 def test_a_real_server_refuses_a_rebound_host_name(server):
     r = httpx.post(server + "/jobs", json={"task": "t"}, headers={"host": "rebind.example"})
     assert r.status_code == 400
@@ -477,3 +490,36 @@ async def test_unknown_routes_and_methods_answer_in_herds_shape(client):
     assert r.status_code == 404 and r.json() == {"error": "Not Found"}
     r = await client.delete("/jobs")
     assert r.status_code == 405 and "error" in r.json() and r.headers["allow"]
+
+
+@pytest.mark.timeout(1200)  # the first run on a fresh machine installs chromium
+def test_docs_render_in_a_browser_under_their_policy(server, tmp_path):
+    """The policy holds no CDN and no inline script: Swagger UI must still run under it."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.api.browser import ensure_chromium
+
+    chromium, why = ensure_chromium()
+    if chromium is None:
+        pytest.skip(f"no browser for the /docs test: {why}")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+            outside: list[str] = []
+            page.on(
+                "request",
+                lambda r: (
+                    r.url.startswith(server) or r.url.startswith("data:") or outside.append(r.url)
+                ),
+            )
+            page.goto(server + "/docs")
+            expect(page.locator(".opblock-summary-path").first).to_be_visible()
+            expect(page.locator("#swagger-ui")).to_contain_text("/evals/{batch}")
+            page.screenshot(path=str(tmp_path / "docs.png"), full_page=True)
+            assert errors == [] and outside == []
+        finally:
+            browser.close()
