@@ -32,8 +32,15 @@ MASK = "****"
 # A shorter "secret" (a test value, a placeholder) would mask common words everywhere.
 MIN_VERBATIM = 4
 
-_USERINFO = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^\s:@/]*):(?P<pw>\S*)@", re.I)
-_CREDENTIAL_NAME = r"[\w.-]*?(?:password|passwd|pwd|secret|token|api[_-]?key|apikey|access[_-]?key)"
+# Bounded, and a scheme or a key starts a word: masking stays linear in the length of
+# the text, which may be a traceback of megabytes.
+_USERINFO = re.compile(
+    r"(?P<head>(?<![a-z0-9+.-])[a-z][a-z0-9+.-]{0,31}://[^\s:@/]{0,256}):(?P<pw>\S{0,1024})@",
+    re.I,
+)
+_CREDENTIAL_NAME = (
+    r"[\w.-]{0,64}?(?:password|passwd|pwd|secret|token|api[_-]?key|apikey|access[_-]?key)"
+)
 # key=value: a URL query, a libpq keyword string, an environment dump, a dataclass repr.
 _PARAM = re.compile(
     rf"(?P<head>(?<![\w.-])(?P<key>{_CREDENTIAL_NAME})\s*=\s*)"
@@ -52,7 +59,7 @@ _SECRET_ENV = re.compile(r"(?:^|_)(?:API_?KEY|TOKEN|PASSWORD|PASSWD|SECRET|ACCES
 # or the quote and brackets of the repr around it.
 _QUERY_END = re.compile(r"[&#]")
 _PIECES = re.compile(r"[\s/@:]+")
-_TRAILING = re.compile(r"['\")\]},;]+$")
+_TRAILING = "'\")]},;"
 
 _remembered: set[str] = set()
 _lock = threading.Lock()
@@ -117,10 +124,8 @@ def _value(m: re.Match[str]) -> tuple[str, str]:
         end = _QUERY_END.search(value)
         if end:
             return value[: end.start()], value[end.start() :]
-    trailing = _TRAILING.search(value)
-    if trailing and trailing.start():
-        return value[: trailing.start()], value[trailing.start() :]
-    return value, ""
+    kept = value.rstrip(_TRAILING) or value
+    return kept, value[len(kept) :]
 
 
 def _passwords_in(url: str) -> set[str]:

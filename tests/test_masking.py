@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import time
 from pathlib import Path
 
 import httpx
@@ -16,7 +17,7 @@ from herd import App, Worker
 from herd.config import Settings, mask_url
 from herd.console import mask_logs
 from herd.llm import OpenAICompatible, RetryPolicy
-from herd.masking import mask
+from herd.masking import MaskingFilter, mask
 from herd.queue.postgres import PostgresBroker
 from tests.api.conftest import client_of, free_port, serving
 from tests.conftest import truncate
@@ -74,6 +75,15 @@ def test_mask_leaves_the_rest_readable() -> None:
     assert mask(DATABASE_FORMS["libpq quoted"]) == "host=127.0.0.1 port=9 password='****' dbname=db"
     plain = "http://127.0.0.1:8000/jobs?limit=5 max_tokens=100 input_tokens=3; a bearer token"
     assert mask(plain) == plain
+
+
+@pytest.mark.timeout(60)
+def test_masking_a_megabyte_traceback_takes_linear_time() -> None:
+    # Each of these took minutes at a fifth of the size when a scheme could start mid-word.
+    for text in ("a" * (1 << 20), "a-" * (1 << 19), "password" * (1 << 17), "x://" * (1 << 16)):
+        started = time.monotonic()
+        mask(text)
+        assert time.monotonic() - started < 10, text[:8]
 
 
 def test_configured_secrets_are_masked_verbatim(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -187,6 +197,9 @@ def test_log_records_are_masked_message_arguments_and_traceback() -> None:
         log.warning("job %d took %.1f s", 7, 1.25)  # numbers keep their format
     finally:
         root.removeHandler(handler)
+        for h in root.handlers:  # pytest's own: the rest of the session logs unmasked
+            for f in [f for f in h.filters if isinstance(f, MaskingFilter)]:
+                h.removeFilter(f)
     written = stream.getvalue()
     assert "Traceback" in written and "RuntimeError: cannot reach" in written
     assert "job 7 took 1.2 s" in written
