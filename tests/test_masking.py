@@ -137,7 +137,12 @@ def test_cli_error_line_masks_the_redis_url(url: str) -> None:
     ids=list(DATABASE_FORMS),
 )
 def test_herd_config_masks_every_form(db: str, redis: str, tmp_path: Path) -> None:
-    for args in (("config", "--json"), ("config",), ("--database-url", db, "config")):
+    # Each launch costs a second and a half: the table and the flag once, JSON for all.
+    every_way = db == next(iter(DATABASE_FORMS.values()))
+    ways = [("config", "--json")]
+    if every_way:
+        ways += [("config",), ("--database-url", db, "config")]
+    for args in ways:
         r = herd(
             *args,
             HERD_DATABASE_URL=db,
