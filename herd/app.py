@@ -130,10 +130,12 @@ class App:
 
             if not self.settings.redis_url:
                 raise ConfigError("the redis broker needs HERD_REDIS_URL (or --redis-url)")
-            return RedisBroker(self.settings.redis_url)
+            return RedisBroker(self.settings.redis_url, finished_ttl=self.settings.finished_ttl)
         if self.settings.broker != "postgres":
             raise ConfigError(f"unknown broker {self.settings.broker!r}: use postgres or redis")
-        return PostgresBroker(self.database_url(), pool_size=self._pool_size)
+        return PostgresBroker(
+            self.database_url(), pool_size=self._pool_size, finished_ttl=self.settings.finished_ttl
+        )
 
     async def open(self) -> App:
         if not self._opened:

@@ -13,6 +13,8 @@ from herd.errors import ConfigError
 from herd.jsonvalue import MAX_BYTES, MAX_DEPTH
 from herd.masking import mask, remember, remember_urls
 
+FINISHED_TTL = 7 * 86400  # a week: long enough to inspect results, short enough to stay small
+
 # The largest max_tokens (or max_completion_tokens) an evaluation's params may ask for.
 EVAL_MAX_TOKENS = 16_384
 
@@ -41,6 +43,8 @@ class Settings:
     # Seconds a corpus generation swapped out keeps its vectors, for the queries that
     # resolved it just before the swap; a later ingest's finalize drops it.
     rag_retired_grace: int = 300
+    # Seconds a succeeded job (and its result) is kept on either backend; 0 keeps them.
+    finished_ttl: int = FINISHED_TTL
     # Bounds what an evaluation's params may ask a provider to generate (and bill) per call.
     eval_max_tokens: int = EVAL_MAX_TOKENS
 
@@ -77,6 +81,7 @@ class Settings:
             max_result_bytes=_bytes(env, "HERD_MAX_RESULT_BYTES", MAX_BYTES),
             max_json_depth=_bytes(env, "HERD_MAX_JSON_DEPTH", MAX_DEPTH, unit="levels"),
             rag_retired_grace=_bytes(env, "HERD_RAG_RETIRED_GRACE", 300, unit="seconds"),
+            finished_ttl=_bytes(env, "HERD_FINISHED_TTL", FINISHED_TTL, unit="seconds", zero=True),
             eval_max_tokens=_bytes(env, "HERD_EVAL_MAX_TOKENS", EVAL_MAX_TOKENS, unit="tokens"),
         )
 
@@ -98,12 +103,15 @@ class Settings:
         return out
 
 
-def _bytes(env: dict[str, str], name: str, default: int, *, unit: str = "bytes") -> int:
-    raw = env.get(name)
+def _bytes(
+    env: dict[str, str], name: str, default: int, *, unit: str = "bytes", zero: bool = False
+) -> int:
+    raw = env.get(name, "").strip()
     if not raw:
         return default
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"{name} must be a positive number of {unit}, not {raw!r}")
+    if not raw.isdigit() or int(raw) < (0 if zero else 1):
+        some = "a whole" if zero else "a positive"
+        raise ConfigError(f"{name} must be {some} number of {unit}, not {raw!r}")
     return int(raw)
 
 
