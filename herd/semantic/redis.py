@@ -217,8 +217,10 @@ class RedisSemanticStore:
         )
         near: list[tuple[float, str, dict[bytes, bytes]]] = []
         for i in range(1, len(reply) - 1, 2):
-            fields = dict(zip(reply[i + 1][::2], reply[i + 1][1::2], strict=True))
-            # A hash deleted (evicted, expired) after the KNN step comes back without fields.
+            # A hash deleted (evicted, expired) after the KNN step comes back without
+            # fields: as an empty list, or as nil (seen when the TTL ran out mid-query).
+            raw = reply[i + 1] or []
+            fields = dict(zip(raw[::2], raw[1::2], strict=True))
             if b"vec" in fields:
                 near.append((1.0 - float(fields[b"dist"]), _s(reply[i]), fields))  # 1 - cosine
         skip = len(_prefix(cache, self.dim))
