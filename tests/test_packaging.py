@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import json
 import re
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -45,7 +47,22 @@ def test_every_module_herd_imports_is_a_declared_dependency():
     by_module = importlib.metadata.packages_distributions()
     wanted = declared()
     undeclared = {}
-    for module, where in imported_modules().items():
+    # In a process of its own: CPython 3.11 keeps the AST converter's recursion count per
+    # interpreter, not per thread (gh-106905), so a thread an earlier test left parsing
+    # made ast.parse here raise "AST constructor recursion depth mismatch" (seen in CI).
+    scan = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, tests.test_packaging as t; print(json.dumps(t.imported_modules()))",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    for module, where in json.loads(scan.stdout).items():
         if module in sys.stdlib_module_names or module in {"herd", "__future__"}:
             continue
         dists = {_dist(d) for d in by_module.get(module, [module])}
