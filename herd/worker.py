@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from herd import aio
 from herd.app import App
 from herd.errors import BrokerError, BrokerUnavailable, Fatal, LeaseLost, NotJSONSerializable, Retry
 from herd.jsonvalue import check
@@ -133,9 +134,7 @@ class Worker:
         finally:
             for sig in signals:
                 loop.remove_signal_handler(sig)
-            for helper in helpers:
-                helper.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+            await aio.stop(*helpers)
             self._threads.shutdown(wait=False, cancel_futures=True)
         log.info("worker %s stopped: %s", self.name, self.stats)
         return self.stats

@@ -324,6 +324,36 @@ async def test_hold_cancels_the_body_when_the_lock_is_lost(backend: Backend, nam
     assert await locks.check(stolen)  # the loser's exit released nothing
 
 
+async def test_hold_exits_when_a_renewal_drops_the_exits_cancellation(
+    backend: Backend, name: str
+) -> None:
+    # Python 3.11's asyncio.wait_for (inside psycopg_pool's getconn) returns its
+    # result and drops a cancellation that lands in the same loop iteration
+    # (gh-86296). The exit's cancellation of the renewer can be lost that way;
+    # the exit must still end, and release the lock.
+    locks = backend.locks
+    inside = asyncio.Event()
+    real_renew = locks.renew
+
+    async def renew_dropping_one_cancellation(lease: LockLease) -> bool:
+        inside.set()
+        try:
+            await asyncio.sleep(0.2)
+        except asyncio.CancelledError:
+            pass  # what wait_for does in that race
+        return await real_renew(lease)
+
+    locks.renew = renew_dropping_one_cancellation  # type: ignore[method-assign]
+    try:
+        async with asyncio.timeout(5):
+            async with locks.hold(name, ttl=0.6) as lease:
+                await inside.wait()  # the renewer is now inside renew()
+    finally:
+        locks.renew = real_renew  # type: ignore[method-assign]
+    assert not await locks.check(lease)
+    assert await locks.acquire(name, ttl=1) is not None
+
+
 async def test_hold_rides_out_killed_connections(backend: Backend, name: str) -> None:
     locks = backend.locks
     async with locks.hold(name, ttl=0.6) as lease:

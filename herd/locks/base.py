@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol, Self
 
+from herd import aio
 from herd.errors import HerdError, LeaseLost, LockNotAcquired
 
 log = logging.getLogger("herd.locks")
@@ -124,8 +125,7 @@ class BaseLocks(Locks, ABC):
 
     async def close(self) -> None:
         if self._listener is not None:
-            self._listener.cancel()
-            await asyncio.wait([self._listener])
+            await aio.stop(self._listener)
             self._listener = None
 
     async def __aenter__(self) -> Self:
@@ -273,9 +273,8 @@ class _Hold(AbstractAsyncContextManager[LockLease]):
         assert self._lease is not None
         # No await before this line: from here on the renewer may not cancel us.
         self._exiting = True
-        self._renewer.cancel()
         try:
-            await asyncio.wait([self._renewer])
+            await aio.stop(self._renewer)
         finally:
             # Shielded: a cancellation of the body's task must not strand the lock for a ttl.
             with contextlib.suppress(HerdError):
@@ -300,7 +299,7 @@ class _Hold(AbstractAsyncContextManager[LockLease]):
         """Renew every ttl/3. ``confirmed`` is when the last successful attempt was sent."""
         period = lease.ttl / 3
         try:
-            while True:
+            while not self._exiting:  # the exit's cancellation may have been dropped
                 await asyncio.sleep(max(0.0, confirmed + period - time.monotonic()))
                 error: Exception | None = None
                 while True:

@@ -20,6 +20,7 @@ from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from herd import aio
 from herd.config import mask_url
 from herd.errors import BrokerError, BrokerUnavailable, LeaseLost, MigrationError
 from herd.jsonvalue import dumps
@@ -193,8 +194,7 @@ class PostgresBroker:
 
     async def close(self) -> None:
         if self._purging is not None:
-            self._purging.cancel()
-            await asyncio.gather(self._purging, return_exceptions=True)
+            await aio.stop(self._purging)
         if self._listener is not None:
             await self._listener.close()
             self._listener = None
