@@ -14,9 +14,10 @@ from typing import Any, Protocol
 
 import psycopg
 
+from herd.db.postgres import migrate
 from herd.embedded import EmbeddedPostgres, embedded_server
 from herd.queue.base import Broker
-from herd.queue.postgres import PostgresBroker, migrate
+from herd.queue.postgres import PostgresBroker
 from herd.queue.redis import RedisBroker
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, overload
 
-from herd.config import Settings
+from herd.config import Settings, pool_size
 from herd.errors import ConfigError, HerdError, InvalidInput, JobNotFound
 from herd.jsonvalue import JSON, check, check_text
 from herd.queue.base import (
@@ -41,9 +41,11 @@ class App:
         settings: Settings | None = None,
         database_url: str | None = None,
         broker: Broker | str | None = None,
-        pool_size: int = 8,
+        pool_size: int | None = None,
     ) -> None:
-        """``broker``: a Broker, or "postgres" / "redis" (default: settings, then postgres)."""
+        """``broker``: a Broker, or "postgres" / "redis" (default: settings, then postgres).
+        ``pool_size``: connections of the process's pool (default: HERD_PG_POOL_SIZE,
+        else ``herd.config.pool_size``; a Worker sizes it for its concurrency)."""
         self.settings = (settings or Settings.from_env()).override(
             database_url=database_url, broker=broker if isinstance(broker, str) else None
         )
@@ -130,12 +132,26 @@ class App:
 
             if not self.settings.redis_url:
                 raise ConfigError("the redis broker needs HERD_REDIS_URL (or --redis-url)")
-            return RedisBroker(self.settings.redis_url, finished_ttl=self.settings.finished_ttl)
+            return RedisBroker(
+                self.settings.redis_url,
+                finished_ttl=self.settings.finished_ttl,
+                pool_size=self.pool_size(),
+            )
         if self.settings.broker != "postgres":
             raise ConfigError(f"unknown broker {self.settings.broker!r}: use postgres or redis")
         return PostgresBroker(
-            self.database_url(), pool_size=self._pool_size, finished_ttl=self.settings.finished_ttl
+            self.database_url(),
+            pool_size=self.pool_size(),
+            finished_ttl=self.settings.finished_ttl,
+            direct_url=self.settings.database_direct_url,
         )
+
+    def pool_size(self, concurrency: int | None = None) -> int:
+        """The broker's share of the process's pool; a Worker calls this with its
+        concurrency before the broker is made (``pool_size`` given wins)."""
+        if self._pool_size is None and concurrency is not None and self._broker is None:
+            self._pool_size = pool_size(self.settings, concurrency)
+        return self._pool_size or pool_size(self.settings)
 
     async def open(self) -> App:
         if not self._opened:

@@ -18,6 +18,20 @@ FINISHED_TTL = 7 * 86400  # a week: long enough to inspect results, short enough
 # The largest max_tokens (or max_completion_tokens) an evaluation's params may ask for.
 EVAL_MAX_TOKENS = 16_384
 
+# The pool of a process that is not a worker (serve, enqueue, the CLI's reads).
+PG_POOL_SIZE = 8
+# A worker's pool beyond one connection per running job: the claim loop, the
+# heartbeat, the completer, retention, and a store call nested in a job's
+# fenced transaction (the ledger, a lock's renewal) — so that none waits.
+PG_POOL_SPARE = 4
+
+
+def pool_size(settings: Settings, concurrency: int | None = None) -> int:
+    """HERD_PG_POOL_SIZE, else what a worker at ``concurrency`` (or any other process) needs."""
+    if settings.pg_pool_size:
+        return settings.pg_pool_size
+    return concurrency + PG_POOL_SPARE if concurrency else PG_POOL_SIZE
+
 
 def default_home() -> Path:
     return Path(platformdirs.user_data_dir("herd", appauthor=False))
@@ -27,6 +41,9 @@ def default_home() -> Path:
 class Settings:
     home: Path = field(default_factory=default_home)
     database_url: str | None = None
+    # The server itself when database_url goes through PgBouncer (transaction mode):
+    # LISTEN goes there; without it herd listens on database_url or polls.
+    database_direct_url: str | None = None
     redis_url: str | None = None
     broker: str = "postgres"  # where jobs live: "postgres" or "redis"
     cache: str = "postgres"  # where the exact cache lives: "postgres" or "redis"
@@ -47,12 +64,15 @@ class Settings:
     finished_ttl: int = FINISHED_TTL
     # Bounds what an evaluation's params may ask a provider to generate (and bill) per call.
     eval_max_tokens: int = EVAL_MAX_TOKENS
+    # Connections of the process's one PostgreSQL pool (and each Redis pool); None: a
+    # worker takes its concurrency + PG_POOL_SPARE, other commands PG_POOL_SIZE.
+    pg_pool_size: int | None = None
 
     def __post_init__(self) -> None:
         # Whatever prints an error later masks these verbatim, even where the URL's
         # shape did not survive (a driver quoting the piece it could not parse).
         remember(self.api_token)
-        remember_urls(self.database_url, self.redis_url)
+        remember_urls(self.database_url, self.database_direct_url, self.redis_url)
 
     def __repr__(self) -> str:
         shown = ", ".join(
@@ -70,6 +90,7 @@ class Settings:
         return cls(
             home=Path(home).expanduser() if home else default_home(),
             database_url=env.get("HERD_DATABASE_URL") or None,
+            database_direct_url=env.get("HERD_DATABASE_DIRECT_URL") or None,
             redis_url=env.get("HERD_REDIS_URL") or None,
             broker=env.get("HERD_BROKER") or "postgres",
             cache=env.get("HERD_CACHE") or "postgres",
@@ -83,6 +104,7 @@ class Settings:
             rag_retired_grace=_bytes(env, "HERD_RAG_RETIRED_GRACE", 300, unit="seconds"),
             finished_ttl=_bytes(env, "HERD_FINISHED_TTL", FINISHED_TTL, unit="seconds", zero=True),
             eval_max_tokens=_bytes(env, "HERD_EVAL_MAX_TOKENS", EVAL_MAX_TOKENS, unit="tokens"),
+            pg_pool_size=_bytes(env, "HERD_PG_POOL_SIZE", 0, unit="connections") or None,
         )
 
     def override(self, **values: object) -> Settings:

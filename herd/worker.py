@@ -81,6 +81,7 @@ class Worker:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        self.app.pool_size(self.concurrency)  # a job per connection, and spares
         self.stats = WorkerStats()
         self._running: dict[int, _Running] = {}
         self._stopping = asyncio.Event()

@@ -16,9 +16,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from herd.db.postgres import migrate
 from herd.embedded import embedded_server
 from herd.queue.base import Broker
-from herd.queue.postgres import PostgresBroker, migrate
+from herd.queue.postgres import PostgresBroker
 from herd.queue.redis import RedisBroker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +48,10 @@ def pg_url(herd_home: Path) -> Iterator[str]:
     async def setup() -> None:
         conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
         async with conn:
-            await migrate(conn)
+            # Every feature without an extension of its own: tests open stores with
+            # auto_migrate=False on it.
+            for package in ("herd.queue.sql", "herd.locks.sql", "herd.cache.sql", "herd.llm.sql"):
+                await migrate(conn, package)
 
     # In a thread of its own: the first test to ask may already run an event loop.
     with ThreadPoolExecutor(1) as pool:

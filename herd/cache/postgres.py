@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
 from herd.cache.base import Entry
+from herd.db import postgres as pgdb
 from herd.jsonvalue import JSON, dumps
-from herd.queue.postgres import connection_pool, migrate, translate_errors
 
 _GET = """
 SELECT value, delta, extract(epoch FROM created_at), extract(epoch FROM expires_at),
@@ -34,18 +35,19 @@ ON CONFLICT (namespace, name) DO UPDATE SET value = herd_cache_stats.value + exc
 """
 
 
+def translate_errors(url: str) -> AbstractContextManager[None]:
+    return pgdb.translate_errors(url, store="the cache")
+
+
 class PostgresCacheStore:
     name = "postgres"
 
     def __init__(self, url: str, *, pool_size: int = 4) -> None:
         self.url = url
-        self._pool = connection_pool(url, max_size=pool_size, name="herd-cache")
+        self._pool = pgdb.SharedPool(url, max_size=pool_size, store="the cache")
 
     async def open(self) -> None:
-        with translate_errors(self.url):
-            await self._pool.open(wait=True, timeout=10.0)
-            async with self._pool.connection() as conn:
-                await migrate(conn)
+        await self._pool.open("herd.cache.sql")
 
     async def close(self) -> None:
         await self._pool.close()

@@ -9,8 +9,8 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from herd.cache.base import Entry
+from herd.db import redis as rdb
 from herd.jsonvalue import JSON, dumps
-from herd.queue.redis import translate_redis_errors
 
 NAMESPACES = "herd:cache:namespaces"
 
@@ -35,21 +35,20 @@ def _stats_key(namespace: str) -> str:
 class RedisCacheStore:
     name = "redis"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, pool_size: int = 4) -> None:
         self.url = url
-        self._redis: aioredis.Redis = aioredis.Redis.from_url(
-            url, decode_responses=True, protocol=2
-        )
+        self._client = rdb.SharedClient(url, store="the cache", max_size=pool_size)
+        self._redis: aioredis.Redis = self._client.client
 
     async def _do(self, coro: Any) -> Any:
-        with translate_redis_errors(self.url):
+        with rdb.translate_errors(self.url, store="the cache"):
             return await coro
 
     async def open(self) -> None:
-        await self._do(self._redis.ping())
+        await self._client.open()
 
     async def close(self) -> None:
-        await self._redis.aclose()
+        await self._client.close()
 
     async def get(self, namespace: str, key: str, *, stale_for: float = 0.0) -> Entry | None:
         pipe = self._redis.pipeline(transaction=False)

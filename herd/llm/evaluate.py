@@ -15,6 +15,7 @@ import json
 import os
 import uuid
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from herd.app import App
 from herd.cache import ExactCache, PostgresCacheStore, RedisCacheStore, canonical_key
 from herd.cache.keys import normalize_document
 from herd.config import EVAL_MAX_TOKENS, Settings
+from herd.db import postgres as pgdb
 from herd.errors import ConfigError, Fatal, InvalidInput
 from herd.jsonvalue import JSON, canonical, check, check_text
 from herd.llm.completion import Completion
@@ -36,7 +38,6 @@ from herd.llm.providers import Anthropic, OpenAICompatible, Provider
 from herd.llm.providers.anthropic import DEFAULT_MAX_TOKENS
 from herd.locks import PostgresLocks, RedisLocks
 from herd.queue.base import EnqueueResult
-from herd.queue.postgres import connection_pool, migrate, translate_errors
 from herd.tasks import JobContext
 
 TASK = "herd.eval"
@@ -85,18 +86,19 @@ class SubmitReport:
     job_ids: list[int] = field(default_factory=list)
 
 
+def translate_errors(url: str) -> AbstractContextManager[None]:
+    return pgdb.translate_errors(url, store="the evaluation store")
+
+
 class EvalStore:
     """Documents, specs, batch items and the cost ledger, in herd's PostgreSQL."""
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.pool = connection_pool(url, max_size=4, name="herd-eval")
+        self.pool = pgdb.SharedPool(url, max_size=4, store="the evaluation store")
 
     async def open(self) -> None:
-        with translate_errors(self.url):
-            await self.pool.open(wait=True, timeout=10)
-            async with self.pool.connection() as conn:
-                await migrate(conn)
+        await self.pool.open("herd.llm.sql")
 
     async def close(self) -> None:
         await self.pool.close()

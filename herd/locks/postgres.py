@@ -9,16 +9,17 @@ token and require ``expires_at > now()``.
 
 from __future__ import annotations
 
+import asyncio
+from contextlib import AbstractContextManager
 from typing import Any
 
-import psycopg
 from psycopg import AsyncConnection, sql
 from psycopg.pq import TransactionStatus
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool
 
+from herd.db import postgres as pgdb
 from herd.errors import LeaseLost
 from herd.locks.base import BaseLocks, LockLease
-from herd.queue.postgres import connection_pool, migrate, translate_errors
 
 CHANNEL = "herd_locks"  # payload: the lock name; a hint for waiters
 
@@ -62,14 +63,18 @@ SELECT 1 FROM herd_locks
 """
 
 
+def translate_errors(where: str) -> AbstractContextManager[None]:
+    return pgdb.translate_errors(where, store="the lock store")
+
+
 def _params(lease: LockLease) -> dict[str, Any]:
     return {"name": lease.name, "token": lease.token, "ttl": lease.ttl}
 
 
 class PostgresLocks(BaseLocks):
-    """Fenced locks on PostgreSQL. Give a URL (a pool is opened and closed here, and
-    the schema migrated on ``open()``) or an ``AsyncConnectionPool`` you own and
-    have opened and migrated.
+    """Fenced locks on PostgreSQL. Give a URL (the process's pool for it is joined
+    on ``open()``, and herd.locks.sql migrated) or an ``AsyncConnectionPool`` you
+    own and have opened and migrated.
     """
 
     def __init__(
@@ -80,13 +85,18 @@ class PostgresLocks(BaseLocks):
         poll_interval: float = 0.2,
         pool_size: int = 4,
         auto_migrate: bool = True,
+        direct_url: str | None = None,
     ) -> None:
         super().__init__(owner=owner, poll_interval=poll_interval)
         self.auto_migrate = auto_migrate
         self._listen_kwargs: dict[str, Any] = {}
+        self._shared: pgdb.SharedPool | None = None
+        self._pool: pgdb.SharedPool | AsyncConnectionPool[Any]
         if isinstance(db, str):
             self.url = self._where = db
-            self._pool = connection_pool(db, max_size=max(1, pool_size), name="herd-locks")
+            self._pool = self._shared = pgdb.SharedPool(
+                db, max_size=pool_size, store="the lock store", direct_url=direct_url
+            )
             self._owns_pool = True
         else:
             # Only a plain conninfo lets us open the listening connection;
@@ -99,23 +109,13 @@ class PostgresLocks(BaseLocks):
             self._owns_pool = False
 
     async def open(self) -> None:
-        if not self._owns_pool:
-            return
-        with translate_errors(self.url):
-            # A direct connection first fails fast with the server's own reason.
-            conn = await AsyncConnection.connect(self.url, autocommit=True, connect_timeout=10)
-            async with conn:
-                if self.auto_migrate:
-                    await migrate(conn)
-            try:
-                await self._pool.open(wait=True, timeout=10.0)
-            except PoolTimeout as exc:
-                raise psycopg.OperationalError("timed out opening the connection pool") from exc
+        if self._shared is not None:
+            await self._shared.open("herd.locks.sql" if self.auto_migrate else None)
 
     async def close(self) -> None:
         await super().close()
-        if self._owns_pool:
-            await self._pool.close()
+        if self._shared is not None:
+            await self._shared.close()
 
     async def _one(self, query: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
         with translate_errors(self._where):
@@ -166,6 +166,14 @@ class PostgresLocks(BaseLocks):
             )
 
     async def _listen(self) -> None:
+        if self._shared is not None:
+            # The process's one LISTEN connection, shared with the broker's.
+            listener = self._shared.listener
+            listener.subscribe(CHANNEL, self._wake)
+            try:
+                await asyncio.Event().wait()
+            finally:
+                listener.unsubscribe(CHANNEL, self._wake)
         if not self.url:
             return await super()._listen()
         kwargs = {**self._listen_kwargs, "autocommit": True}

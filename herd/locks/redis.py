@@ -19,9 +19,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from herd.config import mask_url
+from herd.db import redis as rdb
 from herd.locks.base import BaseLocks, LockLease
-from herd.queue.redis import translate_redis_errors
 
 CHANNEL = "herd:locks:released"  # payload: the lock name; a hint for waiters
 
@@ -65,8 +64,9 @@ def _text(value: Any) -> str | None:
 
 
 class RedisLocks(BaseLocks):
-    """Fenced locks on Redis. Give a URL (the client is created and closed here) or a
-    ``redis.asyncio.Redis`` client you own; RESP2 and RESP3, bytes or decoded, all work.
+    """Fenced locks on Redis. Give a URL (the process's pool for it is joined on
+    ``open()``) or a ``redis.asyncio.Redis`` client you own; RESP2 and RESP3, bytes or
+    decoded, all work.
     """
 
     def __init__(
@@ -75,11 +75,14 @@ class RedisLocks(BaseLocks):
         *,
         owner: str | None = None,
         poll_interval: float = 0.2,
+        pool_size: int = 4,
     ) -> None:
         super().__init__(owner=owner, poll_interval=poll_interval)
+        self._shared: rdb.SharedClient | None = None
         if isinstance(redis, str):
-            self._where = mask_url(redis)
-            self._redis: aioredis.Redis = aioredis.Redis.from_url(redis)
+            self._where = redis
+            self._shared = rdb.SharedClient(redis, store="the lock store", max_size=pool_size)
+            self._redis: aioredis.Redis = self._shared.client
             self._owns_client = True
         else:
             kw = redis.connection_pool.connection_kwargs
@@ -91,16 +94,18 @@ class RedisLocks(BaseLocks):
         self._release_script = self._redis.register_script(_RELEASE)
 
     def _errors(self) -> AbstractContextManager[None]:
-        return translate_redis_errors(self._where)
+        return rdb.translate_errors(self._where, store="the lock store")
 
     async def open(self) -> None:
+        if self._shared is not None:
+            return await self._shared.open()
         with self._errors():
             await self._redis.ping()
 
     async def close(self) -> None:
         await super().close()
-        if self._owns_client:
-            await self._redis.aclose()
+        if self._shared is not None:
+            await self._shared.close()
 
     async def _try_acquire(self, name: str, ttl: float, owner: str) -> int | None:
         with self._errors():

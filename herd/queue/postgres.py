@@ -10,19 +10,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncConnection
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from herd import aio
-from herd.config import mask_url
-from herd.errors import BrokerError, BrokerUnavailable, LeaseLost, MigrationError
+from herd.db.postgres import SharedPool, migrate, translate_errors
+from herd.errors import BrokerError, LeaseLost
 from herd.jsonvalue import dumps
 from herd.queue.base import (
     Completion,
@@ -39,86 +38,11 @@ from herd.queue.base import (
     Throughput,
     payload_text,
 )
-from herd.queue.sql import migrations, queries
+from herd.queue.sql import queries
 
 log = logging.getLogger("herd.postgres")
 
 CHANNEL = "herd_jobs"
-_MIGRATION_LOCK = 0x68657264  # 'herd': one migrator at a time across processes
-
-
-def connection_pool(
-    url: str,
-    *,
-    max_size: int,
-    name: str = "herd",
-    configure: Callable[[AsyncConnection[Any]], Awaitable[None]] | None = None,
-) -> AsyncConnectionPool[AsyncConnection[Any]]:
-    """The pool every herd store uses, opened later with ``open(wait=True)``.
-
-    Each connection is checked on checkout: after a server restart, a failover or a
-    dropped connection the pool would otherwise hand out a dead one, and a job's
-    fenced write would fail although its lease is still held (a retry, and a model
-    call paid again). The check costs one round trip per checkout.
-    """
-    return AsyncConnectionPool(
-        url,
-        min_size=1,
-        max_size=max_size,
-        open=False,
-        kwargs={"autocommit": True},
-        timeout=10.0,
-        name=name,
-        configure=configure,
-        check=AsyncConnectionPool.check_connection,
-    )
-
-
-@contextmanager
-def translate_errors(url: str) -> Iterator[None]:
-    """psycopg errors become herd errors here, at the boundary."""
-    try:
-        yield
-    except psycopg.OperationalError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        first = mask_url(first)  # libpq quotes the piece of a URL it could not parse
-        raise BrokerUnavailable(
-            f"PostgreSQL at {mask_url(url)} is unreachable ({first}); is the server running and"
-            " HERD_DATABASE_URL right?"
-        ) from exc
-    except psycopg.Error as exc:
-        raise BrokerError(f"PostgreSQL error: {str(exc).strip()}") from exc
-
-
-async def migrate(conn: AsyncConnection[Any], package: str = "herd.queue.sql") -> list[int]:
-    """Apply the migrations this database lacks; returns the versions applied.
-
-    Features with their own schema (pgvector for herd.rag) keep their files in
-    their own package, numbered in a range of their own, and migrate on first use,
-    so that the queue runs on servers without those extensions.
-    """
-    applied: list[int] = []
-    async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-        await conn.execute(
-            "CREATE TABLE IF NOT EXISTS herd_migrations ("
-            " version integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        cur = await conn.execute("SELECT version FROM herd_migrations")
-        done = {row[0] for row in await cur.fetchall()}
-        for version, name, text in migrations(package):
-            if version in done:
-                continue
-            try:
-                await conn.execute(text.encode())
-            except psycopg.Error as exc:
-                raise MigrationError(f"migration {version:04d}_{name} failed: {exc}") from exc
-            await conn.execute(
-                "INSERT INTO herd_migrations (version, name) VALUES (%s, %s)", (version, name)
-            )
-            applied.append(version)
-    return applied
 
 
 def _job(row: dict[str, Any]) -> Job:
@@ -163,41 +87,31 @@ class PostgresBroker:
         pool_size: int = 8,
         auto_migrate: bool = True,
         finished_ttl: float = 7 * 86400,
+        direct_url: str | None = None,
     ) -> None:
         """``finished_ttl``: seconds a succeeded job (and its result) is kept; 0 keeps
-        it. Dead-lettered jobs are kept until requeued or deleted by hand."""
+        it. Dead-lettered jobs are kept until requeued or deleted by hand.
+        ``direct_url``: the server itself when ``url`` goes through PgBouncer
+        (LISTEN needs a session); the pool is the process's one for ``url``."""
         self.url = url
         self.auto_migrate = auto_migrate
         self.finished_ttl = float(finished_ttl)
         self._next_purge = 0.0
         self._purging: asyncio.Task[int] | None = None
         self._q = queries()
-        self._pool = connection_pool(url, max_size=max(2, pool_size))
-        self._listener: AsyncConnection[Any] | None = None
+        self._pool = SharedPool(
+            url, max_size=max(2, pool_size), store="the job store", direct_url=direct_url
+        )
         self._rotation = 0
-        self._listener_lock = asyncio.Lock()
 
     # -- lifecycle
 
     async def open(self) -> None:
-        with translate_errors(self.url):
-            # One direct connection first: it fails fast with the server's own
-            # reason, where a pool would retry quietly until its timeout.
-            conn = await AsyncConnection.connect(self.url, autocommit=True, connect_timeout=10)
-            async with conn:
-                if self.auto_migrate:
-                    await migrate(conn)
-            try:
-                await self._pool.open(wait=True, timeout=10.0)
-            except PoolTimeout as exc:
-                raise psycopg.OperationalError("timed out opening the connection pool") from exc
+        await self._pool.open("herd.queue.sql" if self.auto_migrate else None)
 
     async def close(self) -> None:
         if self._purging is not None:
             await aio.stop(self._purging)
-        if self._listener is not None:
-            await self._listener.close()
-            self._listener = None
         await self._pool.close()
 
     async def migrate(self) -> list[int]:
@@ -390,27 +304,27 @@ class PostgresBroker:
                 yield conn
 
     async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
-        """Block until a NOTIFY names one of ``queues`` or ``timeout`` passes."""
-        try:
-            async with self._listener_lock:
-                conn = await self._listen()
-                wanted = set(queues)
-                async for note in conn.notifies(timeout=timeout):
-                    if note.payload in wanted:
-                        return
-        except psycopg.Error as exc:
-            # The hint failed; the poll behind it still works. Reconnect next time.
-            log.debug("LISTEN connection failed: %s", exc)
-            if self._listener is not None:
-                await self._listener.close()
-                self._listener = None
-            await asyncio.sleep(min(timeout, 1.0))
+        """Block until a NOTIFY names one of ``queues`` or ``timeout`` passes.
 
-    async def _listen(self) -> AsyncConnection[Any]:
-        if self._listener is None or self._listener.closed:
-            self._listener = await AsyncConnection.connect(self.url, autocommit=True)
-            await self._listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
-        return self._listener
+        On the process's one LISTEN connection (shared with the locks'); while it
+        is down, or behind a pooler that drops notifications, this is a plain wait
+        and the worker's poll finds the jobs.
+        """
+        wanted = set(queues)
+        woken = asyncio.Event()
+
+        def note(payload: str) -> None:
+            if payload in wanted:
+                woken.set()
+
+        listener = self._pool.listener
+        listener.subscribe(CHANNEL, note)
+        try:
+            await asyncio.wait_for(woken.wait(), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            listener.unsubscribe(CHANNEL, note)
 
     # -- inspection and operations
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
@@ -37,7 +37,8 @@ from redis import exceptions as rexc
 from redis.commands.core import AsyncScript
 
 from herd.config import mask_url
-from herd.errors import BrokerError, BrokerUnavailable, ConfigError, InvalidInput
+from herd.db import redis as rdb
+from herd.errors import BrokerError, InvalidInput
 from herd.jsonvalue import dumps, loads
 from herd.queue.base import (
     Completion,
@@ -76,18 +77,8 @@ def prefix(queue: str) -> str:
     return f"herd:{{{queue}}}:"
 
 
-@contextmanager
-def translate_redis_errors(url: str) -> Iterator[None]:
-    """redis-py errors become herd errors here, at the boundary (every Redis module uses it)."""
-    try:
-        yield
-    except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
-        raise BrokerUnavailable(
-            f"Redis at {mask_url(url)} is unreachable ({exc}); is the server running and"
-            " HERD_REDIS_URL right?"
-        ) from exc
-    except rexc.RedisError as exc:
-        raise BrokerError(f"Redis error: {exc}") from exc
+def translate_redis_errors(url: str) -> AbstractContextManager[None]:
+    return rdb.translate_errors(url, store="the job store")
 
 
 def _text(value: str | bytes) -> str:
@@ -101,16 +92,13 @@ def _ms(value: str | None) -> datetime | None:
 class RedisBroker:
     name = "redis"
 
-    def __init__(self, url: str, *, finished_ttl: float = 7 * 86400) -> None:
-        """``finished_ttl``: seconds a succeeded job's hash (and result) is kept; 0 keeps it."""
+    def __init__(self, url: str, *, finished_ttl: float = 7 * 86400, pool_size: int = 8) -> None:
+        """``finished_ttl``: seconds a succeeded job's hash (and result) is kept; 0 keeps it.
+        ``pool_size``: connections this broker may use of the process's pool for ``url``."""
         self.url = url
         self.finished_ttl = int(finished_ttl)
-        try:
-            self._redis: aioredis.Redis = aioredis.Redis.from_url(
-                url, decode_responses=True, protocol=2, health_check_interval=30
-            )
-        except ValueError as exc:  # e.g. an unencoded '/' in the password: not a traceback
-            raise ConfigError(mask_url(f"the Redis URL {url} cannot be read: {exc}")) from None
+        self._client = rdb.SharedClient(url, store="the job store", max_size=pool_size)
+        self._redis: aioredis.Redis = self._client.client
         self._scripts: dict[str, AsyncScript] = {
             n: self._redis.register_script(_lua(n)) for n in SCRIPTS
         }
@@ -127,8 +115,8 @@ class RedisBroker:
     # -- lifecycle
 
     async def open(self) -> None:
+        await self._client.open()
         with self._errors():
-            await self._redis.ping()
             await self._check_persistence()
 
     async def _check_persistence(self) -> None:
@@ -146,7 +134,7 @@ class RedisBroker:
             )
 
     async def close(self) -> None:
-        await self._redis.aclose()
+        await self._client.close()
 
     # -- producers
 

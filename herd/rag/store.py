@@ -14,21 +14,24 @@ default), at every finalize, so at most the latest few tables wait for it.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 import psycopg
-from pgvector.psycopg import register_vector_async
 from pgvector.psycopg.vector import register_vector_info
 from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
 from psycopg.types import TypeInfo
 from psycopg.types.json import Jsonb
 
+from herd.db import postgres as pgdb
 from herd.errors import HerdError
-from herd.queue.postgres import connection_pool, migrate, translate_errors
+
+
+def translate_errors(url: str) -> AbstractContextManager[None]:
+    return pgdb.translate_errors(url, store="the corpus index")
 
 
 class IndexError_(HerdError):  # noqa: N801 - "IndexError" would shadow the builtin
@@ -65,18 +68,20 @@ class Hit:
 class RagStore:
     def __init__(self, url: str, *, pool_size: int = 4) -> None:
         self.url = url
-        self.pool = connection_pool(
-            url, max_size=pool_size, name="herd-rag", configure=register_vector_async
+        self.pool = pgdb.SharedPool(
+            url, max_size=pool_size, store="the corpus index", adapt=self._adapt
         )
         self._vector_info: TypeInfo | None = None
 
     async def open(self) -> None:
-        with translate_errors(self.url):
-            # The extension must exist before pooled connections register its type.
-            conn = await AsyncConnection.connect(self.url, autocommit=True)
-            async with conn:
-                await migrate(conn, "herd.rag.sql")
-            await self.pool.open(wait=True, timeout=10)
+        await self.pool.open("herd.rag.sql")
+
+    async def _adapt(self, conn: AsyncConnection[Any]) -> None:
+        """pgvector's types on each connection checked out (they are client-side only)."""
+        if self._vector_info is None:
+            self._vector_info = await TypeInfo.fetch(conn, "vector")
+        if self._vector_info is not None:  # None until migrated: the extension is made there
+            register_vector_info(conn, self._vector_info)
 
     async def close(self) -> None:
         await self.pool.close()

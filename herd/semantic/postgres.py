@@ -3,20 +3,22 @@
 Scope and expiry are WHERE clauses of the KNN query itself. With filters, a
 plain HNSW scan returns ``ef_search`` rows and filters them afterwards, which
 can leave fewer than k (or none) when the scope is small; pgvector 0.8's
-``hnsw.iterative_scan`` keeps scanning until enough rows pass, so every
-connection of the pool sets it.
+``hnsw.iterative_scan`` keeps scanning until enough rows pass, so every search
+sets it, for its own transaction (a session SET would not survive PgBouncer).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, cast
 
-from pgvector.psycopg import register_vector_async
+from pgvector.psycopg.vector import register_vector_info
 from psycopg import AsyncConnection, sql
+from psycopg.types import TypeInfo
 from psycopg.types.json import Jsonb
 
+from herd.db import postgres as pgdb
 from herd.jsonvalue import dumps
-from herd.queue.postgres import connection_pool, migrate, translate_errors
 from herd.semantic.base import Candidate, NewEntry, Scope, Vector, as_vector
 
 _INDEX_LOCK = 0x68657264_5345  # 'herdSE': one index builder at a time
@@ -84,32 +86,35 @@ ON CONFLICT (cache, name) DO UPDATE SET value = herd_semantic_stats.value + excl
 """
 
 
-async def _configure(conn: AsyncConnection[Any]) -> None:
-    await register_vector_async(conn)
-    # relaxed_order: the cache re-scores the candidates itself, so strict order is not needed.
-    await conn.execute("SET hnsw.iterative_scan = relaxed_order")
-    await conn.execute("SET hnsw.ef_search = 64")
+# relaxed_order: the cache re-scores the candidates itself, so strict order is not needed.
+_SEARCH_SETTINGS = (
+    "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true),"
+    " set_config('hnsw.ef_search', '64', true)"
+)
+
+
+def translate_errors(url: str) -> AbstractContextManager[None]:
+    return pgdb.translate_errors(url, store="the semantic cache")
 
 
 class PostgresSemanticStore:
     name = "postgres"
 
-    def __init__(self, url: str, *, pool_size: int = 8) -> None:
+    def __init__(self, url: str, *, pool_size: int = 4) -> None:
         self.url = url
         self.dim = 0
-        self._pool = connection_pool(
-            url, max_size=pool_size, name="herd-semantic", configure=_configure
+        self._pool = pgdb.SharedPool(
+            url, max_size=pool_size, store="the semantic cache", adapt=self._adapt
         )
+        self._vector_info: TypeInfo | None = None
         self._search: sql.Composable = sql.SQL("")
 
     async def open(self, dim: int | None) -> None:
         self.dim = dim or 0
         self._search = sql.SQL(_SEARCH).format(dim=sql.Literal(self.dim))
+        await self._pool.open("herd.semantic.sql")
         with translate_errors(self.url):
-            # The extension must exist before pooled connections register its type.
-            conn = await AsyncConnection.connect(self.url, autocommit=True)
-            async with conn:
-                await migrate(conn, "herd.semantic.sql")
+            async with self._pool.connection() as conn:
                 if dim is not None:  # None: bookkeeping only (stats, clear)
                     async with conn.transaction():
                         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INDEX_LOCK,))
@@ -122,7 +127,13 @@ class PostgresSemanticStore:
                                 dim=sql.Literal(dim),
                             )
                         )
-            await self._pool.open(wait=True, timeout=10.0)
+
+    async def _adapt(self, conn: AsyncConnection[Any]) -> None:
+        """pgvector's types on each connection checked out (they are client-side only)."""
+        if self._vector_info is None:
+            self._vector_info = await TypeInfo.fetch(conn, "vector")
+        if self._vector_info is not None:  # None until migrated: the extension is made there
+            register_vector_info(conn, self._vector_info)
 
     async def close(self) -> None:
         await self._pool.close()
@@ -141,7 +152,11 @@ class PostgresSemanticStore:
         self, cache: str, scope: Scope, vector: Vector, *, k: int, alive_at: float, floor: float
     ) -> tuple[float | None, list[Candidate]]:
         params = {"cache": cache, **scope.tags(), "alive": alive_at, "v": vector, "k": k}
-        rows = await self._exec(self._search, params)
+        with translate_errors(self.url):
+            async with self._pool.connection() as conn, conn.transaction():
+                await conn.execute(_SEARCH_SETTINGS)
+                cur = await conn.execute(cast(sql.Composed, self._search), params)
+                rows = await cur.fetchall()
         nearest = max((float(r[8]) for r in rows), default=None)
         return nearest, [
             Candidate(

@@ -29,9 +29,9 @@ from redis.exceptions import ResponseError
 
 from herd.cache.redis import glob_literal
 from herd.config import mask_url
+from herd.db import redis as rdb
 from herd.errors import BrokerError, ConfigError
 from herd.jsonvalue import dumps, loads
-from herd.queue.redis import translate_redis_errors
 from herd.semantic.base import NEVER, Candidate, NewEntry, Scope, Vector
 
 NAMES = "herd:semantic:names"
@@ -112,10 +112,11 @@ class RedisSemanticStore:
         self.m, self.ef_construction, self.ef_runtime = m, ef_construction, ef_runtime
         self.dim = 0
         # Blocking: a burst of lookups waits for a connection instead of failing.
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=30, protocol=2
+        # Bytes, not text: vectors travel raw (the process's other Redis pool decodes).
+        self._client = rdb.SharedClient(
+            url, store="the semantic cache", decode=False, max_size=max_connections
         )
-        self._redis: aioredis.Redis = aioredis.Redis(connection_pool=pool)
+        self._redis: aioredis.Redis = self._client.client
         self._creating = asyncio.Lock()
         self._put = self._redis.register_script(_PUT)
         self._touch = self._redis.register_script(_TOUCH)
@@ -123,15 +124,15 @@ class RedisSemanticStore:
         self._plans: dict[tuple[str, str], tuple[float, str]] = {}
 
     async def _do(self, coro: Any) -> Any:
-        with translate_redis_errors(self.url):
+        with rdb.translate_errors(self.url, store="the semantic cache"):
             return await coro
 
     async def open(self, dim: int | None) -> None:
         self.dim = dim or 0
-        await self._do(self._redis.ping())
+        await self._client.open()
 
     async def close(self) -> None:
-        await self._redis.aclose()
+        await self._client.close()
 
     async def server_time(self) -> float:
         sec, usec = await self._do(self._redis.time())

@@ -1,4 +1,5 @@
-"""SQL files of the PostgreSQL backend: migrations (NNNN_name.sql) and named queries."""
+"""SQL files of the PostgreSQL broker: its migrations (NNNN_name.sql, applied by
+herd.db.postgres.migrate) and named queries."""
 
 from __future__ import annotations
 
@@ -17,13 +18,3 @@ def queries() -> dict[str, str]:
     return {
         name: body.strip().rstrip(";") for name, body in zip(parts[1::2], parts[2::2], strict=True)
     }
-
-
-def migrations(package: str = __name__) -> list[tuple[int, str, str]]:
-    """(version, name, sql) for every migration file of ``package``, in order."""
-    out = []
-    for entry in resources.files(package).iterdir():
-        m = re.fullmatch(r"(\d{4})_(\w+)\.sql", entry.name)
-        if m:
-            out.append((int(m[1]), m[2], entry.read_text(encoding="utf-8")))
-    return sorted(out)

@@ -1,0 +1,1 @@
+"""Migrations of herd.cache (see herd.db.postgres.migrate)."""

@@ -1,0 +1,353 @@
+"""PostgreSQL for every herd store: one pool per (event loop, URL), errors, migrations.
+
+Each store of a process that names the same URL (the broker, the locks, the
+caches, the evaluation ledger, the semantic cache, the corpus index) borrows
+the same ``AsyncConnectionPool`` from here, reference-counted: the pool opens
+with its first user and closes with its last, and it grows to the largest size
+any of its users asked for. LISTEN for every channel goes through one shared
+connection per pool as well (:class:`Listener`). So a process holds at most
+``max(pool sizes asked) + 1`` connections per server, whatever it runs.
+
+PgBouncer in transaction mode sits in front of most production servers. Every
+connection made here therefore works there: no prepared statements
+(``prepare_threshold=None``), no session state (``SET LOCAL`` inside
+transactions, transaction-level advisory locks), and LISTEN only on the direct
+URL when one is given (``HERD_DATABASE_DIRECT_URL``), else on the pool's URL,
+where a pooler may drop the notifications: they are hints, polling is the net.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection, sql
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from herd.errors import BrokerError, BrokerUnavailable, MigrationError
+from herd.masking import mask
+
+log = logging.getLogger("herd.db")
+
+SETTING = "HERD_DATABASE_URL"
+_MIGRATION_LOCK = 0x68657264  # 'herd': one migrator at a time across processes
+OPEN_TIMEOUT = 10.0
+
+
+def application_name() -> str:
+    """What pg_stat_activity shows for this process's connections (per pid: after a
+    fork the child's connections carry its own)."""
+    return f"herd:{os.getpid()}"
+
+
+def connect_kwargs(url: str) -> dict[str, Any]:
+    """Keyword arguments of every herd connection (pooled, listening, migrating)."""
+    kwargs: dict[str, Any] = {"autocommit": True, "prepare_threshold": None}
+    # A name the URL sets itself (a service's own label) wins over ours.
+    if "application_name" not in url:
+        kwargs["application_name"] = application_name()
+    return kwargs
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+@contextmanager
+def translate_errors(
+    url: str, *, store: str = "the job store", setting: str = SETTING
+) -> Iterator[None]:
+    """psycopg errors become herd errors here, at the boundary, naming what failed."""
+    try:
+        yield
+    except PoolTimeout as exc:
+        raise BrokerUnavailable(
+            f"PostgreSQL for {store} at {mask(url)} gave no connection in time ({exc});"
+            f" is the server overloaded, or the pool too small (HERD_PG_POOL_SIZE)? check {setting}"
+        ) from exc
+    except psycopg.OperationalError as exc:
+        first = mask(_first_line(exc))  # libpq quotes the piece of a URL it could not parse
+        raise BrokerUnavailable(
+            f"PostgreSQL for {store} at {mask(url)} is unreachable ({first}); is the server"
+            f" running? check {setting}"
+        ) from exc
+    except psycopg.Error as exc:
+        raise BrokerError(f"PostgreSQL error in {store}: {mask(str(exc).strip())}") from exc
+
+
+def migrations(package: str) -> list[tuple[int, str, str]]:
+    """(version, name, sql) for every migration file (NNNN_name.sql) of ``package``."""
+    out = []
+    for entry in resources.files(package).iterdir():
+        m = re.fullmatch(r"(\d{4})_(\w+)\.sql", entry.name)
+        if m:
+            out.append((int(m[1]), m[2], entry.read_text(encoding="utf-8")))
+    return sorted(out)
+
+
+async def migrate(conn: AsyncConnection[Any], package: str = "herd.queue.sql") -> list[int]:
+    """Apply the migrations of ``package`` this database lacks; returns the versions applied.
+
+    Each feature keeps its files in its own package, numbered in a range of its
+    own (queue 0xxx, rag 1xxx, semantic 2xxx, eval 3xxx, cache 4xxx; the locks',
+    cache's and eval's first files kept the 0003-0005 they were applied under),
+    and migrates on its store's open, so the queue runs on servers without the
+    extensions the others need. The lock is transaction-level: PgBouncer-safe.
+    """
+    applied: list[int] = []
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS herd_migrations ("
+            " version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        cur = await conn.execute("SELECT version FROM herd_migrations")
+        done = {row[0] for row in await cur.fetchall()}
+        for version, name, text in migrations(package):
+            if version in done:
+                continue
+            try:
+                await conn.execute(text.encode())
+            except psycopg.Error as exc:
+                raise MigrationError(f"migration {version:04d}_{name} failed: {exc}") from exc
+            await conn.execute(
+                "INSERT INTO herd_migrations (version, name) VALUES (%s, %s)", (version, name)
+            )
+            applied.append(version)
+    return applied
+
+
+def connection_pool(url: str, *, max_size: int, name: str = "herd") -> AsyncConnectionPool[Any]:
+    """A pool of herd connections, opened later with ``open(wait=True)``.
+
+    Each connection is checked on checkout: after a server restart, a failover or a
+    dropped connection the pool would otherwise hand out a dead one, and a job's
+    fenced write would fail although its lease is still held (a retry, and a model
+    call paid again). The check costs one round trip per checkout.
+    """
+    return AsyncConnectionPool(
+        url,
+        min_size=1,
+        max_size=max_size,
+        open=False,
+        kwargs=connect_kwargs(url),
+        timeout=OPEN_TIMEOUT,
+        name=name,
+        check=AsyncConnectionPool.check_connection,
+    )
+
+
+class Listener:
+    """One LISTEN connection shared by every channel of a pool's users.
+
+    Callbacks get the payload; they run on the event loop and must not block.
+    The connection is made on the first subscription and remade after a failure
+    (with backoff); notifications missed meanwhile are found by the users' polls.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._subs: dict[str, list[Callable[[str], None]]] = {}
+        # Channels stay listened to once asked for: a waiter that comes and goes
+        # (the broker's, every poll) must not cost a LISTEN each time.
+        self._channels: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self.connected = asyncio.Event()
+
+    def subscribe(self, channel: str, callback: Callable[[str], None]) -> None:
+        self._subs.setdefault(channel, []).append(callback)
+        if channel not in self._channels:
+            self._channels.add(channel)
+            if self._task is not None:
+                # A new channel: reconnect, so one connection listens to them all.
+                self._task.cancel()
+                self._task = None
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="herd-listen")
+
+    def unsubscribe(self, channel: str, callback: Callable[[str], None]) -> None:
+        subs = self._subs.get(channel, [])
+        if callback in subs:
+            subs.remove(callback)
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while self._channels:
+            try:
+                conn = await AsyncConnection.connect(
+                    self.url, **connect_kwargs(self.url), connect_timeout=10
+                )
+                async with conn:
+                    for channel in sorted(self._channels):
+                        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    self.connected.set()
+                    backoff = 0.1
+                    async for note in conn.notifies():
+                        for callback in list(self._subs.get(note.channel, ())):
+                            callback(note.payload)
+            except psycopg.Error as exc:
+                log.debug("LISTEN connection failed (%s); waiters poll", _first_line(exc))
+            finally:
+                self.connected.clear()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    async def close(self) -> None:
+        self._subs.clear()
+        self._channels.clear()
+        if self._task is not None:
+            from herd import aio
+
+            await aio.stop(self._task)
+            self._task = None
+
+
+@dataclass
+class _Shared:
+    pool: AsyncConnectionPool[Any]
+    listener: Listener
+    users: int = 0
+    sizes: list[int] = field(default_factory=list)
+
+
+# Per event loop, because a pool's connections and tasks belong to the loop that
+# made them (each test, each asyncio.run(), has its own).
+_REGISTRY: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Shared]] = (
+    weakref.WeakKeyDictionary()
+)
+_LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def shared_pools() -> dict[str, AsyncConnectionPool[Any]]:
+    """The pools of the running loop by URL (for /metrics and tests)."""
+    found = _REGISTRY.get(asyncio.get_running_loop(), {})
+    return {url: shared.pool for url, shared in found.items()}
+
+
+class SharedPool:
+    """One store's hold on its process's pool for ``url``.
+
+    ``open()`` joins the pool (making and opening it when it is the first user,
+    after a direct connection that fails fast with the server's own reason, where
+    a pool would retry quietly until its timeout) and applies ``migrations``;
+    ``close()`` leaves it, and the last user closes it. ``direct_url``: the server
+    itself when ``url`` goes through PgBouncer; the pool's LISTEN goes there.
+    ``adapt``: run on each connection this store checks out (client-side type
+    adapters such as pgvector's; the pool's ``configure`` would impose them on
+    every store, and server-side session state is what PgBouncer cannot keep).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_size: int,
+        store: str,
+        setting: str = SETTING,
+        direct_url: str | None = None,
+        adapt: Callable[[AsyncConnection[Any]], Awaitable[None]] | None = None,
+    ) -> None:
+        self.url = url
+        self._adapt = adapt
+        self.max_size = max(1, max_size)
+        self.store, self.setting = store, setting
+        self.direct_url = direct_url
+        self._shared: _Shared | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def errors(self) -> AbstractContextManager[None]:
+        return translate_errors(self.url, store=self.store, setting=self.setting)
+
+    @property
+    def pool(self) -> AsyncConnectionPool[Any]:
+        if self._shared is None:
+            raise RuntimeError(f"{self.store} is not open")
+        return self._shared.pool
+
+    @property
+    def listener(self) -> Listener:
+        if self._shared is None:
+            raise RuntimeError(f"{self.store} is not open")
+        return self._shared.listener
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        """A pooled connection (autocommit), as ``AsyncConnectionPool.connection()``."""
+        async with self.pool.connection() as conn:
+            if self._adapt is not None:
+                await self._adapt(conn)
+            yield conn
+
+    async def open(self, migrations: str | None = None) -> None:
+        if self._shared is not None:
+            return
+        loop = asyncio.get_running_loop()
+        lock = _LOCKS.setdefault(loop, asyncio.Lock())
+        with self.errors():
+            async with lock:
+                pools = _REGISTRY.setdefault(loop, {})
+                shared = pools.get(self.url)
+                if shared is None:
+                    conn = await AsyncConnection.connect(
+                        self.url, **connect_kwargs(self.url), connect_timeout=10
+                    )
+                    await conn.close()
+                    pool = connection_pool(self.url, max_size=self.max_size)
+                    try:
+                        await pool.open(wait=True, timeout=OPEN_TIMEOUT)
+                    except PoolTimeout as exc:
+                        await pool.close()
+                        raise psycopg.OperationalError(
+                            "timed out opening the connection pool"
+                        ) from exc
+                    shared = _Shared(pool, Listener(self.direct_url or self.url))
+                    pools[self.url] = shared
+                elif self.direct_url and shared.listener.url != self.direct_url:
+                    shared.listener.url = self.direct_url  # used from its next connection
+                shared.users += 1
+                shared.sizes.append(self.max_size)
+                if self.max_size > shared.pool.max_size:
+                    await shared.pool.resize(shared.pool.min_size, self.max_size)
+                self._shared, self._loop = shared, loop
+            if migrations is not None:
+                try:
+                    async with shared.pool.connection() as conn:
+                        await migrate(conn, migrations)
+                except BaseException:
+                    await self.close()
+                    raise
+
+    async def close(self) -> None:
+        shared, loop = self._shared, self._loop
+        if shared is None or loop is None:
+            return
+        self._shared = self._loop = None
+        shared.users -= 1
+        shared.sizes.remove(self.max_size)
+        if shared.users == 0:
+            pools = _REGISTRY.get(loop, {})
+            if pools.get(self.url) is shared:
+                del pools[self.url]
+            await shared.listener.close()
+            await shared.pool.close()
+        elif shared.sizes and max(shared.sizes) < shared.pool.max_size:
+            await shared.pool.resize(shared.pool.min_size, max(shared.sizes))
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection[Any]]:
+        with self.errors():
+            async with self.pool.connection() as conn, conn.transaction():
+                yield conn

@@ -1,0 +1,153 @@
+"""Redis for every herd store: one client per (event loop, URL, decoding), errors.
+
+The broker, the exact cache, the locks and the semantic cache of a process that
+name the same URL share one bounded ``BlockingConnectionPool`` (two, where a
+store needs raw bytes: the semantic cache's vectors), reference-counted like
+:mod:`herd.db.postgres`: a burst waits for a connection instead of opening more,
+so a process holds at most the largest size asked per pool. Each connection is
+named ``herd:<pid>`` (``CLIENT LIST`` shows whose it is).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis import exceptions as rexc
+
+from herd.errors import BrokerError, BrokerUnavailable, ConfigError
+from herd.masking import mask
+
+SETTING = "HERD_REDIS_URL"
+WAIT = 30.0  # seconds a command waits for a free connection of a full pool
+
+
+def client_name() -> str:
+    return f"herd:{os.getpid()}"
+
+
+@contextmanager
+def translate_errors(
+    url: str, *, store: str = "the job store", setting: str = SETTING
+) -> Iterator[None]:
+    """redis-py errors become herd errors here, at the boundary, naming what failed."""
+    try:
+        yield
+    except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+        raise BrokerUnavailable(
+            f"Redis for {store} at {mask(url)} is unreachable ({mask(str(exc))}); is the server"
+            f" running? check {setting}"
+        ) from exc
+    except rexc.RedisError as exc:
+        raise BrokerError(f"Redis error in {store}: {mask(str(exc))}") from exc
+
+
+def _pool(url: str, *, decode: bool, size: int) -> aioredis.BlockingConnectionPool:
+    try:
+        return aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=size,
+            timeout=WAIT,
+            decode_responses=decode,
+            protocol=2,
+            health_check_interval=30,
+            client_name=client_name(),
+        )
+    except ValueError as exc:  # e.g. an unencoded '/' in the password: not a traceback
+        raise ConfigError(mask(f"the Redis URL {url} cannot be read: {exc}")) from None
+
+
+@dataclass
+class _Shared:
+    pool: aioredis.ConnectionPool
+    users: int = 0
+    sizes: list[int] = field(default_factory=list)
+
+
+_REGISTRY: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, bool], _Shared]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def shared_pools() -> dict[tuple[str, bool], aioredis.ConnectionPool]:
+    """The running loop's pools by (URL, decoded)."""
+    found = _REGISTRY.get(asyncio.get_running_loop(), {})
+    return {key: shared.pool for key, shared in found.items()}
+
+
+class SharedClient:
+    """One store's hold on its process's Redis client for ``url``.
+
+    The client itself exists from the constructor on (stores register their
+    scripts on it), bound to no connection until used; ``open()`` joins the
+    process's pool for the URL (the running loop's) and pings; ``close()``
+    leaves, and the last user disconnects it.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        store: str,
+        decode: bool = True,
+        max_size: int = 32,
+        setting: str = SETTING,
+    ) -> None:
+        self.url, self.store, self.setting = url, store, setting
+        self.decode, self.max_size = decode, max(1, max_size)
+        _pool(url, decode=decode, size=1)  # an unreadable URL fails here, as it always did
+        # A client of its own until open() swaps in the shared pool: scripts
+        # registered on it keep working (they call through this object).
+        self.client: aioredis.Redis = aioredis.Redis(connection_pool=self._placeholder())
+        self._shared: _Shared | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _placeholder(self) -> aioredis.BlockingConnectionPool:
+        return _pool(self.url, decode=self.decode, size=self.max_size)
+
+    def errors(self) -> Any:
+        return translate_errors(self.url, store=self.store, setting=self.setting)
+
+    async def open(self) -> None:
+        if self._shared is None:
+            loop = asyncio.get_running_loop()
+            clients = _REGISTRY.setdefault(loop, {})
+            key = (self.url, self.decode)
+            shared = clients.get(key)
+            if shared is None:
+                shared = clients[key] = _Shared(self.client.connection_pool)
+            else:
+                await self.client.connection_pool.disconnect()
+            shared.users += 1
+            shared.sizes.append(self.max_size)
+            shared.pool.max_connections = max(shared.pool.max_connections, self.max_size)
+            # Share the pool, keep our own client object (its registered scripts).
+            self.client.connection_pool = shared.pool
+            self._shared, self._loop = shared, loop
+        with self.errors():
+            await self.client.ping()
+
+    async def close(self) -> None:
+        shared, loop = self._shared, self._loop
+        if shared is None or loop is None:
+            await self.client.connection_pool.disconnect()
+            return
+        self._shared = self._loop = None
+        shared.users -= 1
+        shared.sizes.remove(self.max_size)
+        pool = shared.pool
+        if shared.users == 0:
+            clients = _REGISTRY.get(loop, {})
+            if clients.get((self.url, self.decode)) is shared:
+                del clients[(self.url, self.decode)]
+            await pool.disconnect()
+        else:
+            pool.max_connections = max(shared.sizes)
+        # A reopen starts on a pool of its own again.
+        self.client.connection_pool = self._placeholder()

@@ -1,0 +1,1 @@
+"""Migrations of herd.llm (see herd.db.postgres.migrate)."""

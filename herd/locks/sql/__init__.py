@@ -1,0 +1,1 @@
+"""Migrations of herd.locks (see herd.db.postgres.migrate)."""
