@@ -71,7 +71,31 @@ def clean_pg(pg_url: str) -> str:
     return pg_url
 
 
-BACKENDS = ["postgres", "redis"]
+# "pgbouncer": the PostgreSQL broker through PgBouncer in transaction mode, with
+# no direct URL (its LISTEN goes through the pooler too; the poll is what counts).
+BACKENDS = ["postgres", "redis", "pgbouncer"]
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_url(pg_url: str) -> Iterator[str]:
+    """``pg_url``'s database through PgBouncer (transaction mode), for the session."""
+    import shutil
+    import tempfile
+
+    from tests.servers.pgbouncer import PgBouncer, ensure_pgbouncer
+
+    binary, why = ensure_pgbouncer()
+    if binary is None:
+        pytest.skip(why)
+    # Not under pytest's tmp folder: PgBouncer runs as another user, who cannot enter it.
+    workdir = Path(tempfile.mkdtemp(prefix="herd-pgbouncer-"))
+    bouncer = PgBouncer(binary, pg_url, workdir)
+    try:
+        bouncer.start()
+        yield bouncer.url(TEST_DB)
+    finally:
+        bouncer.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def flush_redis(url: str) -> None:
@@ -90,6 +114,9 @@ async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
         url = request.getfixturevalue("pg_url")
         truncate(url)
         b = PostgresBroker(url, pool_size=24)
+    elif request.param == "pgbouncer":
+        truncate(request.getfixturevalue("pg_url"))
+        b = PostgresBroker(request.getfixturevalue("pgbouncer_url"), pool_size=24)
     else:
         url = request.getfixturevalue("redis_stack")
         flush_redis(url)
