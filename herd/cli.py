@@ -350,10 +350,12 @@ def migrate(ctx: typer.Context) -> None:
     """Bring the schema up to date (also done automatically on connect)."""
 
     async def work(a: App) -> list[int]:
+        from herd.db.postgres import migrate_all
         from herd.queue.postgres import PostgresBroker
 
-        broker = a.broker
-        return await broker.migrate() if isinstance(broker, PostgresBroker) else []
+        # Each feature keeps its own migrations; the queue's, the locks', the caches' and
+        # the ledger's all live in herd's database.
+        return await migrate_all(a.database_url()) if isinstance(a.broker, PostgresBroker) else []
 
     run(opts(ctx), work)
     out.print("schema is up to date")

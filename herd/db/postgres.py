@@ -128,6 +128,24 @@ async def migrate(conn: AsyncConnection[Any], package: str = "herd.queue.sql") -
     return applied
 
 
+# The features whose schema needs no extension (rag and semantic need pgvector and
+# migrate on their first use): what `herd migrate` brings up to date.
+PLAIN_FEATURES = ("herd.queue.sql", "herd.locks.sql", "herd.cache.sql", "herd.llm.sql")
+
+
+async def migrate_all(
+    url: str, packages: tuple[str, ...] = PLAIN_FEATURES, *, store: str = "the database"
+) -> list[int]:
+    """Migrate each of ``packages`` on one direct connection; the versions applied."""
+    applied: list[int] = []
+    with translate_errors(url, store=store):
+        conn = await AsyncConnection.connect(url, **connect_kwargs(url), connect_timeout=10)
+        async with conn:
+            for package in packages:
+                applied += await migrate(conn, package)
+    return applied
+
+
 def connection_pool(url: str, *, max_size: int, name: str = "herd") -> AsyncConnectionPool[Any]:
     """A pool of herd connections, opened later with ``open(wait=True)``.
 
