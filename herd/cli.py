@@ -202,6 +202,7 @@ def worker(
     if app_spec:
         app.settings = app.settings.override(**o.flags)
     app.include(builtin_tasks)
+    app.pool_size(concurrency)  # before run() opens the app and its broker's pool
 
     async def work(a: App) -> Any:
         return await Worker(

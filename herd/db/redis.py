@@ -101,9 +101,9 @@ class SharedClient:
     ) -> None:
         self.url, self.store, self.setting = url, store, setting
         self.decode, self.max_size = decode, max(1, max_size)
-        _pool(url, decode=decode, size=1)  # an unreadable URL fails here, as it always did
         # A client of its own until open() swaps in the shared pool: scripts
-        # registered on it keep working (they call through this object).
+        # registered on it keep working (they call through this object). An
+        # unreadable URL fails here, in the constructor, as it always did.
         self.client: aioredis.Redis = aioredis.Redis(connection_pool=self._placeholder())
         self._shared: _Shared | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
