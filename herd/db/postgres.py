@@ -31,7 +31,7 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection, sql
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from herd.errors import BrokerError, BrokerUnavailable, MigrationError
 from herd.masking import mask
@@ -292,13 +292,14 @@ class SharedPool:
     @property
     def pool(self) -> AsyncConnectionPool[Any]:
         if self._shared is None:
-            raise RuntimeError(f"{self.store} is not open")
+            # What a closed pool raises: callers translate it as the server being gone.
+            raise PoolClosed(f"{self.store} is not open")
         return self._shared.pool
 
     @property
     def listener(self) -> Listener:
         if self._shared is None:
-            raise RuntimeError(f"{self.store} is not open")
+            raise PoolClosed(f"{self.store} is not open")
         return self._shared.listener
 
     @asynccontextmanager
