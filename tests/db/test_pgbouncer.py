@@ -8,9 +8,11 @@ import asyncio
 import json
 import time
 
+import psycopg
 import pytest
 
 from herd.config import PG_POOL_SIZE, PG_POOL_SPARE, Settings, pool_size
+from herd.db.postgres import behind_pooler
 from herd.errors import ConfigError
 from herd.queue.postgres import PostgresBroker
 from tests.conftest import truncate
@@ -35,6 +37,26 @@ async def test_a_notify_wakes_a_waiter_through_pgbouncer_via_the_direct_url(pgbo
         assert time.monotonic() - started < 5
     finally:
         await broker.close()
+
+
+async def test_the_pooler_is_detected_and_only_there_statements_are_not_prepared(
+    pgbouncer_url, pg_url
+):
+    for url, pooled in ((pgbouncer_url, True), (pg_url, False)):
+        conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        async with conn:
+            assert await behind_pooler(conn) is pooled
+        broker = PostgresBroker(url)
+        await broker.open()
+        try:
+            async with broker._pool.connection() as conn:
+                assert (conn.prepare_threshold is None) is pooled
+            # The same statement many times over: prepared, it would fail through PgBouncer
+            # on the next server connection.
+            for _ in range(12):
+                await broker.stats()
+        finally:
+            await broker.close()
 
 
 def test_pool_size_setting_and_its_default_for_a_worker():
