@@ -78,3 +78,18 @@ def test_the_fast_models_build_dependencies_are_declared():
 
 def test_the_version_is_written_once():
     assert herd.__version__ == importlib.metadata.version("herd")
+
+
+def test_every_sql_file_of_herd_is_package_data():
+    """Each feature keeps its migrations in its own package: each folder must ship."""
+    from fnmatch import fnmatch
+
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]["herd"]
+    missing = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "herd").rglob("*.sql"))
+        if not any(fnmatch(str(path.relative_to(ROOT / "herd")), g) for g in globs)
+    ]
+    assert not missing, f"not in [tool.setuptools.package-data]: {missing}"
