@@ -24,6 +24,8 @@ from herd.api.deps import HerdApp
 from herd.api.models import CacheOut, HealthOut, LedgerRow
 from herd.app import App
 from herd.config import mask_url
+from herd.db.postgres import connect_kwargs
+from herd.db.redis import client_name
 from herd.errors import HerdError
 from herd.queue.base import JobStatus, QueueStats
 
@@ -156,9 +158,13 @@ async def metrics(request: Request, app: HerdApp) -> Response:
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
+# The probes connect anew, on purpose: a pool's wait would turn "down" into a slow
+# answer. They are named like every herd connection (herd.db), prepare nothing
+# (PgBouncer-safe) and close at once.
 async def _check_postgres(url: str) -> None:
     try:
-        conn = await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=3)
+        kwargs = connect_kwargs(url, pooler=True)
+        conn = await psycopg.AsyncConnection.connect(url, **kwargs, connect_timeout=3)
         async with conn:
             await conn.execute("SELECT 1")
     except psycopg.Error as exc:
@@ -167,7 +173,9 @@ async def _check_postgres(url: str) -> None:
 
 async def _check_redis(url: str) -> None:
     try:
-        client = aioredis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+        client = aioredis.Redis.from_url(
+            url, socket_connect_timeout=3, socket_timeout=3, client_name=client_name()
+        )
     except ValueError as exc:  # a URL redis-py cannot parse (an unencoded '/' in a password)
         raise HerdError(mask_url(f"Redis at {url}: {exc}")) from exc
     try:
