@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
+import random
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, overload
 
 from herd.config import Settings
-from herd.errors import ConfigError, HerdError, InvalidInput, JobNotFound
+from herd.errors import BrokerUnavailable, ConfigError, HerdError, InvalidInput, JobNotFound
 from herd.jsonvalue import JSON, check, check_text
 from herd.queue.base import (
     MAX_DEDUP_KEY_LENGTH,
@@ -24,6 +28,8 @@ from herd.queue.base import (
     RequeueResult,
 )
 from herd.tasks import Backoff, Task, TaskFunction
+
+log = logging.getLogger("herd")
 
 TaskRef = str | Task
 
@@ -137,9 +143,25 @@ class App:
             self.database_url(), pool_size=self._pool_size, finished_ttl=self.settings.finished_ttl
         )
 
-    async def open(self) -> App:
-        if not self._opened:
-            await self.broker.open()
+    async def open(self, *, wait: float = 0.0) -> App:
+        """Open the job store; while it is unreachable, retry for up to ``wait`` seconds.
+
+        A fleet restarted together with its broker (a deploy, a failover) would
+        otherwise lose every worker that started a moment too early.
+        """
+        deadline = time.monotonic() + wait
+        delay = 0.2
+        while not self._opened:
+            try:
+                await self.broker.open()
+            except BrokerUnavailable as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                log.warning("%s; retrying for up to %.0f s more", exc, left)
+                await asyncio.sleep(min(delay * random.uniform(0.5, 1.5), left))
+                delay = min(delay * 2, 5.0)
+                continue
             self._opened = True
         return self
 

@@ -192,6 +192,10 @@ def worker(
     grace: Annotated[float, typer.Option(help="Seconds running jobs get after SIGTERM.")] = 30.0,
     poll_interval: Annotated[float, typer.Option(min=0.01)] = 1.0,
     exit_when_idle: Annotated[bool, typer.Option(help="Stop once the queues are empty.")] = False,
+    startup_wait: Annotated[
+        float,
+        typer.Option(min=0, help="Seconds to retry a job store that is unreachable at start."),
+    ] = 30.0,
 ) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal releases running jobs at once)."""
     from herd.builtin import tasks as builtin_tasks
@@ -213,7 +217,7 @@ def worker(
             stop_when_idle=exit_when_idle,
         ).run()
 
-    run(o, work, app)
+    run(o, work, app, open_wait=startup_wait)
 
 
 # -- jobs
