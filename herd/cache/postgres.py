@@ -7,7 +7,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from herd.cache.base import Entry
-from herd.cache.retention import PURGE_BATCH, Periodic
+from herd.cache.retention import PURGE_BATCH, PURGE_EVERY, Periodic
 from herd.jsonvalue import JSON, dumps
 from herd.queue.postgres import connection_pool, migrate, translate_errors
 
@@ -68,10 +68,12 @@ ON CONFLICT (namespace, name) DO UPDATE SET value = herd_cache_stats.value + exc
 class PostgresCacheStore:
     name = "postgres"
 
-    def __init__(self, url: str, *, pool_size: int = 4) -> None:
+    def __init__(self, url: str, *, pool_size: int = 4, purge_every: float = PURGE_EVERY) -> None:
+        """``purge_every``: seconds between the purges of expired entries that writes
+        start (0: only ``purge()``)."""
         self.url = url
         self._pool = connection_pool(url, max_size=pool_size, name="herd-cache")
-        self._purges = Periodic(self.purge, "the exact cache")
+        self._purges = Periodic(self.purge, "the exact cache", purge_every)
 
     async def open(self) -> None:
         with translate_errors(self.url):

@@ -22,7 +22,8 @@ PURGE_BATCH = 5000  # rows per statement: one short transaction, never a table's
 
 class Periodic:
     """Start ``purge`` in the background when ``due()`` is called and it last ran
-    ``every`` seconds ago; its errors are logged and retried next time."""
+    ``every`` seconds ago (0: never; the owner calls it); its errors are logged and
+    retried next time."""
 
     def __init__(
         self, purge: Callable[[], Awaitable[int]], what: str, every: float = PURGE_EVERY
@@ -32,6 +33,8 @@ class Periodic:
         self._task: asyncio.Task[None] | None = None
 
     def due(self) -> None:
+        if not self.every:
+            return
         if time.monotonic() < self._next or (self._task is not None and not self._task.done()):
             return
         self._next = time.monotonic() + self.every

@@ -26,7 +26,7 @@ from psycopg.types.json import Jsonb
 from herd.app import App
 from herd.cache import ExactCache, PostgresCacheStore, RedisCacheStore, canonical_key
 from herd.cache.keys import normalize_document
-from herd.cache.retention import Periodic, in_batches
+from herd.cache.retention import PURGE_EVERY, Periodic, in_batches
 from herd.config import EVAL_MAX_TOKENS, EVAL_TTL, LEDGER_TTL, Settings
 from herd.errors import ConfigError, Fatal, InvalidInput
 from herd.jsonvalue import JSON, canonical, check, check_text
@@ -92,15 +92,21 @@ class EvalStore:
     """Documents, specs, batch items and the cost ledger, in herd's PostgreSQL."""
 
     def __init__(
-        self, url: str, *, ledger_ttl: float = LEDGER_TTL, eval_ttl: float = EVAL_TTL
+        self,
+        url: str,
+        *,
+        ledger_ttl: float = LEDGER_TTL,
+        eval_ttl: float = EVAL_TTL,
+        purge_every: float = PURGE_EVERY,
     ) -> None:
         """``ledger_ttl``: seconds an itemised ledger row is kept (the summary keeps its
         totals); ``eval_ttl``: seconds a finished item is kept, and documents and specs
-        no queued item needs after their last submission. 0 keeps them."""
+        no queued item needs after their last submission. 0 keeps them.
+        ``purge_every``: seconds between the purges writes start (0: only ``purge()``)."""
         self.url = url
         self.ledger_ttl, self.eval_ttl = float(ledger_ttl), float(eval_ttl)
         self.pool = connection_pool(url, max_size=4, name="herd-eval")
-        self._purges = Periodic(self.purge, "evaluations")
+        self._purges = Periodic(self.purge, "evaluations", purge_every)
 
     async def open(self) -> None:
         with translate_errors(self.url):

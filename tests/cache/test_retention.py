@@ -16,7 +16,7 @@ from tests.helpers import eventually
 
 @pytest.fixture
 async def pg_store(pg_url):
-    store = PostgresCacheStore(pg_url)
+    store = PostgresCacheStore(pg_url, purge_every=0)  # purged by the tests only
     await store.open()
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("TRUNCATE herd_cache, herd_cache_stats")
@@ -123,3 +123,21 @@ async def test_evaluation_results_expire_after_herd_cache_ttl(pg_url, herd_home)
         await rt.cache.put("key", {"output": 1})
         entry = await rt.cache.store.get("eval", "key")
         assert entry is not None and entry.expires_at is None
+
+
+async def test_writes_start_the_purge_in_the_background(pg_store, pg_url):
+    await pg_store.put("a", "old", 1, delta=0, ttl=60)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE herd_cache SET keep_until = now() - interval '1 second'")
+    store = PostgresCacheStore(pg_url)  # the default: a purge at the first write
+    await store.open()
+    try:
+        await store.put("a", "new", 1, delta=0, ttl=60)
+        await eventually(lambda: _only(pg_url, "new"), timeout=10)
+    finally:
+        await store.close()
+
+
+async def _only(url: str, key: str) -> bool:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute("SELECT key FROM herd_cache").fetchall() == [(key,)]

@@ -46,7 +46,7 @@ def test_the_retention_settings(name, field, default):
 
 @pytest.fixture
 async def store(pg_url):
-    s = EvalStore(pg_url)
+    s = EvalStore(pg_url, purge_every=0)  # purged by the tests only, never in the background
     await s.open()
     clean_eval_tables(pg_url)
     yield s
