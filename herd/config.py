@@ -15,6 +15,14 @@ from herd.masking import mask, remember, remember_urls
 
 FINISHED_TTL = 7 * 86400  # a week: long enough to inspect results, short enough to stay small
 
+# Retention of evaluation state (seconds; 0 keeps). The ledger's totals live in a
+# summary that outlives its rows, so a quarter of itemised rows is enough to audit a
+# bill. Evaluations and cache entries: a month, long enough to re-run or re-read a
+# batch, short enough that answers of a model alias that has since moved on expire.
+LEDGER_TTL = 90 * 86400
+EVAL_TTL = 30 * 86400
+CACHE_TTL = 30 * 86400
+
 # The largest max_tokens (or max_completion_tokens) an evaluation's params may ask for.
 EVAL_MAX_TOKENS = 16_384
 
@@ -45,6 +53,13 @@ class Settings:
     rag_retired_grace: int = 300
     # Seconds a succeeded job (and its result) is kept on either backend; 0 keeps them.
     finished_ttl: int = FINISHED_TTL
+    # Seconds an itemised cost-ledger row is kept (its totals stay in the summary).
+    ledger_ttl: int = LEDGER_TTL
+    # Seconds a finished evaluation item is kept; documents and specs no queued item
+    # needs go that long after their last submission.
+    eval_ttl: int = EVAL_TTL
+    # Seconds an exact-cache entry (an evaluation's result) stays fresh after it is written.
+    cache_ttl: int = CACHE_TTL
     # Bounds what an evaluation's params may ask a provider to generate (and bill) per call.
     eval_max_tokens: int = EVAL_MAX_TOKENS
 
@@ -82,6 +97,9 @@ class Settings:
             max_json_depth=_bytes(env, "HERD_MAX_JSON_DEPTH", MAX_DEPTH, unit="levels"),
             rag_retired_grace=_bytes(env, "HERD_RAG_RETIRED_GRACE", 300, unit="seconds"),
             finished_ttl=_bytes(env, "HERD_FINISHED_TTL", FINISHED_TTL, unit="seconds", zero=True),
+            ledger_ttl=_bytes(env, "HERD_LEDGER_TTL", LEDGER_TTL, unit="seconds", zero=True),
+            eval_ttl=_bytes(env, "HERD_EVAL_TTL", EVAL_TTL, unit="seconds", zero=True),
+            cache_ttl=_bytes(env, "HERD_CACHE_TTL", CACHE_TTL, unit="seconds", zero=True),
             eval_max_tokens=_bytes(env, "HERD_EVAL_MAX_TOKENS", EVAL_MAX_TOKENS, unit="tokens"),
         )
 
