@@ -216,3 +216,32 @@ async def _expired(broker: RedisBroker, ids: list[int]) -> bool:
 
 async def _swept(broker: RedisBroker, n: int) -> bool:
     return await broker.purge_finished() == n
+
+
+async def test_the_sweep_drops_stream_consumers_idle_with_nothing_pending(redis_stack, monkeypatch):
+    flush_redis(redis_stack)
+    client = redis.Redis.from_url(redis_stack, decode_responses=True)
+    broker = RedisBroker(redis_stack)
+    await broker.open()
+    try:
+        await broker.enqueue([NewJob("t", {}), NewJob("t", {})])
+        (done,) = await broker.claim(["default"], "gone-worker", 1)
+        await broker.complete_if_leased([Completion(done, None)])
+        await broker.claim(["default"], "busy-worker", 1)  # holds a job: stays
+
+        def consumers() -> set[str]:
+            return {c["name"] for c in client.xinfo_consumers("herd:{default}:s:0", "herd")}
+
+        assert consumers() == {"gone-worker", "busy-worker"}
+        await broker.purge_finished()
+        assert consumers() == {"gone-worker", "busy-worker"}  # not idle for an hour
+        monkeypatch.setattr("herd.queue.redis.CONSUMER_IDLE_MS", 0)
+
+        async def dropped() -> bool:
+            await broker.purge_finished()
+            return consumers() == {"busy-worker"}
+
+        await eventually(dropped)
+    finally:
+        await broker.close()
+        client.close()

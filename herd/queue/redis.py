@@ -84,6 +84,9 @@ SCRIPTS = (
 )
 SWEEP_BATCH = 1000  # entries one sweep script call examines: bounds its time in Redis
 SWEEP_EVERY = 60.0  # seconds between a process's background sweeps
+# A stream consumer (one per worker process ever started) with nothing pending goes
+# after this long idle; a worker reading again is added back by XREADGROUP.
+CONSUMER_IDLE_MS = 3_600_000
 
 
 @cache
@@ -438,11 +441,12 @@ class RedisBroker:
     async def purge_finished(self, older_than: float | None = None) -> int:
         """Remove succeeded jobs finished more than ``older_than`` seconds ago (default:
         ``finished_ttl``; 0 there keeps them): the hash if it is still there, the
-        st:succeeded entry and the herd:jobq field. Returns how many."""
+        st:succeeded entry and the herd:jobq field; also stream consumers idle for an
+        hour with nothing pending. Returns how many jobs."""
         keep = self.finished_ttl if older_than is None else older_than
         if older_than is None and not keep:
             return 0
-        return await self._purge("sweep", await self._queues(), keep)
+        return await self._purge("sweep", await self._queues(), keep, CONSUMER_IDLE_MS)
 
     async def purge_dead(self, older_than: float, queue: str | None = None) -> int:
         """Delete dead-lettered jobs finished more than ``older_than`` seconds ago, and
@@ -450,12 +454,12 @@ class RedisBroker:
         queues = [queue] if queue else await self._queues()
         return await self._purge("purge_dead", queues, older_than)
 
-    async def _purge(self, script: str, queues: Sequence[str], keep: float) -> int:
+    async def _purge(self, script: str, queues: Sequence[str], keep: float, *extra: Any) -> int:
         removed = 0
         for q in queues:
             p = prefix(q)
             while True:
-                ids, seen = await self._run(script, q, int(keep * 1000), SWEEP_BATCH)
+                ids, seen = await self._run(script, q, int(keep * 1000), SWEEP_BATCH, *extra)
                 removed += len(ids)
                 await self._unindex(p)
                 if int(seen) < SWEEP_BATCH:
