@@ -136,11 +136,18 @@ class App:
 
             if not self.settings.redis_url:
                 raise ConfigError("the redis broker needs HERD_REDIS_URL (or --redis-url)")
-            return RedisBroker(self.settings.redis_url, finished_ttl=self.settings.finished_ttl)
+            return RedisBroker(
+                self.settings.redis_url,
+                finished_ttl=self.settings.finished_ttl,
+                throughput_ttl=self.settings.throughput_ttl,
+            )
         if self.settings.broker != "postgres":
             raise ConfigError(f"unknown broker {self.settings.broker!r}: use postgres or redis")
         return PostgresBroker(
-            self.database_url(), pool_size=self._pool_size, finished_ttl=self.settings.finished_ttl
+            self.database_url(),
+            pool_size=self._pool_size,
+            finished_ttl=self.settings.finished_ttl,
+            throughput_ttl=self.settings.throughput_ttl,
         )
 
     async def open(self, *, wait: float = 0.0) -> App:
@@ -327,6 +334,10 @@ class App:
         A job whose dedup key an active job holds stays dead; it is listed in
         ``skipped`` with the id of that job, and the others are requeued."""
         return await self.broker.requeue_dead(job_ids)
+
+    async def purge_dead(self, older_than: float, queue: str | None = None) -> int:
+        """Delete dead-lettered jobs finished more than ``older_than`` seconds ago."""
+        return await self.broker.purge_dead(older_than, queue)
 
     async def stats(self) -> list[QueueStats]:
         return await self.broker.stats()

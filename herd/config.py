@@ -14,6 +14,9 @@ from herd.jsonvalue import MAX_BYTES, MAX_DEPTH
 from herd.masking import mask, remember, remember_urls
 
 FINISHED_TTL = 7 * 86400  # a week: long enough to inspect results, short enough to stay small
+# Two days of jobs finished per minute: the dashboard shows two hours; the rest is
+# for looking back over a weekend's incident.
+THROUGHPUT_TTL = 2 * 86400
 
 # Retention of evaluation state (seconds; 0 keeps). The ledger's totals live in a
 # summary that outlives its rows, so a quarter of itemised rows is enough to audit a
@@ -60,6 +63,8 @@ class Settings:
     eval_ttl: int = EVAL_TTL
     # Seconds an exact-cache entry (an evaluation's result) stays fresh after it is written.
     cache_ttl: int = CACHE_TTL
+    # Seconds the per-minute throughput rollup is kept on either backend; 0 keeps it.
+    throughput_ttl: int = THROUGHPUT_TTL
     # Bounds what an evaluation's params may ask a provider to generate (and bill) per call.
     eval_max_tokens: int = EVAL_MAX_TOKENS
 
@@ -100,6 +105,9 @@ class Settings:
             ledger_ttl=_bytes(env, "HERD_LEDGER_TTL", LEDGER_TTL, unit="seconds", zero=True),
             eval_ttl=_bytes(env, "HERD_EVAL_TTL", EVAL_TTL, unit="seconds", zero=True),
             cache_ttl=_bytes(env, "HERD_CACHE_TTL", CACHE_TTL, unit="seconds", zero=True),
+            throughput_ttl=_bytes(
+                env, "HERD_THROUGHPUT_TTL", THROUGHPUT_TTL, unit="seconds", zero=True
+            ),
             eval_max_tokens=_bytes(env, "HERD_EVAL_MAX_TOKENS", EVAL_MAX_TOKENS, unit="tokens"),
         )
 
@@ -131,6 +139,20 @@ def _bytes(
         some = "a whole" if zero else "a positive"
         raise ConfigError(f"{name} must be {some} number of {unit}, not {raw!r}")
     return int(raw)
+
+
+_DURATION = re.compile(r"(\d{1,9})([smhdw]?)")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str, what: str) -> int:
+    """Seconds in ``30s``, ``15m``, ``12h``, ``7d``, ``2w`` (a bare number: seconds)."""
+    m = _DURATION.fullmatch(text.strip().lower())
+    if m is None:
+        raise ConfigError(
+            f"{what} must be a duration such as 30s, 15m, 12h, 7d or 2w, not {text!r}"
+        )
+    return int(m[1]) * _UNITS[m[2]]
 
 
 _HOST = re.compile(r"(\*\.)?([a-z0-9_-]+(\.[a-z0-9_-]+)*|\[[0-9a-f:.]+\])|\*")

@@ -236,6 +236,17 @@ class Broker(Protocol):
         blocking the others."""
         ...
 
+    async def purge_finished(self, older_than: float | None = None) -> int:
+        """Delete succeeded jobs finished more than ``older_than`` seconds ago (default:
+        the broker's ``finished_ttl``, where 0 keeps them) with every index entry they
+        have; returns how many. Workers call it now and then as they claim."""
+        ...
+
+    async def purge_dead(self, older_than: float, queue: str | None = None) -> int:
+        """Delete dead-lettered jobs (of ``queue``, or of all) finished more than
+        ``older_than`` seconds ago; returns how many. Nothing else removes them."""
+        ...
+
     async def running(self, limit: int = 100) -> list[RunningJob]:
         """Leased jobs, soonest lease expiry first (read-only: for dashboards)."""
         ...
