@@ -6,6 +6,7 @@ import json
 
 import psycopg
 import pytest
+import redis.asyncio as aioredis
 
 from herd import App
 from herd.config import FINISHED_TTL, THROUGHPUT_TTL, Settings, parse_duration
@@ -100,3 +101,46 @@ async def test_a_succeeded_job_goes_after_herd_finished_ttl(backend, request, he
             return False
 
         assert await eventually(gone, timeout=10), "the job outlived HERD_FINISHED_TTL=1"
+
+
+@pytest.mark.parametrize("backend", ["postgres", "redis"])
+async def test_workers_purge_on_their_own_as_often_as_a_short_ttl_needs(
+    backend, request, herd_home
+):
+    # Retention rides on claiming: a fleet with a 1 s TTL must not keep a finished
+    # job for the default 10 minutes between purges.
+    if backend == "postgres":
+        url = request.getfixturevalue("pg_url")
+        truncate(url)
+        env = {"HERD_DATABASE_URL": url}
+    else:
+        url = request.getfixturevalue("redis_stack")
+        flush_redis(url)
+        env = {"HERD_REDIS_URL": url, "HERD_BROKER": "redis"}
+    settings = Settings.from_env({"HERD_HOME": str(herd_home), "HERD_FINISHED_TTL": "1", **env})
+    app = App(settings=settings)
+
+    @app.task(name="noop")
+    async def noop(payload):
+        return payload
+
+    async with app:
+        first = (await app.enqueue("noop", {"n": 1})).job_id
+        await Worker(
+            app, poll_interval=0.1, install_signal_handlers=False, stop_when_idle=True
+        ).run()
+
+        async def gone() -> bool:
+            await app.broker.claim(["default"], "idle-worker", 1)  # nothing to claim
+            if backend == "redis":
+                # The hash expires by itself; its index entry goes only with a sweep.
+                client = aioredis.Redis.from_url(url)
+                async with client:
+                    return await client.zscore("herd:{default}:st:succeeded", first) is None
+            try:
+                await app.get_job(first)
+            except JobNotFound:
+                return True
+            return False
+
+        assert await eventually(gone, timeout=15, interval=0.2)

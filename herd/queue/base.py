@@ -185,6 +185,15 @@ class Throughput:
             (self.succeeded if status == JobStatus.SUCCEEDED else self.dead)[queue][minute] += n
 
 
+def purge_period(finished_ttl: float) -> float:
+    """Seconds between a process's background purges of finished jobs.
+
+    A quarter of the retention, so what is kept stays within 1.25 x the TTL, but
+    no more often than every 5 s and no less often than every 10 minutes.
+    """
+    return min(600.0, max(5.0, finished_ttl / 4)) if finished_ttl > 0 else 600.0
+
+
 @runtime_checkable
 class Broker(Protocol):
     """What a worker and an App need from a job store."""

@@ -38,6 +38,7 @@ from herd.queue.base import (
     RunningJob,
     Throughput,
     payload_text,
+    purge_period,
 )
 from herd.queue.sql import migrations, queries
 
@@ -283,8 +284,8 @@ class PostgresBroker:
         leases: list[Lease] = []
         if time.monotonic() >= self._next_purge:
             # Retention rides on claiming, so every worker fleet has it without a
-            # scheduler; at most every 10 minutes per process, in the background.
-            self._next_purge = time.monotonic() + 600
+            # scheduler; in the background, at most every 10 minutes per process.
+            self._next_purge = time.monotonic() + purge_period(self.finished_ttl)
             self._purging = asyncio.create_task(self._purge_quietly(), name="herd-purge")
         if limit <= 0 or not queues:
             return leases

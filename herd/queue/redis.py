@@ -66,6 +66,7 @@ from herd.queue.base import (
     RunningJob,
     Throughput,
     payload_text,
+    purge_period,
 )
 
 log = logging.getLogger("herd.redis")
@@ -83,7 +84,6 @@ SCRIPTS = (
     "stats",
 )
 SWEEP_BATCH = 1000  # entries one sweep script call examines: bounds its time in Redis
-SWEEP_EVERY = 60.0  # seconds between a process's background sweeps
 # A stream consumer (one per worker process ever started) with nothing pending goes
 # after this long idle; a worker reading again is added back by XREADGROUP.
 CONSUMER_IDLE_MS = 3_600_000
@@ -242,7 +242,7 @@ class RedisBroker:
     async def claim(self, queues: Sequence[str], owner: str, limit: int) -> list[Lease]:
         if self.finished_ttl and time.monotonic() >= self._next_sweep:
             # As on PostgreSQL, retention rides on claiming, in the background.
-            self._next_sweep = time.monotonic() + SWEEP_EVERY
+            self._next_sweep = time.monotonic() + purge_period(self.finished_ttl)
             self._sweeping = asyncio.create_task(self._sweep_quietly(), name="herd-sweep")
         if limit <= 0:
             return []
