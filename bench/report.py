@@ -69,6 +69,10 @@ BENCHES = [
           "Corpus indexing: no-op re-run vs LangChain indexing"),
     Bench("semantic_cache", "redisvl", ["bench/semantic_cache.py"],
           "Semantic cache vs RedisVL", optional=True),
+    # No peer: the issue's goals stand in the peer column. About 40 minutes at full size.
+    Bench("soak", "bench", ["bench/soak.py"],
+          "Soak: flat state and cheap read paths as history grows (vs the goals of issue 14)",
+          timeout=3 * 3600.0),
 ]  # fmt: skip
 
 

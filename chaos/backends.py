@@ -104,6 +104,11 @@ class PostgresBackend:
     def worker_env(self) -> dict[str, str]:
         return {"HERD_BROKER": "postgres", "HERD_DATABASE_URL": self.url}
 
+    def count_jobs(self) -> dict[tuple[str, str], int]:
+        """(queue, status) -> rows, counted from herd_jobs itself."""
+        rows = self.fetch("SELECT queue, status, count(*) FROM herd_jobs GROUP BY 1, 2")
+        return {(str(q), str(s)): int(n) for q, s, n in rows}
+
     def fetch(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.url) as conn:
             return conn.execute(query, params).fetchall()
@@ -159,6 +164,21 @@ class RedisBackend:
 
     def worker_env(self) -> dict[str, str]:
         return {"HERD_BROKER": "redis", "HERD_REDIS_URL": self.url}
+
+    def count_jobs(self) -> dict[tuple[str, str], int]:
+        """(queue, status) -> job hashes of that status, by a scan of the keyspace."""
+        import redis
+
+        client = redis.Redis.from_url(self.url, decode_responses=True)
+        try:
+            out: dict[tuple[str, str], int] = {}
+            for key in client.scan_iter(match="herd:*:job:*", count=1000):
+                queue, status = client.hmget(key, "queue", "status")
+                if status is not None:
+                    out[(str(queue), str(status))] = out.get((str(queue), str(status)), 0) + 1
+            return out
+        finally:
+            client.close()
 
     def lease_keys(self) -> dict[int, str]:
         """job id -> token of every lease key still in Redis."""

@@ -21,7 +21,9 @@ Guarantees checked (each failure is a violation; the run fails on any):
      died less than a lease ago (its lease runs out by itself), and every lease
      still held at the end belongs to a live worker (Redis: no lease key outlives
      its job's lease);
-  5. workers exit only when told to, and exit 0 on the drain's SIGTERM.
+  5. workers exit only when told to, and exit 0 on the drain's SIGTERM;
+  6. stats() (counts kept by triggers or scripts as jobs change) equals a full count
+     of the store (PostgreSQL: GROUP BY over herd_jobs; Redis: a scan of job hashes).
 """
 
 from __future__ import annotations
@@ -122,12 +124,19 @@ class Observed:
     results: dict[int, int] = field(default_factory=dict)  # PostgreSQL: job -> fenced row token
     writes: list[tuple[int, int]] = field(default_factory=list)  # (job, token) in commit order
     lease_keys: dict[int, str] = field(default_factory=dict)  # Redis: job -> lease key's token
+    # What stats() says, and a full count of the store itself: (queue, status) -> jobs
+    stats: dict[tuple[str, str], int] = field(default_factory=dict)
+    counted: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 async def observe(
     backend: PostgresBackend | RedisBackend, broker: Broker, expected: int
 ) -> Observed:
     seen = Observed(backend.name, await _jobs(broker, expected))
+    seen.stats = {
+        (s.queue, st.value): n for s in await broker.stats() for st, n in s.counts.items() if n
+    }
+    seen.counted = backend.count_jobs()
     if isinstance(backend, PostgresBackend):
         seen.results = {
             int(r[0]): int(r[1]) for r in backend.fetch("SELECT job_id, token FROM chaos_results")
@@ -359,5 +368,9 @@ def evaluate(seen: Observed, record: RunRecord, sim: dict[str, Any], run_dir: Pa
     )
     fig["leases_held_at_end"] = held
     fig["drained"] = f"{record.drained} in {record.drain_seconds:.1f}s"
+    # 6. the maintained counts (triggers, scripts) equal a full count after the faults
+    fig["stats_match_full_count"] = seen.stats == seen.counted
+    if seen.stats != seen.counted:
+        report.violation(f"stats() says {seen.stats}, a full count {seen.counted}")
     fig["run_seconds"] = round((record.ended or time.time()) - record.started, 1)
     return report

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
+import random
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, overload
 
 from herd.config import Settings, pool_size
-from herd.errors import ConfigError, HerdError, InvalidInput, JobNotFound
+from herd.errors import BrokerUnavailable, ConfigError, HerdError, InvalidInput, JobNotFound
 from herd.jsonvalue import JSON, check, check_text
 from herd.queue.base import (
     MAX_DEDUP_KEY_LENGTH,
@@ -24,6 +28,8 @@ from herd.queue.base import (
     RequeueResult,
 )
 from herd.tasks import Backoff, Task, TaskFunction
+
+log = logging.getLogger("herd")
 
 TaskRef = str | Task
 
@@ -136,6 +142,7 @@ class App:
                 self.settings.redis_url,
                 finished_ttl=self.settings.finished_ttl,
                 pool_size=self.pool_size(),
+                throughput_ttl=self.settings.throughput_ttl,
             )
         if self.settings.broker != "postgres":
             raise ConfigError(f"unknown broker {self.settings.broker!r}: use postgres or redis")
@@ -143,6 +150,7 @@ class App:
             self.database_url(),
             pool_size=self.pool_size(),
             finished_ttl=self.settings.finished_ttl,
+            throughput_ttl=self.settings.throughput_ttl,
             direct_url=self.settings.database_direct_url,
         )
 
@@ -153,9 +161,25 @@ class App:
             self._pool_size = pool_size(self.settings, concurrency)
         return self._pool_size or pool_size(self.settings)
 
-    async def open(self) -> App:
-        if not self._opened:
-            await self.broker.open()
+    async def open(self, *, wait: float = 0.0) -> App:
+        """Open the job store; while it is unreachable, retry for up to ``wait`` seconds.
+
+        A fleet restarted together with its broker (a deploy, a failover) would
+        otherwise lose every worker that started a moment too early.
+        """
+        deadline = time.monotonic() + wait
+        delay = 0.2
+        while not self._opened:
+            try:
+                await self.broker.open()
+            except BrokerUnavailable as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                log.warning("%s; retrying for up to %.0f s more", exc, left)
+                await asyncio.sleep(min(delay * random.uniform(0.5, 1.5), left))
+                delay = min(delay * 2, 5.0)
+                continue
             self._opened = True
         return self
 
@@ -321,6 +345,10 @@ class App:
         A job whose dedup key an active job holds stays dead; it is listed in
         ``skipped`` with the id of that job, and the others are requeued."""
         return await self.broker.requeue_dead(job_ids)
+
+    async def purge_dead(self, older_than: float, queue: str | None = None) -> int:
+        """Delete dead-lettered jobs finished more than ``older_than`` seconds ago."""
+        return await self.broker.purge_dead(older_than, queue)
 
     async def stats(self) -> list[QueueStats]:
         return await self.broker.stats()

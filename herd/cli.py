@@ -22,7 +22,7 @@ from rich.table import Table
 
 from herd._version import __version__
 from herd.app import App
-from herd.config import Settings
+from herd.config import Settings, parse_duration
 from herd.console import (
     Options,
     err,
@@ -192,6 +192,10 @@ def worker(
     grace: Annotated[float, typer.Option(help="Seconds running jobs get after SIGTERM.")] = 30.0,
     poll_interval: Annotated[float, typer.Option(min=0.01)] = 1.0,
     exit_when_idle: Annotated[bool, typer.Option(help="Stop once the queues are empty.")] = False,
+    startup_wait: Annotated[
+        float,
+        typer.Option(min=0, help="Seconds to retry a job store that is unreachable at start."),
+    ] = 30.0,
 ) -> None:
     """Run jobs until SIGTERM/SIGINT (a second signal releases running jobs at once)."""
     from herd.builtin import tasks as builtin_tasks
@@ -214,7 +218,7 @@ def worker(
             stop_when_idle=exit_when_idle,
         ).run()
 
-    run(o, work, app)
+    run(o, work, app, open_wait=startup_wait)
 
 
 # -- jobs
@@ -344,6 +348,31 @@ def dlq_requeue(
         err.print(f"not in the dead-letter queue: {sorted(missing)}")
     if missing or result.skipped:
         raise typer.Exit(1)
+
+
+@dlq_cli.command("purge")
+def dlq_purge(
+    ctx: typer.Context,
+    older_than: Annotated[
+        str,
+        typer.Option(
+            "--older-than", help="Delete jobs dead-lettered longer ago than this: 30s, 15m, 7d."
+        ),
+    ],
+    queue: Annotated[str | None, typer.Option(help="Only this queue's dead letters.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Delete dead-lettered jobs for good (nothing else removes them)."""
+    try:
+        seconds = parse_duration(older_than, "--older-than")
+    except ConfigError as exc:
+        err.print(f"herd: error: {exc}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    removed = run(opts(ctx), lambda a: a.purge_dead(seconds, queue))
+    if as_json:
+        print_json({"purged": removed})
+    else:
+        out.print(f"purged {removed} dead-lettered jobs")
 
 
 @cli.command()

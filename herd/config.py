@@ -14,6 +14,17 @@ from herd.jsonvalue import MAX_BYTES, MAX_DEPTH
 from herd.masking import mask, remember, remember_urls
 
 FINISHED_TTL = 7 * 86400  # a week: long enough to inspect results, short enough to stay small
+# Two days of jobs finished per minute: the dashboard shows two hours; the rest is
+# for looking back over a weekend's incident.
+THROUGHPUT_TTL = 2 * 86400
+
+# Retention of evaluation state (seconds; 0 keeps). The ledger's totals live in a
+# summary that outlives its rows, so a quarter of itemised rows is enough to audit a
+# bill. Evaluations and cache entries: a month, long enough to re-run or re-read a
+# batch, short enough that answers of a model alias that has since moved on expire.
+LEDGER_TTL = 90 * 86400
+EVAL_TTL = 30 * 86400
+CACHE_TTL = 30 * 86400
 
 # The largest max_tokens (or max_completion_tokens) an evaluation's params may ask for.
 EVAL_MAX_TOKENS = 16_384
@@ -62,6 +73,15 @@ class Settings:
     rag_retired_grace: int = 300
     # Seconds a succeeded job (and its result) is kept on either backend; 0 keeps them.
     finished_ttl: int = FINISHED_TTL
+    # Seconds an itemised cost-ledger row is kept (its totals stay in the summary).
+    ledger_ttl: int = LEDGER_TTL
+    # Seconds a finished evaluation item is kept; documents and specs no queued item
+    # needs go that long after their last submission.
+    eval_ttl: int = EVAL_TTL
+    # Seconds an exact-cache entry (an evaluation's result) stays fresh after it is written.
+    cache_ttl: int = CACHE_TTL
+    # Seconds the per-minute throughput rollup is kept on either backend; 0 keeps it.
+    throughput_ttl: int = THROUGHPUT_TTL
     # Bounds what an evaluation's params may ask a provider to generate (and bill) per call.
     eval_max_tokens: int = EVAL_MAX_TOKENS
     # Connections of the process's one PostgreSQL pool (and each Redis pool); None: a
@@ -103,6 +123,12 @@ class Settings:
             max_json_depth=_bytes(env, "HERD_MAX_JSON_DEPTH", MAX_DEPTH, unit="levels"),
             rag_retired_grace=_bytes(env, "HERD_RAG_RETIRED_GRACE", 300, unit="seconds"),
             finished_ttl=_bytes(env, "HERD_FINISHED_TTL", FINISHED_TTL, unit="seconds", zero=True),
+            ledger_ttl=_bytes(env, "HERD_LEDGER_TTL", LEDGER_TTL, unit="seconds", zero=True),
+            eval_ttl=_bytes(env, "HERD_EVAL_TTL", EVAL_TTL, unit="seconds", zero=True),
+            cache_ttl=_bytes(env, "HERD_CACHE_TTL", CACHE_TTL, unit="seconds", zero=True),
+            throughput_ttl=_bytes(
+                env, "HERD_THROUGHPUT_TTL", THROUGHPUT_TTL, unit="seconds", zero=True
+            ),
             eval_max_tokens=_bytes(env, "HERD_EVAL_MAX_TOKENS", EVAL_MAX_TOKENS, unit="tokens"),
             pg_pool_size=_bytes(env, "HERD_PG_POOL_SIZE", 0, unit="connections") or None,
         )
@@ -135,6 +161,20 @@ def _bytes(
         some = "a whole" if zero else "a positive"
         raise ConfigError(f"{name} must be {some} number of {unit}, not {raw!r}")
     return int(raw)
+
+
+_DURATION = re.compile(r"(\d{1,9})([smhdw]?)")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str, what: str) -> int:
+    """Seconds in ``30s``, ``15m``, ``12h``, ``7d``, ``2w`` (a bare number: seconds)."""
+    m = _DURATION.fullmatch(text.strip().lower())
+    if m is None:
+        raise ConfigError(
+            f"{what} must be a duration such as 30s, 15m, 12h, 7d or 2w, not {text!r}"
+        )
+    return int(m[1]) * _UNITS[m[2]]
 
 
 _HOST = re.compile(r"(\*\.)?([a-z0-9_-]+(\.[a-z0-9_-]+)*|\[[0-9a-f:.]+\])|\*")

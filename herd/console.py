@@ -45,11 +45,19 @@ def opts(ctx: typer.Context) -> Options:
     return opts
 
 
-def run(opts: Options, work: Callable[[App], Awaitable[T]], app: App | None = None) -> T:
-    """Open an app, run ``work``, and turn herd errors into one line on stderr."""
+def run(
+    opts: Options,
+    work: Callable[[App], Awaitable[T]],
+    app: App | None = None,
+    *,
+    open_wait: float = 0.0,
+) -> T:
+    """Open an app (retrying an unreachable store for ``open_wait`` s), run ``work``,
+    and turn herd errors into one line on stderr."""
 
     async def main() -> T:
         the_app = app or App(settings=opts.settings)
+        await the_app.open(wait=open_wait)
         async with the_app:
             return await work(the_app)
 

@@ -170,3 +170,45 @@ def test_config_masks_secrets():
     assert values["database_url"] == "postgresql://u:****@db/x"
     assert values["api_token"] == "****" and values["home"] == "/tmp/h"
     assert "hunter2" not in r.stdout and "tok-secret" not in r.stdout
+
+
+def test_worker_waits_for_a_job_store_that_comes_up_after_it(tmp_path):
+    # A fleet restarted together with its broker: workers that start first must
+    # retry, not exit (the chaos run lost a worker this way to a Redis restart).
+    from tests.conftest import CACHE
+    from tests.servers.redis_stack import RedisStackServer, _free_port
+
+    port = _free_port()
+    env = {"HERD_BROKER": "redis", "HERD_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("HERD_")}
+    environ.update(env, PYTHONPATH=str(ROOT))
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "herd", "worker", "--exit-when-idle", "--startup-wait", "60"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environ,
+    )
+    server = RedisStackServer(CACHE / "cache", tmp_path / "redis", port=port)
+    try:
+        assert worker.stderr is not None
+        first = worker.stderr.readline()  # the first retry's warning: the worker is up, waiting
+        assert "unreachable" in first and "retrying" in first, first
+        server.start()
+        _, rest = worker.communicate(timeout=60)
+        assert worker.returncode == 0, first + rest
+    finally:
+        worker.kill()
+        server.stop()
+
+
+def test_worker_told_not_to_wait_fails_at_once_on_an_unreachable_store():
+    r = herd(
+        "worker",
+        "--startup-wait",
+        "0",
+        HERD_BROKER="redis",
+        HERD_REDIS_URL="redis://127.0.0.1:1/0",
+    )
+    assert r.returncode == 1
+    assert r.stderr.startswith("herd: error: Redis at redis://127.0.0.1:1/0 is unreachable")
+    assert "retrying" not in r.stderr

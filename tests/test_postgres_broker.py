@@ -3,6 +3,8 @@ a succeeded job's hash after the same ``finished_ttl``)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import psycopg
 
 from herd.queue.base import Completion, Failure, JobStatus, NewJob
@@ -65,3 +67,90 @@ async def test_workers_purge_without_being_asked(clean_pg):
         await eventually(gone)
     finally:
         await other.close()
+
+
+Counts = dict[tuple[str, str], int]
+
+
+def _counters(url: str) -> tuple[Counts, Counts, set[int]]:
+    """(counts summed over slots, a full count of herd_jobs, the slots in use)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        kept = conn.execute(
+            "SELECT queue, status, sum(n) FROM herd_job_counts GROUP BY 1, 2 HAVING sum(n) <> 0"
+        ).fetchall()
+        full = conn.execute(
+            "SELECT queue, status, count(*) FROM herd_jobs GROUP BY 1, 2"
+        ).fetchall()
+        slots = conn.execute("SELECT DISTINCT slot FROM herd_job_counts").fetchall()
+    return (
+        {(q, s): int(n) for q, s, n in kept},
+        {(q, s): int(n) for q, s, n in full},
+        {int(slot) for (slot,) in slots},
+    )
+
+
+async def test_counts_stay_exact_under_concurrent_workers_and_fold_into_one_slot(clean_pg):
+    broker = PostgresBroker(clean_pg, pool_size=24)
+    await broker.open()
+    try:
+        await broker.enqueue([NewJob(task="t", payload={}, queue=f"q{i % 2}") for i in range(400)])
+
+        async def work(n: int) -> None:
+            while leases := await broker.claim(["q0", "q1"], f"w{n}", 5):
+                done = [lease for lease in leases if lease.job_id % 7]
+                await broker.complete_if_leased([Completion(lease, n) for lease in done])
+                for lease in leases:
+                    if lease.job_id % 7 == 0:  # half retried, half dead-lettered
+                        final = lease.job_id % 2 == 0
+                        await broker.fail_if_leased(Failure(lease, "x", final=final))
+
+        # Twenty claimers on as many connections: the slots of one counter are written
+        # side by side, and the sums must still equal a full count.
+        await asyncio.gather(*(work(n) for n in range(20)))
+        kept, full, slots = _counters(clean_pg)
+        assert kept == full and sum(full.values()) == 400
+        stats = await broker.stats()
+        assert {(s.queue, st.value): n for s in stats for st, n in s.counts.items()} == full
+        assert len(slots) > 1  # the connections wrote slots of their own
+        await broker._fetch("fold_counts", {})
+        kept, full, slots = _counters(clean_pg)
+        assert kept == full and slots == {0}
+    finally:
+        await broker.close()
+
+
+async def test_truncating_the_job_table_resets_its_counts_and_throughput(clean_pg):
+    broker = PostgresBroker(clean_pg)
+    await broker.open()
+    try:
+        await broker.enqueue([NewJob(task="t", payload={})])
+        (lease,) = await broker.claim(["default"], "w", 1)
+        await broker.complete_if_leased([Completion(lease, None)])
+        assert sum((await broker.throughput(2)).succeeded["default"]) == 1
+        with psycopg.connect(clean_pg, autocommit=True) as conn:
+            conn.execute("TRUNCATE herd_jobs")
+        assert await broker.stats() == []
+        assert (await broker.throughput(2)).succeeded == {}
+    finally:
+        await broker.close()
+
+
+async def test_the_throughput_rollup_is_kept_for_its_own_ttl(clean_pg):
+    broker = PostgresBroker(clean_pg, throughput_ttl=3600)
+    await broker.open()
+    try:
+        await broker.enqueue([NewJob(task="t", payload={}) for _ in range(2)])
+        for lease in await broker.claim(["default"], "w", 2):
+            await broker.complete_if_leased([Completion(lease, None)])
+        with psycopg.connect(clean_pg, autocommit=True) as conn:
+            conn.execute("UPDATE herd_job_throughput SET minute = minute - interval '2 hours'")
+            conn.execute(
+                "INSERT INTO herd_job_throughput VALUES (date_trunc('minute', now()), 'default',"
+                " 'succeeded', 3, 5)"
+            )
+        assert await broker._purge_quietly() == 0
+        with psycopg.connect(clean_pg, autocommit=True) as conn:
+            rows = conn.execute("SELECT n FROM herd_job_throughput").fetchall()
+        assert rows == [(5,)]
+    finally:
+        await broker.close()

@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from herd import App, BrokerUnavailable, JobStatus, Worker
+from herd.queue.base import Completion, Failure, NewJob, QueueStats
 from herd.queue.redis import RedisBroker
 from tests.conftest import CACHE, flush_redis
 from tests.helpers import eventually
@@ -129,3 +130,118 @@ async def test_a_vanished_lease_key_is_recovered_by_reclaim(redis_app, redis_sta
     job = await redis_app.get_job(r.job_id)
     assert runs == [1, 2] and job.result == 2 and job.stalls == 1
     assert worker.stats.lost == 1
+
+
+def _queue_keys(client: redis.Redis, queue: str) -> set[str]:
+    """Every key of the queue but its per-minute throughput (kept for its own TTL)."""
+    keys = {k.decode() for k in client.scan_iter(match=f"herd:{{{queue}}}:*", count=1000)}
+    return {k for k in keys if ":tp:" not in k}
+
+
+async def _run_to_success(broker: RedisBroker, n: int) -> list[int]:
+    ids = [r.job_id for r in await broker.enqueue([NewJob("t", {"i": i}) for i in range(n)])]
+    leases = await broker.claim(["default"], "w", n)
+    assert (
+        await broker.complete_if_leased([Completion(lease, {"ok": 1}) for lease in leases])
+        == [True] * n
+    )
+    return ids
+
+
+async def test_every_trace_of_a_succeeded_job_goes_with_its_hash(redis_stack):
+    flush_redis(redis_stack)
+    client = redis.Redis.from_url(redis_stack)
+    broker = RedisBroker(redis_stack, finished_ttl=1)
+    await broker.open()
+    try:
+        # The queue's own structure (its stream and group, its priorities) stays.
+        (first,) = await _run_to_success(broker, 1)
+        await eventually(lambda: _expired(broker, [first]))
+        await eventually(lambda: _swept(broker, 1))
+        baseline, size = _queue_keys(client, "default"), client.dbsize() - _tp_keys(client)
+        ids = await _run_to_success(broker, 50)
+        (s,) = await broker.stats()
+        assert s.counts == {JobStatus.SUCCEEDED: 50}
+        assert client.hlen("herd:jobq") == 50 and client.zcard("herd:{default}:st:succeeded") == 50
+        await eventually(lambda: _expired(broker, ids))
+        # Expired but not yet swept: no longer counted all the same.
+        assert client.zcard("herd:{default}:st:succeeded") == 50
+        assert await broker.stats() == [QueueStats("default", {}, 0, None)]
+        assert await broker.purge_finished() == 50
+        assert _queue_keys(client, "default") == baseline
+        assert client.dbsize() - _tp_keys(client) == size
+        assert client.hlen("herd:jobq") == 0 and client.xlen("herd:{default}:s:0") == 0
+        tp = await broker.throughput(5)
+        assert sum(tp.succeeded["default"]) == 51  # the rollup keeps its own time
+    finally:
+        await broker.close()
+        client.close()
+
+
+async def test_purged_dead_letters_leave_no_hash_index_or_dlq_record(redis_stack):
+    flush_redis(redis_stack)
+    client = redis.Redis.from_url(redis_stack)
+    broker = RedisBroker(redis_stack)
+    await broker.open()
+    try:
+        made = await broker.enqueue([NewJob("t", {}, dedup_key=f"k{i}") for i in range(3)])
+        for lease in await broker.claim(["default"], "w", 3):
+            await broker.fail_if_leased(Failure(lease, "x", final=True))
+        assert client.xlen("herd:{default}:dlq") == 3
+        removed = 0
+
+        async def all_three() -> bool:
+            nonlocal removed
+            removed += await broker.purge_dead(0)
+            return removed == 3
+
+        await eventually(all_three)
+        assert await broker.get_jobs([m.job_id for m in made]) == []
+        assert client.xlen("herd:{default}:dlq") == 0 and client.hlen("herd:jobq") == 0
+        left = _queue_keys(client, "default")
+        assert not any(":job:" in k or ":dedup:" in k or ":lease:" in k for k in left), left
+        assert not any(k.endswith((":st:dead", ":unindexed")) for k in left), left
+    finally:
+        await broker.close()
+        client.close()
+
+
+def _tp_keys(client: redis.Redis) -> int:
+    return sum(1 for _ in client.scan_iter(match="herd:*:tp:*", count=1000))
+
+
+async def _expired(broker: RedisBroker, ids: list[int]) -> bool:
+    return await broker.get_jobs(ids) == []
+
+
+async def _swept(broker: RedisBroker, n: int) -> bool:
+    return await broker.purge_finished() == n
+
+
+async def test_the_sweep_drops_stream_consumers_idle_with_nothing_pending(redis_stack, monkeypatch):
+    flush_redis(redis_stack)
+    client = redis.Redis.from_url(redis_stack, decode_responses=True)
+    broker = RedisBroker(redis_stack)
+    await broker.open()
+    try:
+        await broker.enqueue([NewJob("t", {}), NewJob("t", {})])
+        (done,) = await broker.claim(["default"], "gone-worker", 1)
+        await broker.complete_if_leased([Completion(done, None)])
+        await broker.claim(["default"], "busy-worker", 1)  # holds a job: stays
+
+        def consumers() -> set[str]:
+            return {c["name"] for c in client.xinfo_consumers("herd:{default}:s:0", "herd")}
+
+        assert consumers() == {"gone-worker", "busy-worker"}
+        await broker.purge_finished()
+        assert consumers() == {"gone-worker", "busy-worker"}  # not idle for an hour
+        monkeypatch.setattr("herd.queue.redis.CONSUMER_IDLE_MS", 0)
+
+        async def dropped() -> bool:
+            await broker.purge_finished()
+            return consumers() == {"busy-worker"}
+
+        await eventually(dropped)
+    finally:
+        await broker.close()
+        client.close()

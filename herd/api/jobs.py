@@ -15,6 +15,8 @@ from herd.api.models import (
     JobOut,
     JobSummaryOut,
     OverviewOut,
+    PurgeDeadIn,
+    PurgeDeadOut,
     QueueName,
     RequeueIn,
     RequeueOut,
@@ -96,6 +98,13 @@ async def requeue(body: RequeueIn, app: HerdApp) -> RequeueOut:
     skipped = [SkippedOut(**dataclasses.asdict(c)) for c in result.skipped]
     missing = sorted(set(body.job_ids or []) - set(result.requeued) - {c.job_id for c in skipped})
     return RequeueOut(requeued=result.requeued, missing=missing, skipped=skipped)
+
+
+@router.post("/dlq/purge", tags=["dead letters"])
+async def purge_dead(body: PurgeDeadIn, app: HerdApp) -> PurgeDeadOut:
+    """Delete dead-lettered jobs (of ``queue``, or of every queue) dead-lettered more than
+    ``older_than`` seconds ago; nothing else removes them."""
+    return PurgeDeadOut(purged=await app.purge_dead(body.older_than, body.queue))
 
 
 @router.get("/stats", tags=["statistics"])

@@ -169,6 +169,15 @@ class SkippedOut(BaseModel):
     held_by: int  # the active job that holds the dedup key
 
 
+class PurgeDeadIn(Strict):
+    older_than: Annotated[int, Field(ge=0, le=100 * 366 * 86400)]  # seconds
+    queue: QueueName | None = None
+
+
+class PurgeDeadOut(BaseModel):
+    purged: int
+
+
 class RequeueOut(BaseModel):
     requeued: list[int]
     missing: list[int]  # asked for, but not in the dead-letter queue

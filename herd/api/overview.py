@@ -77,40 +77,28 @@ async def caches(app: App, problems: list[str] | None = None) -> list[CacheOut]:
     return out
 
 
-# Money saved is estimated per key: a call avoided (cache, singleflight, dedup) would
-# have cost what the key's computation cost, per job that computed it.
-_LEDGER = """
-WITH per_key AS (
-    SELECT key, sum(cost) / nullif(count(DISTINCT coalesce(job_id, 0)), 0) AS cost
-      FROM herd_eval_ledger WHERE kind = 'call' GROUP BY key
-)
-SELECT l.kind, count(*), sum(l.input_tokens), sum(l.output_tokens), sum(l.cost),
-       sum(p.cost) FILTER (WHERE l.kind IN ('cache', 'singleflight', 'dedup'))
-  FROM herd_eval_ledger l LEFT JOIN per_key p ON p.key = l.key
- GROUP BY l.kind
-"""
 LEDGER_KINDS = ("call", "lost", "cache", "singleflight", "dedup")
 
 
 async def ledger(app: App) -> list[LedgerRow]:
+    """The cost ledger per kind, from its summary (herd.llm.ledger): O(kinds) on every
+    poll, and the totals outlive the rows purged after HERD_LEDGER_TTL. Money saved is
+    estimated per key: a call avoided would have cost what one computation of its key
+    cost."""
     from herd.llm.evaluate import EvalRuntime
 
-    rows = await (await EvalRuntime.of(app)).store.execute(_LEDGER)
-    found = {
-        kind: LedgerRow(
-            kind=kind,
-            calls=n,
-            input_tokens=int(i or 0),
-            output_tokens=int(o or 0),
-            cost=cost,
-            saved=saved,
-        )
-        for kind, n, i, o, cost, saved in rows
-    }
+    found = await (await EvalRuntime.of(app)).store.totals()
     return [
-        found.get(
-            k, LedgerRow(kind=k, calls=0, input_tokens=0, output_tokens=0, cost=None, saved=None)
+        LedgerRow(
+            kind=k,
+            calls=found[k]["n"],
+            input_tokens=found[k]["input_tokens"],
+            output_tokens=found[k]["output_tokens"],
+            cost=found[k]["cost"],
+            saved=found[k]["saved"],
         )
+        if k in found
+        else LedgerRow(kind=k, calls=0, input_tokens=0, output_tokens=0, cost=None, saved=None)
         for k in LEDGER_KINDS
     ]
 

@@ -32,6 +32,24 @@ def _stats_key(namespace: str) -> str:
     return f"herd:cache:{{{namespace}}}:stats"
 
 
+def _expiry_key(namespace: str) -> str:
+    """A sorted set of the namespace's keys by when they go (ms, server time; +inf:
+    never): trimmed of the past, its size is the number of entries, in O(log n)."""
+    return f"herd:cache:{{{namespace}}}:expiry"
+
+
+def _indexed_key(namespace: str) -> str:
+    return f"herd:cache:{{{namespace}}}:indexed"
+
+
+# Trim and count on the server's clock, in one step, so that the count is exact.
+_ENTRIES = """
+local t = redis.call('TIME')
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. (t[1] * 1000 + math.floor(t[2] / 1000)))
+return redis.call('ZCARD', KEYS[1])
+"""
+
+
 class RedisCacheStore:
     name = "redis"
 
@@ -39,6 +57,7 @@ class RedisCacheStore:
         self.url = url
         self._client = rdb.SharedClient(url, store="the cache", max_size=pool_size)
         self._redis: aioredis.Redis = self._client.client
+        self._entries = self._redis.register_script(_ENTRIES)
 
     async def _do(self, coro: Any) -> Any:
         with rdb.translate_errors(self.url, store="the cache"):
@@ -46,6 +65,32 @@ class RedisCacheStore:
 
     async def open(self) -> None:
         await self._client.open()
+        await self._do(self._index_older_entries())
+
+    async def _index_older_entries(self) -> None:
+        """Entries written before the expiry index existed join it, once per namespace
+        (a SCAN at open, never on a read path)."""
+        for ns in list(await self._redis.smembers(NAMESPACES)):
+            assert isinstance(ns, str)  # decode_responses
+            if await self._redis.exists(_indexed_key(ns)):
+                continue
+            keys = await self._keys(ns)
+            sec, usec = await self._redis.time()
+            now_ms = int(sec) * 1000 + int(usec) // 1000
+            for start in range(0, len(keys), 1000):
+                chunk = keys[start : start + 1000]
+                pipe = self._redis.pipeline(transaction=False)
+                for k in chunk:
+                    pipe.pttl(k)
+                ttls = await pipe.execute()
+                scores = {
+                    k[len(_key(ns, "")) :]: (now_ms + t if t >= 0 else float("inf"))
+                    for k, t in zip(chunk, ttls, strict=True)
+                    if t != -2  # gone meanwhile
+                }
+                if scores:
+                    await self._redis.zadd(_expiry_key(ns), scores)
+            await self._redis.set(_indexed_key(ns), "1")
 
     async def close(self) -> None:
         await self._client.close()
@@ -79,13 +124,20 @@ class RedisCacheStore:
         doc = {"v": value, "d": delta, "c": now, "e": now + ttl if ttl is not None else None}
         text = dumps(doc, what="cache value")
         px = int((ttl + keep_stale) * 1000) if ttl is not None else None
+        gone = int(now * 1000) + px if px is not None else float("inf")
         pipe = self._redis.pipeline(transaction=False)
+        # The index first: were the SET lost, the member still leaves at its score.
+        pipe.zadd(_expiry_key(namespace), {key: gone})
         pipe.set(_key(namespace, key), text, px=px)
+        pipe.zremrangebyscore(_expiry_key(namespace), "-inf", f"({int(now * 1000)}")
         pipe.sadd(NAMESPACES, namespace)
         await self._do(pipe.execute())
 
     async def delete(self, namespace: str, key: str) -> None:
-        await self._do(self._redis.delete(_key(namespace, key)))
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.delete(_key(namespace, key))
+        pipe.zrem(_expiry_key(namespace), key)
+        await self._do(pipe.execute())
 
     async def _keys(self, namespace: str) -> list[str]:
         pattern = _key(glob_literal(namespace), "*")
@@ -99,7 +151,11 @@ class RedisCacheStore:
         for ns in namespaces:
             keys = await self._do(self._keys(ns))
             for start in range(0, len(keys), 1000):
-                removed += await self._do(self._redis.unlink(*keys[start : start + 1000]))
+                chunk = keys[start : start + 1000]
+                pipe = self._redis.pipeline(transaction=False)
+                pipe.unlink(*chunk)
+                pipe.zrem(_expiry_key(ns), *[k[len(_key(ns, "")) :] for k in chunk])
+                removed += (await self._do(pipe.execute()))[0]
         return removed
 
     async def count(self, amounts: dict[str, int], namespace: str) -> None:
@@ -115,5 +171,7 @@ class RedisCacheStore:
         for ns in await self._do(self._redis.smembers(NAMESPACES)):
             counters = await self._do(self._redis.hgetall(_stats_key(ns)))
             out[ns] = {k: int(v) for k, v in counters.items()}
-            out[ns]["entries"] = len(await self._do(self._keys(ns)))
+            # From the expiry index, not a SCAN: O(log n) whatever the keyspace holds.
+            # Expired entries count while they are kept for stale-while-revalidate.
+            out[ns]["entries"] = int(await self._do(self._entries(keys=[_expiry_key(ns)])))
         return out

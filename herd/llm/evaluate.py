@@ -10,6 +10,7 @@ and stores it. Every call made or avoided is a row of the cost ledger.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import os
@@ -26,10 +27,12 @@ from psycopg.types.json import Jsonb
 from herd.app import App
 from herd.cache import ExactCache, PostgresCacheStore, RedisCacheStore, canonical_key
 from herd.cache.keys import normalize_document
-from herd.config import EVAL_MAX_TOKENS, Settings
+from herd.cache.retention import PURGE_EVERY, Periodic, in_batches
+from herd.config import EVAL_MAX_TOKENS, EVAL_TTL, LEDGER_TTL, Settings
 from herd.db import postgres as pgdb
 from herd.errors import ConfigError, Fatal, InvalidInput
 from herd.jsonvalue import JSON, canonical, check, check_text
+from herd.llm import ledger
 from herd.llm.completion import Completion
 from herd.llm.documents import DocumentError, find_documents, read_document
 from herd.llm.params import check_params
@@ -93,14 +96,28 @@ def translate_errors(url: str) -> AbstractContextManager[None]:
 class EvalStore:
     """Documents, specs, batch items and the cost ledger, in herd's PostgreSQL."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        ledger_ttl: float = LEDGER_TTL,
+        eval_ttl: float = EVAL_TTL,
+        purge_every: float = PURGE_EVERY,
+    ) -> None:
+        """``ledger_ttl``: seconds an itemised ledger row is kept (the summary keeps its
+        totals); ``eval_ttl``: seconds a finished item is kept, and documents and specs
+        no queued item needs after their last submission. 0 keeps them.
+        ``purge_every``: seconds between the purges writes start (0: only ``purge()``)."""
         self.url = url
+        self.ledger_ttl, self.eval_ttl = float(ledger_ttl), float(eval_ttl)
         self.pool = pgdb.SharedPool(url, max_size=4, store="the evaluation store")
+        self._purges = Periodic(self.purge, "evaluations", purge_every)
 
     async def open(self) -> None:
         await self.pool.open("herd.llm.sql")
 
     async def close(self) -> None:
+        await self._purges.stop()
         await self.pool.close()
 
     async def execute(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
@@ -110,16 +127,19 @@ class EvalStore:
                 return await cur.fetchall() if cur.description else []
 
     async def put_documents(self, docs: dict[str, str]) -> None:
+        # A submission refreshes created_at: retention counts from the last one.
+        self._purges.due()
         if docs:
             await self.execute(
                 "INSERT INTO herd_eval_documents (hash, text) SELECT * FROM unnest(%s::text[],"
-                " %s::text[]) ON CONFLICT (hash) DO NOTHING",
+                " %s::text[]) ON CONFLICT (hash) DO UPDATE SET created_at = now()",
                 (list(docs), list(docs.values())),
             )
 
     async def put_spec(self, spec: EvalSpec) -> None:
         await self.execute(
-            "INSERT INTO herd_eval_specs (hash, spec) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+            "INSERT INTO herd_eval_specs (hash, spec) VALUES (%s, %s)"
+            " ON CONFLICT (hash) DO UPDATE SET created_at = now()",
             (spec.hash, Jsonb(asdict(spec))),
         )
 
@@ -153,11 +173,56 @@ class EvalStore:
         output_tokens: int = 0,
         cost: float | None = None,
     ) -> None:
-        await self.execute(
-            "INSERT INTO herd_eval_ledger (batch, job_id, key, kind, model, provider,"
-            " input_tokens, output_tokens, cost) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (batch, job_id, key, kind, model, provider, input_tokens, output_tokens, cost),
-        )
+        """One row of the ledger, and its summary updated in the same transaction."""
+        self._purges.due()
+        row = {"batch": batch, "job": job_id, "key": key, "kind": kind, "model": model,
+               "provider": provider, "i": input_tokens, "o": output_tokens,
+               "cost": cost}  # fmt: skip
+        with translate_errors(self.url):
+            async with self.pool.connection() as conn:
+                await ledger.record(conn, row)
+
+    async def totals(self, batch: str | None = None) -> dict[str, dict[str, Any]]:
+        """The ledger's summary per kind: of one batch, or of all time (None)."""
+        if batch is None:
+            rows = await self.execute(ledger.TOTALS)
+        else:
+            rows = [(*r, None) for r in await self.execute(ledger.BATCH_TOTALS, {"b": batch})]
+        return {
+            kind: {
+                "n": int(n),
+                "input_tokens": int(i),
+                "output_tokens": int(o),
+                "cost": c,
+                "saved": s,
+            }  # fmt: skip
+            for kind, n, i, o, c, s in rows
+        }
+
+    async def _delete(self, query: str, keep: float, limit: int) -> int:
+        with translate_errors(self.url):
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(query, {"keep": keep, "limit": limit})
+                return cur.rowcount
+
+    async def purge(self, *, ledger_ttl: float | None = None, eval_ttl: float | None = None) -> int:
+        """Delete what is past its retention (default: the store's settings), in bounded
+        batches oldest first; returns how many rows went. A document or spec that a
+        queued item's job will read stays, whatever its age."""
+        keep_ledger = self.ledger_ttl if ledger_ttl is None else ledger_ttl
+        keep_eval = self.eval_ttl if eval_ttl is None else eval_ttl
+        steps: list[tuple[str, float]] = []
+        if keep_ledger:
+            steps += [(ledger.PURGE_LEDGER, keep_ledger), (ledger.PURGE_KEYS, keep_ledger)]
+        if keep_eval:
+            steps += [(ledger.PURGE_ITEMS, keep_eval), (ledger.PURGE_BATCH_TOTALS, keep_eval)]
+            legacy = await self.execute(ledger.LEGACY_QUEUED)
+            if not legacy[0][0]:
+                steps += [(ledger.PURGE_DOCUMENTS, keep_eval), (ledger.PURGE_SPECS, keep_eval)]
+        removed = 0
+        for query, keep in steps:
+            removed += await in_batches(functools.partial(self._delete, query, keep))
+        return removed
 
 
 @dataclass
@@ -191,7 +256,8 @@ class EvalRuntime:
         prices = PriceTable.default()
         if os.environ.get("HERD_PRICES"):  # a JSON file of per-model prices
             prices = prices.merged(PriceTable.from_file(os.environ["HERD_PRICES"]))
-        store = EvalStore(url)
+        settings = app.settings
+        store = EvalStore(url, ledger_ttl=settings.ledger_ttl, eval_ttl=settings.eval_ttl)
         if app.settings.cache == "redis":
             assert app.settings.redis_url
             cache_store: Any = RedisCacheStore(app.settings.redis_url)
@@ -208,7 +274,9 @@ class EvalRuntime:
 
         runtime = cls(
             store,
-            ExactCache(cache_store, locks, namespace="eval", lock_ttl=30),
+            ExactCache(
+                cache_store, locks, namespace="eval", ttl=settings.cache_ttl or None, lock_ttl=30
+            ),
             prices,
             max_tokens=app.settings.eval_max_tokens,
         )
@@ -412,9 +480,18 @@ async def enqueue_documents(
         dedup_keys=[k for _, _, k in rows],
     )
     await rt.store.execute(
-        "INSERT INTO herd_eval_items (batch, path, key, job_id) SELECT %s, p, k, j FROM"
-        " unnest(%s::text[], %s::text[], %s::bigint[]) AS x(p, k, j) ON CONFLICT DO NOTHING",
-        (batch, [p for p, _, _ in rows], [k for _, _, k in rows], [r.job_id for r in results]),
+        # doc and spec: what the job will read, kept from retention while this is queued.
+        "INSERT INTO herd_eval_items (batch, path, key, job_id, doc, spec) SELECT %s, p, k, j,"
+        " d, %s FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::text[]) AS x(p, k, j, d)"
+        " ON CONFLICT DO NOTHING",
+        (
+            batch,
+            spec.hash,
+            [p for p, _, _ in rows],
+            [k for _, _, k in rows],
+            [r.job_id for r in results],
+            [d for _, d, _ in rows],
+        ),
     )
     for (_, _, k), r in zip(rows, results, strict=True):
         if not r.created:
@@ -466,24 +543,20 @@ async def batch_status(app: App, batch: str | None) -> dict[str, Any]:
     rt = await EvalRuntime.of(app)
     counts = await settle(app, batch)
     failed, running = counts["failed"], counts["running"]
-    items = await rt.store.execute(
-        "SELECT job_id, status FROM herd_eval_items WHERE %(b)s::text IS NULL OR batch = %(b)s",
+    # Counted by the server: one row back, whatever the batch's size.
+    ((documents, done),) = await rt.store.execute(
+        "SELECT count(*), count(*) FILTER (WHERE status = 'done') FROM herd_eval_items"
+        " WHERE %(b)s::text IS NULL OR batch = %(b)s",
         {"b": batch},
     )
-    done = sum(1 for _, st in items if st == "done")
-    ledger = {
-        kind: {"n": n, "input_tokens": int(i or 0), "output_tokens": int(o or 0), "cost": c}
-        for kind, n, i, o, c in await rt.store.execute(
-            "SELECT kind, count(*), sum(input_tokens), sum(output_tokens), sum(cost)"
-            " FROM herd_eval_ledger WHERE %(b)s::text IS NULL OR batch = %(b)s GROUP BY kind",
-            {"b": batch},
-        )
-    }
+    # The ledger's summary (of the batch, or of all time), not its rows: it costs
+    # O(kinds) and keeps the totals of rows past HERD_LEDGER_TTL.
+    totals = await rt.store.totals(batch)
     return {
         "batch": batch,
-        "documents": len(items),
-        "done": done,
+        "documents": int(documents),
+        "done": int(done),
         "failed": failed,
         "running": running,
-        "ledger": ledger,
+        "ledger": totals,
     }

@@ -185,6 +185,15 @@ class Throughput:
             (self.succeeded if status == JobStatus.SUCCEEDED else self.dead)[queue][minute] += n
 
 
+def purge_period(finished_ttl: float) -> float:
+    """Seconds between a process's background purges of finished jobs.
+
+    A quarter of the retention, so what is kept stays within 1.25 x the TTL, but
+    no more often than every 5 s and no less often than every 10 minutes.
+    """
+    return min(600.0, max(5.0, finished_ttl / 4)) if finished_ttl > 0 else 600.0
+
+
 @runtime_checkable
 class Broker(Protocol):
     """What a worker and an App need from a job store."""
@@ -234,6 +243,17 @@ class Broker(Protocol):
 
         A job whose dedup key an active job holds is skipped and reported, never
         blocking the others."""
+        ...
+
+    async def purge_finished(self, older_than: float | None = None) -> int:
+        """Delete succeeded jobs finished more than ``older_than`` seconds ago (default:
+        the broker's ``finished_ttl``, where 0 keeps them) with every index entry they
+        have; returns how many. Workers call it now and then as they claim."""
+        ...
+
+    async def purge_dead(self, older_than: float, queue: str | None = None) -> int:
+        """Delete dead-lettered jobs (of ``queue``, or of all) finished more than
+        ``older_than`` seconds ago; returns how many. Nothing else removes them."""
         ...
 
     async def running(self, limit: int = 100) -> list[RunningJob]:

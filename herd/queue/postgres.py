@@ -37,6 +37,7 @@ from herd.queue.base import (
     RunningJob,
     Throughput,
     payload_text,
+    purge_period,
 )
 from herd.queue.sql import queries
 
@@ -87,15 +88,18 @@ class PostgresBroker:
         pool_size: int = 8,
         auto_migrate: bool = True,
         finished_ttl: float = 7 * 86400,
+        throughput_ttl: float = 2 * 86400,
         direct_url: str | None = None,
     ) -> None:
         """``finished_ttl``: seconds a succeeded job (and its result) is kept; 0 keeps
-        it. Dead-lettered jobs are kept until requeued or deleted by hand.
+        it. ``throughput_ttl``: seconds the per-minute throughput rollup is kept.
+        Dead-lettered jobs are kept until requeued or purged (:meth:`purge_dead`).
         ``direct_url``: the server itself when ``url`` goes through PgBouncer
         (LISTEN needs a session); the pool is the process's one for ``url``."""
         self.url = url
         self.auto_migrate = auto_migrate
         self.finished_ttl = float(finished_ttl)
+        self.throughput_ttl = float(throughput_ttl)
         self._next_purge = 0.0
         self._purging: asyncio.Task[int] | None = None
         self._q = queries()
@@ -192,10 +196,10 @@ class PostgresBroker:
         # (priority, id) order instead of sorting every ready job of several
         # queues; the starting queue rotates so that none starves the others.
         leases: list[Lease] = []
-        if self.finished_ttl and time.monotonic() >= self._next_purge:
+        if time.monotonic() >= self._next_purge:
             # Retention rides on claiming, so every worker fleet has it without a
-            # scheduler; at most every 10 minutes per process, in the background.
-            self._next_purge = time.monotonic() + 600
+            # scheduler; in the background, at most every 10 minutes per process.
+            self._next_purge = time.monotonic() + purge_period(self.finished_ttl)
             self._purging = asyncio.create_task(self._purge_quietly(), name="herd-purge")
         if limit <= 0 or not queues:
             return leases
@@ -215,11 +219,22 @@ class PostgresBroker:
 
     async def purge_finished(self, older_than: float | None = None, *, batch: int = 5000) -> int:
         """Delete succeeded jobs finished more than ``older_than`` seconds ago (default:
-        ``finished_ttl``), in batches; returns how many."""
+        ``finished_ttl``; 0 there keeps them), in batches; returns how many."""
         keep = self.finished_ttl if older_than is None else older_than
+        if older_than is None and not keep:
+            return 0
+        return await self._batches("purge_finished", {"keep": keep}, batch)
+
+    async def purge_dead(self, older_than: float, queue: str | None = None) -> int:
+        """Delete dead-lettered jobs finished more than ``older_than`` seconds ago."""
+        return await self._batches("purge_dead", {"keep": older_than, "queue": queue}, 5000)
+
+    async def _batches(self, name: str, params: dict[str, Any], batch: int) -> int:
+        # Short statements rather than one big DELETE: each holds its row locks (and
+        # the counters' rows) for one batch only, beside working claims.
         removed = 0
         while True:
-            rows = await self._fetch("purge_finished", {"keep": keep, "limit": batch})
+            rows = await self._fetch(name, {**params, "limit": batch})
             removed += len(rows)
             if len(rows) < batch:
                 return removed
@@ -227,6 +242,9 @@ class PostgresBroker:
     async def _purge_quietly(self) -> int:
         try:
             removed = await self.purge_finished()
+            if self.throughput_ttl:
+                await self._fetch("purge_throughput", {"keep": self.throughput_ttl})
+            await self._fetch("fold_counts", {})
         except BrokerError as exc:
             log.warning("purging succeeded jobs failed (retried later): %s", exc)
             return 0

@@ -12,8 +12,19 @@ in one Redis Cluster slot and each script touches one slot):
     herd:{q}:st:<status>   sorted sets of job ids by status (listing, stats)
     herd:{q}:dedup:<key>   the active job holding a dedup key
     herd:{q}:dlq           stream: a record of every dead-lettering with its reason
-    herd:{q}:tp:<minute>   hash: jobs succeeded / dead in that minute (epoch // 60), kept 2 h
+    herd:{q}:tp:<minute>   hash: jobs succeeded / dead in that minute (epoch // 60), kept
+                           throughput_ttl (HERD_THROUGHPUT_TTL, 2 days)
+    herd:{q}:unindexed     list: ids swept from this queue, still to drop from herd:jobq
     herd:ids, herd:queues, herd:jobq   id counter, known queues, job id -> queue
+
+Retention: a succeeded job's hash expires finished_ttl after it finished; the
+sweep (sweep.lua, run by purge_finished, which workers call as they claim, at most
+once a minute per process) then drops its st:succeeded entry, scored by finish
+time, and its herd:jobq field; stats() counts st:succeeded by score range, so an
+expired job is never counted even before the sweep. Stream entries, lease and
+dedup keys go when the job finishes. Dead jobs stay until requeued or purged
+(purge_dead, `herd dlq purge`); the dlq record stream is capped at ~10,000
+entries and trimmed by the same purge.
 
 Every write after a claim is a script that first compares the lease key with
 the caller's token; an expired lease has no key, so it fails the comparison
@@ -24,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
@@ -36,6 +48,7 @@ import redis.asyncio as aioredis
 from redis import exceptions as rexc
 from redis.commands.core import AsyncScript
 
+from herd import aio
 from herd.config import mask_url
 from herd.db import redis as rdb
 from herd.errors import BrokerError, InvalidInput
@@ -54,18 +67,40 @@ from herd.queue.base import (
     RunningJob,
     Throughput,
     payload_text,
+    purge_period,
 )
 
 log = logging.getLogger("herd.redis")
 
-SCRIPTS = ("enqueue", "claim", "renew", "complete", "fail", "release", "requeue_dead")
+SCRIPTS = (
+    "enqueue",
+    "claim",
+    "renew",
+    "complete",
+    "fail",
+    "release",
+    "requeue_dead",
+    "sweep",
+    "purge_dead",
+    "stats",
+)
+SWEEP_BATCH = 1000  # entries one sweep script call examines: bounds its time in Redis
+# A stream consumer (one per worker process ever started) with nothing pending goes
+# after this long idle; a worker reading again is added back by XREADGROUP.
+CONSUMER_IDLE_MS = 3_600_000
 
 
 @cache
-def _lua(name: str) -> str:
+def _lua(name: str, tp_keep: int) -> str:
     folder = resources.files("herd.queue").joinpath("lua")
     common = folder.joinpath("common.lua").read_text(encoding="utf-8")
-    return common + "\n" + folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    # A setting compiled into the scripts rather than one more argument to each.
+    return (
+        f"local TP_KEEP = {int(tp_keep)}\n"
+        + common
+        + "\n"
+        + folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    )
 
 
 def prefix(queue: str) -> str:
@@ -92,15 +127,26 @@ def _ms(value: str | None) -> datetime | None:
 class RedisBroker:
     name = "redis"
 
-    def __init__(self, url: str, *, finished_ttl: float = 7 * 86400, pool_size: int = 8) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        finished_ttl: float = 7 * 86400,
+        throughput_ttl: float = 2 * 86400,
+        pool_size: int = 8,
+    ) -> None:
         """``finished_ttl``: seconds a succeeded job's hash (and result) is kept; 0 keeps it.
+        ``throughput_ttl``: seconds a per-minute throughput hash is kept; 0 keeps it.
         ``pool_size``: connections this broker may use of the process's pool for ``url``."""
         self.url = url
         self.finished_ttl = int(finished_ttl)
+        self.throughput_ttl = int(throughput_ttl)
+        self._next_sweep = 0.0
+        self._sweeping: asyncio.Task[int] | None = None
         self._client = rdb.SharedClient(url, store="the job store", max_size=pool_size)
         self._redis: aioredis.Redis = self._client.client
         self._scripts: dict[str, AsyncScript] = {
-            n: self._redis.register_script(_lua(n)) for n in SCRIPTS
+            n: self._redis.register_script(_lua(n, self.throughput_ttl)) for n in SCRIPTS
         }
         self._warned_aof = False
 
@@ -134,6 +180,8 @@ class RedisBroker:
             )
 
     async def close(self) -> None:
+        if self._sweeping is not None:
+            await aio.stop(self._sweeping)
         await self._client.close()
 
     # -- producers
@@ -185,6 +233,10 @@ class RedisBroker:
     # -- workers
 
     async def claim(self, queues: Sequence[str], owner: str, limit: int) -> list[Lease]:
+        if self.finished_ttl and time.monotonic() >= self._next_sweep:
+            # As on PostgreSQL, retention rides on claiming, in the background.
+            self._next_sweep = time.monotonic() + purge_period(self.finished_ttl)
+            self._sweeping = asyncio.create_task(self._sweep_quietly(), name="herd-sweep")
         if limit <= 0:
             return []
         leases: list[Lease] = []
@@ -357,18 +409,74 @@ class RedisBroker:
         return found[:limit]
 
     async def stats(self) -> list[QueueStats]:
+        queues = await self._queues()
+        if not queues:
+            return []
+        ttl_ms = self.finished_ttl * 1000
+        replies = await self._call_many(
+            "stats", [([prefix(q) + "meta"], [prefix(q), ttl_ms]) for q in queues]
+        )
         out = []
-        for q in await self._queues():
-            p = prefix(q)
-            with self._errors():
-                pipe = self._redis.pipeline(transaction=False)
-                for st in JobStatus:
-                    pipe.zcard(f"{p}st:{st.value}")
-                pipe.zcard(f"{p}delayed")
-                counts = await pipe.execute()
-            by_status = {st: n for st, n in zip(JobStatus, counts, strict=False) if n}
-            out.append(QueueStats(q, by_status, ready=max(0, counts[0] - counts[-1])))
+        for q, (pending, processing, succeeded, dead, ready, oldest, now) in zip(
+            queues, replies, strict=True
+        ):
+            counts = zip(JobStatus, (pending, processing, succeeded, dead), strict=True)
+            out.append(
+                QueueStats(
+                    q,
+                    {st: int(n) for st, n in counts if int(n)},
+                    ready=max(0, int(ready)),
+                    oldest_ready_age=(int(now) - int(oldest)) / 1000 if int(oldest) >= 0 else None,
+                )
+            )
         return out
+
+    async def purge_finished(self, older_than: float | None = None) -> int:
+        """Remove succeeded jobs finished more than ``older_than`` seconds ago (default:
+        ``finished_ttl``; 0 there keeps them): the hash if it is still there, the
+        st:succeeded entry and the herd:jobq field; also stream consumers idle for an
+        hour with nothing pending. Returns how many jobs."""
+        keep = self.finished_ttl if older_than is None else older_than
+        if older_than is None and not keep:
+            return 0
+        return await self._purge("sweep", await self._queues(), keep, CONSUMER_IDLE_MS)
+
+    async def purge_dead(self, older_than: float, queue: str | None = None) -> int:
+        """Delete dead-lettered jobs finished more than ``older_than`` seconds ago, and
+        the dlq record stream's entries older than that."""
+        queues = [queue] if queue else await self._queues()
+        return await self._purge("purge_dead", queues, older_than)
+
+    async def _purge(self, script: str, queues: Sequence[str], keep: float, *extra: Any) -> int:
+        removed = 0
+        for q in queues:
+            p = prefix(q)
+            while True:
+                ids, seen = await self._run(script, q, int(keep * 1000), SWEEP_BATCH, *extra)
+                removed += len(ids)
+                await self._unindex(p)
+                if int(seen) < SWEEP_BATCH:
+                    break
+        return removed
+
+    async def _unindex(self, p: str) -> None:
+        """Drop the fields of swept jobs from herd:jobq, a key outside the queue's
+        slot that no script of the queue may touch (issue 17 moves it into the slot).
+        LPOP with a count hands each id to one sweeper; a crash between it and the HDEL
+        leaves at most one batch of fields behind."""
+        with self._errors():
+            while ids := await self._redis.lpop(p + "unindexed", SWEEP_BATCH):
+                await self._redis.hdel("herd:jobq", *ids)
+
+    async def _sweep_quietly(self) -> int:
+        try:
+            removed = await self.purge_finished()
+        except BrokerError as exc:
+            log.warning("sweeping succeeded jobs failed (retried later): %s", exc)
+            return 0
+        if removed:
+            log.info("swept %d succeeded jobs older than %ds", removed, self.finished_ttl)
+        return removed
 
     async def requeue_dead(self, job_ids: Sequence[int] | None) -> RequeueResult:
         targets: dict[str, list[str]] = defaultdict(list)

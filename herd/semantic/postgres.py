@@ -277,8 +277,8 @@ class PostgresSemanticStore:
             "SELECT cache, name, value FROM herd_semantic_stats", {}
         ):
             out.setdefault(cache, {})[name] = int(value)
-        for cache, n in await self._exec(
-            "SELECT cache, count(*) FROM herd_semantic GROUP BY cache", {}
-        ):
+        # herd_semantic_sizes is kept by every write and purge (the size bound reads
+        # it too): O(caches) rows instead of counting the table on each poll.
+        for cache, n in await self._exec("SELECT cache, n FROM herd_semantic_sizes", {}):
             out.setdefault(cache, {})["entries"] = int(n)
         return out

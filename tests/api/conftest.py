@@ -12,7 +12,6 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import httpx
-import psycopg
 import pytest
 
 from herd.api import create_app
@@ -20,14 +19,14 @@ from herd.app import App
 from herd.config import Settings
 from tests.conftest import flush_redis, truncate
 from tests.helpers import eventually_sync
+from tests.llm.conftest import clean_eval_tables
 
 TOKEN = "s3cret-token-for-tests"
 
 
 def clean_side_tables(url: str) -> None:
     """The ledger and the exact cache live beside the jobs; each test starts without them."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE herd_eval_ledger, herd_eval_items, herd_cache, herd_cache_stats")
+    clean_eval_tables(url)
 
 
 @pytest.fixture

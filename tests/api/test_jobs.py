@@ -6,7 +6,7 @@ import pytest
 
 from herd.queue.base import Completion, DeadReason, Failure
 from tests.api.conftest import client_of
-from tests.helpers import job
+from tests.helpers import eventually, job
 
 INJECTIONS = [
     "'); DROP TABLE herd_jobs; --",
@@ -248,3 +248,20 @@ async def test_a_server_given_an_app_with_tasks_refuses_unknown_task_names(pg_ap
         assert "unknown task 'reports.nighlty'" in r.json()["error"]
         assert r.json()["errors"][0]["field"] == "task"
         assert len((await c.get("/jobs")).json()) == 1
+
+
+async def test_dead_letters_are_purged_by_age_and_queue(any_client, any_app):
+    kept = await dead_job(any_app)
+    gone = await dead_job(any_app, queue="other")
+    r = await any_client.post("/dlq/purge", json={"older_than": -1})
+    assert r.status_code == 422 and "older_than" in r.text
+    r = await any_client.post("/dlq/purge", json={"older_than": 3600})
+    assert r.status_code == 200 and r.json() == {"purged": 0}
+
+    async def purged() -> bool:
+        r = await any_client.post("/dlq/purge", json={"older_than": 0, "queue": "other"})
+        return r.json()["purged"] == 1
+
+    await eventually(purged)
+    assert [j["id"] for j in (await any_client.get("/dlq")).json()] == [kept]
+    assert (await any_client.get(f"/jobs/{gone}")).status_code == 404

@@ -176,3 +176,14 @@ def test_a_lease_held_by_a_worker_dead_for_longer_than_a_lease_is_a_violation(tm
     assert "lease held by dead worker 11 when the faults stopped, killed long before" in text
     record.lease_snapshot[0]["pid"] = 99
     assert "never killed" in " | ".join(evaluate(seen, record, sim, d).violations)
+
+
+def test_stats_that_differ_from_a_full_count_are_a_violation(tmp_path):
+    seen, record, sim, d = scenario(tmp_path)
+    seen.counted = {("default", "succeeded"): 1, ("default", "dead"): 1}
+    seen.stats = dict(seen.counted)
+    assert evaluate(seen, record, sim, d).figures["stats_match_full_count"] is True
+    seen.stats[("default", "succeeded")] = 2  # a counter that drifted
+    report = evaluate(seen, record, sim, d)
+    assert report.figures["stats_match_full_count"] is False
+    assert any(v.startswith("stats() says") for v in report.violations), report.violations

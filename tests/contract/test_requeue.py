@@ -57,3 +57,14 @@ async def test_of_dead_jobs_sharing_a_free_key_the_oldest_is_requeued_and_holds_
         else:  # first is pending now: second is still skipped, held by it
             assert result.requeued == []
             assert result.skipped == [DedupConflict(second, "same", first)]
+
+
+async def test_requeue_all_picks_the_lowest_id_of_a_free_key_whatever_the_order_of_death(broker):
+    first, second = await dead(broker, n=2, dedup_key="same")
+    assert (await broker.requeue_dead([first])).requeued == [first]
+    (lease,) = await broker.claim(["default"], "w", 1)
+    await broker.fail_if_leased(Failure(lease, "again", final=True, reason=DeadReason.FATAL))
+    # first died last now; the lowest id still wins the key
+    result = await broker.requeue_dead(None)
+    assert result.requeued == [first]
+    assert result.skipped == [DedupConflict(second, "same", first)]

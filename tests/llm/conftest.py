@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +103,29 @@ def sim(sim_server: Sim) -> Sim:
     """The simulator with fresh counters and its start-up behaviour."""
     sim_server.reset()
     return sim_server
+
+
+EVAL_TABLES = (
+    "herd_eval_items, herd_eval_ledger, herd_eval_documents, herd_eval_specs,"
+    " herd_eval_ledger_totals, herd_eval_batch_totals, herd_eval_keys, herd_cache,"
+    " herd_cache_stats"
+)
+
+
+def clean_eval_tables(url: str) -> None:
+    """Empty the evaluation tables and the exact cache, their migrations applied first
+    (the stores migrate on first use, which may come after this)."""
+    import psycopg
+
+    from herd.db.postgres import migrate
+
+    async def migrated() -> None:
+        conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        async with conn:
+            for package in ("herd.queue.sql", "herd.llm.sql", "herd.cache.sql"):
+                await migrate(conn, package)
+
+    with ThreadPoolExecutor(1) as pool:  # the caller may already run an event loop
+        pool.submit(asyncio.run, migrated()).result()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"TRUNCATE {EVAL_TABLES}")

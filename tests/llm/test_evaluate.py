@@ -12,7 +12,9 @@ from herd.config import EVAL_MAX_TOKENS, Settings
 from herd.errors import HerdError, InvalidInput
 from herd.llm import evaluate
 from herd.llm.evaluate import EvalRuntime, EvalSpec, submit
+from tests.conftest import truncate
 from tests.helpers import eventually
+from tests.llm.conftest import clean_eval_tables
 
 SCHEMA = {
     "type": "object",
@@ -27,11 +29,8 @@ SPEC = EvalSpec(model="sim-1", system="Rate the paper from 1 to 10.", schema=SCH
 async def app(pg_url, sim, monkeypatch):
     monkeypatch.setenv("OPENAI_BASE_URL", sim.openai_url)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-SECRET")
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(
-            "TRUNCATE herd_jobs, herd_eval_items, herd_eval_ledger, herd_eval_documents,"
-            " herd_eval_specs, herd_cache, herd_cache_stats"
-        )
+    truncate(pg_url)
+    clean_eval_tables(pg_url)
     the_app = App(database_url=pg_url)
     # The built-in task with a short lease, so that losing it is quick to show.
     the_app.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=1.0, max_attempts=2)(

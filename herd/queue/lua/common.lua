@@ -3,7 +3,8 @@
 -- from the server (TIME), never from a client.
 local P = ARGV[1]                -- key prefix, "herd:{queue}:"
 local GROUP = 'herd'
-local TP_KEEP = 7200            -- seconds a per-minute throughput hash is kept
+-- TP_KEEP (seconds a per-minute throughput hash is kept, 0: for good) is defined
+-- above this file by herd.queue.redis, from HERD_THROUGHPUT_TTL.
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -13,9 +14,12 @@ end
 local function jkey(id) return P .. 'job:' .. id end
 local function lkey(id) return P .. 'lease:' .. id end
 
-local function set_status(id, old, new)
+-- Active jobs are scored by id; finished ones by finish time (finish below), so
+-- that a sweep walks the expired ones oldest first and a count by score range
+-- leaves out those whose hash has expired but not yet been swept.
+local function set_status(id, old, new, score)
   redis.call('ZREM', P .. 'st:' .. old, id)
-  redis.call('ZADD', P .. 'st:' .. new, id, id)
+  redis.call('ZADD', P .. 'st:' .. new, score or id, id)
   redis.call('HSET', jkey(id), 'status', new)
 end
 
@@ -59,13 +63,13 @@ local function finish(id, old, new, now)
   ack(id)
   drop_lease(id)
   free_dedup(id)
-  set_status(id, old, new)
+  set_status(id, old, new, now)
   redis.call('HSET', jkey(id), 'finished_at', now)
   -- Jobs finished per minute (dashboards): a small hash per minute that expires by
   -- itself, since job hashes (and their finished_at) may expire before anyone reads them.
   local minute = P .. 'tp:' .. math.floor(now / 60000)
   redis.call('HINCRBY', minute, new, 1)
-  redis.call('EXPIRE', minute, TP_KEEP)
+  if TP_KEEP > 0 then redis.call('EXPIRE', minute, TP_KEEP) end
 end
 
 local function dead(id, old, reason, now)

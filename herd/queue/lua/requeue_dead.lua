@@ -4,6 +4,9 @@
 local ids = {}
 if ARGV[2] == '*' then
   ids = redis.call('ZRANGE', P .. 'st:dead', 0, -1)
+  -- st:dead is scored by finish time; of dead jobs sharing a free key the lowest id
+  -- wins, as on PostgreSQL.
+  table.sort(ids, function(a, b) return tonumber(a) < tonumber(b) end)
 else
   for i = 2, #ARGV do ids[#ids + 1] = ARGV[i] end
 end

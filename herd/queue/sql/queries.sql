@@ -151,11 +151,35 @@ SELECT * FROM herd_jobs
  LIMIT %(limit)s;
 
 -- name: stats
-SELECT queue, status, count(*) AS n,
-       count(*) FILTER (WHERE status = 'pending' AND run_at <= now()) AS ready,
-       extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'pending' AND run_at <= now()))
-           AS oldest_ready_age
-  FROM herd_jobs GROUP BY queue, status ORDER BY queue, status;
+-- Counts from herd_job_counts (a few rows per queue, kept by 0007's triggers);
+-- ready and the oldest ready job from the pending rows alone, along the partial
+-- index herd_jobs_ready: the cost follows the active jobs, never the history.
+WITH counts AS (
+    SELECT queue, status, sum(n)::bigint AS n FROM herd_job_counts
+     GROUP BY queue, status HAVING sum(n) <> 0
+), ready AS (
+    SELECT queue, count(*) AS ready, extract(epoch FROM now() - min(run_at)) AS oldest_ready_age
+      FROM herd_jobs WHERE status = 'pending' AND run_at <= now()
+     GROUP BY queue
+)
+SELECT c.queue, c.status, c.n, coalesce(r.ready, 0), r.oldest_ready_age
+  FROM counts c LEFT JOIN ready r ON r.queue = c.queue AND c.status = 'pending'
+ ORDER BY c.queue, c.status;
+
+-- name: fold_counts
+-- Sums every slot of a counter into slot 0 (the purge tick calls it). All the rows
+-- are locked first, in the triggers' (queue, status) order, so a fold and a claim
+-- never wait on each other in a cycle.
+WITH locked AS (
+    SELECT queue, status, slot FROM herd_job_counts ORDER BY queue, status, slot FOR UPDATE
+), gone AS (
+    DELETE FROM herd_job_counts c USING locked l
+     WHERE c.queue = l.queue AND c.status = l.status AND c.slot = l.slot AND l.slot <> 0
+    RETURNING c.queue, c.status, c.n
+)
+INSERT INTO herd_job_counts AS c (queue, status, slot, n)
+SELECT queue, status, 0, sum(n) FROM gone GROUP BY queue, status ORDER BY queue, status
+ON CONFLICT (queue, status, slot) DO UPDATE SET n = c.n + excluded.n;
 
 -- name: requeue_dead
 -- A dead job whose dedup key an active job holds stays dead and is reported with
@@ -203,21 +227,17 @@ SELECT id, task, queue, lease_owner AS owner, attempts, lease_seconds, lease_exp
  LIMIT %(limit)s;
 
 -- name: throughput
--- One row per queue, minute and final status; each half walks its own partial
--- index (herd_jobs_finished, herd_jobs_dead). No job finished: one row of NULLs.
-WITH w AS (SELECT date_trunc('minute', now()) - (%(minutes)s - 1) * interval '1 minute' AS start),
-f AS (
-    SELECT queue, finished_at, status FROM herd_jobs, w
-     WHERE status = 'succeeded' AND finished_at >= w.start
-    UNION ALL
-    SELECT queue, finished_at, status FROM herd_jobs, w
-     WHERE status = 'dead' AND finished_at >= w.start
-)
-SELECT w.start, f.queue,
-       (extract(epoch FROM date_trunc('minute', f.finished_at) - w.start) / 60)::int AS i,
-       f.status, count(*)
-  FROM w LEFT JOIN f ON true
- GROUP BY w.start, f.queue, i, f.status;
+-- From the per-minute rollup (herd_job_throughput, kept by 0007's triggers), along
+-- its primary key: minutes x queues x slots rows, whatever the job history holds.
+-- Nothing finished in the window: one row of NULLs.
+WITH w AS (SELECT date_trunc('minute', now()) - (%(minutes)s - 1) * interval '1 minute' AS start)
+SELECT w.start, t.queue, (extract(epoch FROM t.minute - w.start) / 60)::int AS i, t.status,
+       sum(t.n)::bigint
+  FROM w LEFT JOIN herd_job_throughput t ON t.minute >= w.start
+ GROUP BY w.start, t.queue, i, t.status;
+
+-- name: purge_throughput
+DELETE FROM herd_job_throughput WHERE minute < now() - make_interval(secs => %(keep)s);
 
 -- name: purge_finished
 -- Succeeded jobs past their retention, one batch, oldest first, along the partial
@@ -225,6 +245,19 @@ SELECT w.start, f.queue,
 DELETE FROM herd_jobs WHERE id IN (
     SELECT id FROM herd_jobs
      WHERE status = 'succeeded' AND finished_at < now() - make_interval(secs => %(keep)s)
+     ORDER BY finished_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+
+-- name: purge_dead
+-- Dead-lettered jobs finished before the cutoff, one batch, oldest first, along the
+-- partial index herd_jobs_dead.
+DELETE FROM herd_jobs WHERE id IN (
+    SELECT id FROM herd_jobs
+     WHERE status = 'dead' AND finished_at < now() - make_interval(secs => %(keep)s)
+       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
      ORDER BY finished_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED)
