@@ -210,5 +210,7 @@ def test_worker_told_not_to_wait_fails_at_once_on_an_unreachable_store():
         HERD_REDIS_URL="redis://127.0.0.1:1/0",
     )
     assert r.returncode == 1
-    assert r.stderr.startswith("herd: error: Redis at redis://127.0.0.1:1/0 is unreachable")
+    assert r.stderr.startswith(
+        "herd: error: Redis for the job store at redis://127.0.0.1:1/0 is unreachable"
+    )
     assert "retrying" not in r.stderr
