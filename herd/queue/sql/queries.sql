@@ -151,24 +151,19 @@ SELECT * FROM herd_jobs
  LIMIT %(limit)s;
 
 -- name: stats
--- Counts from herd_job_counts (a few rows per queue, kept by 0007's triggers).
--- Ready = pending minus delayed (run_at still ahead, along herd_jobs_pending_run_at),
--- and the oldest ready job is the first entry of that index per queue: the cost
--- follows the queues and the delayed jobs, not the backlog, never the history.
+-- Counts from herd_job_counts (a few rows per queue, kept by 0007's triggers);
+-- ready and the oldest ready job from the pending rows alone, along the partial
+-- index herd_jobs_ready: the cost follows the active jobs, never the history.
 WITH counts AS (
     SELECT queue, status, sum(n)::bigint AS n FROM herd_job_counts
      GROUP BY queue, status HAVING sum(n) <> 0
-), pending AS (
-    SELECT c.queue, c.n,
-           (SELECT count(*) FROM herd_jobs j
-             WHERE j.status = 'pending' AND j.queue = c.queue AND j.run_at > now()) AS delayed,
-           (SELECT min(j.run_at) FROM herd_jobs j
-             WHERE j.status = 'pending' AND j.queue = c.queue) AS first_run_at
-      FROM counts c WHERE c.status = 'pending'
+), ready AS (
+    SELECT queue, count(*) AS ready, extract(epoch FROM now() - min(run_at)) AS oldest_ready_age
+      FROM herd_jobs WHERE status = 'pending' AND run_at <= now()
+     GROUP BY queue
 )
-SELECT c.queue, c.status, c.n, greatest(coalesce(p.n - p.delayed, 0), 0),
-       CASE WHEN p.first_run_at <= now() THEN extract(epoch FROM now() - p.first_run_at) END
-  FROM counts c LEFT JOIN pending p ON p.queue = c.queue AND c.status = 'pending'
+SELECT c.queue, c.status, c.n, coalesce(r.ready, 0), r.oldest_ready_age
+  FROM counts c LEFT JOIN ready r ON r.queue = c.queue AND c.status = 'pending'
  ORDER BY c.queue, c.status;
 
 -- name: fold_counts
