@@ -17,6 +17,7 @@ from herd.errors import (
     LockNotAcquired,
     NotJSONSerializable,
     Retry,
+    Snooze,
     UnknownTask,
 )
 from herd.queue.base import DeadReason, EnqueueResult, Job, JobStatus, Lease, QueueStats
@@ -59,6 +60,7 @@ __all__ = [
     "Retry",
     "SemanticCache",
     "Settings",
+    "Snooze",
     "Task",
     "UnknownTask",
     "Worker",

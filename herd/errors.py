@@ -80,6 +80,18 @@ class Retry(HerdError):  # noqa: N818 - raised by task code to ask for a retry, 
         self.after = after
 
 
+class Snooze(HerdError):  # noqa: N818 - raised by task code, like River's JobSnooze
+    """The task asked to run again later; no attempt is counted."""
+
+    def __init__(self, message: str | None = None, *, after: float) -> None:
+        super().__init__(message)
+        if not after >= 0 or after == float("inf"):
+            raise ValueError(
+                f"Snooze(after=...) must be a finite number of seconds >= 0, not {after!r}"
+            )
+        self.after = float(after)
+
+
 class Fatal(HerdError):  # noqa: N818 - raised by task code to skip the remaining attempts
     """The task failed in a way that retrying cannot fix."""
 

@@ -30,7 +30,15 @@ from typing import Any
 
 from herd import aio
 from herd.app import App
-from herd.errors import BrokerError, BrokerUnavailable, Fatal, LeaseLost, NotJSONSerializable, Retry
+from herd.errors import (
+    BrokerError,
+    BrokerUnavailable,
+    Fatal,
+    LeaseLost,
+    NotJSONSerializable,
+    Retry,
+    Snooze,
+)
 from herd.jsonvalue import check
 from herd.masking import mask
 from herd.queue.base import Completion, DeadReason, Failure, JobStatus, Lease
@@ -61,6 +69,7 @@ class WorkerStats:
     dead: int = 0
     lost: int = 0  # leases lost while running: task cancelled, nothing written
     refused: int = 0  # writes the broker refused because the lease was stale
+    snoozed: int = 0  # handed back by herd.Snooze: no attempt counted
     heartbeats: int = 0
     renew_statements: int = 0
 
@@ -249,6 +258,9 @@ class Worker:
             except LeaseLost:
                 self._lost(running, "the task's fenced write was refused")
                 return
+            except Snooze as exc:
+                await self._snooze(running, exc.after)
+                return
             except Retry as exc:
                 failure = self._failure(running, exc, retry_in=exc.after)
                 await self._fail(running, failure, asked=True)
@@ -346,6 +358,20 @@ class Worker:
                 failure.retry_in,
                 failure.error,
             )
+
+    async def _snooze(self, running: _Running, after: float) -> None:
+        """Hand the job back, due in ``after`` seconds; attempts and stalls unchanged."""
+        running.writing = True
+        lease = running.lease
+        released = await self._write(
+            running, lambda: self.app.broker.release_if_leased([lease], delay=after)
+        )
+        if released:
+            self.stats.snoozed += 1
+            log.info("job %d (%s) snoozed for %.1fs", lease.job_id, lease.task, after)
+        elif released is not None:
+            self.stats.refused += 1
+            self._lost(running, "snooze refused")
 
     async def _write(self, running: _Running, op: Callable[[], Any]) -> Any:
         """Retry a write through connection failures while the lease may still hold."""

@@ -220,8 +220,15 @@ class Broker(Protocol):
         """Record an error; the job is retried or dead-lettered. None: lease lost."""
         ...
 
-    async def release_if_leased(self, leases: Sequence[Lease]) -> list[int]:
-        """Give jobs back without counting an attempt (graceful shutdown)."""
+    async def release_if_leased(self, leases: Sequence[Lease], delay: float = 0.0) -> list[int]:
+        """Give jobs back without counting an attempt or a stall (graceful shutdown,
+        herd.Snooze), due again ``delay`` seconds from the store's now."""
+        ...
+
+    async def reschedule(self, job_ids: Sequence[int], delay: float) -> list[int]:
+        """Make the pending jobs of these ids due ``delay`` seconds from the store's now
+        (0: at once); running and finished jobs are untouched. Returns the ids moved,
+        ascending."""
         ...
 
     async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:

@@ -293,14 +293,25 @@ class PostgresBroker:
                     await conn.execute(self._q["notify"], {"queues": [row[1]]})
                 return status
 
-    async def release_if_leased(self, leases: Sequence[Lease]) -> list[int]:
+    async def release_if_leased(self, leases: Sequence[Lease], delay: float = 0.0) -> list[int]:
         if not leases:
             return []
+        params = {**_ids_tokens(leases), "delay": max(0.0, delay)}
+        return await self._move("release", params)
+
+    async def reschedule(self, job_ids: Sequence[int], delay: float) -> list[int]:
+        if not job_ids:
+            return []
+        return await self._move("reschedule", {"ids": list(job_ids), "delay": max(0.0, delay)})
+
+    async def _move(self, name: str, params: dict[str, Any]) -> list[int]:
+        """Run a statement that makes jobs pending (due at once when delay is 0:
+        wake the queues' workers then)."""
         with translate_errors(self.url):
             async with self._pool.connection() as conn, conn.transaction():
-                cur = await conn.execute(self._q["release"], _ids_tokens(leases))
+                cur = await conn.execute(self._q[name], params)
                 rows = await cur.fetchall()
-                if rows:
+                if rows and params["delay"] <= 0:
                     await conn.execute(self._q["notify"], {"queues": sorted({r[1] for r in rows})})
         return sorted(r[0] for r in rows)
 

@@ -79,6 +79,7 @@ SCRIPTS = (
     "complete",
     "fail",
     "release",
+    "reschedule",
     "requeue_dead",
     "sweep",
     "purge_dead",
@@ -333,8 +334,24 @@ class RedisBroker:
         )
         return JobStatus(status) if status else None
 
-    async def release_if_leased(self, leases: Sequence[Lease]) -> list[int]:
-        return sorted(int(i) for reply in await self._per_queue("release", leases) for i in reply)
+    async def release_if_leased(self, leases: Sequence[Lease], delay: float = 0.0) -> list[int]:
+        extra = [int(max(0.0, delay) * 1000)]
+        replies = await self._per_queue("release", leases, extra)
+        return sorted(int(i) for reply in replies for i in reply)
+
+    async def reschedule(self, job_ids: Sequence[int], delay: float) -> list[int]:
+        if not job_ids:
+            return []
+        with self._errors():
+            queues = await self._redis.hmget("herd:jobq", [str(i) for i in job_ids])
+        by_queue: dict[str, list[int]] = defaultdict(list)
+        for job_id, queue in zip(job_ids, queues, strict=True):
+            if queue is not None:
+                by_queue[_text(queue)].append(job_id)
+        delay_ms = int(max(0.0, delay) * 1000)
+        calls = [([prefix(q) + "meta"], [prefix(q), delay_ms, *ids]) for q, ids in by_queue.items()]
+        replies = await self._call_many("reschedule", calls) if calls else []
+        return sorted(int(i) for reply in replies for i in reply)
 
     async def wait_for_jobs(self, queues: Sequence[str], timeout: float) -> None:
         """Block on the queues' streams until an entry is added (a hint) or timeout."""

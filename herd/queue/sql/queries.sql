@@ -126,8 +126,21 @@ WITH held AS (
      ORDER BY j.id
        FOR UPDATE OF j
 )
-UPDATE herd_jobs j SET status = 'pending', run_at = now(), lease_owner = NULL, lease_expires_at = NULL
+UPDATE herd_jobs j SET status = 'pending', run_at = now() + %(delay)s * interval '1 second',
+       lease_owner = NULL, lease_expires_at = NULL
   FROM held WHERE j.id = held.id
+RETURNING j.id, j.queue;
+
+-- name: reschedule
+-- Pending jobs only: a running one keeps its lease, a dead one stays in the DLQ.
+WITH moved AS (
+    SELECT id FROM herd_jobs
+     WHERE id = ANY(%(ids)s::bigint[]) AND status = 'pending'
+     ORDER BY id
+       FOR UPDATE
+)
+UPDATE herd_jobs j SET run_at = now() + %(delay)s * interval '1 second'
+  FROM moved WHERE j.id = moved.id
 RETURNING j.id, j.queue;
 
 -- name: check_lease
