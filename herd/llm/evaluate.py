@@ -13,15 +13,18 @@ import asyncio
 import functools
 import hashlib
 import json
+import math
 import os
 import uuid
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jsonschema
+from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
 from herd.app import App
@@ -30,11 +33,12 @@ from herd.cache.keys import normalize_document
 from herd.cache.retention import PURGE_EVERY, Periodic, in_batches
 from herd.config import EVAL_MAX_TOKENS, EVAL_TTL, LEDGER_TTL, Settings
 from herd.db import postgres as pgdb
-from herd.errors import ConfigError, Fatal, InvalidInput
+from herd.errors import ConfigError, Fatal, InvalidInput, Snooze
 from herd.jsonvalue import JSON, canonical, check, check_text
 from herd.llm import ledger
-from herd.llm.completion import Completion
+from herd.llm.completion import Completion, Usage
 from herd.llm.documents import DocumentError, find_documents, read_document
+from herd.llm.errors import ProviderError, ProviderResponseInvalid, ProviderTimeout
 from herd.llm.params import check_params
 from herd.llm.pricing import PriceTable
 from herd.llm.providers import Anthropic, OpenAICompatible, Provider
@@ -45,6 +49,67 @@ from herd.tasks import JobContext
 
 TASK = "herd.eval"
 QUEUE = "eval"
+
+# A parked batch's pending jobs are moved this far out of reach; raising the budget
+# brings them back at once (EvalStore.set_budget).
+PARK_DELAY = 10 * 365 * 86400.0
+# The job that finds the budget spent looks again this often: a budget raised while
+# it was handing itself back would otherwise miss it (it was running, not pending).
+PARK_RECHECK = 60.0
+LIMIT_NAMES = ("rpm", "tpm", "max_concurrent")
+
+
+class OverBudget(Exception):
+    """The next call would pass the batch's budget, or the batch is parked."""
+
+
+def check_budget(budget: float | None, field: str = "budget") -> float | None:
+    """A budget in USD: a finite number >= 0, or None (no budget)."""
+    if budget is None:
+        return None
+    if (
+        isinstance(budget, bool)
+        or not isinstance(budget, int | float)
+        or not (math.isfinite(budget) and budget >= 0)
+    ):
+        raise InvalidInput(
+            f"{field} must be a finite number of USD >= 0, not {budget!r}", field=field
+        )
+    return float(budget)
+
+
+def check_limits(limits: dict[str, Any] | None) -> dict[str, int] | None:
+    """A batch's limits: rpm, tpm and max_concurrent, each a positive integer."""
+    if limits is None:
+        return None
+    out: dict[str, int] = {}
+    for name, value in limits.items():
+        if name not in LIMIT_NAMES:
+            raise InvalidInput(
+                f"limits.{name} is not a limit: use {', '.join(LIMIT_NAMES)}", field=name
+            )
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidInput(f"{name} must be a positive integer, not {value!r}", field=name)
+        out[name] = value
+    return out
+
+
+def reservation_tokens(
+    spec: EvalSpec, user: str, *, default_max: int = EVAL_MAX_TOKENS
+) -> tuple[int, int]:
+    """The worst case of one call: (estimated input tokens, the most output tokens
+    it may generate). ``default_max``: the setting HERD_EVAL_MAX_TOKENS, the bound
+    when the params name none. About three characters a token: an overestimate for
+    English, so the reservation errs on the side of the budget."""
+    estimate = math.ceil((len(spec.system) + len(user)) / 3)
+    for name in ("max_tokens", "max_completion_tokens"):
+        if isinstance(spec.params.get(name), int):
+            return estimate, int(spec.params[name])
+    if spec.provider == "anthropic":
+        return estimate, min(DEFAULT_MAX_TOKENS, default_max)
+    return estimate, default_max
 
 
 @dataclass(frozen=True)
@@ -182,6 +247,108 @@ class EvalStore:
             async with self.pool.connection() as conn:
                 await ledger.record(conn, row)
 
+    @asynccontextmanager
+    async def transaction(self) -> Any:
+        with translate_errors(self.url):
+            async with self.pool.connection() as conn, conn.transaction():
+                yield conn
+
+    async def put_batch(
+        self, batch: str, *, budget: float | None, limits: dict[str, int] | None
+    ) -> None:
+        """Create the batch's row, or update what is given (a later submit to the same
+        batch leaves its budget and limits unless given)."""
+        await self.execute(
+            "INSERT INTO herd_eval_batches AS b (batch, budget, limits)"
+            " VALUES (%(b)s, %(budget)s, coalesce(%(limits)s, '{}'::jsonb))"
+            " ON CONFLICT (batch) DO UPDATE SET"
+            " budget = CASE WHEN %(set)s THEN excluded.budget ELSE b.budget END,"
+            " limits = coalesce(%(limits)s, b.limits), updated_at = now()",
+            {
+                "b": batch,
+                "budget": budget,
+                "set": budget is not None,
+                "limits": Jsonb(limits) if limits is not None else None,
+            },  # fmt: skip
+        )
+
+    async def batch(self, batch: str) -> dict[str, Any] | None:
+        """Budget, spent, reserved, parked and limits of a batch; None: it has no row."""
+        rows = await self.execute(ledger.BATCH, {"b": batch})
+        if not rows:
+            return None
+        budget, spent, reserved, parked, limits = rows[0]
+        return {"budget": budget, "spent": spent, "reserved": reserved, "parked": parked,
+                "limits": limits}  # fmt: skip
+
+    async def park(self, batch: str) -> list[int]:
+        """Mark the batch parked for its budget and its waiting items parked; returns
+        their jobs (the caller moves them out of reach)."""
+        async with self.transaction() as conn:
+            await conn.execute(
+                "UPDATE herd_eval_batches SET parked = 'budget',"
+                " parked_at = coalesce(parked_at, now()), updated_at = now() WHERE batch = %s",
+                (batch,),
+            )
+            cur = await conn.execute(
+                "UPDATE herd_eval_items SET status = 'parked' WHERE batch = %s"
+                " AND status = 'queued' RETURNING job_id",
+                (batch,),
+            )
+            return sorted({job_id for (job_id,) in await cur.fetchall()})
+
+    async def set_budget(
+        self, batch: str, budget: float | None
+    ) -> tuple[dict[str, Any], list[int]]:
+        """Set a batch's budget; if it is parked and there is room now, unpark it. Returns
+        the batch and the jobs to bring back (their items are queued again)."""
+        async with self.transaction() as conn:
+            cur = await conn.execute(
+                "UPDATE herd_eval_batches SET budget = %(budget)s, updated_at = now()"
+                " WHERE batch = %(b)s RETURNING spent, reserved, parked",
+                {"b": batch, "budget": budget},
+            )
+            row = await cur.fetchone()
+            if row is None:
+                cur = await conn.execute(
+                    "SELECT EXISTS (SELECT 1 FROM herd_eval_items WHERE batch = %s)", (batch,)
+                )
+                if not (await cur.fetchone() or (False,))[0]:
+                    raise InvalidInput(f"no batch named {batch!r}", field="batch")
+                await conn.execute(  # a batch submitted before batches had rows
+                    "INSERT INTO herd_eval_batches (batch, budget) VALUES (%s, %s)",
+                    (batch, budget),
+                )
+                row = (0.0, 0.0, None)
+            spent, reserved, parked = row
+            ids: list[int] = []
+            if parked and (budget is None or spent + reserved < budget):
+                await conn.execute(
+                    "UPDATE herd_eval_batches SET parked = NULL, parked_at = NULL WHERE batch = %s",
+                    (batch,),
+                )
+                cur = await conn.execute(
+                    "UPDATE herd_eval_items SET status = 'queued' WHERE batch = %s"
+                    " AND status = 'parked' RETURNING job_id",
+                    (batch,),
+                )
+                ids = sorted({job_id for (job_id,) in await cur.fetchall()})
+        found = await self.batch(batch)
+        assert found is not None
+        return found, ids
+
+    async def cut_short(self, job_id: int) -> int:
+        """Close the calls a previous run of this job left open: it died mid-call."""
+        with translate_errors(self.url):
+            async with self.pool.connection() as conn:
+                return await ledger.cut_short(conn, job_id=job_id)
+
+    async def close_call(self, call_id: int, kind: str | None, **usage: Any) -> bool:
+        self._purges.due()
+        with translate_errors(self.url):
+            async with self.pool.connection() as conn:
+                return await ledger.close(conn, call_id, kind, **usage)
+
     async def totals(self, batch: str | None = None) -> dict[str, dict[str, Any]]:
         """The ledger's summary per kind: of one batch, or of all time (None)."""
         if batch is None:
@@ -219,10 +386,19 @@ class EvalStore:
             legacy = await self.execute(ledger.LEGACY_QUEUED)
             if not legacy[0][0]:
                 steps += [(ledger.PURGE_DOCUMENTS, keep_eval), (ledger.PURGE_SPECS, keep_eval)]
+            steps.append((ledger.PURGE_BATCHES, keep_eval))
         removed = 0
+        if keep_ledger:  # calls open that long: their workers died, nobody took over
+            while await self._cut_short_old(keep_ledger, 1000) == 1000:
+                pass
         for query, keep in steps:
             removed += await in_batches(functools.partial(self._delete, query, keep))
         return removed
+
+    async def _cut_short_old(self, keep: float, limit: int) -> int:
+        with translate_errors(self.url):
+            async with self.pool.connection() as conn:
+                return await ledger.cut_short(conn, keep=keep, limit=limit)
 
 
 @dataclass
@@ -329,10 +505,51 @@ REPAIR = (
 )
 
 
+def _fenced(ctx: JobContext, store: EvalStore) -> AbstractAsyncContextManager[AsyncConnection[Any]]:
+    """A transaction that commits only while the job's lease holds: the broker's own on
+    PostgreSQL; on another broker, the evaluation store's after a lease check."""
+    if ctx.app.broker.name == "postgres":
+        return ctx.fenced_transaction()
+
+    @asynccontextmanager
+    async def checked() -> Any:
+        await ctx.check_lease()
+        async with store.transaction() as conn:
+            yield conn
+
+    return checked()
+
+
+def _sent_kind(exc: ProviderError) -> str | None:
+    """How a call that raised closes: 'failed' when the request may have been billed
+    (it timed out waiting for the answer, or the answer was unreadable), None when
+    it never reached generation (not connected; an error status answered before
+    generating, as the providers and the simulator do)."""
+    if isinstance(exc, ProviderResponseInvalid):
+        return "failed"
+    if isinstance(exc, ProviderTimeout):
+        cause = exc.__cause__
+        return None if isinstance(cause, httpx.ConnectTimeout | httpx.PoolTimeout) else "failed"
+    if exc.status is None:  # transport: refused before sending, or dropped mid-answer
+        return None if isinstance(exc.__cause__, httpx.ConnectError) else "failed"
+    return None
+
+
+async def _park(app: App, store: EvalStore, batch: str, job_id: int) -> Snooze:
+    """Park the batch for its budget: its waiting items marked, its other pending jobs
+    moved out of reach; this job hands itself back (no attempt counted)."""
+    ids = [i for i in await store.park(batch) if i != job_id]
+    if ids:
+        await app.broker.reschedule(ids, PARK_DELAY)
+    return Snooze(f"batch {batch!r} is parked: its budget is spent", after=PARK_RECHECK)
+
+
 async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """The built-in evaluation task (registered in herd.builtin)."""
     rt = await EvalRuntime.of(ctx.app)
     key, batch = payload["key"], payload.get("batch")
+    # A call the previous run of this job left open was cut short by its death.
+    await rt.store.cut_short(ctx.job_id)
     spec = await rt.store.spec(payload["spec"])
     try:
         spec.check(ctx.app.settings)
@@ -340,9 +557,39 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         raise Fatal(str(exc)) from None
     document = await rt.store.document(payload["doc"])
     provider = rt.provider(spec)
+    price = rt.prices.lookup(spec.model, spec.provider)
+
+    def priced(i: int, o: int = 0) -> float | None:
+        return None if price is None else price.cost(Usage(i, o))
+
+    async def open_call(estimate: int, worst: float | None) -> int:
+        """Reserve the worst case against the budget and open the call's ledger row,
+        in one transaction fenced by the lease: a worker that lost it opens nothing."""
+        row = {"batch": batch, "job": ctx.job_id, "key": key, "model": spec.model,
+               "provider": spec.provider, "i": estimate, "w": worst}  # fmt: skip
+        async with _fenced(ctx, rt.store) as conn:
+            if batch is not None:
+                cur = await conn.execute(ledger.RESERVE, {"b": batch, "w": worst or 0.0})
+                reserved = await cur.fetchone()
+                if reserved is None:
+                    cur = await conn.execute(ledger.BATCH, {"b": batch})
+                    if await cur.fetchone() is not None:
+                        raise OverBudget
+                elif reserved[0] is not None and worst is None:
+                    raise Fatal(
+                        f"model {spec.model!r} has no price, so batch {batch!r}'s budget"
+                        " cannot be kept: add it to the price table (HERD_PRICES)"
+                    )
+            return await ledger.open_call(conn, row)
 
     async def call(user: str) -> Completion:
         await ctx.check_lease()  # a worker resumed after a pause pays for nothing
+        estimate, most = reservation_tokens(spec, user, default_max=rt.max_tokens)
+        try:
+            call_id = await open_call(estimate, priced(estimate, most))
+        except OverBudget:
+            assert batch is not None
+            raise await _park(ctx.app, rt.store, batch, ctx.job_id) from None
         try:
             done = await provider.complete(
                 spec.system, user, schema=spec.schema, params=spec.params
@@ -350,27 +597,20 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         except asyncio.CancelledError:
             # The lease was lost (or the worker stops) mid-call: the request is aborted,
             # but its input was already paid for. Estimated, since no usage came back.
-            await asyncio.shield(
-                rt.store.record(
-                    batch=batch,
-                    job_id=ctx.job_id,
-                    key=key,
-                    kind="lost",
-                    model=spec.model,
-                    provider=spec.provider,
-                    input_tokens=(len(spec.system) + len(user)) // 4,
-                )
-            )
+            await asyncio.shield(rt.store.close_call(call_id, "lost", cost=priced(estimate)))
             raise
-        await rt.store.record(
-            batch=batch,
-            job_id=ctx.job_id,
-            key=key,
-            kind="call",
-            model=spec.model,
-            provider=spec.provider,
-            input_tokens=done.usage.input_tokens,
-            output_tokens=done.usage.output_tokens,
+        except ProviderError as exc:
+            kind = _sent_kind(exc)
+            await rt.store.close_call(call_id, kind, cost=priced(estimate) if kind else None)
+            raise
+        except BaseException:
+            await rt.store.close_call(call_id, "failed", cost=priced(estimate))
+            raise
+        await rt.store.close_call(
+            call_id,
+            "call",
+            i=done.usage.input_tokens,
+            o=done.usage.output_tokens,
             cost=rt.prices.cost_of(spec.model, done.usage, spec.provider),
         )
         return done
@@ -421,9 +661,16 @@ async def submit(
     priority: int = 0,
     progress: Callable[[int], None] | None = None,
     chunk: int = 200,
+    budget: float | None = None,
+    limits: dict[str, Any] | None = None,
 ) -> SubmitReport:
-    """Enqueue one evaluation job per readable document; report the unreadable ones."""
+    """Enqueue one evaluation job per readable document; report the unreadable ones.
+
+    ``budget``: USD the batch's calls may cost (None: unchanged, none for a new
+    batch); ``limits``: rpm, tpm and max_concurrent, stored with the batch."""
     spec.check(app.settings)  # before a single document is read
+    check_budget(budget)
+    check_limits(limits)
     report = SubmitReport(batch or f"eval-{uuid.uuid4().hex[:8]}")
     try:
         files = list(find_documents(paths))
@@ -437,7 +684,10 @@ async def submit(
                 items.append((str(path), normalize_document(read_document(path))))
             except DocumentError as exc:
                 report.errors.append(str(exc))
-        for r in await enqueue_documents(app, spec, report.batch, items, priority=priority):
+        enqueued = await enqueue_documents(
+            app, spec, report.batch, items, priority=priority, budget=budget, limits=limits
+        )
+        for r in enqueued:
             report.job_ids.append(r.job_id)
             if r.created:
                 report.queued += 1
@@ -449,15 +699,25 @@ async def submit(
 
 
 async def enqueue_documents(
-    app: App, spec: EvalSpec, batch: str, items: list[tuple[str, str]], *, priority: int = 0
+    app: App,
+    spec: EvalSpec,
+    batch: str,
+    items: list[tuple[str, str]],
+    *,
+    priority: int = 0,
+    budget: float | None = None,
+    limits: dict[str, Any] | None = None,
 ) -> list[EnqueueResult]:
     """One job per (name, normalized text); identical evaluations share a job.
 
-    Stores the documents, the batch's items and a dedup ledger row for each
-    document that joined an existing job, so ``herd eval status`` sees it all.
+    Stores the batch's row (its budget and limits, where given), the documents, the
+    batch's items and a dedup ledger row for each document that joined an existing
+    job, so ``herd eval status`` sees it all.
     """
     spec.check(app.settings)
     check_text(batch, "batch")
+    budget = check_budget(budget)
+    checked_limits = check_limits(limits)
     check(asdict(spec), what="spec")
     for i, (name, text) in enumerate(items):
         check_text(name, f"documents[{i}].name")
@@ -468,6 +728,10 @@ async def enqueue_documents(
     rows = [
         (name, hashlib.sha256(text.encode()).hexdigest(), spec.key(text)) for name, text in items
     ]
+    # Before the jobs: a worker that claims one finds the budget already in force.
+    await rt.store.put_batch(batch, budget=budget, limits=checked_limits)
+    if budget is not None:  # raised by this submission: parked jobs may resume
+        await set_budget(app, batch, budget)
     await rt.store.put_spec(spec)
     await rt.store.put_documents(
         {d: text for (_, d, _), (_, text) in zip(rows, items, strict=True)}
@@ -504,6 +768,18 @@ async def enqueue_documents(
                 provider=spec.provider,
             )
     return results
+
+
+async def set_budget(app: App, batch: str, budget: float | None) -> dict[str, Any]:
+    """Raise or lower a batch's budget (None: no budget). A parked batch with room
+    again resumes: its items are queued and its jobs due at once."""
+    check_text(batch, "batch")
+    budget = check_budget(budget)
+    rt = await EvalRuntime.of(app)
+    found, ids = await rt.store.set_budget(batch, budget)
+    if ids:
+        await app.broker.reschedule(ids, 0)
+    return {**found, "resumed": len(ids)}
 
 
 async def settle(app: App, batch: str | None) -> dict[str, int]:
@@ -544,19 +820,27 @@ async def batch_status(app: App, batch: str | None) -> dict[str, Any]:
     counts = await settle(app, batch)
     failed, running = counts["failed"], counts["running"]
     # Counted by the server: one row back, whatever the batch's size.
-    ((documents, done),) = await rt.store.execute(
-        "SELECT count(*), count(*) FILTER (WHERE status = 'done') FROM herd_eval_items"
+    ((documents, done, parked),) = await rt.store.execute(
+        "SELECT count(*), count(*) FILTER (WHERE status = 'done'),"
+        " count(*) FILTER (WHERE status = 'parked') FROM herd_eval_items"
         " WHERE %(b)s::text IS NULL OR batch = %(b)s",
         {"b": batch},
     )
     # The ledger's summary (of the batch, or of all time), not its rows: it costs
     # O(kinds) and keeps the totals of rows past HERD_LEDGER_TTL.
     totals = await rt.store.totals(batch)
+    row = await rt.store.batch(batch) if batch is not None else None
     return {
         "batch": batch,
         "documents": int(documents),
         "done": int(done),
         "failed": failed,
         "running": running,
+        "parked_items": int(parked),
+        "budget": row["budget"] if row else None,
+        "spent": row["spent"] if row else None,
+        "reserved": row["reserved"] if row else None,
+        "parked": row["parked"] if row else None,
+        "limits": row["limits"] if row else {},
         "ledger": totals,
     }

@@ -23,7 +23,8 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 
 AVOIDED = ("cache", "singleflight", "dedup")
-KINDS = ("call", "lost", *AVOIDED)
+PAID = ("call", "lost", "failed", "cut_short")  # calls that reached the provider
+KINDS = (*PAID, *AVOIDED)
 
 _KEY = """
 INSERT INTO herd_eval_keys (key) VALUES (%(key)s)
@@ -33,7 +34,7 @@ RETURNING cost, jobs, cache, singleflight, dedup
 
 _NEW_JOB = """
 SELECT NOT EXISTS (SELECT 1 FROM herd_eval_ledger
-                    WHERE key = %(key)s AND kind = 'call'
+                    WHERE key = %(key)s AND kind = 'call' AND state = 'closed'
                       AND coalesce(job_id, 0) = coalesce(%(job)s::bigint, 0))
 """
 
@@ -73,50 +74,166 @@ def _estimate(cost: float | None, jobs: int) -> float | None:
 
 
 async def record(conn: AsyncConnection[Any], row: dict[str, Any]) -> None:
-    """Insert one ledger row (keys of _INSERT) and bring the summary up to date, in
-    one transaction on ``conn``."""
+    """Insert one closed ledger row (keys of _INSERT) and bring the summary up to date,
+    in one transaction on ``conn``."""
+    async with conn.transaction():
+        await _summarize(conn, row)
+        await conn.execute(_INSERT, row)
+
+
+async def _summarize(conn: AsyncConnection[Any], row: dict[str, Any]) -> None:
+    """Count a row that is being closed (or written closed) in the summaries; in the
+    caller's transaction, before the row itself reads as closed."""
     kind, cost = row["kind"], row["cost"]
     totals: dict[str, list[Any]] = {kind: [1, row["i"], row["o"], cost, None]}
+    if kind in ("call", *AVOIDED):
+        cur = await conn.execute(_KEY, row)  # locks the key's row until commit
+        fetched = await cur.fetchone()
+        assert fetched is not None
+        key_cost, jobs, *avoided = fetched
+        before = _estimate(key_cost, jobs)
+        if kind == "call":
+            cur = await conn.execute(_NEW_JOB, row)
+            new_job = (await cur.fetchone() or (False,))[0]
+            if cost is not None:
+                key_cost = cost if key_cost is None else key_cost + cost
+            jobs += 1 if new_job else 0
+            after = _estimate(key_cost, jobs)
+            if after is not None:
+                for other, n in zip(AVOIDED, avoided, strict=True):
+                    if n and after != before:
+                        totals[other] = [0, 0, 0, None, n * (after - (before or 0.0))]
+            await conn.execute(
+                "UPDATE herd_eval_keys SET cost = %s, jobs = %s WHERE key = %s",
+                (key_cost, jobs, row["key"]),
+            )
+        else:
+            totals[kind][4] = before
+            column = sql.Identifier(kind)  # one of AVOIDED, a column of herd_eval_keys
+            await conn.execute(
+                sql.SQL("UPDATE herd_eval_keys SET {0} = {0} + 1 WHERE key = %s").format(column),
+                (row["key"],),
+            )
+    if row["batch"] is not None:
+        await conn.execute(_BATCH, row)
+    kinds = [k for k in KINDS if k in totals]
+    columns = [list(c) for c in zip(*(totals[k] for k in kinds), strict=True)]
+    await conn.execute(
+        _TOTALS,
+        {"kinds": kinds, **dict(zip(("n", "i", "o", "cost", "saved"), columns, strict=True))},
+    )
+
+
+# The reservation and the check against the budget in one statement: two workers
+# reserving at once are serialized on the batch's row, so neither sees room the
+# other has taken. No row back: over budget, parked, or a batch without a row.
+RESERVE = """
+UPDATE herd_eval_batches SET reserved = reserved + %(w)s, updated_at = now()
+ WHERE batch = %(b)s AND parked IS NULL
+   AND (budget IS NULL OR spent + reserved + %(w)s <= budget)
+RETURNING budget
+"""
+
+BATCH = """
+SELECT budget, spent, reserved, parked, limits FROM herd_eval_batches WHERE batch = %(b)s
+"""
+
+_OPEN = """
+INSERT INTO herd_eval_ledger (batch, job_id, key, kind, model, provider, input_tokens, state,
+                              reserved)
+VALUES (%(batch)s, %(job)s, %(key)s, 'call', %(model)s, %(provider)s, %(i)s, 'open', %(w)s)
+RETURNING id
+"""
+
+_LOCK_OPEN = """
+SELECT batch, job_id, key, model, provider, input_tokens, reserved FROM herd_eval_ledger
+ WHERE id = %(id)s AND state = 'open' FOR UPDATE
+"""
+
+_CLOSE = """
+UPDATE herd_eval_ledger SET state = 'closed', kind = %(kind)s, input_tokens = %(i)s,
+       output_tokens = %(o)s, cost = %(cost)s
+ WHERE id = %(id)s
+"""
+
+_NOT_SENT = "DELETE FROM herd_eval_ledger WHERE id = %(id)s"
+
+_SPEND = """
+UPDATE herd_eval_batches
+   SET spent = spent + coalesce(%(cost)s, 0),
+       reserved = greatest(0, reserved - coalesce(%(w)s, 0)), updated_at = now()
+ WHERE batch = %(batch)s
+"""
+
+# Every open call of a job (at its next run), or older than the ledger TTL (purge).
+_OPEN_OF_JOB = """
+SELECT id FROM herd_eval_ledger WHERE job_id = %(job)s AND state = 'open' ORDER BY id
+"""
+_OPEN_BEFORE = """
+SELECT id FROM herd_eval_ledger
+ WHERE state = 'open' AND at < now() - make_interval(secs => %(keep)s)
+ ORDER BY at LIMIT %(limit)s
+"""
+
+
+async def open_call(conn: AsyncConnection[Any], row: dict[str, Any]) -> int:
+    """Open a call's row (keys of _OPEN: ``w`` the reservation) before the request
+    leaves; in the caller's transaction (fenced by the job's lease on PostgreSQL)."""
+    cur = await conn.execute(_OPEN, row)
+    fetched = await cur.fetchone()
+    assert fetched is not None
+    return int(fetched[0])
+
+
+async def close(
+    conn: AsyncConnection[Any],
+    call_id: int,
+    kind: str | None,
+    *,
+    i: int | None = None,
+    o: int = 0,
+    cost: float | None = None,
+) -> bool:
+    """Close an open call as ``kind`` with its usage and cost (``i`` None: the
+    estimate it was opened with), count it in the summaries and release its
+    reservation into the batch's spent, in one transaction. ``kind`` None: the
+    request never left, the row goes and nothing is counted. False when the row was
+    closed already (another worker took it over as cut short)."""
     async with conn.transaction():
-        if kind in ("call", *AVOIDED):
-            cur = await conn.execute(_KEY, row)  # locks the key's row until commit
-            fetched = await cur.fetchone()
-            assert fetched is not None
-            key_cost, jobs, *avoided = fetched
-            before = _estimate(key_cost, jobs)
-            if kind == "call":
-                cur = await conn.execute(_NEW_JOB, row)
-                new_job = (await cur.fetchone() or (False,))[0]
-                if cost is not None:
-                    key_cost = cost if key_cost is None else key_cost + cost
-                jobs += 1 if new_job else 0
-                after = _estimate(key_cost, jobs)
-                if after is not None:
-                    for other, n in zip(AVOIDED, avoided, strict=True):
-                        if n and after != before:
-                            totals[other] = [0, 0, 0, None, n * (after - (before or 0.0))]
-                await conn.execute(
-                    "UPDATE herd_eval_keys SET cost = %s, jobs = %s WHERE key = %s",
-                    (key_cost, jobs, row["key"]),
-                )
-            else:
-                totals[kind][4] = before
-                column = sql.Identifier(kind)  # one of AVOIDED, a column of herd_eval_keys
-                await conn.execute(
-                    sql.SQL("UPDATE herd_eval_keys SET {0} = {0} + 1 WHERE key = %s").format(
-                        column
-                    ),
-                    (row["key"],),
-                )
-        await conn.execute(_INSERT, row)
-        if row["batch"] is not None:
-            await conn.execute(_BATCH, row)
-        kinds = [k for k in KINDS if k in totals]
-        columns = [list(c) for c in zip(*(totals[k] for k in kinds), strict=True)]
-        await conn.execute(
-            _TOTALS,
-            {"kinds": kinds, **dict(zip(("n", "i", "o", "cost", "saved"), columns, strict=True))},
-        )
+        cur = await conn.execute(_LOCK_OPEN, {"id": call_id})
+        found = await cur.fetchone()
+        if found is None:
+            return False
+        batch, job, key, model, provider, estimate, reserved = found
+        if kind is None:
+            await conn.execute(_NOT_SENT, {"id": call_id})
+            await conn.execute(_SPEND, {"batch": batch, "cost": None, "w": reserved})
+            return True
+        if kind == "cut_short":
+            cost = reserved  # the worst case it reserved: what it may have cost
+        row = {"id": call_id, "batch": batch, "job": job, "key": key, "kind": kind,
+               "model": model, "provider": provider, "i": estimate if i is None else i,
+               "o": o, "cost": cost}  # fmt: skip
+        await _summarize(conn, row)
+        await conn.execute(_CLOSE, row)
+        if batch is not None:
+            await conn.execute(_SPEND, {"batch": batch, "cost": cost, "w": reserved})
+        return True
+
+
+async def cut_short(conn: AsyncConnection[Any], *, job_id: int | None = None,
+                    keep: float = 0.0, limit: int = 1000) -> int:  # fmt: skip
+    """Close as 'cut_short' the open calls of ``job_id`` (its previous run died
+    mid-call), or with None those opened more than ``keep`` seconds ago; returns how
+    many."""
+    if job_id is not None:
+        cur = await conn.execute(_OPEN_OF_JOB, {"job": job_id})
+    else:
+        cur = await conn.execute(_OPEN_BEFORE, {"keep": keep, "limit": limit})
+    closed = 0
+    for (call_id,) in await cur.fetchall():
+        closed += await close(conn, call_id, "cut_short")
+    return closed
 
 
 TOTALS = """
@@ -133,6 +250,7 @@ SELECT kind, n, input_tokens, output_tokens, cost FROM herd_eval_batch_totals
 PURGE_LEDGER = """
 DELETE FROM herd_eval_ledger WHERE id IN (
     SELECT id FROM herd_eval_ledger WHERE at < now() - make_interval(secs => %(keep)s)
+       AND state = 'closed'
      ORDER BY at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 """
 
@@ -143,7 +261,8 @@ DELETE FROM herd_eval_keys WHERE key IN (
      ORDER BY last_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 """
 
-# Finished items only: a queued one (its job pending, running or dead-lettered) stays.
+# Finished items only: a queued or parked one (its job pending, running or
+# dead-lettered) stays.
 PURGE_ITEMS = """
 DELETE FROM herd_eval_items WHERE (batch, path) IN (
     SELECT batch, path FROM herd_eval_items
@@ -162,7 +281,7 @@ DELETE FROM herd_eval_batch_totals WHERE (batch, kind) IN (
 # A queued item of a row stored before migration 3001 does not say what it needs.
 LEGACY_QUEUED = """
 SELECT EXISTS (SELECT 1 FROM herd_eval_items
-                WHERE status = 'queued' AND (doc IS NULL OR spec IS NULL))
+                WHERE status IN ('queued', 'parked') AND (doc IS NULL OR spec IS NULL))
 """
 
 # created_at is refreshed by each submission, so a document being submitted now is
@@ -172,7 +291,7 @@ DELETE FROM herd_eval_documents WHERE hash IN (
     SELECT hash FROM herd_eval_documents d
      WHERE created_at < now() - make_interval(secs => %(keep)s)
        AND NOT EXISTS (SELECT 1 FROM herd_eval_items i
-                        WHERE i.status = 'queued' AND i.doc = d.hash)
+                        WHERE i.status IN ('queued', 'parked') AND i.doc = d.hash)
      ORDER BY created_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 """
 
@@ -181,6 +300,15 @@ DELETE FROM herd_eval_specs WHERE hash IN (
     SELECT hash FROM herd_eval_specs s
      WHERE created_at < now() - make_interval(secs => %(keep)s)
        AND NOT EXISTS (SELECT 1 FROM herd_eval_items i
-                        WHERE i.status = 'queued' AND i.spec = s.hash)
+                        WHERE i.status IN ('queued', 'parked') AND i.spec = s.hash)
      ORDER BY created_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+"""
+
+# A batch's row goes with its last item, as its totals do: never while one waits.
+PURGE_BATCHES = """
+DELETE FROM herd_eval_batches WHERE batch IN (
+    SELECT batch FROM herd_eval_batches b
+     WHERE updated_at < now() - make_interval(secs => %(keep)s)
+       AND NOT EXISTS (SELECT 1 FROM herd_eval_items i WHERE i.batch = b.batch)
+     ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 """
