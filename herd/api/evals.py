@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, status
 
 from herd.api.deps import HerdApp
-from herd.api.models import BatchName, EvalIn, EvalOut, EvalStatusOut
+from herd.api.models import BatchName, BudgetIn, BudgetOut, EvalIn, EvalOut, EvalStatusOut
 from herd.app import App
 from herd.cache.keys import normalize_document
 from herd.llm import evaluate
@@ -19,13 +19,22 @@ router = APIRouter(tags=["evaluations"])
 
 
 async def submit_texts(
-    app: App, spec: EvalSpec, documents: dict[str, str], *, batch: str | None, priority: int
+    app: App,
+    spec: EvalSpec,
+    documents: dict[str, str],
+    *,
+    batch: str | None,
+    priority: int,
+    budget: float | None = None,
+    limits: dict[str, int] | None = None,
 ) -> EvalOut:
     """One evaluation job per document (name -> text), stored as ``herd eval submit``
     stores them, so ``herd eval status`` and ``results`` see API batches alike."""
     name = batch or f"eval-{uuid.uuid4().hex[:8]}"
     items = [(path, normalize_document(text)) for path, text in documents.items()]
-    results = await enqueue_documents(app, spec, name, items, priority=priority)
+    results = await enqueue_documents(
+        app, spec, name, items, priority=priority, budget=budget, limits=limits
+    )
     created = sum(r.created for r in results)
     return EvalOut(
         batch=name,
@@ -46,10 +55,29 @@ async def submit(body: EvalIn, app: HerdApp) -> EvalOut:
         params=body.params,
     )
     docs = {d.name: d.text for d in body.documents}
-    return await submit_texts(app, spec, docs, batch=body.batch, priority=body.priority)
+    given = {"rpm": body.rpm, "tpm": body.tpm, "max_concurrent": body.max_concurrent}
+    limits = {k: v for k, v in given.items() if v is not None} or None
+    return await submit_texts(
+        app,
+        spec,
+        docs,
+        batch=body.batch,
+        priority=body.priority,
+        budget=body.budget,
+        limits=limits,
+    )
 
 
 @router.get("/evals/{batch}")
 async def batch_status(batch: Annotated[BatchName, Path()], app: HerdApp) -> EvalStatusOut:
     """Progress of a batch and its cost ledger (calls made and avoided)."""
     return EvalStatusOut.model_validate(await evaluate.batch_status(app, batch))
+
+
+@router.post("/evals/{batch}/budget")
+async def set_budget(
+    batch: Annotated[BatchName, Path()], body: BudgetIn, app: HerdApp
+) -> BudgetOut:
+    """Raise or lower a batch's budget; a parked batch with room again resumes."""
+    found = await evaluate.set_budget(app, batch, body.budget)
+    return BudgetOut.model_validate({"batch": batch, **found})

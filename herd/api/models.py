@@ -247,6 +247,13 @@ class Document(Strict):
     text: Annotated[SafeText, Field(min_length=1)]
 
 
+Budget = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class BudgetIn(Strict):
+    budget: Budget | None
+
+
 class EvalIn(Strict):
     model: Annotated[SafeText, Field(min_length=1, max_length=200)]
     system: Annotated[SafeText, Field(min_length=1)]
@@ -256,6 +263,11 @@ class EvalIn(Strict):
     params: dict[str, Any] = Field(default_factory=dict)
     batch: BatchName | None = None
     priority: Annotated[int, Field(ge=-1_000_000, le=1_000_000)] = 0
+    # USD the batch's calls may cost (past it its jobs are parked), and its limits.
+    budget: Budget | None = None
+    rpm: Annotated[int, Field(ge=1)] | None = None
+    tpm: Annotated[int, Field(ge=1)] | None = None
+    max_concurrent: Annotated[int, Field(ge=1)] | None = None
 
     @field_validator("json_schema", "params")
     @classmethod
@@ -282,7 +294,22 @@ class EvalStatusOut(BaseModel):
     done: int
     failed: int
     running: int
+    parked_items: int = 0
+    budget: float | None = None
+    spent: float | None = None
+    reserved: float | None = None
+    parked: str | None = None
+    limits: dict[str, int] = {}
     ledger: dict[str, dict[str, Any]]
+
+
+class BudgetOut(BaseModel):
+    batch: str
+    budget: float | None
+    spent: float
+    reserved: float
+    parked: str | None
+    resumed: int
 
 
 class QueryIn(Strict):

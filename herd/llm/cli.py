@@ -15,7 +15,16 @@ from rich.table import Table
 from herd import console
 from herd.app import App
 from herd.errors import InvalidInput
-from herd.llm.evaluate import QUEUE, EvalRuntime, EvalSpec, batch_status, settle, submit
+from herd.llm.evaluate import (
+    QUEUE,
+    EvalRuntime,
+    EvalSpec,
+    batch_status,
+    check_budget,
+    set_budget,
+    settle,
+    submit,
+)
 
 eval_cli = typer.Typer(no_args_is_help=True, help="LLM evaluations of documents.")
 cache_cli = typer.Typer(
@@ -47,9 +56,24 @@ def eval_submit(
     batch: Annotated[str | None, typer.Option(help="Batch name [default: generated].")] = None,
     wait: Annotated[bool, typer.Option(help="Run workers here until the batch is done.")] = False,
     concurrency: Annotated[int, typer.Option(min=1, help="Workers' concurrency with --wait.")] = 8,
+    budget: Annotated[
+        float | None,
+        typer.Option(help="USD the batch's calls may cost; past it, its jobs are parked."),
+    ] = None,
+    rpm: Annotated[int | None, typer.Option(min=1, help="Requests per minute, fleet-wide.")] = None,
+    tpm: Annotated[int | None, typer.Option(min=1, help="Tokens per minute, fleet-wide.")] = None,
+    max_concurrent: Annotated[
+        int | None, typer.Option(min=1, help="Calls in flight at once, fleet-wide.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Enqueue one evaluation per document (identical ones are evaluated once)."""
+    try:
+        check_budget(budget, "--budget")
+    except InvalidInput as exc:
+        raise typer.BadParameter(str(exc), param_hint="--budget") from None
+    given = {"rpm": rpm, "tpm": tpm, "max_concurrent": max_concurrent}
+    limits = {k: v for k, v in given.items() if v is not None} or None
     if provider not in ("openai", "anthropic"):
         raise typer.BadParameter("use openai or anthropic", param_hint="--provider")
     try:
@@ -90,6 +114,8 @@ def eval_submit(
                 batch=batch,
                 priority=priority,
                 progress=lambda n: bar.update(task, completed=n),
+                budget=budget,
+                limits=limits,
             )
         console.err.print(
             f"batch {report.batch}: {report.queued} queued, {report.deduplicated} already queued,"
@@ -142,15 +168,30 @@ def _print_status(status: dict[str, Any]) -> None:
 
     console.out.print(
         f"{status['done']}/{status['documents']} done, {status['running']} running,"
-        f" {status['failed']} failed (dead-lettered)",
+        f" {status['failed']} failed (dead-lettered), {status.get('parked_items', 0)} parked",
         highlight=False,
     )
+    if status.get("spent") is not None:
+        budget = status["budget"]
+        console.out.print(
+            f"budget {'none' if budget is None else f'${budget:.4f}'},"
+            f" spent ${status['spent']:.4f}, reserved ${status['reserved']:.4f}"
+            + (f", parked ({status['parked']})" if status["parked"] else ""),
+            highlight=False,
+        )
+    if status.get("limits"):
+        console.out.print(
+            "limits " + ", ".join(f"{k} {v}" for k, v in sorted(status["limits"].items())),
+            highlight=False,
+        )
     table = Table(title="cost ledger", title_justify="left")
     for col in ("", "calls", "tokens in", "tokens out", "cost"):
         table.add_column(col, justify="right" if col else "left")
     for kind, label in (
         ("call", "provider calls"),
-        ("lost", "cut short (lease lost)"),
+        ("lost", "lost (lease lost mid-call)"),
+        ("failed", "failed after sending"),
+        ("cut_short", "cut short (worker died)"),
         ("cache", "avoided: cache"),
         ("singleflight", "avoided: singleflight"),
         ("dedup", "avoided: dedup"),
@@ -178,6 +219,30 @@ def eval_status(
         console.print_json(status)
     else:
         _print_status(status)
+
+
+@eval_cli.command("budget")
+def eval_budget(
+    ctx: typer.Context,
+    batch: Annotated[str, typer.Argument(help="The batch.")],
+    usd: Annotated[float, typer.Argument(help="The new budget in USD.")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Raise or lower a batch's budget; a parked batch with room again resumes."""
+    try:
+        check_budget(usd, "USD")
+    except InvalidInput as exc:
+        raise typer.BadParameter(str(exc), param_hint="USD") from None
+    found = console.run(console.opts(ctx), lambda app: set_budget(app, batch, usd))
+    if as_json:
+        console.print_json({"batch": batch, **found})
+    else:
+        console.out.print(
+            f"batch {batch}: budget ${usd:.4f}, spent ${found['spent']:.4f},"
+            f" {found['resumed']} jobs resumed"
+            + (f", parked ({found['parked']})" if found["parked"] else ""),
+            highlight=False,
+        )
 
 
 @eval_cli.command("results")
