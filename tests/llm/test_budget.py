@@ -1,0 +1,150 @@
+"""Budgets: each call reserves its worst case first; past the budget the batch parks
+(nothing dead-lettered), and raising the budget finishes it. And the ledger's rows:
+opened before the call, closed after, cut short when the worker died mid-call."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from herd import App, JobStatus, Worker
+from herd.llm import evaluate
+from herd.llm.evaluate import EvalSpec, enqueue_documents, reservation_tokens
+from tests.conftest import truncate
+from tests.helpers import eventually
+from tests.llm.conftest import clean_eval_tables
+
+# One token costs $0.001 either way, so the worst case of a call is easy to state.
+PRICES = {"sim-budget": {"input": 1000.0, "output": 1000.0}}
+SCHEMA = {
+    "type": "object",
+    "properties": {"score": {"type": "integer"}, "summary": {"type": "string"}},
+    "required": ["score", "summary"],
+}
+# The simulator answers in well under 60 tokens and counts 4 characters a token (the
+# estimate counts 3): actual costs stay under the worst case, and close to it.
+SPEC = EvalSpec(model="sim-budget", system="Rate it.", schema=SCHEMA, params={"max_tokens": 60})
+CONCURRENCY = 8
+
+
+@pytest.fixture
+async def app(pg_url, sim, monkeypatch, tmp_path):
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps(PRICES))
+    monkeypatch.setenv("HERD_PRICES", str(prices))
+    monkeypatch.setenv("OPENAI_BASE_URL", sim.openai_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-SECRET")
+    truncate(pg_url)
+    clean_eval_tables(pg_url)
+    the_app = App(database_url=pg_url)
+    the_app.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=5.0, max_attempts=2)(
+        evaluate.evaluate
+    )
+    async with the_app:
+        yield the_app
+
+
+def documents(n: int) -> list[tuple[str, str]]:
+    body = "The paper measures things carefully and reports them. " * 12
+    return [(f"d{i}.txt", f"Document number {i} on topic {i * 7}. {body}") for i in range(n)]
+
+
+def worst_case(text: str) -> float:
+    i, o = reservation_tokens(SPEC, text)
+    return (i + o) / 1000
+
+
+async def spend(app: App, batch: str) -> tuple[float, dict[str, int]]:
+    rt = await evaluate.EvalRuntime.of(app)
+    rows = await rt.store.execute(
+        "SELECT kind, count(*), coalesce(sum(cost), 0) FROM herd_eval_ledger"
+        " WHERE batch = %s AND kind IN ('call', 'lost', 'failed', 'cut_short') GROUP BY kind",
+        (batch,),
+    )
+    return sum(c for _, _, c in rows), {k: n for k, n, _ in rows}
+
+
+async def test_spend_stays_within_budget_plus_in_flight_reservations_then_resumes(app, sim):
+    sim.configure(latency=[0.15, 0.25])
+    docs = documents(40)
+    worst = max(worst_case(text) for _, text in docs)
+    budget = 20 * worst
+    await enqueue_documents(app, SPEC, "capped", docs, budget=budget, limits={"rpm": 600})
+    worker = Worker(app, queues=[evaluate.QUEUE], concurrency=CONCURRENCY, poll_interval=0.05,
+                    install_signal_handlers=False)  # fmt: skip
+    run = asyncio.create_task(worker.run())
+    try:
+
+        async def parked():
+            s = await evaluate.batch_status(app, "capped")
+            settled = s["running"] == 0 and s["reserved"] < 1e-9
+            return s if s["parked"] == "budget" and settled and s["parked_items"] else None
+
+        status = await eventually(parked, timeout=15)
+        spent, calls = await spend(app, "capped")
+        assert spent == pytest.approx(status["spent"])
+        assert spent <= budget + CONCURRENCY * worst
+        assert 20 <= sum(calls.values()) < 40 and status["done"] == calls["call"]
+        assert status["done"] + status["parked_items"] == 40 and status["failed"] == 0
+        assert status["budget"] == budget and status["limits"] == {"rpm": 600}
+        assert sim.stats()["calls"] == sum(calls.values())  # nothing sent past the budget
+        assert await app.broker.list_jobs(status=JobStatus.DEAD) == []
+        # Parking counts no attempt.
+        jobs = await app.broker.list_jobs(status=JobStatus.PENDING)
+        assert jobs and all(j.attempts == 0 for j in jobs)
+
+        raised = await evaluate.set_budget(app, "capped", 100 * worst)
+        assert raised["parked"] is None and raised["resumed"] > 0
+
+        async def finished():
+            s = await evaluate.batch_status(app, "capped")
+            return s if s["done"] == 40 else None
+
+        final = await eventually(finished, timeout=90)
+        assert final["parked_items"] == 0 and final["failed"] == 0
+        spent, calls = await spend(app, "capped")
+        assert calls == {"call": 40} and sim.stats()["calls"] == 40
+        assert final["spent"] == pytest.approx(spent) and final["reserved"] < 1e-9
+    finally:
+        worker.stop(immediate=True)
+        await run
+
+
+async def test_an_unpriced_model_with_a_budget_is_refused_not_called(app, sim):
+    spec = EvalSpec(model="sim-unpriced", system="Rate it.", schema=SCHEMA)
+    (r,) = await enqueue_documents(app, spec, "blind", documents(1), budget=1.0)
+    await Worker(app, queues=[evaluate.QUEUE], concurrency=1, poll_interval=0.05,
+                 stop_when_idle=True, install_signal_handlers=False).run()  # fmt: skip
+    job = await app.broker.get_job(r.job_id)
+    assert job.status == JobStatus.DEAD and "sim-unpriced" in job.last_error
+    assert "HERD_PRICES" in job.last_error and sim.stats()["calls"] == 0
+
+
+async def test_a_call_left_open_by_a_dead_run_is_closed_cut_short_by_the_next(app, sim):
+    (r,) = await enqueue_documents(app, SPEC, "killed", documents(1), budget=10.0)
+    rt = await evaluate.EvalRuntime.of(app)
+    # What a worker SIGKILLed mid-call leaves: its call opened, its reservation held.
+    async with rt.store.transaction() as conn:
+        await conn.execute(evaluate.ledger.RESERVE, {"b": "killed", "w": 0.5})
+        await evaluate.ledger.open_call(conn, {"batch": "killed", "job": r.job_id, "key": "k",
+                                               "model": SPEC.model, "provider": "openai",
+                                               "i": 12, "w": 0.5})  # fmt: skip
+    assert (await rt.store.batch("killed"))["reserved"] == 0.5
+    await Worker(app, queues=[evaluate.QUEUE], concurrency=1, poll_interval=0.05,
+                 stop_when_idle=True, install_signal_handlers=False).run()  # fmt: skip
+    status = await evaluate.batch_status(app, "killed")
+    assert status["done"] == 1
+    assert status["ledger"]["cut_short"]["n"] == 1
+    assert status["ledger"]["cut_short"]["input_tokens"] == 12
+    spent, calls = await spend(app, "killed")
+    assert calls == {"call": 1, "cut_short": 1}
+    assert status["reserved"] < 1e-9 and status["spent"] == pytest.approx(spent)
+    assert spent == pytest.approx(0.5 + status["ledger"]["call"]["cost"])
+
+
+def test_the_reservation_counts_the_max_tokens_asked_for():
+    assert reservation_tokens(SPEC, "x" * 10) == (6, 60)  # ceil(18 / 3)
+    plain = EvalSpec(model="m", system="abc")
+    assert reservation_tokens(plain, "", default_max=123) == (1, 123)
