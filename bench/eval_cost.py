@@ -757,6 +757,15 @@ def report(
                 f" avoided {n('cache')} by cache, {n('singleflight')} by singleflight,"
                 f" {n('dedup')} by dedup"
             )
+            # Every request that reached the provider is a ledger row: answered, lost,
+            # failed after sending, or cut short by a kill (closed by the next run).
+            paid = n("call") + n("lost") + n("failed") + n("cut_short")
+            billed = int(o.sim.get("billed", o.calls))
+            print(
+                f"  ledger = bill: {paid} calls in the ledger ({n('cut_short')} cut short),"
+                f" {billed} billed by the simulator"
+                f" ({'equal' if paid == billed else f'DIFFERENT by {billed - paid}'})"
+            )
             print(
                 f"  {o.extra['jobs']} jobs, {o.extra['stalled_jobs']} taken over after a"
                 f" killed worker's lease expired ({o.extra['stalls']} times),"
