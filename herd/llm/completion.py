@@ -44,6 +44,19 @@ class RateLimitInfo:
         ]
         return max(empty)[1] if empty else None
 
+    def refused_by(self) -> str | None:
+        """On a 429: the dimension that refused. An empty one; else tokens when requests are
+        left (the call asked more tokens than remain, which the headers cannot show)."""
+        scope = self.exhausted()
+        if scope is not None:
+            return scope
+        requests_left = self.requests_remaining is None or self.requests_remaining > 0
+        if requests_left and self.tokens_limit is not None:
+            return "tokens"
+        if self.requests_remaining is not None and self.tokens_limit is None:
+            return "requests"
+        return None
+
     def reset_of(self, scope: str | None) -> float | None:
         if scope == "requests":
             return self.requests_reset

@@ -372,7 +372,7 @@ class HTTPProvider(ABC):
         }
         if status == 429:
             info = self._safe_rate_limits(response.headers)
-            scope = info.exhausted() if info is not None else None
+            scope = info.refused_by() if info is not None else None
             if retry_after is None and info is not None:
                 retry_after = info.reset_of(scope)
             after = f" (retry after {retry_after:g} s)" if retry_after is not None else ""
