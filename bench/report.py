@@ -63,6 +63,8 @@ BENCHES = [
           "Queue throughput: Redis vs Celery (Celery's own venv)", full=["--rounds", "3"]),
     Bench("eval_cost", "celery", ["bench/eval_cost.py"],
           "Model calls under SIGKILLs: evaluation jobs vs Celery"),
+    Bench("rate_limits", "celery", ["bench/rate_limits.py"],
+          "A provider's rate limits: herd's fleet-wide limits vs Celery's rate_limit"),
     Bench("embed_throughput", "bench", ["bench/embed_throughput.py", "--no-extra"],
           "Embedding throughput vs sentence-transformers"),
     Bench("ingest", "bench", ["bench/ingest.py", "--no-cli"],

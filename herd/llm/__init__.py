@@ -3,7 +3,7 @@
 ``herd.llm.simulator`` is not imported here: it is a server, started on purpose.
 """
 
-from herd.llm.completion import Completion, Timeouts, Usage
+from herd.llm.completion import Completion, RateLimitInfo, Timeouts, Usage
 from herd.llm.errors import (
     MissingAPIKey,
     ProviderAuthError,
@@ -38,6 +38,7 @@ __all__ = [
     "ProviderResponseInvalid",
     "ProviderTimeout",
     "ProviderUnavailable",
+    "RateLimitInfo",
     "RateLimited",
     "RetryPolicy",
     "Timeouts",

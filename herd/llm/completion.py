@@ -18,6 +18,54 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class RateLimitInfo:
+    """The provider's rate-limit headers of one answer: a ``None`` is a figure it did not send.
+
+    ``*_reset`` is in seconds from when the answer was read until that dimension's capacity
+    is whole again (OpenAI sends a duration, Anthropic an RFC 3339 instant).
+    """
+
+    requests_limit: int | None = None
+    requests_remaining: int | None = None
+    requests_reset: float | None = None
+    tokens_limit: int | None = None
+    tokens_remaining: int | None = None
+    tokens_reset: float | None = None
+
+    def exhausted(self) -> str | None:
+        """The dimension with nothing left ("requests" or "tokens"; the later reset if both)."""
+        empty = [
+            (reset or 0.0, name)
+            for name, remaining, reset in (
+                ("requests", self.requests_remaining, self.requests_reset),
+                ("tokens", self.tokens_remaining, self.tokens_reset),
+            )
+            if remaining is not None and remaining <= 0
+        ]
+        return max(empty)[1] if empty else None
+
+    def refused_by(self) -> str | None:
+        """On a 429: the dimension that refused. An empty one; else tokens when requests are
+        left (the call asked more tokens than remain, which the headers cannot show)."""
+        scope = self.exhausted()
+        if scope is not None:
+            return scope
+        requests_left = self.requests_remaining is None or self.requests_remaining > 0
+        if requests_left and self.tokens_limit is not None:
+            return "tokens"
+        if self.requests_remaining is not None and self.tokens_limit is None:
+            return "requests"
+        return None
+
+    def reset_of(self, scope: str | None) -> float | None:
+        if scope == "requests":
+            return self.requests_reset
+        if scope == "tokens":
+            return self.tokens_reset
+        return None
+
+
+@dataclass(frozen=True)
 class Completion:
     """One model answer.
 
@@ -37,6 +85,7 @@ class Completion:
     attempts: int = 1
     finish_reason: str | None = None  # "stop", "length", "end_turn", "max_tokens", "tool_use"…
     response_id: str | None = None
+    rate_limits: RateLimitInfo | None = None  # from the answer's headers, when it sent them
 
 
 @dataclass(frozen=True)

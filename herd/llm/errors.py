@@ -47,6 +47,7 @@ class RateLimited(ProviderError):  # noqa: N818 - the fact reported, like LeaseL
         message: str | None = None,
         *,
         retry_after: float | None = None,
+        scope: str | None = None,
         provider: str | None = None,
         model: str | None = None,
         status: int | None = 429,
@@ -57,6 +58,9 @@ class RateLimited(ProviderError):  # noqa: N818 - the fact reported, like LeaseL
             message, provider=provider, model=model, status=status, body=body, attempts=attempts
         )
         self.retry_after = retry_after  # seconds the provider asked to wait, when it said
+        # The limit that ran out, from the rate-limit headers: "requests", "tokens", or None
+        # when the answer did not say.
+        self.scope = scope
 
 
 class ProviderTimeout(ProviderError):

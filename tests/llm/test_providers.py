@@ -29,6 +29,7 @@ from herd.llm import (
     ProviderTimeout,
     ProviderUnavailable,
     RateLimited,
+    RateLimitInfo,
     RetryPolicy,
     Timeouts,
     parse_retry_after,
@@ -419,3 +420,99 @@ def test_the_package_exports_what_it_names() -> None:
     for name in herd.llm.__all__:
         assert getattr(herd.llm, name) is not None
     assert isinstance(OpenAICompatible(model="m", base_url="http://x/v1"), herd.llm.Provider)
+
+
+# Rate-limit headers -----------------------------------------------------------------------
+
+
+def test_openai_durations_and_rate_limit_headers_are_read_and_bad_ones_ignored() -> None:
+    from herd.llm.providers import openai_rate_limits, parse_duration
+
+    assert [parse_duration(t) for t in ("6m0s", "1s", "120ms", "1.5s", "1h2m3s", "2")] == [
+        360.0,
+        1.0,
+        0.12,
+        1.5,
+        3723.0,
+        2.0,
+    ]
+    assert [parse_duration(t) for t in ("", "soon", "5 s", "-1", "1x", "nan", None)] == [None] * 7
+    info = openai_rate_limits(
+        {
+            "X-RateLimit-Limit-Requests": "600",
+            "x-ratelimit-remaining-requests": "0",
+            "x-ratelimit-reset-requests": "100ms",
+            "x-ratelimit-limit-tokens": "200000",
+            "x-ratelimit-remaining-tokens": "lots",  # unreadable: left out
+            "x-ratelimit-reset-tokens": "6m0s",
+        }
+    )
+    assert info == RateLimitInfo(600, 0, 0.1, 200000, None, 360.0)
+    assert info.exhausted() == "requests"
+    assert openai_rate_limits({"x-ratelimit-reset-tokens": "garbage"}) is None
+
+
+def test_anthropic_rate_limit_headers_are_read_and_bad_ones_ignored() -> None:
+    from herd.llm.providers import anthropic_rate_limits
+
+    now = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
+    info = anthropic_rate_limits(
+        {
+            "anthropic-ratelimit-requests-limit": "50",
+            "anthropic-ratelimit-requests-remaining": "3",
+            "anthropic-ratelimit-requests-reset": "2025-01-01T12:00:04Z",
+            "anthropic-ratelimit-tokens-limit": "40000",
+            "anthropic-ratelimit-tokens-remaining": "0",
+            "anthropic-ratelimit-tokens-reset": "2025-01-01T12:00:30+00:00",
+        },
+        now=now,
+    )
+    assert info == RateLimitInfo(50, 3, 4.0, 40000, 0, 30.0)
+    assert (info.exhausted(), info.reset_of("tokens")) == ("tokens", 30.0)
+    odd = anthropic_rate_limits(
+        {"anthropic-ratelimit-requests-reset": "tomorrow", "anthropic-ratelimit-tokens-limit": "-5"}
+    )
+    assert odd is None
+
+
+@BOTH
+async def test_completions_carry_the_rate_limits_and_a_429_names_its_scope(
+    sim: Sim, make: Factory, closing: list[HTTPProvider]
+) -> None:
+    sim.configure(rpm=1, tpm=100_000)
+    llm = make(sim, retry=RetryPolicy(max_tries=4, retry_rate_limited=False))
+    closing.append(llm)
+    done = await llm.complete("s", "u", params={"max_tokens": 50})
+    assert done.rate_limits is not None
+    limits = done.rate_limits
+    assert (limits.requests_limit, limits.requests_remaining) == (1, 0)
+    assert limits.requests_reset is not None and 58 <= limits.requests_reset <= 61  # RFC 3339: s
+    assert limits.tokens_limit == 100_000 and limits.tokens_remaining is not None
+    assert limits.tokens_remaining < 100_000 - 50  # input + max_tokens charged
+    with pytest.raises(RateLimited) as caught:
+        await llm.complete("s", "u2")
+    assert caught.value.scope == "requests"
+    assert caught.value.retry_after is not None and 58 <= caught.value.retry_after <= 61
+    assert caught.value.attempts == 1  # raised at once: the fleet's limiter decides
+    assert sim.stats()["rate_limited"] == 1
+
+
+@BOTH
+async def test_a_429_without_retry_after_waits_for_the_reset_of_the_exhausted_limit(
+    sim: Sim, make: Factory, closing: list[HTTPProvider]
+) -> None:
+    sim.configure(rpm=100_000, tpm=1_000, limit_retry_after=False)
+    # A reset past max_retry_after is raised, not waited: the wait it carries is the reset.
+    llm = make(sim, retry=RetryPolicy(max_tries=3, initial_delay=0.01, max_retry_after=5))
+    closing.append(llm)
+    await llm.complete("s", "u", params={"max_tokens": 900})
+    started = time.monotonic()
+    with pytest.raises(RateLimited) as caught:
+        await llm.complete("s", "u", params={"max_tokens": 900})
+    assert time.monotonic() - started < 2
+    assert caught.value.scope == "tokens"
+    # The bucket is full again in (900 + input) / (1000/60) s: about 54 s.
+    assert caught.value.retry_after is not None and 50 < caught.value.retry_after < 61
+    assert caught.value.attempts == 1
+    stats = sim.stats()
+    assert (stats["rate_limited"], stats["billed"]) == (1, 1)

@@ -15,6 +15,7 @@ import pytest
 
 from herd.llm import OpenAICompatible, ProviderError, RetryPolicy
 from herd.llm.simulator import SimConfig, Simulator, content
+from herd.llm.simulator.limits import RateLimits, go_duration, rfc3339
 from tests.llm.conftest import Sim, start_simulator, stop_simulator
 from tests.llm.schemas import SCHEMAS
 
@@ -58,6 +59,10 @@ def test_flags_set_the_behaviour_at_start(tmp_path) -> None:
         "sk-sim-flag",
         "--seed",
         "7",
+        "--rpm",
+        "100",
+        "--tpm",
+        "50000",
         log=tmp_path / "sim.log",
     )
     try:
@@ -80,6 +85,9 @@ def test_flags_set_the_behaviour_at_start(tmp_path) -> None:
         "api_key": "***",  # never shown
         "hang_max": 3600.0,
         "seed": 7,
+        "rpm": 100,
+        "tpm": 50000,
+        "limit_retry_after": True,
     }
     assert first.status_code == 500
     assert (second.status_code, second.headers["retry-after"]) == (429, "2")
@@ -246,3 +254,125 @@ def test_a_body_over_the_limit_is_refused_with_413_unread(sim: Sim) -> None:
     assert sim.stats()["calls"] == 0
     body = {"model": "m", "messages": [{"role": "user", "content": "x" * 1_000_000}]}
     assert sim.http.post("/v1/chat/completions", json=body).status_code == 200
+
+
+# Rate limits ------------------------------------------------------------------------------
+
+LIMIT_BODY = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_a_limit_bucket_refills_continuously_and_charges_input_plus_max_output() -> None:
+    now = [0.0]
+    limits = RateLimits(rpm=60, tpm=1000, clock=lambda: now[0])
+    assert all(limits.admit("k", "m", 10).admitted for _ in range(60))  # a full bucket bursts
+    refused = limits.admit("k", "m", 10)
+    assert (refused.admitted, refused.scope) == (False, "requests")
+    assert refused.retry_after == pytest.approx(1.0)  # 60/min refills one a second
+    assert limits.admit("k", "other-model", 10).admitted  # per key and model
+    assert limits.admit("other-key", "m", 10).admitted
+    now[0] = 0.5
+    assert not limits.admit("k", "m", 10).admitted  # half a request is not one
+    now[0] = 1.0
+    ok = limits.admit("k", "m", 10)
+    assert ok.admitted  # no reset at the minute: capacity comes back a little at a time
+    tokens = {d.name: d for d in ok.dimensions}["tokens"]
+    assert tokens.remaining == 1000 - 61 * 10 + 1000 // 60  # 61 charged, 1 s refilled
+    assert not limits.admit("k2", "m", 1001).admitted  # more than the whole bucket: never
+    big = limits.admit("k3", "m", 900)
+    assert big.admitted and not limits.admit("k3", "m", 200).admitted
+    assert limits.admit("k3", "m", 200).scope == "tokens"
+
+
+def test_reset_headers_use_the_providers_formats() -> None:
+    assert [go_duration(s) for s in (0.12, 1, 1.5, 360, 3725.5)] == [
+        "120ms",
+        "1s",
+        "1.5s",
+        "6m0s",
+        "1h2m5.5s",
+    ]
+    from datetime import UTC, datetime
+
+    at = datetime(2026, 1, 2, 3, 4, 5, 500000, tzinfo=UTC)
+    assert rfc3339(10, at) == "2026-01-02T03:04:16Z"  # rounded up: full by then
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_over_the_limit_the_official_sdks_raise_rate_limit_error(sim: Sim, api: str) -> None:
+    import anthropic as anthropic_sdk
+    import openai as openai_sdk
+
+    sim.configure(rpm=2, tpm=10_000)
+    if api == "openai":
+        client = openai_sdk.OpenAI(base_url=sim.openai_url, api_key="sk-a", max_retries=0)
+        create = client.chat.completions.with_raw_response.create
+        error: type[Exception] = openai_sdk.RateLimitError
+        prefix = "x-ratelimit-"
+    else:
+        client = anthropic_sdk.Anthropic(base_url=sim.url, api_key="sk-a", max_retries=0)
+        create = client.messages.with_raw_response.create  # type: ignore[assignment]
+        error = anthropic_sdk.RateLimitError
+        prefix = "anthropic-ratelimit-"
+    with client:
+        answers = [create(**LIMIT_BODY) for _ in range(2)]
+        with pytest.raises(error) as refused:
+            create(**LIMIT_BODY)
+    first = answers[0].headers
+    if api == "openai":
+        assert first[prefix + "limit-requests"] == "2"
+        assert first[prefix + "remaining-requests"] == "1"
+        assert first[prefix + "reset-requests"] == "30s"  # one request back at 2/min
+        assert first[prefix + "remaining-tokens"] == str(10_000 - 1 - 64)  # "hi" + max_tokens
+        assert refused.value.body["code"] == "rate_limit_exceeded"  # type: ignore[attr-defined]
+        assert int(refused.value.response.headers["retry-after-ms"]) > 29_000  # type: ignore[attr-defined]
+    else:
+        assert first[prefix + "requests-limit"] == "2"
+        assert first[prefix + "requests-remaining"] == "1"
+        assert first[prefix + "tokens-remaining"] == str(10_000 - 1 - 64)
+        assert first[prefix + "requests-reset"].endswith("Z")
+        body = refused.value.body  # type: ignore[attr-defined]
+        assert body["error"]["type"] == "rate_limit_error"
+    headers = refused.value.response.headers  # type: ignore[attr-defined]
+    assert headers["retry-after"] in ("30", "31")  # whole seconds, rounded up
+    assert any(k.startswith(prefix) for k in headers)  # the 429 carries them too
+    stats = sim.stats()
+    assert (stats["rate_limited"], stats["billed"], stats["by_status"]) == (
+        1,
+        2,
+        {"200": 2, "429": 1},
+    )
+
+
+def test_billed_counts_calls_that_began_generating_even_if_the_client_left(sim: Sim) -> None:
+    sim.configure(latency=2.0)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hello there"}]}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(sim.openai_url + "/chat/completions", json=body, timeout=0.3)
+    sim.configure(latency=0, script=["500", "hang"], hang_max=0.2)
+    assert httpx.post(sim.openai_url + "/chat/completions", json=body).status_code == 500
+    with pytest.raises(httpx.RemoteProtocolError):
+        httpx.post(sim.openai_url + "/chat/completions", json=body, timeout=5)
+    assert httpx.post(sim.openai_url + "/chat/completions", json=body).status_code == 200
+    stats = sim.stats()
+    assert stats["billed"] == 2  # the one cut short and the answered one; not 500 nor hang
+    assert stats["billed_tokens"]["input"] == 2 * content.estimate_tokens("hello there")
+    assert stats["by_status"] == {"200": 1, "500": 1}
+    assert stats["rate_limited"] == 0
+
+
+def test_limits_are_set_and_checked_through_the_control_route(sim: Sim) -> None:
+    assert sim.configure(rpm=1, tpm=None)["rpm"] == 1
+    for bad in ({"rpm": -1}, {"tpm": "lots"}, {"rpm": 1.5}, {"limit_retry_after": "no"}):
+        response = sim.http.post("/_sim/config", json=bad)
+        assert response.status_code == 400, bad
+        assert (
+            "per minute" in response.json()["error"]["message"]
+            or "true or false" in (response.json()["error"]["message"])
+        )
+    url = sim.openai_url + "/chat/completions"
+    assert httpx.post(url, json=LIMIT_BODY).status_code == 200
+    refused = httpx.post(url, json=LIMIT_BODY)
+    assert refused.status_code == 429 and "x-ratelimit-limit-tokens" not in refused.headers
+    sim.configure(rpm=None)  # lifted: no limit, no headers
+    answer = httpx.post(url, json=LIMIT_BODY)
+    assert answer.status_code == 200 and "x-ratelimit-limit-requests" not in answer.headers

@@ -8,6 +8,11 @@ from herd.llm.providers.base import (
     parse_retry_after,
 )
 from herd.llm.providers.openai import OpenAICompatible
+from herd.llm.providers.ratelimits import (
+    anthropic_rate_limits,
+    openai_rate_limits,
+    parse_duration,
+)
 
 __all__ = [
     "Anthropic",
@@ -15,5 +20,8 @@ __all__ = [
     "OpenAICompatible",
     "Provider",
     "RetryPolicy",
+    "anthropic_rate_limits",
+    "openai_rate_limits",
+    "parse_duration",
     "parse_retry_after",
 ]

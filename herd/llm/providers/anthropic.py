@@ -22,9 +22,10 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from herd.llm.completion import Timeouts, Usage
+from herd.llm.completion import RateLimitInfo, Timeouts, Usage
 from herd.llm.errors import MissingAPIKey
 from herd.llm.providers.base import HTTPProvider, RetryPolicy, int_or_zero
+from herd.llm.providers.ratelimits import anthropic_rate_limits
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
@@ -102,6 +103,9 @@ class Anthropic(HTTPProvider):
         body["messages"] = [{"role": "user", "content": user}]
         body["stream"] = False
         return "/v1/messages", headers, body
+
+    def _rate_limits(self, headers: Mapping[str, str]) -> RateLimitInfo | None:
+        return anthropic_rate_limits(headers)
 
     def _parse(self, data: Any) -> tuple[str, Usage, str | None, str | None, str | None]:
         blocks = data["content"]

@@ -29,7 +29,7 @@ from typing import Any, Protocol, Self, runtime_checkable
 import httpx
 
 from herd.errors import ConfigError
-from herd.llm.completion import Completion, Timeouts, Usage
+from herd.llm.completion import Completion, RateLimitInfo, Timeouts, Usage
 from herd.llm.errors import (
     ProviderAuthError,
     ProviderError,
@@ -78,6 +78,11 @@ class RetryPolicy:
     at once with ``retry_after`` set, so that a job queue can reschedule the job
     instead of holding a worker. Read and write timeouts are not retried unless
     ``retry_timeouts``: the provider may still be generating (and billing) the answer.
+    With ``retry_rate_limited=False`` a 429 is raised at once as ``RateLimited``: a
+    fleet-wide limiter, not this one caller, decides when to try again.
+
+    A 429 without ``Retry-After`` waits for the reset of the limit its rate-limit headers
+    show exhausted (``RateLimited.scope``), else the backoff.
     """
 
     max_tries: int = 4
@@ -86,6 +91,7 @@ class RetryPolicy:
     jitter: float = 0.5
     max_retry_after: float = 60.0
     retry_timeouts: bool = False
+    retry_rate_limited: bool = True
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
         """Seconds to wait after failed try number ``attempt`` (1-based)."""
@@ -226,6 +232,10 @@ class HTTPProvider(ABC):
     ) -> tuple[str, dict[str, str], dict[str, Any]]:
         """The URL path (after the base URL), headers and JSON body of the call."""
 
+    def _rate_limits(self, headers: Mapping[str, str]) -> RateLimitInfo | None:
+        """The answer's rate-limit headers, read; None when the provider sends none."""
+        return None
+
     @abstractmethod
     def _parse(self, data: Any) -> tuple[str, Usage, str | None, str | None, str | None]:
         """Text, usage, model, finish reason and id of a 2xx answer; ``KeyError`` etc. if bad."""
@@ -285,7 +295,11 @@ class HTTPProvider(ABC):
                     return self._completion(response, latency, started, attempt)
                 retry_after = parse_retry_after(response.headers)
                 error = self._status_error(response, attempt, retry_after)
-                retriable = response.status_code in RETRY_STATUSES
+                if isinstance(error, RateLimited):
+                    retry_after = error.retry_after
+                retriable = response.status_code in RETRY_STATUSES and (
+                    response.status_code != 429 or self.retry.retry_rate_limited
+                )
                 cause = error
             too_long = retry_after is not None and retry_after > self.retry.max_retry_after
             if not retriable or attempt >= self.retry.max_tries or too_long:
@@ -333,7 +347,15 @@ class HTTPProvider(ABC):
             attempts=attempt,
             finish_reason=finish,
             response_id=rid,
+            rate_limits=self._safe_rate_limits(response.headers),
         )
+
+    def _safe_rate_limits(self, headers: Mapping[str, str]) -> RateLimitInfo | None:
+        try:
+            return self._rate_limits(headers)
+        except Exception:  # an odd header must never fail a call that was paid for
+            log.debug("%s: unreadable rate-limit headers", self._who(), exc_info=True)
+            return None
 
     def _status_error(
         self, response: httpx.Response, attempt: int, retry_after: float | None
@@ -349,8 +371,15 @@ class HTTPProvider(ABC):
             "attempts": attempt,
         }
         if status == 429:
+            info = self._safe_rate_limits(response.headers)
+            scope = info.refused_by() if info is not None else None
+            if retry_after is None and info is not None:
+                retry_after = info.reset_of(scope)
             after = f" (retry after {retry_after:g} s)" if retry_after is not None else ""
-            return RateLimited(f"{head}{after}: {body}", retry_after=retry_after, **kw)
+            on = f" on {scope}" if scope else ""
+            return RateLimited(
+                f"{head}{on}{after}: {body}", retry_after=retry_after, scope=scope, **kw
+            )
         if status in (401, 403):
             return ProviderAuthError(f"{head}: {body}", **kw)
         return ProviderError(f"{head}: {body}", **kw)

@@ -12,8 +12,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from herd.llm.completion import Timeouts, Usage
+from herd.llm.completion import RateLimitInfo, Timeouts, Usage
 from herd.llm.providers.base import HTTPProvider, RetryPolicy, int_or_zero
+from herd.llm.providers.ratelimits import openai_rate_limits
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
@@ -84,6 +85,9 @@ class OpenAICompatible(HTTPProvider):
         body["messages"] = messages
         body["stream"] = False
         return "/chat/completions", headers, body
+
+    def _rate_limits(self, headers: Mapping[str, str]) -> RateLimitInfo | None:
+        return openai_rate_limits(headers)
 
     def _parse(self, data: Any) -> tuple[str, Usage, str | None, str | None, str | None]:
         choice = data["choices"][0]

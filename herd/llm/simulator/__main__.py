@@ -5,6 +5,7 @@ Examples::
     python -m herd.llm.simulator --port 0 --latency 0.5
     python -m herd.llm.simulator --latency 20:90 --fail-rate 429=0.02,500=0.01 --seed 7
     python -m herd.llm.simulator --script 429:2,500,ok --api-key sk-sim
+    python -m herd.llm.simulator --rpm 600 --tpm 200000 --latency 0.2:0.5
 
 Then point a client at it: ``OpenAICompatible(base_url=URL + "/v1", ...)`` or
 ``Anthropic(base_url=URL, ...)``; read ``GET URL/_sim/stats`` for the counters.
@@ -57,6 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None, help="require this key (default: accept any)")
     p.add_argument("--hang-max", type=float, default=3600.0, help="longest hang, seconds")
     p.add_argument("--seed", type=int, default=None, help="seed of the failure draws")
+    p.add_argument(
+        "--rpm", type=int, default=None, help="requests per minute, per API key and model"
+    )
+    p.add_argument(
+        "--tpm",
+        type=int,
+        default=None,
+        help="tokens per minute (input + max_tokens), per API key and model",
+    )
     p.add_argument("--verbose", action="store_true", help="log every request on stderr")
     return p
 
@@ -75,7 +85,7 @@ def config_from(args: argparse.Namespace) -> SimConfig:
         hang_max=args.hang_max,
         seed=args.seed,
     )
-    config.update({"fail_rates": rates})  # validates the sum
+    config.update({"fail_rates": rates, "rpm": args.rpm, "tpm": args.tpm})  # validates the sum
     return config
 
 

@@ -25,10 +25,21 @@ answer is 413 and the body is not read.
 
 What a model call gets is decided in this order: a wrong or missing key (when the
 simulator has one) → 401; an Anthropic call without ``anthropic-version`` → 400;
-``stream: true`` → 400; then the next entry of the script if any, else a random
-draw against the failure rates, else a normal answer. The latency applies to every
-outcome except 429 (rate limiters answer at once) and ``hang`` (which never
-answers: it waits until the client goes away, or ``hang_max`` seconds).
+``stream: true`` → 400; then the rate limits (``rpm``, ``tpm``; ``limits.py``): a
+call that does not fit is answered 429 at once; then the next entry of the script if
+any, else a random draw against the failure rates, else a normal answer. The latency
+applies to every outcome except 429 (rate limiters answer at once) and ``hang`` (which
+never answers: it waits until the client goes away, or ``hang_max`` seconds). With
+limits set, every answer from the limits on carries the wire format's rate-limit
+headers (OpenAI ``x-ratelimit-*``, Anthropic ``anthropic-ratelimit-*``).
+
+Counters of ``/_sim/stats`` beyond the obvious ones: ``rate_limited`` is the number of
+429s sent because a limit was full (not the scripted or drawn ones, which count under
+``by_outcome``); ``billed`` is the number of calls that passed the limits and whose
+draw was a generated answer (``ok``, ``malformed`` or ``schema_invalid``), counted when
+generation begins, so a call whose client hung up during the latency is billed too,
+as a provider bills it; ``billed_tokens`` are those calls' input and output tokens.
+Calls refused (401, 400, 429) and drawn failures (5xx, ``hang``) are not billed.
 """
 
 from __future__ import annotations
@@ -49,6 +60,7 @@ from typing import Any
 
 from herd.errors import ConfigError
 from herd.llm.simulator import content
+from herd.llm.simulator.limits import RateLimits, Verdict, headers_for, key_id
 
 log = logging.getLogger("herd.llm.simulator")
 
@@ -72,6 +84,10 @@ class SimConfig:
     api_key: str | None = None  # when set, calls must carry it
     hang_max: float = 3600.0
     seed: int | None = None  # for the failure draws
+    rpm: int | None = None  # requests per minute, per key and model (limits.py)
+    tpm: int | None = None  # tokens (input + max output) per minute, per key and model
+    # Providers send Retry-After with a limit's 429; off, a client must read the reset headers.
+    limit_retry_after: bool = True
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply a partial JSON config; raise ``ConfigError`` naming what is wrong."""
@@ -96,6 +112,12 @@ class SimConfig:
                 setattr(new, key, _nonneg(key, value))
             elif key == "seed":
                 new.seed = None if value is None else int(value)
+            elif key == "limit_retry_after":
+                if not isinstance(value, bool):
+                    raise ConfigError("limit_retry_after must be true or false")
+                new.limit_retry_after = value
+            elif key in ("rpm", "tpm"):
+                setattr(new, key, parse_limit(key, value))
             elif key in ("fixed_text", "api_key"):
                 setattr(new, key, None if value is None else str(value))
         self.__dict__.update(new.__dict__)
@@ -119,6 +141,19 @@ def parse_latency(value: Any) -> tuple[float, float]:
     if high < low:
         raise ConfigError("latency: high is below low")
     return low, high
+
+
+def parse_limit(name: str, value: Any) -> int | None:
+    """A per-minute limit: a positive whole number, or null/0 for none."""
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a whole number per minute (or null for none)") from None
+    if number < 0 or number != float(value):
+        raise ConfigError(f"{name} must be a whole number per minute, not {value!r}")
+    return number or None
 
 
 def parse_outcome(item: str) -> str:
@@ -170,6 +205,7 @@ class SimState:
         self.in_flight = 0
         self.generation = 0
         self.started = time.time()
+        self.limits = RateLimits(config.rpm, config.tpm)
         self._zero()
 
     def _zero(self) -> None:
@@ -179,6 +215,9 @@ class SimState:
         self.by_api: dict[str, int] = {}
         self.by_outcome: dict[str, int] = {}
         self.disconnected = 0
+        self.rate_limited = 0
+        self.billed = 0
+        self.billed_tokens = [0, 0]
         self.input_tokens = 0
         self.output_tokens = 0
         self.max_in_flight = self.in_flight
@@ -194,6 +233,7 @@ class SimState:
             self.generation += 1
             self.config = copy.deepcopy(self.initial)
             self.rng = random.Random(self.config.seed)
+            self.limits = RateLimits(self.config.rpm, self.config.tpm)
             self._zero()
 
     def configure(self, changes: dict[str, Any]) -> dict[str, Any]:
@@ -202,6 +242,8 @@ class SimState:
             self.config.update(changes)
             if "seed" in changes and self.config.seed != seed:
                 self.rng = random.Random(self.config.seed)
+            if "rpm" in changes or "tpm" in changes:  # new limits start with full buckets
+                self.limits = RateLimits(self.config.rpm, self.config.tpm)
             return self.config.public()
 
     def begin(self, api: str, model: str) -> int:
@@ -250,6 +292,24 @@ class SimState:
             self.input_tokens += sign * tokens[0]
             self.output_tokens += sign * tokens[1]
 
+    def admit(self, generation: int, key: str | None, model: str, tokens: int) -> Verdict | None:
+        """Weigh a call against the limits (None when there are none); count a refusal."""
+        with self.lock:
+            if not self.limits.active:
+                return None
+            verdict = self.limits.admit(key_id(key), model, tokens)
+            if not verdict.admitted and generation == self.generation:
+                self.rate_limited += 1
+            return verdict
+
+    def bill(self, generation: int, tokens: tuple[int, int]) -> None:
+        """A call began generating: the provider's bill counts it, answer delivered or not."""
+        with self.lock:
+            if generation == self.generation:
+                self.billed += 1
+                self.billed_tokens[0] += tokens[0]
+                self.billed_tokens[1] += tokens[1]
+
     def tag_call(self, tag: str) -> dict[str, Any] | None:
         """Start the record of a tagged call (bounded: at most TAGGED_MAX are kept)."""
         with self.lock:
@@ -281,6 +341,13 @@ class SimState:
                 "by_api": dict(self.by_api),
                 "by_outcome": dict(self.by_outcome),
                 "disconnected": self.disconnected,
+                "rate_limited": self.rate_limited,
+                "billed": self.billed,
+                "billed_tokens": {
+                    "input": self.billed_tokens[0],
+                    "output": self.billed_tokens[1],
+                    "total": sum(self.billed_tokens),
+                },
                 "in_flight": self.in_flight,
                 "max_in_flight": self.max_in_flight,
                 "tokens": {
@@ -312,6 +379,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     server_version = "herd-simulator/0.1"
     _tagged: dict[str, Any] | None = None  # the record of the tagged call being answered
+    _limit_headers: dict[str, str] = {}  # rate-limit headers of the call being answered
 
     def setup(self) -> None:
         super().setup()
@@ -382,6 +450,7 @@ class _Handler(BaseHTTPRequestHandler):
         generation = state.begin(api, model)
         tag = self.headers.get("x-sim-tag")
         self._tagged = state.tag_call(tag) if tag else None
+        self._limit_headers = {}
         self._in_flight = True
         try:
             self._answer(api, model, body, generation)
@@ -431,6 +500,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(api, generation, 400, "invalid_request_error", message)
             return
 
+        verdict = state.admit(generation, given, model, _weight(req, body))
+        if verdict is not None:
+            with state.lock:
+                send_after = state.config.limit_retry_after
+            self._limit_headers = headers_for(api, verdict, retry_after=send_after)
+            if not verdict.admitted:
+                self._refuse(api, generation, model, verdict)
+                return
+
         outcome, latency = state.draw(generation)
         name, _, arg = outcome.partition(":")
         if name == "rate_limit":
@@ -444,6 +522,16 @@ class _Handler(BaseHTTPRequestHandler):
                 {"retry-after": f"{after:g}"},
             )
             return
+        text = ""
+        tokens = (0, 0)
+        if name in ("ok", "malformed", "schema_invalid"):
+            # Generation begins: billed from here even if the client hangs up before the end.
+            text = self._content(req, name)
+            tokens = (
+                content.estimate_tokens(req.prompt_text),
+                max(1, content.estimate_tokens(text)),
+            )
+            state.bill(generation, tokens)
         if name == "hang":
             if self._client_gone(hang_max):
                 state.hung_up(generation)
@@ -464,13 +552,33 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(api, generation, status, "api_error", f"Simulated {status}.", headers)
             return
 
-        text = self._content(req, name)
-        tokens = (content.estimate_tokens(req.prompt_text), max(1, content.estimate_tokens(text)))
         if api == "openai":
             payload = _openai_answer(model, text, tokens)
         else:
             payload = _anthropic_answer(model, req, text, tokens)
         self._send(generation, 200, payload, tokens=tokens)
+
+    def _refuse(self, api: str, generation: int, model: str, verdict: Verdict) -> None:
+        """429 for a limit, in the provider's error JSON, so its SDK raises RateLimitError."""
+        scope = verdict.scope or "requests"
+        dim = next((d for d in verdict.dimensions if d.name == scope), None)
+        limit = dim.limit if dim is not None else 0
+        asked = 1 if scope == "requests" else verdict.requested
+        wait = verdict.retry_after or 0.0
+        per = "RPM" if scope == "requests" else "TPM"
+        message = (
+            f"Rate limit reached for {model} on {scope} per min ({per}): Limit {limit},"
+            f" Requested {asked}. Please try again in {wait:.3f}s."
+        )
+        if asked > limit:
+            message = (
+                f"Request too large for {model} on {scope} per min ({per}):"
+                f" Limit {limit}, Requested {asked}."
+            )
+        if api == "anthropic":
+            self._error(api, generation, 429, "rate_limit_error", message)
+        else:
+            self._error(api, generation, 429, scope, message, code="rate_limit_exceeded")
 
     def _content(self, req: _Request, outcome: str) -> str:
         state = self.server.state
@@ -563,11 +671,12 @@ class _Handler(BaseHTTPRequestHandler):
         kind: str,
         message: str,
         headers: dict[str, str] | None = None,
+        code: str | None = None,
     ) -> None:
         if api == "anthropic":
             payload: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
         else:
-            payload = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+            payload = {"error": {"message": message, "type": kind, "param": None, "code": code}}
         self._send(generation, status, payload, headers)
 
     def _send(
@@ -583,6 +692,8 @@ class _Handler(BaseHTTPRequestHandler):
         state = self.server.state
         state.answered(generation, status, tokens)
         self._done()
+        if self._limit_headers:
+            headers = {**self._limit_headers, **(headers or {})}
         if not self._json(status, payload, headers):
             state.answered(generation, status, tokens, sign=-1)
             state.hung_up(generation)
@@ -671,6 +782,13 @@ class _Request:
             _text(m.get("content")) for m in self.messages if isinstance(m, dict)
         ]
         return "\n".join(parts)
+
+
+def _weight(req: _Request, body: dict[str, Any]) -> int:
+    """Tokens a call is charged at admission: its input plus the most output it allows."""
+    most = body.get("max_completion_tokens", body.get("max_tokens"))
+    out = int(most) if isinstance(most, int | float) and most > 0 else 0
+    return content.estimate_tokens(req.prompt_text) + out
 
 
 def _same_key(given: str | None, key: str) -> bool:
