@@ -29,7 +29,7 @@ async def hammer(limiter, scope, limit, until, out):  # type: ignore[no-untyped-
         if grant.granted:
             out.append([grant.at, 1])
         else:
-            await asyncio.sleep(min(grant.wait, 0.05) * random.uniform(0.5, 1.0))
+            await asyncio.sleep(grant.wait * random.uniform(1.0, 1.5) + 0.001)
 
 
 async def tokens(limiter, scope, limit, until, out, rng):  # type: ignore[no-untyped-def]
