@@ -87,6 +87,8 @@ class Settings:
     # Connections of the process's one PostgreSQL pool (and each Redis pool); None: a
     # worker takes its concurrency + PG_POOL_SPARE, other commands PG_POOL_SIZE.
     pg_pool_size: int | None = None
+    # The provider limits file (TOML, herd.limits.config); None: no limits.
+    limits_path: Path | None = None
 
     def __post_init__(self) -> None:
         # Whatever prints an error later masks these verbatim, even where the URL's
@@ -131,6 +133,7 @@ class Settings:
             ),
             eval_max_tokens=_bytes(env, "HERD_EVAL_MAX_TOKENS", EVAL_MAX_TOKENS, unit="tokens"),
             pg_pool_size=_bytes(env, "HERD_PG_POOL_SIZE", 0, unit="connections") or None,
+            limits_path=Path(env["HERD_LIMITS"]).expanduser() if env.get("HERD_LIMITS") else None,
         )
 
     def override(self, **values: object) -> Settings:

@@ -108,6 +108,16 @@ class SingleflightTimeout(HerdError):
     """Another caller is computing this value and did not finish within the wait."""
 
 
+class CapacityTimeout(HerdError):
+    """A provider limit had no capacity within the wait; nothing was taken."""
+
+    def __init__(
+        self, message: str | None = None, *, scope: str, reason: str, retry_in: float
+    ) -> None:
+        super().__init__(message)
+        self.scope, self.reason, self.retry_in = scope, reason, retry_in
+
+
 class FallbackWarning(RuntimeWarning):
     """herd runs a slower fallback: something its fast path needs is missing or failed.
 

@@ -139,7 +139,13 @@ async def migrate(conn: AsyncConnection[Any], package: str = "herd.queue.sql") -
 
 # The features whose schema needs no extension (rag and semantic need pgvector and
 # migrate on their first use): what `herd migrate` brings up to date.
-PLAIN_FEATURES = ("herd.queue.sql", "herd.locks.sql", "herd.cache.sql", "herd.llm.sql")
+PLAIN_FEATURES = (
+    "herd.queue.sql",
+    "herd.locks.sql",
+    "herd.cache.sql",
+    "herd.llm.sql",
+    "herd.limits.sql",
+)
 
 
 async def migrate_all(

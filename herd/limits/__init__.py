@@ -1,0 +1,39 @@
+"""Fleet-wide provider limits (requests, tokens, concurrency per provider, model and key),
+kept in the job store so every worker of a fleet shares them.
+
+    limiter = for_broker("postgres", url)       # or "redis"
+    await limiter.open()
+    scope = scope_name("openai", "gpt-4o-mini", key_id(api_key))
+    async with hold(limiter, scope, Limit(rpm=600, tpm=200_000), tokens, holder=job) as slot:
+        ...                                      # the call
+        await slot.adjust(usage.total_tokens)   # reconcile the reservation
+"""
+
+from herd.errors import CapacityTimeout
+from herd.limits.acquire import LIMITERS, Slot, for_broker, hold
+from herd.limits.base import Grant, Limit, Limiter, LimitStats, key_id, scope_name
+from herd.limits.config import LimitsFile, load
+from herd.limits.postgres import PostgresLimiter
+from herd.limits.redis import RedisLimiter
+from herd.limits.tokens import estimate, estimate_input, estimate_output
+
+__all__ = [
+    "LIMITERS",
+    "CapacityTimeout",
+    "Grant",
+    "Limit",
+    "LimitStats",
+    "Limiter",
+    "LimitsFile",
+    "PostgresLimiter",
+    "RedisLimiter",
+    "Slot",
+    "estimate",
+    "estimate_input",
+    "estimate_output",
+    "for_broker",
+    "hold",
+    "key_id",
+    "load",
+    "scope_name",
+]

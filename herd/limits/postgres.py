@@ -1,0 +1,213 @@
+"""Provider limits on PostgreSQL: a row per scope, one statement per verb.
+
+An acquire is one call of ``herd_limit_acquire`` (migration 5001), which locks the
+scope's row by its primary key, reads the server's clock after the lock, and takes
+the request, the tokens and the slot together or nothing. Concurrency slots live
+in the row (holder -> expiry), pruned by the acquire that finds them expired.
+Rows unused for LIMIT_TTL are deleted by ``purge()`` (on open and from stats()),
+in bounded batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from herd.db import postgres as pgdb
+from herd.limits.base import (
+    LIMIT_TTL,
+    Grant,
+    Limit,
+    LimitStats,
+    check_request,
+    check_scope,
+    rates,
+    stats_of,
+)
+
+STORE = "the limit store"
+_EPOCH = "extract(epoch FROM clock_timestamp())::float8"
+
+_ACQUIRE = """
+SELECT granted, wait, at, reason FROM herd_limit_acquire(
+    %(scope)s, %(lim)s, %(tokens)s, %(holder)s, %(hold)s,
+    %(req_burst)s, %(req_rate)s, %(tok_burst)s, %(tok_rate)s, %(max_concurrent)s)
+"""
+
+_RENEW = f"""
+UPDATE herd_limits SET slots = jsonb_set(slots, ARRAY[%(holder)s], to_jsonb({_EPOCH} + %(hold)s))
+ WHERE scope = %(scope)s AND (slots ->> %(holder)s)::float8 > {_EPOCH}
+RETURNING 1
+"""
+
+_RELEASE = """
+UPDATE herd_limits SET slots = slots - %(holder)s WHERE scope = %(scope)s AND slots ? %(holder)s
+"""
+
+# A charge moves tat on from max(tat, now); a refund moves it back, never to before
+# now (an idle bucket's credit is not for a refund to grow).
+_ADJUST = f"""
+UPDATE herd_limits SET
+    tokens = tokens + %(tokens)s,
+    tok_tat = CASE
+        WHEN %(rate)s::float8 IS NULL THEN tok_tat
+        WHEN %(tokens)s >= 0 THEN greatest(tok_tat, {_EPOCH}) + %(tokens)s / %(rate)s::float8
+        WHEN tok_tat > {_EPOCH} THEN greatest(tok_tat + %(tokens)s / %(rate)s::float8, {_EPOCH})
+        ELSE tok_tat END,
+    used_at = now()
+ WHERE scope = %(scope)s
+"""
+
+_PAUSE = f"""
+INSERT INTO herd_limits AS l (scope, paused_until, rate_limited)
+VALUES (%(scope)s, {_EPOCH} + %(seconds)s, 1)
+ON CONFLICT (scope) DO UPDATE SET
+    paused_until = greatest(coalesce(l.paused_until, 0), excluded.paused_until),
+    rate_limited = l.rate_limited + 1,
+    used_at = now()
+"""
+
+_NOTE_WAIT = """
+INSERT INTO herd_limits AS l (scope, waits, wait_seconds) VALUES (%(scope)s, 1, %(seconds)s)
+ON CONFLICT (scope) DO UPDATE SET
+    waits = l.waits + 1, wait_seconds = l.wait_seconds + excluded.wait_seconds, used_at = now()
+"""
+
+_STATS = f"""
+SELECT scope, lim, req_tat, tok_tat, paused_until, requests, tokens, waits, wait_seconds,
+       rate_limited, now_s,
+       (SELECT count(*) FROM jsonb_each(slots) WHERE (value #>> '{{}}')::float8 > now_s)
+  FROM herd_limits, (SELECT {_EPOCH} AS now_s) AS c
+"""
+
+_PURGE = """
+DELETE FROM herd_limits WHERE scope IN (
+    SELECT scope FROM herd_limits
+     WHERE used_at < now() - %(ttl)s::float8 * interval '1 second'
+     ORDER BY used_at LIMIT %(batch)s)
+"""
+
+
+class PostgresLimiter:
+    """Limits in PostgreSQL. Give a URL: the process's pool for it is joined on
+    ``open()`` and herd.limits.sql migrated (``auto_migrate``)."""
+
+    name = "postgres"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 4,
+        auto_migrate: bool = True,
+        ttl: float = LIMIT_TTL,
+        direct_url: str | None = None,
+    ) -> None:
+        self.url = url
+        self.auto_migrate = auto_migrate
+        self.ttl = ttl
+        self._pool = pgdb.SharedPool(url, max_size=pool_size, store=STORE, direct_url=direct_url)
+
+    def _errors(self) -> AbstractContextManager[None]:
+        return pgdb.translate_errors(self.url, store=STORE)
+
+    async def open(self) -> None:
+        await self._pool.open("herd.limits.sql" if self.auto_migrate else None)
+        await self.purge()
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def __aenter__(self) -> PostgresLimiter:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _run(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        with self._errors():
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(query, params)
+                return await cur.fetchall() if cur.description else []
+
+    async def try_acquire(
+        self, scope: str, limit: Limit, tokens: int, holder: str, hold_for: float
+    ) -> Grant:
+        check_request(scope, limit, tokens, hold_for)
+        req, tok = rates(limit)
+        ((granted, wait, at, reason),) = await self._run(
+            _ACQUIRE,
+            {
+                "scope": scope,
+                "lim": Jsonb(limit.to_json()),
+                "tokens": tokens,
+                "holder": holder,
+                "hold": hold_for,
+                "req_burst": req.burst if req else None,
+                "req_rate": req.rate if req else None,
+                "tok_burst": tok.burst if tok else None,
+                "tok_rate": tok.rate if tok else None,
+                "max_concurrent": limit.max_concurrent,
+            },
+        )
+        return Grant(bool(granted), float(wait), float(at), reason)
+
+    async def renew(self, scope: str, holder: str, hold_for: float) -> bool:
+        rows = await self._run(_RENEW, {"scope": scope, "holder": holder, "hold": hold_for})
+        return bool(rows)
+
+    async def release(self, scope: str, holder: str) -> None:
+        await self._run(_RELEASE, {"scope": scope, "holder": holder})
+
+    async def adjust(self, scope: str, limit: Limit, tokens: int) -> None:
+        if tokens:
+            _, tok = rates(limit)
+            rate = tok.rate if tok else None
+            await self._run(_ADJUST, {"scope": scope, "tokens": tokens, "rate": rate})
+
+    async def pause(self, scope: str, seconds: float) -> None:
+        check_scope(scope)
+        await self._run(_PAUSE, {"scope": scope, "seconds": max(0.0, seconds)})
+
+    async def note_wait(self, scope: str, seconds: float) -> None:
+        check_scope(scope)
+        await self._run(_NOTE_WAIT, {"scope": scope, "seconds": max(0.0, seconds)})
+
+    async def stats(self, scopes: Sequence[str] | None = None) -> list[LimitStats]:
+        if scopes is None:
+            await self.purge()
+            rows = await self._run(_STATS + " ORDER BY scope", {})
+        else:
+            rows = await self._run(
+                _STATS + " WHERE scope = ANY(%(scopes)s) ORDER BY scope", {"scopes": list(scopes)}
+            )
+        return [
+            stats_of(
+                r[0],
+                r[1],
+                r[10],
+                req_tat=r[2],
+                tok_tat=r[3],
+                paused_until=r[4],
+                requests=r[5],
+                tokens=r[6],
+                waits=r[7],
+                wait_seconds=r[8],
+                rate_limited=r[9],
+                in_flight=r[11],
+            )
+            for r in rows
+        ]
+
+    async def purge(self, *, batch: int = 1000) -> int:
+        """Delete up to ``batch`` scopes unused for ``ttl`` seconds; how many went."""
+        if not self.ttl:
+            return 0
+        with self._errors():
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(_PURGE, {"ttl": self.ttl, "batch": batch})
+                return cur.rowcount

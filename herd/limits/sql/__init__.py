@@ -1,0 +1,1 @@
+"""Migrations of herd.limits (see herd.db.postgres.migrate)."""
