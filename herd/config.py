@@ -23,6 +23,7 @@ THROUGHPUT_TTL = 2 * 86400
 # bill. Evaluations and cache entries: a month, long enough to re-run or re-read a
 # batch, short enough that answers of a model alias that has since moved on expire.
 LEDGER_TTL = 90 * 86400
+LIMIT_MAX_WAIT = 30
 EVAL_TTL = 30 * 86400
 CACHE_TTL = 30 * 86400
 
@@ -89,6 +90,9 @@ class Settings:
     pg_pool_size: int | None = None
     # The provider limits file (TOML, herd.limits.config); None: no limits.
     limits_path: Path | None = None
+    # Seconds a call may wait for capacity under a provider limit before its job is handed
+    # back with a delay (no attempt counted) instead of holding a worker slot.
+    limit_max_wait: int = LIMIT_MAX_WAIT
 
     def __post_init__(self) -> None:
         # Whatever prints an error later masks these verbatim, even where the URL's
@@ -134,6 +138,7 @@ class Settings:
             eval_max_tokens=_bytes(env, "HERD_EVAL_MAX_TOKENS", EVAL_MAX_TOKENS, unit="tokens"),
             pg_pool_size=_bytes(env, "HERD_PG_POOL_SIZE", 0, unit="connections") or None,
             limits_path=Path(env["HERD_LIMITS"]).expanduser() if env.get("HERD_LIMITS") else None,
+            limit_max_wait=_bytes(env, "HERD_LIMIT_MAX_WAIT", LIMIT_MAX_WAIT, unit="seconds"),
         )
 
     def override(self, **values: object) -> Settings:

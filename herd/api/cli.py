@@ -19,12 +19,19 @@ from herd.errors import ConfigError
 
 _LEDGER_LABELS = {
     "call": "provider calls",
-    "lost": "cut short (lease lost)",
+    "lost": "lost (lease lost mid-call)",
+    "failed": "failed after sending",
+    "cut_short": "cut short (worker died)",
     "cache": "avoided: cache",
     "singleflight": "avoided: singleflight",
     "dedup": "avoided: dedup",
 }
 _SPARK = " ▁▂▃▄▅▆▇█"
+
+
+def _of(now: float, limit: int | None) -> str:
+    """Use now against its limit: "412 / 600", or the use alone where none is set."""
+    return f"{now:,.0f} / {limit:,}" if limit is not None else f"{now:,.0f}"
 
 
 def serve(
@@ -218,3 +225,20 @@ def print_overview(ov: OverviewOut) -> None:
                 _money(row.saved),
             )
     out.print(led)
+
+    if ov.limits:
+        lim = _table(
+            "provider limits", "scope", ">requests", ">tokens", ">in flight", ">waits",
+            ">429s", ">paused",
+        )  # fmt: skip
+        for lr in ov.limits:
+            lim.add_row(
+                lr.scope,
+                _of(lr.requests_now, lr.rpm),
+                _of(lr.tokens_now, lr.tpm),
+                _of(lr.in_flight, lr.max_concurrent),
+                f"{lr.waits:,}",
+                f"{lr.rate_limited:,}",
+                f"{lr.paused_for:.1f} s" if lr.paused_for else "",
+            )
+        out.print(lim)

@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 from herd._version import __version__
 from herd.api import overview
 from herd.api.deps import HerdApp
-from herd.api.models import CacheOut, HealthOut, LedgerRow
+from herd.api.models import CacheOut, HealthOut, LedgerRow, LimitOut
 from herd.app import App
 from herd.config import mask_url
 from herd.db.postgres import connect_kwargs
@@ -37,6 +37,7 @@ class Reading:
     queues: list[QueueStats] = field(default_factory=list)
     caches: list[CacheOut] = field(default_factory=list)
     ledger: list[LedgerRow] = field(default_factory=list)
+    limits: list[LimitOut] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
 
@@ -44,6 +45,7 @@ async def read(app: App) -> Reading:
     reading = Reading(queues=await app.stats())
     reading.caches = await overview.caches(app, reading.problems)
     reading.ledger = await overview.optional("ledger", overview.ledger(app), reading.problems)
+    reading.limits = await overview.optional("limits", overview.limits(app), reading.problems)
     return reading
 
 
@@ -127,6 +129,7 @@ class HerdCollector(Collector):
             if row.saved is not None:
                 saved.add_metric([row.kind], row.saved)
         yield from (calls, tokens, cost, saved)
+        yield from _limit_metrics(r.limits)
 
         problems = GaugeMetricFamily(
             "herd_scrape_problems",
@@ -136,6 +139,50 @@ class HerdCollector(Collector):
         for p in r.problems:
             problems.add_metric([p.split(":", 1)[0]], 1)
         yield problems
+
+
+def _limit_metrics(rows: list[LimitOut]) -> Iterator[Metric]:
+    """Per fleet-wide provider limit: what it allows, what it uses now, what it granted,
+    how often callers waited, and the provider's 429s."""
+    dims = ["scope", "dimension"]
+    allowed = GaugeMetricFamily(
+        "herd_limit_allowed", "What the limit allows per period (concurrent: at once).", labels=dims
+    )
+    used = GaugeMetricFamily(
+        "herd_limit_used", "Counted against the limit in the current period (or in flight).",
+        labels=dims,
+    )  # fmt: skip
+    granted = CounterMetricFamily(
+        "herd_limit_granted", "Requests and tokens granted under the limit.", labels=dims
+    )
+    waits = CounterMetricFamily(
+        "herd_limit_waits", "Calls that waited for capacity.", labels=["scope"]
+    )
+    waited = CounterMetricFamily(
+        "herd_limit_wait_seconds", "Seconds calls waited for capacity.", labels=["scope"]
+    )
+    refused = CounterMetricFamily(
+        "herd_limit_rate_limited", "The provider's 429s; each paused the limit.", labels=["scope"]
+    )
+    paused = GaugeMetricFamily(
+        "herd_limit_paused_seconds", "Seconds the limit stays paused.", labels=["scope"]
+    )
+    for row in rows:
+        for dim, limit, now, total in (
+            ("requests", row.rpm, row.requests_now, row.requests),
+            ("tokens", row.tpm, row.tokens_now, row.tokens),
+            ("concurrent", row.max_concurrent, row.in_flight, None),
+        ):
+            if limit is not None:
+                allowed.add_metric([row.scope, dim], limit)
+            used.add_metric([row.scope, dim], now)
+            if total is not None:
+                granted.add_metric([row.scope, dim], total)
+        waits.add_metric([row.scope], row.waits)
+        waited.add_metric([row.scope], row.wait_seconds)
+        refused.add_metric([row.scope], row.rate_limited)
+        paused.add_metric([row.scope], row.paused_for)
+    yield from (allowed, used, granted, waits, waited, refused, paused)
 
 
 def _registry(request: Request) -> tuple[CollectorRegistry, HerdCollector]:

@@ -210,8 +210,46 @@ class CacheOut(BaseModel):
     counters: dict[str, int]
 
 
+class LimitOut(BaseModel):
+    """A fleet-wide provider limit (provider:model:key id, never the key) and its use."""
+
+    scope: str
+    rpm: int | None  # per period (60 s unless the limits file says otherwise)
+    tpm: int | None
+    max_concurrent: int | None
+    period: float
+    requests_now: float  # counted in the current period
+    tokens_now: float
+    in_flight: int
+    requests: int  # granted since the limit was first used
+    tokens: int
+    waits: int  # calls that had to wait for capacity
+    wait_seconds: float
+    rate_limited: int  # the provider's 429s, each of which paused the limit fleet-wide
+    paused_for: float  # seconds the limit stays paused (0: not paused)
+
+    @classmethod
+    def of(cls, s: Any, now: float) -> LimitOut:
+        return cls(
+            scope=s.scope,
+            rpm=s.limit.rpm,
+            tpm=s.limit.tpm,
+            max_concurrent=s.limit.max_concurrent,
+            period=s.limit.period,
+            requests_now=s.requests_now,
+            tokens_now=s.tokens_now,
+            in_flight=s.in_flight,
+            requests=s.requests,
+            tokens=s.tokens,
+            waits=s.waits,
+            wait_seconds=s.wait_seconds,
+            rate_limited=s.rate_limited,
+            paused_for=max(0.0, (s.paused_until or 0.0) - now),
+        )
+
+
 class LedgerRow(BaseModel):
-    kind: str  # call, lost, cache, singleflight, dedup
+    kind: str  # call, lost, failed, cut_short (calls made); cache, singleflight, dedup
     calls: int
     input_tokens: int
     output_tokens: int
@@ -236,6 +274,7 @@ class OverviewOut(BaseModel):
     recent: list[JobSummaryOut]
     caches: list[CacheOut]
     ledger: list[LedgerRow]
+    limits: list[LimitOut] = []  # the fleet's provider limits, O(limits)
     problems: list[str]  # sections that could not be read, and why
 
 

@@ -6,6 +6,7 @@ dead-letter queue, caches and the cost ledger. The dashboard, `herd status` and
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -14,6 +15,7 @@ from herd.api.models import (
     CacheOut,
     JobSummaryOut,
     LedgerRow,
+    LimitOut,
     OverviewOut,
     ThroughputOut,
 )
@@ -77,7 +79,7 @@ async def caches(app: App, problems: list[str] | None = None) -> list[CacheOut]:
     return out
 
 
-LEDGER_KINDS = ("call", "lost", "cache", "singleflight", "dedup")
+LEDGER_KINDS = ("call", "lost", "failed", "cut_short", "cache", "singleflight", "dedup")
 
 
 async def ledger(app: App) -> list[LedgerRow]:
@@ -103,6 +105,18 @@ async def ledger(app: App) -> list[LedgerRow]:
     ]
 
 
+async def limits(app: App) -> list[LimitOut]:
+    """Each fleet-wide provider limit with its use, waits and 429s: one read of the
+    limits' own rows or keys, O(limits) on every poll."""
+    from herd.llm.evaluate import EvalRuntime
+
+    limiter = (await EvalRuntime.of(app)).limiter
+    if limiter is None:
+        return []
+    now = time.time()
+    return [LimitOut.of(s, now) for s in await limiter.stats()]
+
+
 async def optional(what: str, read: Awaitable[list[T]], problems: list[str]) -> list[T]:
     """Caches and the ledger live beside the queue (and may be down while it is up)."""
     try:
@@ -123,6 +137,7 @@ async def overview(app: App, *, minutes: int = 30, limit: int = 50) -> OverviewO
     )
     cache_rows = await caches(app, problems)
     ledger_rows = await optional("cost ledger", ledger(app), problems)
+    limit_rows = await optional("provider limits", limits(app), problems)
     return OverviewOut(
         now=datetime.now(UTC),
         broker=app.broker.name,
@@ -133,6 +148,7 @@ async def overview(app: App, *, minutes: int = 30, limit: int = 50) -> OverviewO
         recent=[JobSummaryOut.of(j) for j in recent],
         caches=cache_rows,
         ledger=ledger_rows,
+        limits=limit_rows,
         problems=problems,
     )
 

@@ -184,6 +184,27 @@ def _print_status(status: dict[str, Any]) -> None:
             "limits " + ", ".join(f"{k} {v}" for k, v in sorted(status["limits"].items())),
             highlight=False,
         )
+    if status.get("limit_usage"):
+        use = Table(title="provider limits (fleet-wide)", title_justify="left")
+        for col in ("scope", "requests", "tokens", "in flight", "waits", "waited", "429s"):
+            use.add_column(col, justify="left" if col == "scope" else "right")
+        for u in status["limit_usage"]:
+            lim = u["limit"]
+
+            def of(now: float, name: str, lim: dict[str, Any] = lim) -> str:
+                return f"{now:,.0f} / {lim[name]:,}" if lim.get(name) else f"{now:,.0f}"
+
+            paused = f" (paused {u['paused_for']:.1f} s)" if u["paused_for"] else ""
+            use.add_row(
+                u["scope"] + paused,
+                of(u["requests_now"], "rpm"),
+                of(u["tokens_now"], "tpm"),
+                of(u["in_flight"], "max_concurrent"),
+                f"{u['waits']:,}",
+                f"{u['wait_seconds']:.1f} s",
+                f"{u['rate_limited']:,}",
+            )
+        console.out.print(use)
     table = Table(title="cost ledger", title_justify="left")
     for col in ("", "calls", "tokens in", "tokens out", "cost"):
         table.add_column(col, justify="right" if col else "left")

@@ -15,6 +15,8 @@ import hashlib
 import json
 import math
 import os
+import random
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
@@ -35,13 +37,16 @@ from herd.config import EVAL_MAX_TOKENS, EVAL_TTL, LEDGER_TTL, Settings
 from herd.db import postgres as pgdb
 from herd.errors import ConfigError, Fatal, InvalidInput, Snooze
 from herd.jsonvalue import JSON, canonical, check, check_text
+from herd.limits import CapacityTimeout, Limit, Limiter, LimitsFile, for_broker, hold, scope_name
+from herd.limits import load as load_limits
+from herd.limits.tokens import estimate_input, estimate_output
 from herd.llm import ledger
 from herd.llm.completion import Completion, Usage
 from herd.llm.documents import DocumentError, find_documents, read_document
-from herd.llm.errors import ProviderError, ProviderResponseInvalid, ProviderTimeout
+from herd.llm.errors import ProviderError, ProviderResponseInvalid, ProviderTimeout, RateLimited
 from herd.llm.params import check_params
 from herd.llm.pricing import PriceTable
-from herd.llm.providers import Anthropic, OpenAICompatible, Provider
+from herd.llm.providers import Anthropic, OpenAICompatible, Provider, RetryPolicy
 from herd.llm.providers.anthropic import DEFAULT_MAX_TOKENS
 from herd.locks import PostgresLocks, RedisLocks
 from herd.queue.base import EnqueueResult
@@ -57,6 +62,16 @@ PARK_DELAY = 10 * 365 * 86400.0
 # it was handing itself back would otherwise miss it (it was running, not pending).
 PARK_RECHECK = 60.0
 LIMIT_NAMES = ("rpm", "tpm", "max_concurrent")
+# A batch's stored limits are read again after this long: a limit changed for a batch
+# reaches every worker within it.
+BATCH_LIMITS_TTL = 5.0
+# A 429 that says nothing of when to come back pauses its limit this long.
+DEFAULT_PAUSE = 1.0
+# 429s in a row one call takes before its job is handed back (no attempt counted).
+MAX_RATE_LIMITED = 5
+# A concurrency slot of a worker that died frees itself after this long (a live one is
+# renewed every third of it).
+SLOT_HOLD = 60.0
 
 
 class OverBudget(Exception):
@@ -101,9 +116,9 @@ def reservation_tokens(
 ) -> tuple[int, int]:
     """The worst case of one call: (estimated input tokens, the most output tokens
     it may generate). ``default_max``: the setting HERD_EVAL_MAX_TOKENS, the bound
-    when the params name none. About three characters a token: an overestimate for
-    English, so the reservation errs on the side of the budget."""
-    estimate = math.ceil((len(spec.system) + len(user)) / 3)
+    when the params name none. The input estimate (herd.limits.tokens) never counts
+    fewer tokens than the provider, so the reservation errs on the side of the budget."""
+    estimate = estimate_input(spec.provider, spec.model, spec.system, user)
     for name in ("max_tokens", "max_completion_tokens"):
         if isinstance(spec.params.get(name), int):
             return estimate, int(spec.params[name])
@@ -408,8 +423,13 @@ class EvalRuntime:
     store: EvalStore
     cache: ExactCache
     prices: PriceTable
-    providers: dict[tuple[str, str], Provider] = field(default_factory=dict)
+    providers: dict[tuple[str, str, bool], Provider] = field(default_factory=dict)
     max_tokens: int = EVAL_MAX_TOKENS  # the setting eval_max_tokens
+    # The fleet's provider limits, kept in the job store (None: a broker without one).
+    limiter: Limiter | None = None
+    limits_file: LimitsFile | None = None  # HERD_LIMITS
+    max_wait: float = 30.0  # the setting limit_max_wait
+    _batch_limits: dict[str, tuple[float, Limit]] = field(default_factory=dict)
 
     @classmethod
     async def of(cls, app: App) -> EvalRuntime:
@@ -440,6 +460,11 @@ class EvalRuntime:
             locks: Any = RedisLocks(app.settings.redis_url)
         else:
             cache_store, locks = PostgresCacheStore(url), PostgresLocks(url)
+        limits_file = load_limits(settings.limits_path) if settings.limits_path else None
+        try:
+            limiter: Limiter | None = for_broker(app.broker.name, getattr(app.broker, "url", ""))
+        except ValueError:  # a broker of a kind herd.limits has no store for
+            limiter = None
         opened: list[Any] = []
 
         async def close() -> None:
@@ -455,11 +480,14 @@ class EvalRuntime:
             ),
             prices,
             max_tokens=app.settings.eval_max_tokens,
+            limiter=limiter,
+            limits_file=limits_file,
+            max_wait=float(settings.limit_max_wait),
         )
         try:
             # Each part is closed with the app once open: one that fails to open
             # must not leave the others' pools behind.
-            for part in (store, cache_store, locks):
+            for part in (store, cache_store, locks, *([limiter] if limiter else [])):
                 await part.open()
                 opened.append(part)
         except BaseException:
@@ -468,20 +496,49 @@ class EvalRuntime:
         app.on_close(close)
         return runtime
 
-    def provider(self, spec: EvalSpec) -> Provider:
-        found = self.providers.get((spec.provider, spec.model))
+    def provider(self, spec: EvalSpec, *, limited: bool = False) -> Provider:
+        """The spec's provider client; ``limited``: one that raises a 429 at once, for the
+        fleet's limiter to pause the limit and decide when to try again."""
+        found = self.providers.get((spec.provider, spec.model, limited))
         if found is None:
+            retry = RetryPolicy(retry_rate_limited=False) if limited else None
             if spec.provider == "openai":
-                found = OpenAICompatible(model=spec.model)
+                found = OpenAICompatible(model=spec.model, retry=retry)
             elif spec.provider == "anthropic":
                 # Anthropic needs a max_tokens: its default, unless the setting is lower.
                 found = Anthropic(
-                    model=spec.model, max_tokens=min(DEFAULT_MAX_TOKENS, self.max_tokens)
+                    model=spec.model,
+                    max_tokens=min(DEFAULT_MAX_TOKENS, self.max_tokens),
+                    retry=retry,
                 )
             else:
                 raise Fatal(f"unknown provider {spec.provider!r}: use openai or anthropic")
-            self.providers[(spec.provider, spec.model)] = found
+            self.providers[(spec.provider, spec.model, limited)] = found
         return found
+
+    async def limit_for(self, spec: EvalSpec, key: str, batch: str | None) -> Limit:
+        """The limit a call of ``spec`` under API key id ``key`` obeys: HERD_LIMITS's entry
+        and the batch's own limits, the stricter of each."""
+        limit = (
+            self.limits_file.limit_for(spec.provider, spec.model, key)
+            if self.limits_file
+            else Limit()
+        )
+        if batch is None:
+            return limit
+        now = time.monotonic()
+        cached = self._batch_limits.get(batch)
+        if cached is None or now - cached[0] > BATCH_LIMITS_TTL:
+            row = await self.store.batch(batch)
+            stored = row.get("limits") if row else None
+            try:
+                own = Limit.from_json(stored or {}, where=f"batch {batch!r} limits")
+            except InvalidInput as exc:
+                raise Fatal(str(exc)) from None
+            if len(self._batch_limits) > 1000:  # bounded: batches come and go
+                self._batch_limits.clear()
+            cached = self._batch_limits[batch] = (now, own)
+        return limit.stricter(cached[1])
 
 
 def _validate(text: str, schema: dict[str, Any] | None) -> tuple[JSON, str | None]:
@@ -535,6 +592,31 @@ def _sent_kind(exc: ProviderError) -> str | None:
     return None
 
 
+def _sent_max(spec: EvalSpec, provider: Provider, default_max: int) -> int:
+    """The most output tokens the request asks for: its params', else what the
+    provider sends by itself (Anthropic's max_tokens), else ``default_max``."""
+    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        value = spec.params.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    own = getattr(provider, "max_tokens", None)
+    return own if isinstance(own, int) and own > 0 else default_max
+
+
+def _charged(spec: EvalSpec, provider: Provider, done: Completion, default_max: int) -> int:
+    """Tokens the provider's limiter counted for a call: the input it reports, and the
+    max output the request asked for when it named one (OpenAI counts max_tokens up
+    front, whatever the answer; so does the simulator), else the output reported."""
+    asked = any(spec.params.get(n) for n in ("max_tokens", "max_completion_tokens"))
+    asked = asked or isinstance(getattr(provider, "max_tokens", None), int)
+    out = _sent_max(spec, provider, default_max) if asked else done.usage.output_tokens
+    return done.usage.input_tokens + out
+
+
+def _pause_for(exc: RateLimited) -> float:
+    return exc.retry_after if exc.retry_after is not None else DEFAULT_PAUSE
+
+
 async def _park(app: App, store: EvalStore, batch: str, job_id: int) -> Snooze:
     """Park the batch for its budget: its waiting items marked, its other pending jobs
     moved out of reach; this job hands itself back (no attempt counted)."""
@@ -556,7 +638,11 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     except InvalidInput as exc:  # enqueued under a higher HERD_EVAL_MAX_TOKENS
         raise Fatal(str(exc)) from None
     document = await rt.store.document(payload["doc"])
-    provider = rt.provider(spec)
+    plain = rt.provider(spec)
+    scope_key = getattr(plain, "key_id", "nokey")
+    limit = await rt.limit_for(spec, scope_key, batch) if rt.limiter else Limit()
+    provider = rt.provider(spec, limited=True) if limit else plain
+    scope = scope_name(spec.provider, spec.model, scope_key)
     price = rt.prices.lookup(spec.model, spec.provider)
 
     def priced(i: int, o: int = 0) -> float | None:
@@ -583,6 +669,46 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             return await ledger.open_call(conn, row)
 
     async def call(user: str) -> Completion:
+        """One provider call under the fleet's limit of its scope, when one is set.
+
+        Capacity is taken before the budget and the ledger row: a job that waits too
+        long is handed back (Snooze: no attempt, no lease held meanwhile) with nothing to
+        undo. A 429 pauses the limit for the whole fleet and the call waits its turn
+        again; the reservation is reconciled with what the provider counts."""
+        if not limit:
+            return await send(user)
+        assert rt.limiter is not None
+        tokens = estimate_input(spec.provider, spec.model, spec.system, user) + estimate_output(
+            spec.params, spec.schema, _sent_max(spec, provider, rt.max_tokens)
+        )
+        holder = f"{ctx.worker_id}:{ctx.job_id}:{ctx.lease.token}:{uuid.uuid4().hex[:8]}"
+        for _ in range(MAX_RATE_LIMITED):
+            try:
+                async with hold(
+                    rt.limiter, scope, limit, tokens, holder=holder, hold_for=SLOT_HOLD,
+                    max_wait=rt.max_wait,
+                ) as slot:  # fmt: skip
+                    try:
+                        done = await send(user)
+                    except RateLimited as exc:
+                        # The provider's own count disagrees with ours (another client on
+                        # the key, a lower tier): everyone waits, not only this worker.
+                        await slot.adjust(0)  # a refusal is charged nothing
+                        await rt.limiter.pause(scope, _pause_for(exc))
+                        continue
+                    except Snooze:  # parked for the budget: nothing was sent
+                        await slot.adjust(0)
+                        raise
+                    await slot.adjust(_charged(spec, provider, done, rt.max_tokens))
+                    return done
+            except CapacityTimeout as exc:
+                raise Snooze(str(exc), after=max(1.0, exc.retry_in)) from None
+        raise Snooze(
+            f"{scope}: the provider answered 429 {MAX_RATE_LIMITED} times in a row",
+            after=DEFAULT_PAUSE * MAX_RATE_LIMITED,
+        )
+
+    async def send(user: str) -> Completion:
         await ctx.check_lease()  # a worker resumed after a pause pays for nothing
         estimate, most = reservation_tokens(spec, user, default_max=rt.max_tokens)
         try:
@@ -599,6 +725,12 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             # but its input was already paid for. Estimated, since no usage came back.
             await asyncio.shield(rt.store.close_call(call_id, "lost", cost=priced(estimate)))
             raise
+        except RateLimited as exc:
+            await rt.store.close_call(call_id, None)  # refused before generating: not billed
+            if limit:
+                raise
+            # Capacity, not the job, is at fault: it is handed back with no attempt counted.
+            raise Snooze(str(exc), after=_pause_for(exc) * (1 + random.random())) from None
         except ProviderError as exc:
             kind = _sent_kind(exc)
             await rt.store.close_call(call_id, kind, cost=priced(estimate) if kind else None)
@@ -791,7 +923,8 @@ async def settle(app: App, batch: str | None) -> dict[str, int]:
     """
     rt = await EvalRuntime.of(app)
     items = await rt.store.execute(
-        "SELECT DISTINCT job_id FROM herd_eval_items WHERE status = 'queued'"
+        # Parked items too: a job running when its batch parked is still running.
+        "SELECT DISTINCT job_id FROM herd_eval_items WHERE status IN ('queued', 'parked')"
         " AND (%(b)s::text IS NULL OR batch = %(b)s)",
         {"b": batch},
     )
@@ -804,7 +937,7 @@ async def settle(app: App, batch: str | None) -> dict[str, int]:
         if job.status == "succeeded" and isinstance(job.result, dict):
             await rt.store.execute(
                 "UPDATE herd_eval_items SET status = 'done', source = %s, result = %s,"
-                " finished_at = now() WHERE job_id = %s AND status = 'queued'",
+                " finished_at = now() WHERE job_id = %s AND status IN ('queued', 'parked')",
                 (job.result.get("source"), Jsonb(job.result), job.id),
             )
         elif job.status == "dead":
@@ -842,5 +975,40 @@ async def batch_status(app: App, batch: str | None) -> dict[str, Any]:
         "reserved": row["reserved"] if row else None,
         "parked": row["parked"] if row else None,
         "limits": row["limits"] if row else {},
+        "limit_usage": await _limit_usage(rt, batch),
         "ledger": totals,
     }
+
+
+async def _limit_usage(rt: EvalRuntime, batch: str | None) -> list[dict[str, Any]]:
+    """The fleet-wide limits a batch's calls count against (all of them: None), with
+    their use, waits and 429s. A limit is per provider, model and key: the batch's
+    specs name the first two; every key's limit of those is shown."""
+    if rt.limiter is None:
+        return []
+    found = await rt.limiter.stats()
+    if batch is not None:
+        specs = await rt.store.execute(
+            "SELECT s.spec->>'provider', s.spec->>'model' FROM herd_eval_specs s"
+            " WHERE s.hash IN (SELECT DISTINCT spec FROM herd_eval_items WHERE batch = %s)",
+            (batch,),
+        )
+        prefixes = tuple(f"{p}:{m}:" for p, m in specs)
+        found = [s for s in found if s.scope.startswith(prefixes)] if prefixes else []
+    now = time.time()
+    return [
+        {
+            "scope": s.scope,
+            "limit": s.limit.to_json(),
+            "requests_now": round(s.requests_now, 2),
+            "tokens_now": round(s.tokens_now, 2),
+            "in_flight": s.in_flight,
+            "requests": s.requests,
+            "tokens": s.tokens,
+            "waits": s.waits,
+            "wait_seconds": round(s.wait_seconds, 3),
+            "rate_limited": s.rate_limited,
+            "paused_for": round(max(0.0, (s.paused_until or 0.0) - now), 3),
+        }
+        for s in found
+    ]

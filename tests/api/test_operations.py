@@ -107,10 +107,13 @@ async def test_overview_has_everything_the_dashboard_shows(any_client, any_app):
     assert [row["kind"] for row in ov["ledger"]] == [
         "call",
         "lost",
+        "failed",
+        "cut_short",
         "cache",
         "singleflight",
         "dedup",
     ]
+    assert ov["limits"] == []  # none used yet
     assert ov["problems"] == []
 
 

@@ -240,7 +240,8 @@ function renderCaches(caches) {
 }
 
 const LEDGER_LABELS = {
-  call: "provider calls", lost: "cut short (lease lost)", cache: "avoided: cache",
+  call: "provider calls", lost: "lost (lease lost mid-call)", failed: "failed after sending",
+  cut_short: "cut short (worker died)", cache: "avoided: cache",
   singleflight: "avoided: singleflight", dedup: "avoided: dedup",
 };
 
@@ -260,6 +261,18 @@ function renderLedger(rows) {
   fillTable("ledger", out, 4, "");
 }
 
+function renderLimits(rows) {
+  const of = (now, limit) => limit == null ? fmt.int(Math.round(now)) : `${fmt.int(Math.round(now))} / ${fmt.int(limit)}`;
+  const out = (rows || []).map((r) => el("tr", {},
+    el("td", { class: "mono", text: r.scope + (r.paused_for > 0 ? ` (paused ${r.paused_for.toFixed(1)} s)` : "") }),
+    el("td", { class: "n", text: of(r.requests_now, r.rpm) }),
+    el("td", { class: "n", text: of(r.tokens_now, r.tpm) }),
+    el("td", { class: "n", text: of(r.in_flight, r.max_concurrent) }),
+    el("td", { class: "n", text: fmt.int(r.waits) }),
+    el("td", { class: "n", text: fmt.int(r.rate_limited) })));
+  fillTable("limits", out, 6, "no provider limits set");
+}
+
 function render(d) {
   $("broker").textContent = `broker: ${d.broker}`;
   $("updated").textContent = `updated ${fmt.time(d.now)} UTC`;
@@ -274,6 +287,7 @@ function render(d) {
   renderRecent(d.recent);
   renderCaches(d.caches);
   renderLedger(d.ledger);
+  renderLimits(d.limits);
 }
 
 function setState(text, kind) {

@@ -206,6 +206,14 @@ class HTTPProvider(ABC):
     def _api_key(self) -> str | None:
         return self.__api_key.reveal() if self.__api_key else None
 
+    @property
+    def key_id(self) -> str:
+        """The API key's id (a hash prefix, never the key): the account a fleet-wide
+        provider limit counts against."""
+        from herd.limits.base import key_id
+
+        return key_id(self._api_key)
+
     async def __aenter__(self) -> Self:
         return self
 

@@ -1,0 +1,160 @@
+"""Evaluations under fleet-wide provider limits: the limit holds across workers, a 429
+one worker gets pauses all of them, and a job that cannot get capacity in time is
+handed back with no attempt counted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from herd import App, JobStatus, Worker
+from herd.api import metrics, overview
+from herd.limits import scope_name
+from herd.limits.base import key_id
+from herd.llm import evaluate
+from herd.llm.evaluate import EvalSpec, enqueue_documents
+from tests.conftest import truncate
+from tests.helpers import eventually
+from tests.llm.conftest import clean_eval_tables
+
+KEY = "sk-limits-SECRET"
+SCHEMA = {
+    "type": "object",
+    "properties": {"score": {"type": "integer"}, "summary": {"type": "string"}},
+    "required": ["score", "summary"],
+}
+
+
+def spec(model: str) -> EvalSpec:
+    # A model of each test's own: limits are kept per provider, model and key.
+    return EvalSpec(model=model, system="Rate it.", schema=SCHEMA, params={"max_tokens": 60})
+
+
+def docs(n: int, tag: str) -> list[tuple[str, str]]:
+    return [(f"{tag}{i}.txt", f"Document {tag} {i}: it reports what it measured.") for i in range(n)]
+
+
+@pytest.fixture
+def limited_env(pg_url, sim, monkeypatch, tmp_path):
+    limits = tmp_path / "limits.toml"
+    limits.write_text(
+        '[[limits]]\nprovider = "openai"\nmodel = "sim-rate"\nrpm = 4\ntpm = 100000\n'
+        "period = 1.0\n\n"
+        '[[limits]]\nprovider = "openai"\nmodel = "sim-429"\nrpm = 1000\n'
+    )
+    monkeypatch.setenv("HERD_LIMITS", str(limits))
+    monkeypatch.setenv("HERD_LIMIT_MAX_WAIT", "1")
+    monkeypatch.setenv("OPENAI_BASE_URL", sim.openai_url)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    truncate(pg_url)
+    clean_eval_tables(pg_url)
+    return pg_url
+
+
+@contextlib.asynccontextmanager
+async def worker_app(url: str) -> AsyncIterator[App]:
+    """An app of its own: its own limiter and gates, as a worker on another machine has."""
+    app = App(database_url=url)
+    app.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=5.0, max_attempts=1)(
+        evaluate.evaluate
+    )
+    async with app:
+        yield app
+
+
+@contextlib.asynccontextmanager
+async def running(app: App, concurrency: int) -> AsyncIterator[Worker]:
+    worker = Worker(app, queues=[evaluate.QUEUE], concurrency=concurrency, poll_interval=0.05,
+                    install_signal_handlers=False)  # fmt: skip
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+
+
+async def test_two_workers_share_one_limit_and_the_provider_never_refuses(limited_env, sim):
+    async with worker_app(limited_env) as a, worker_app(limited_env) as b:
+        await enqueue_documents(a, spec("sim-rate"), "rate", docs(12, "r"))
+        started = time.monotonic()
+        async with running(a, 4), running(b, 4):
+            status = await eventually(
+                lambda: _done(a, "rate", 12), timeout=20, interval=0.1
+            )
+        elapsed = time.monotonic() - started
+        stats = sim.stats()
+        assert status["failed"] == 0 and stats["billed"] == 12 and stats["rate_limited"] == 0
+        # 4 a second with a burst of a fifth of a request, for 8 concurrent callers in two
+        # processes: 12 calls take at least 11 intervals of 1/3.8 s.
+        assert elapsed >= 11 / 3.8 - 0.2
+        rt = await evaluate.EvalRuntime.of(a)
+        assert rt.limiter is not None
+        (limit,) = await rt.limiter.stats([scope_name("openai", "sim-rate", key_id(KEY))])
+        assert limit.requests == 12 and limit.waits >= 1 and limit.rate_limited == 0
+        # Reconciled with what the provider counts: its input tokens plus max_tokens.
+        billed = stats["billed_tokens"]["input"] + 12 * 60
+        assert limit.tokens == billed
+        jobs = await a.broker.list_jobs(status=JobStatus.SUCCEEDED)
+        assert len(jobs) == 12 and all(j.attempts == 0 for j in jobs)
+        # Seen in `herd eval status`: the batch's limit, its use and its waits.
+        (usage,) = (await evaluate.batch_status(a, "rate"))["limit_usage"]
+        assert usage["limit"]["rpm"] == 4 and usage["requests"] == 12 and usage["waits"] >= 1
+
+
+async def test_a_429_one_worker_gets_pauses_every_worker_and_costs_no_attempt(
+    limited_env, sim
+):
+    # The provider allows 2 calls a minute, herd's limit far more: the provider's 429
+    # is what tells the fleet.
+    sim.configure(rpm=2)
+    async with worker_app(limited_env) as a, worker_app(limited_env) as b:
+        await enqueue_documents(a, spec("sim-429"), "first", docs(3, "f"))
+        async with running(a, 1):
+            await sim.wait_for(lambda s: s["rate_limited"] >= 1, timeout=10)
+
+            async def snoozed() -> bool:
+                jobs = await a.broker.list_jobs(status=JobStatus.PENDING)
+                return len(jobs) == 1 and jobs[0].attempts == 0
+
+            await eventually(snoozed, timeout=10)
+        before = sim.stats()
+        assert before["billed"] == 2 and before["rate_limited"] == 1
+
+        # Another worker, with limiter state of its own, sends nothing while it lasts.
+        await enqueue_documents(b, spec("sim-429"), "second", docs(3, "s"))
+        async with running(b, 3):
+
+            async def all_handed_back() -> bool:
+                jobs = await b.broker.list_jobs(status=JobStatus.PENDING)
+                return len(jobs) == 4 and all(j.attempts == 0 for j in jobs)
+
+            await eventually(all_handed_back, timeout=10)
+        after = sim.stats()
+        assert after["calls"] == before["calls"] and after["rate_limited"] == 1
+        assert await b.broker.list_jobs(status=JobStatus.DEAD) == []
+        rt = await evaluate.EvalRuntime.of(b)
+        assert rt.limiter is not None
+        (limit,) = await rt.limiter.stats([scope_name("openai", "sim-429", key_id(KEY))])
+        assert limit.rate_limited == 1 and limit.paused_until is not None
+        # Seen on the dashboard's overview and in /metrics.
+        (shown,) = [r for r in await overview.limits(b) if r.scope == limit.scope]
+        assert shown.rate_limited == 1 and shown.paused_for > 0
+        collector = metrics.HerdCollector()
+        collector.reading = await metrics.read(b)
+        samples = {
+            (m.name, s.labels.get("scope")): s.value
+            for m in collector.collect()
+            for s in m.samples
+        }
+        assert samples[("herd_limit_rate_limited", limit.scope)] == 1
+        assert samples[("herd_limit_paused_seconds", limit.scope)] > 0
+
+
+async def _done(app: App, batch: str, n: int) -> dict[str, object] | None:
+    status = await evaluate.batch_status(app, batch)
+    return status if status["done"] + status["failed"] == n else None
