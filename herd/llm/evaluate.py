@@ -33,7 +33,7 @@ from herd.cache.keys import normalize_document
 from herd.cache.retention import PURGE_EVERY, Periodic, in_batches
 from herd.config import EVAL_MAX_TOKENS, EVAL_TTL, LEDGER_TTL, Settings
 from herd.db import postgres as pgdb
-from herd.errors import ConfigError, Fatal, InvalidInput, Snooze
+from herd.errors import BatchNotFound, ConfigError, Fatal, InvalidInput, Snooze
 from herd.jsonvalue import JSON, canonical, check, check_text
 from herd.llm import ledger
 from herd.llm.completion import Completion, Usage
@@ -314,7 +314,7 @@ class EvalStore:
                     "SELECT EXISTS (SELECT 1 FROM herd_eval_items WHERE batch = %s)", (batch,)
                 )
                 if not (await cur.fetchone() or (False,))[0]:
-                    raise InvalidInput(f"no batch named {batch!r}", field="batch")
+                    raise BatchNotFound(f"no batch named {batch!r}")
                 await conn.execute(  # a batch submitted before batches had rows
                     "INSERT INTO herd_eval_batches (batch, budget) VALUES (%s, %s)",
                     (batch, budget),
