@@ -451,7 +451,11 @@ class EvalRuntime:
         runtime = cls(
             store,
             ExactCache(
-                cache_store, locks, namespace="eval", ttl=settings.cache_ttl or None, lock_ttl=30
+                cache_store,
+                locks,
+                namespace="eval",
+                ttl=settings.cache_ttl or None,
+                lock_ttl=settings.eval_lock_ttl,
             ),
             prices,
             max_tokens=app.settings.eval_max_tokens,
