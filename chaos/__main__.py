@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
         default="kill=4,stop=2,term=2,restart=1,drop=1",
         help="how many faults of each kind per minute of the fault phase",
     )
+    p.add_argument(
+        "--eval-docs", type=int, default=120, help="evaluation documents (herd.eval; 0: none)"
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--run-dir", type=Path, default=None, help="keep logs and records here")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -46,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         faults=faults,
         job_seconds=(mean * 0.2, mean * 1.8),
         seed=args.seed,
+        eval_docs=args.eval_docs,
         run_dir=args.run_dir,
         drain_timeout=max(120.0, seconds),
     )

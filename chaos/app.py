@@ -7,6 +7,11 @@ its result: on PostgreSQL an upsert into ``chaos_results`` plus one row in
 while the lease is held); on Redis the fenced write is the worker's completion
 itself. ``chaos.poison`` always raises (it must end in the dead-letter queue).
 
+``herd.eval`` is herd's own evaluation task, registered here again with the run's
+short lease: a job's lease is set when it is enqueued, from the producer's
+registry, so the evaluations the harness submits are taken over within the run.
+The workers run the built-in registration (the same function).
+
 Every step is also appended, unfenced, to a side log of this process (one JSON
 line per event, one ``os.write`` on an ``O_APPEND`` file: it survives SIGKILL
 and no database fault touches it), so the checker can show that the writes the
@@ -26,6 +31,7 @@ import httpx
 
 from herd import App, JobContext
 from herd.errors import LeaseLost
+from herd.llm import evaluate
 from herd.tasks import Backoff
 
 LEASE_SECONDS = float(os.environ.get("CHAOS_LEASE", "3.0"))
@@ -123,3 +129,7 @@ async def work(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
 async def poison(payload: dict[str, Any], ctx: JobContext) -> None:
     side_log("start", ctx, attempts=ctx.lease.attempts)
     raise ValueError("poison job: always fails (it must end in the dead-letter queue)")
+
+
+app.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=LEASE_SECONDS, max_attempts=10,
+         max_stalls=10, backoff=Backoff(base=0.2, cap=2.0))(evaluate.evaluate)  # fmt: skip

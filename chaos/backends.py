@@ -2,7 +2,9 @@
 
 Each run gets servers of its own: an embedded PostgreSQL in a separate data folder
 (never the one the test suite or a developer uses) or a Redis Stack server with AOF
-on a port of its own, so restarting them disturbs nobody else.
+on a port of its own, so restarting them disturbs nobody else. The evaluation store
+(documents, cache, cost ledger) is always PostgreSQL: the job store's own database on
+PostgreSQL, a database of its own on the chaos PostgreSQL server beside Redis.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Backend(Protocol):
     def drop_connections(self) -> int: ...
     def broker(self) -> Broker: ...
     def worker_env(self) -> dict[str, str]: ...
+    def sql(self) -> PostgresBackend: ...
 
 
 class PostgresBackend:
@@ -104,6 +107,10 @@ class PostgresBackend:
     def worker_env(self) -> dict[str, str]:
         return {"HERD_BROKER": "postgres", "HERD_DATABASE_URL": self.url}
 
+    def sql(self) -> PostgresBackend:
+        """Where the evaluation store lives: this database, under the same faults."""
+        return self
+
     def count_jobs(self) -> dict[tuple[str, str], int]:
         """(queue, status) -> rows, counted from herd_jobs itself."""
         rows = self.fetch("SELECT queue, status, count(*) FROM herd_jobs GROUP BY 1, 2")
@@ -119,15 +126,17 @@ class RedisBackend:
 
     name = "redis"
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, store: PostgresBackend) -> None:
         from tests.servers.redis_stack import RedisStackServer
 
         self.server = RedisStackServer(
             ROOT / ".herd-test" / "cache", data_dir, appendonly=True, appendfsync="always"
         )
+        self.store = store
         self.url = ""
 
     def start(self) -> None:
+        self.store.start()
         self.server.start()
         self.url = self.server.url
         import redis
@@ -137,7 +146,14 @@ class RedisBackend:
         client.close()
 
     def stop(self) -> None:
-        self.server.stop()
+        try:
+            self.server.stop()
+        finally:
+            self.store.stop()
+
+    def sql(self) -> PostgresBackend:
+        """Where the evaluation store lives (the Redis faults do not reach it)."""
+        return self.store
 
     def restart(self, down_seconds: float) -> None:
         """A crash (SIGKILL: with appendfsync always, every acknowledged write is in the
@@ -163,7 +179,11 @@ class RedisBackend:
         return RedisBroker(self.url)
 
     def worker_env(self) -> dict[str, str]:
-        return {"HERD_BROKER": "redis", "HERD_REDIS_URL": self.url}
+        return {
+            "HERD_BROKER": "redis",
+            "HERD_REDIS_URL": self.url,
+            "HERD_DATABASE_URL": self.store.url,
+        }
 
     def count_jobs(self) -> dict[tuple[str, str], int]:
         """(queue, status) -> job hashes of that status, by a scan of the keyspace."""
@@ -202,7 +222,7 @@ def make_backend(
     if name == "postgres":
         return PostgresBackend(home, database)
     if name == "redis":
-        return RedisBackend(run_dir / "redis")
+        return RedisBackend(run_dir / "redis", PostgresBackend(home, f"{database}_evals"))
     raise ValueError(f"unknown backend {name!r}: postgres or redis")
 
 

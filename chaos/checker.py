@@ -23,7 +23,12 @@ Guarantees checked (each failure is a violation; the run fails on any):
      its job's lease);
   5. workers exit only when told to, and exit 0 on the drain's SIGTERM;
   6. stats() (counts kept by triggers or scripts as jobs change) equals a full count
-     of the store (PostgreSQL: GROUP BY over herd_jobs; Redis: a scan of job hashes).
+     of the store (PostgreSQL: GROUP BY over herd_jobs; Redis: a scan of job hashes);
+  7. the evaluations' cost ledger equals the provider's bill: its calls that reached
+     the provider (call + lost + failed + cut_short, in the summary, which equals the
+     rows) are exactly the calls the evaluations' own simulator billed; no call is
+     left open; every document is done and every evaluation job succeeded; no key has
+     'call' rows from two jobs (a repeated document is deduplicated or cached).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaos.backends import PostgresBackend, RedisBackend, alive, pid_of_owner
+from herd.llm.ledger import PAID
 from herd.queue.base import Broker, Job, JobStatus
 
 if TYPE_CHECKING:
@@ -127,10 +133,19 @@ class Observed:
     # What stats() says, and a full count of the store itself: (queue, status) -> jobs
     stats: dict[tuple[str, str], int] = field(default_factory=dict)
     counted: dict[tuple[str, str], int] = field(default_factory=dict)
+    # The evaluation store: kind -> calls in the ledger's summary, and in its closed rows
+    ledger: dict[str, int] = field(default_factory=dict)
+    ledger_rows: dict[str, int] = field(default_factory=dict)
+    ledger_open: int = 0  # rows of calls never closed
+    keys_called_by_jobs: dict[str, int] = field(default_factory=dict)  # key -> jobs, if > 1
+    eval_items: dict[str, int] = field(default_factory=dict)  # the batch's items by status
 
 
 async def observe(
-    backend: PostgresBackend | RedisBackend, broker: Broker, expected: int
+    backend: PostgresBackend | RedisBackend,
+    broker: Broker,
+    expected: int,
+    eval_batch: str | None = None,
 ) -> Observed:
     seen = Observed(backend.name, await _jobs(broker, expected))
     seen.stats = {
@@ -147,6 +162,29 @@ async def observe(
         ]
     else:
         seen.lease_keys = backend.lease_keys()
+    if eval_batch is not None:
+        store = backend.sql()
+        seen.ledger = dict(store.fetch("SELECT kind, n FROM herd_eval_ledger_totals"))
+        seen.ledger_rows = dict(
+            store.fetch(
+                "SELECT kind, count(*) FROM herd_eval_ledger WHERE state = 'closed' GROUP BY 1"
+            )
+        )
+        ((seen.ledger_open,),) = store.fetch(
+            "SELECT count(*) FROM herd_eval_ledger WHERE state = 'open'"
+        )
+        seen.keys_called_by_jobs = dict(
+            store.fetch(
+                "SELECT key, count(DISTINCT job_id) FROM herd_eval_ledger WHERE kind = 'call'"
+                " AND state = 'closed' GROUP BY key HAVING count(DISTINCT job_id) > 1"
+            )
+        )
+        seen.eval_items = dict(
+            store.fetch(
+                "SELECT status, count(*) FROM herd_eval_items WHERE batch = %s GROUP BY 1",
+                (eval_batch,),
+            )
+        )
     return seen
 
 
@@ -157,7 +195,7 @@ async def check(
     sim: dict[str, Any],
     run_dir: Path,
 ) -> Report:
-    seen = await observe(backend, broker, len(record.job_ids))
+    seen = await observe(backend, broker, len(record.job_ids), record.eval_batch)
     return evaluate(seen, record, sim, run_dir)
 
 
@@ -188,7 +226,7 @@ def evaluate(seen: Observed, record: RunRecord, sim: dict[str, Any], run_dir: Pa
             report.violation(f"poison job {job_id} ended {job.status.value}, not dead-lettered")
 
     # 2. one accepted result per job, from the final lease
-    succeeded = {i: j for i, j in jobs.items() if j.status == JobStatus.SUCCEEDED}
+    succeeded = {i: j for i, j in jobs.items() if j.status == JobStatus.SUCCEEDED and i in expected}
     for job in succeeded.values():
         token = job.result.get("token") if isinstance(job.result, dict) else None
         if token != job.lease_token:
@@ -372,5 +410,60 @@ def evaluate(seen: Observed, record: RunRecord, sim: dict[str, Any], run_dir: Pa
     fig["stats_match_full_count"] = seen.stats == seen.counted
     if seen.stats != seen.counted:
         report.violation(f"stats() says {seen.stats}, a full count {seen.counted}")
+    if record.eval_batch is not None:
+        _check_ledger(seen, record, sim, report)
     fig["run_seconds"] = round((record.ended or time.time()) - record.started, 1)
     return report
+
+
+def _check_ledger(seen: Observed, record: RunRecord, sim: dict[str, Any], report: Report) -> None:
+    """Guarantee 7: the evaluations' ledger equals their provider's bill."""
+    fig = report.figures
+    for job_id in sorted(int(k) for k in record.eval_job_ids):
+        job = seen.jobs.get(job_id)
+        if job is None:
+            report.violation(f"evaluation job {job_id} is missing from the job store")
+        elif job.status != JobStatus.SUCCEEDED:
+            report.violation(
+                f"evaluation job {job_id} ended {job.status.value}:"
+                f" {job.dead_reason or ''} {job.last_error or ''}".rstrip()
+            )
+    items = sum(seen.eval_items.values())
+    done = seen.eval_items.get("done", 0)
+    if items != record.eval_documents:
+        report.violation(
+            f"evaluations: {record.eval_documents} documents submitted, {items} items stored"
+        )
+    if done != items:
+        others = {k: v for k, v in seen.eval_items.items() if k != "done"}
+        report.violation(f"evaluations: {items - done} documents not done: {others}")
+    paid = sum(seen.ledger.get(k, 0) for k in PAID)
+    rows = sum(seen.ledger_rows.get(k, 0) for k in PAID)
+    stats = sim["eval"]["stats"]
+    # "billed": requests that began generating (a client that hung up included); a
+    # simulator without that counter bills every call it received.
+    billed = int(stats.get("billed", stats["calls"]))
+    if paid != billed:
+        report.violation(
+            f"ledger != bill: {paid} calls in the ledger {_paid(seen.ledger)},"
+            f" {billed} billed by the provider"
+        )
+    if rows != paid:
+        report.violation(f"the ledger's summary counts {paid} calls, its rows {rows}")
+    if seen.ledger_open:
+        report.violation(f"{seen.ledger_open} ledger calls were never closed")
+    for key, n in sorted(seen.keys_called_by_jobs.items()):
+        report.violation(f"key {key[:12]}… has 'call' rows from {n} jobs")
+    hit = sum(seen.ledger.get(k, 0) for k in ("lost", "failed", "cut_short"))
+    jobs = len(record.eval_job_ids)
+    fig["eval_documents"] = f"{done}/{record.eval_documents} done by {jobs} jobs"
+    fig["eval_ledger"] = {k: seen.ledger[k] for k in sorted(seen.ledger)}
+    fig["eval_calls_hit_by_faults"] = hit
+    fig["eval_ledger_equals_bill"] = (
+        f"{paid} in the ledger, {billed} billed ({stats.get('disconnected', 0)} hung up):"
+        f" {'equal' if paid == billed else 'DIFFERENT'}"
+    )
+
+
+def _paid(ledger: dict[str, int]) -> str:
+    return "(" + ", ".join(f"{k} {ledger.get(k, 0)}" for k in PAID) + ")"

@@ -1,5 +1,11 @@
 """One chaos run: a simulator, N herd workers, jobs, faults on a schedule, a drain, a check.
 
+Besides its own jobs the run submits a batch of herd's evaluation jobs (``herd.eval``,
+some documents repeated) against a second simulator, so that the provider's bill for
+them is not mixed with the chaos jobs' calls: one wave of documents shortly before
+each fault aimed at a worker, and that fault aimed at a worker running one, so that
+kills, stops and terminations land mid-call and the cost ledger must account for it.
+
 Every fault is bounded in count and in time (a stopped worker is continued, a
 stopped server is started again) and the run ends by itself: after the fault
 phase it stops injecting, continues every stopped worker, waits until every job
@@ -36,12 +42,31 @@ from chaos.backends import (
 )
 from chaos.checker import Report, check
 from herd import App
-from herd.errors import BrokerError
+from herd.errors import BrokerError, HerdError
+from herd.llm import evaluate
+from herd.llm.evaluate import EvalSpec, enqueue_documents, settle
 from herd.queue.base import JobStatus
 
 log = logging.getLogger("chaos")
 
 FAULT_KINDS = ("kill", "stop", "term", "restart", "drop")
+EVAL_LEAD = 0.6  # seconds a wave of evaluations goes in before the fault it is aimed at
+EVAL_SPEC = EvalSpec(
+    model="sim-chaos-eval",
+    system="Rate the document's clarity from 1 to 5 and name its topic. Answer in JSON.",
+    schema={
+        "type": "object",
+        "properties": {
+            "clarity": {"type": "integer", "minimum": 1, "maximum": 5},
+            "topic": {"type": "string"},
+        },
+        "required": ["clarity", "topic"],
+    },
+)
+_WORDS = (
+    "ledger", "river", "harvest", "signal", "archive", "budget", "engine", "winter", "clause",
+    "survey", "council", "border", "repair", "market", "station", "tenant", "report", "the",
+)  # fmt: skip
 
 
 @dataclass
@@ -63,6 +88,9 @@ class ChaosConfig:
     stop_seconds: float = 0.0  # how long a SIGSTOP lasts; 0: the lease plus 2 s
     down_seconds: float = 1.0  # how long a restarted server stays down
     drain_timeout: float = 120.0
+    eval_docs: int = 36  # evaluation documents submitted (0: none)
+    eval_repeats: float = 0.25  # share of them that repeat an earlier document
+    eval_call_seconds: tuple[float, float] = (0.5, 1.5)  # long enough for a fault to land
     seed: int = 1
     run_dir: Path | None = None  # logs, side logs, records (default: a temporary folder)
     home: Path = ROOT / ".herd-test" / "chaos-home"  # the chaos run's own PostgreSQL
@@ -100,6 +128,10 @@ class RunRecord:
     # Leases held when the faults stopped: {job, pid, alive, t} (checked against the deaths).
     lease_snapshot: list[dict[str, Any]] = field(default_factory=list)
     drain_seconds: float = 0.0
+    eval_batch: str | None = None
+    eval_documents: int = 0  # documents submitted (items of the batch)
+    eval_job_ids: dict[int, str] = field(default_factory=dict)  # id -> canonical key
+    eval_waves: list[dict[str, Any]] = field(default_factory=list)  # {t, documents}
 
 
 class Harness:
@@ -113,6 +145,10 @@ class Harness:
         self.seq = 0
         self.sim: subprocess.Popen[str] | None = None
         self.sim_url = ""
+        self.eval_sim: subprocess.Popen[str] | None = None
+        self.eval_sim_url = ""
+        self.eval_waves: list[list[tuple[str, str]]] = []  # (name, text) per wave
+        self.producer: App | None = None
         cfg = asdict(config)
         cfg["run_dir"], cfg["home"] = str(self.dir), str(config.home)
         self.record = RunRecord(config=cfg)
@@ -129,18 +165,29 @@ class Harness:
         return event
 
     def _start_simulator(self) -> None:
-        low, high = self.cfg.call_seconds
-        with (self.dir / "simulator.log").open("wb") as stderr:
-            self.sim = subprocess.Popen(
+        self.sim, self.sim_url = self._simulator("simulator", self.cfg.call_seconds)
+        if self.cfg.eval_docs:
+            self.eval_sim, self.eval_sim_url = self._simulator(
+                "simulator-eval", self.cfg.eval_call_seconds
+            )
+
+    def _simulator(
+        self, name: str, latency: tuple[float, float]
+    ) -> tuple[subprocess.Popen[str], str]:
+        low, high = latency
+        with (self.dir / f"{name}.log").open("wb") as stderr:
+            sim = subprocess.Popen(
                 [sys.executable, "-m", "herd.llm.simulator", "--port", "0",
                  "--latency", f"{low}:{high}", "--seed", str(self.cfg.seed)],
                 cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True,
                 env=dict(os.environ, PYTHONPATH=str(ROOT)),
             )  # fmt: skip
-        assert self.sim.stdout is not None
-        self.sim_url = self.sim.stdout.readline().strip()
-        if not self.sim_url.startswith("http"):
-            raise RuntimeError(f"the simulator did not start (see {self.dir / 'simulator.log'})")
+        assert sim.stdout is not None
+        url = sim.stdout.readline().strip()
+        if not url.startswith("http"):
+            sim.kill()
+            raise RuntimeError(f"the simulator did not start (see {self.dir / name}.log)")
+        return sim, url
 
     def _spawn(self) -> _Proc:
         self.seq += 1
@@ -152,6 +199,10 @@ class Harness:
             CHAOS_SIM_URL=self.sim_url,
             CHAOS_LEASE=str(self.cfg.lease),
             HERD_HOME=str(self.cfg.home),
+            OPENAI_BASE_URL=f"{self.eval_sim_url}/v1",
+            OPENAI_API_KEY="sk-chaos-eval",
+            # A killed evaluation's retry waits out its singleflight lock: as long as a lease.
+            HERD_EVAL_LOCK_TTL=str(max(1, round(self.cfg.lease))),
             **self.backend.worker_env(),
         )
         with logfile.open("wb") as stderr:  # the child keeps its own copy
@@ -191,26 +242,32 @@ class Harness:
             while len([p for p in self.procs if p.signalled is None]) < self.cfg.workers:
                 self._spawn()
 
-    async def _holders(self, broker: Any) -> dict[int, int]:
-        """pid -> number of jobs it holds (empty if the job store cannot say now)."""
+    async def _holders(self, broker: Any) -> tuple[dict[int, int], set[int]]:
+        """pid -> number of jobs it holds, and the pids holding an evaluation job
+        (empty if the job store cannot say now)."""
         try:
             jobs = await broker.list_jobs(status=JobStatus.PROCESSING, limit=10_000)
         except BrokerError:
-            return {}
+            return {}, set()
         out: dict[int, int] = {}
+        evaluating: set[int] = set()
         for j in jobs:
             pid = pid_of_owner(j.lease_owner)
             if pid is not None:
                 out[pid] = out.get(pid, 0) + 1
-        return out
+                if j.task == evaluate.TASK:
+                    evaluating.add(pid)
+        return out, evaluating
 
     async def _pick_worker(self, broker: Any) -> _Proc | None:
         live = [p for p in self._live() if p.stopped_until is None]
         if not live:
             return None
-        holders = await self._holders(broker)
+        holders, evaluating = await self._holders(broker)
+        # A worker mid-evaluation first: the ledger must account for the call it cuts.
+        calling = [p for p in live if p.pid in evaluating]
         busy = [p for p in live if holders.get(p.pid)]
-        return self.rng.choice(busy or live)
+        return self.rng.choice(calling or busy or live)
 
     async def _inject(self, kind: str, broker: Any) -> None:
         if kind in ("kill", "stop", "term"):
@@ -238,6 +295,8 @@ class Harness:
         elif kind == "drop":
             event = self._fault(f"{self.backend.name}_drop")
             event["dropped"] = await asyncio.to_thread(self.backend.drop_connections)
+        elif kind.startswith("eval:"):
+            await self._submit_evals(int(kind.partition(":")[2]))
 
     def _continue_due(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -278,6 +337,48 @@ class Harness:
             for r in await app.enqueue_many("chaos.poison", [{} for _ in range(n_poison)]):
                 self.record.job_ids[r.job_id] = "poison"
 
+    def _plan_evals(self, plan: list[tuple[float, str]]) -> list[tuple[float, str]]:
+        """Documents (some repeated: deduplicated onto a running job, or answered from
+        the cache) in one wave per fault aimed at a worker, EVAL_LEAD s before it."""
+        n = self.cfg.eval_docs
+        if not n:
+            return plan
+        texts: list[str] = []
+        for i in range(n):
+            if texts and self.rng.random() < self.cfg.eval_repeats:
+                texts.append(self.rng.choice(texts))
+            else:
+                words = " ".join(self.rng.choice(_WORDS) for _ in range(self.rng.randint(20, 60)))
+                texts.append(f"Document {i}.\n{words.capitalize()}.")
+        times = [t for t, kind in plan if kind in ("kill", "stop", "term")] or [0.0]
+        per = -(-n // len(times))
+        items = [(f"doc-{i:03d}.txt", text) for i, text in enumerate(texts)]
+        self.eval_waves = [items[i : i + per] for i in range(0, n, per)]
+        waves = [(max(0.0, t - EVAL_LEAD), f"eval:{w}") for w, t in enumerate(times)]
+        return sorted(plan + waves[: len(self.eval_waves)])
+
+    async def _submit_evals(self, wave: int) -> None:
+        """Submit one wave (retried while the job store is down: a repeat is deduplicated)."""
+        assert self.producer is not None and self.record.eval_batch is not None
+        items = self.eval_waves[wave]
+        deadline = time.monotonic() + 30.0
+        while True:
+            try:
+                results = await enqueue_documents(
+                    self.producer, EVAL_SPEC, self.record.eval_batch, items
+                )
+                break
+            except (HerdError, OSError) as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.info("eval wave %d: %s; again", wave, exc)
+                await asyncio.sleep(0.2)
+        keys = [EVAL_SPEC.key(text) for _, text in items]
+        for r, key in zip(results, keys, strict=True):
+            self.record.eval_job_ids[r.job_id] = key
+        self.record.eval_documents += len(items)
+        self.record.eval_waves.append({"t": time.time(), "documents": len(items)})
+
     async def _all_finished(self, broker: Any) -> bool:
         try:
             stats = await broker.stats()
@@ -295,15 +396,17 @@ class Harness:
         self.record.started = time.time()
         await asyncio.to_thread(self.backend.start)
         self._start_simulator()
-        producer = App(broker=self.backend.broker())
+        producer = App(broker=self.backend.broker(), database_url=self.backend.sql().url)
         producer.include(chaos_app)
+        self.producer = producer
+        self.record.eval_batch = f"chaos-{self.cfg.seed}" if self.cfg.eval_docs else None
         try:
             await producer.open()
             await self._enqueue(producer)
             broker = producer.broker
             for _ in range(self.cfg.workers):
                 self._spawn()
-            plan = self._schedule()
+            plan = self._plan_evals(self._schedule())
             t0 = time.monotonic()
             log.info("chaos %s: %d jobs, faults %s", self.backend.name, self.cfg.jobs, plan)
             while plan or time.monotonic() - t0 < self.cfg.fault_phase:
@@ -326,6 +429,10 @@ class Harness:
                 await asyncio.sleep(0.25)
             self.record.drain_seconds = time.monotonic() - drain_start
             await self._stop_workers()
+            if self.record.eval_batch is not None:
+                # What `herd eval status` does first: items deduplicated onto a job
+                # that finished meanwhile take its result.
+                await settle(producer, self.record.eval_batch)
             sim = self._simulator_records()
             self.record.ended = time.time()
             (self.dir / "record.json").write_text(json.dumps(asdict(self.record), indent=1))
@@ -370,7 +477,10 @@ class Harness:
         with httpx.Client(base_url=self.sim_url, timeout=30) as client:
             stats = client.get("/_sim/stats").json()
             calls = client.get("/_sim/calls").json()
-        data = {"stats": stats, "calls": calls}
+        data: dict[str, Any] = {"stats": stats, "calls": calls}
+        if self.eval_sim_url:
+            with httpx.Client(base_url=self.eval_sim_url, timeout=30) as client:
+                data["eval"] = {"stats": client.get("/_sim/stats").json()}
         (self.dir / "simulator.json").write_text(json.dumps(data))
         return data
 
@@ -380,12 +490,13 @@ class Harness:
                 p.popen.send_signal(signal.SIGCONT)
                 p.popen.kill()
                 p.popen.wait()
-        if self.sim is not None and self.sim.poll() is None:
-            self.sim.terminate()
-            try:
-                self.sim.wait(10)
-            except subprocess.TimeoutExpired:
-                self.sim.kill()
+        for sim in (self.sim, self.eval_sim):
+            if sim is not None and sim.poll() is None:
+                sim.terminate()
+                try:
+                    sim.wait(10)
+                except subprocess.TimeoutExpired:
+                    sim.kill()
         self._faults_file.close()
         try:
             self.backend.stop()

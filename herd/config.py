@@ -29,6 +29,9 @@ CACHE_TTL = 30 * 86400
 
 # The largest max_tokens (or max_completion_tokens) an evaluation's params may ask for.
 EVAL_MAX_TOKENS = 16_384
+# Seconds an evaluation's singleflight lock outlives a worker that died holding it (it
+# is renewed while the call runs): the job's retry waits that long before calling.
+EVAL_LOCK_TTL = 30
 
 # The pool of a process that is not a worker (serve, enqueue, the CLI's reads).
 PG_POOL_SIZE = 8
@@ -85,6 +88,8 @@ class Settings:
     throughput_ttl: int = THROUGHPUT_TTL
     # Bounds what an evaluation's params may ask a provider to generate (and bill) per call.
     eval_max_tokens: int = EVAL_MAX_TOKENS
+    # Seconds the singleflight lock of a dead evaluation holder blocks its key.
+    eval_lock_ttl: int = EVAL_LOCK_TTL
     # Connections of the process's one PostgreSQL pool (and each Redis pool); None: a
     # worker takes its concurrency + PG_POOL_SPARE, other commands PG_POOL_SIZE.
     pg_pool_size: int | None = None
@@ -136,6 +141,7 @@ class Settings:
                 env, "HERD_THROUGHPUT_TTL", THROUGHPUT_TTL, unit="seconds", zero=True
             ),
             eval_max_tokens=_bytes(env, "HERD_EVAL_MAX_TOKENS", EVAL_MAX_TOKENS, unit="tokens"),
+            eval_lock_ttl=_bytes(env, "HERD_EVAL_LOCK_TTL", EVAL_LOCK_TTL, unit="seconds"),
             pg_pool_size=_bytes(env, "HERD_PG_POOL_SIZE", 0, unit="connections") or None,
             limits_path=Path(env["HERD_LIMITS"]).expanduser() if env.get("HERD_LIMITS") else None,
             limit_max_wait=_bytes(env, "HERD_LIMIT_MAX_WAIT", LIMIT_MAX_WAIT, unit="seconds"),

@@ -40,6 +40,10 @@ class JobNotFound(HerdError):
     """No job has that id."""
 
 
+class BatchNotFound(HerdError):
+    """No evaluation batch has that name."""
+
+
 class NotDeadLettered(HerdError):
     """The job is not in the dead-letter queue."""
 

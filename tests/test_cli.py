@@ -214,3 +214,22 @@ def test_worker_told_not_to_wait_fails_at_once_on_an_unreachable_store():
         "herd: error: Redis for the job store at redis://127.0.0.1:1/0 is unreachable"
     )
     assert "retrying" not in r.stderr
+
+
+def test_eval_lock_ttl_is_a_setting_in_force_and_the_evaluations_lock_uses_it(pg_url):
+    shown = herd("config", "--json", HERD_EVAL_LOCK_TTL="3")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["eval_lock_ttl"] == "3"
+    refused = herd("config", HERD_EVAL_LOCK_TTL="0")
+    assert refused.returncode == 2 and "HERD_EVAL_LOCK_TTL" in refused.stderr
+
+    from herd import App
+    from herd.config import Settings
+    from herd.llm.evaluate import EvalRuntime
+
+    async def lock_ttl() -> float:
+        settings = Settings.from_env({"HERD_EVAL_LOCK_TTL": "3", "HERD_DATABASE_URL": pg_url})
+        async with App(settings=settings) as app:
+            return (await EvalRuntime.of(app)).cache.lock_ttl
+
+    assert asyncio.run(lock_ttl()) == 3

@@ -26,6 +26,7 @@ from herd.api.security import (
 from herd.app import App
 from herd.config import Settings
 from herd.errors import (
+    BatchNotFound,
     BrokerError,
     BrokerUnavailable,
     DedupKeyHeld,
@@ -43,6 +44,7 @@ log = logging.getLogger("herd.api")
 # herd's own one line. Any other BrokerError may carry driver detail: logged only.
 _STATUS: list[tuple[type[HerdError], int]] = [
     (JobNotFound, 404),
+    (BatchNotFound, 404),
     (NotDeadLettered, 409),
     (DedupKeyHeld, 409),
     (NotJSONSerializable, 422),

@@ -74,7 +74,7 @@ async def batch_status(batch: Annotated[BatchName, Path()], app: HerdApp) -> Eva
     return EvalStatusOut.model_validate(await evaluate.batch_status(app, batch))
 
 
-@router.post("/evals/{batch}/budget")
+@router.post("/evals/{batch}/budget", responses={404: {"description": "no such batch"}})
 async def set_budget(
     batch: Annotated[BatchName, Path()], body: BudgetIn, app: HerdApp
 ) -> BudgetOut:

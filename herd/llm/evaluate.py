@@ -35,7 +35,7 @@ from herd.cache.keys import normalize_document
 from herd.cache.retention import PURGE_EVERY, Periodic, in_batches
 from herd.config import EVAL_MAX_TOKENS, EVAL_TTL, LEDGER_TTL, Settings
 from herd.db import postgres as pgdb
-from herd.errors import ConfigError, Fatal, InvalidInput, Snooze
+from herd.errors import BatchNotFound, ConfigError, Fatal, InvalidInput, Snooze
 from herd.jsonvalue import JSON, canonical, check, check_text
 from herd.limits import CapacityTimeout, Limit, Limiter, LimitsFile, for_broker, hold, scope_name
 from herd.limits import load as load_limits
@@ -329,7 +329,7 @@ class EvalStore:
                     "SELECT EXISTS (SELECT 1 FROM herd_eval_items WHERE batch = %s)", (batch,)
                 )
                 if not (await cur.fetchone() or (False,))[0]:
-                    raise InvalidInput(f"no batch named {batch!r}", field="batch")
+                    raise BatchNotFound(f"no batch named {batch!r}")
                 await conn.execute(  # a batch submitted before batches had rows
                     "INSERT INTO herd_eval_batches (batch, budget) VALUES (%s, %s)",
                     (batch, budget),
@@ -476,7 +476,11 @@ class EvalRuntime:
         runtime = cls(
             store,
             ExactCache(
-                cache_store, locks, namespace="eval", ttl=settings.cache_ttl or None, lock_ttl=30
+                cache_store,
+                locks,
+                namespace="eval",
+                ttl=settings.cache_ttl or None,
+                lock_ttl=settings.eval_lock_ttl,
             ),
             prices,
             max_tokens=app.settings.eval_max_tokens,

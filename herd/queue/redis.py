@@ -143,6 +143,7 @@ class RedisBroker:
         self.finished_ttl = int(finished_ttl)
         self.throughput_ttl = int(throughput_ttl)
         self._next_sweep = 0.0
+        self._rotation = 0
         self._sweeping: asyncio.Task[int] | None = None
         self._client = rdb.SharedClient(url, store="the job store", max_size=pool_size)
         self._redis: aioredis.Redis = self._client.client
@@ -238,10 +239,13 @@ class RedisBroker:
             # As on PostgreSQL, retention rides on claiming, in the background.
             self._next_sweep = time.monotonic() + purge_period(self.finished_ttl)
             self._sweeping = asyncio.create_task(self._sweep_quietly(), name="herd-sweep")
-        if limit <= 0:
+        if limit <= 0 or not queues:
             return []
         leases: list[Lease] = []
-        for queue in queues:
+        # The starting queue rotates (as on PostgreSQL): a busy first queue must not
+        # starve the others of a worker that serves several.
+        self._rotation = (self._rotation + 1) % len(queues)
+        for queue in [*queues[self._rotation :], *queues[: self._rotation]]:
             if len(leases) >= limit:
                 break
             rows = await self._run("claim", queue, owner, limit - len(leases))

@@ -224,3 +224,41 @@ async def test_an_eval_priority_out_of_range_is_422_not_a_database_error(client)
     )
     assert r.status_code == 422, r.text
     assert r.json()["errors"][0]["field"] == "priority"
+
+
+async def test_an_eval_batch_keeps_its_budget_and_limits_and_the_budget_can_change(client):
+    body = {**SPEC, "documents": [{"name": "a.txt", "text": "Budgets."}], "batch": "api-budget"}
+    limits = {"rpm": 10, "tpm": 1000, "max_concurrent": 2}
+    r = await client.post("/evals", json={**body, "budget": 0.5, **limits})
+    assert r.status_code == 201, r.text
+    status = (await client.get("/evals/api-budget")).json()
+    assert status["budget"] == 0.5 and status["spent"] == 0.0 and status["limits"] == limits
+    changed = await client.post("/evals/api-budget/budget", json={"budget": 2.5})
+    assert changed.status_code == 200, changed.text
+    out = changed.json()
+    assert out == {"batch": "api-budget", "budget": 2.5, "spent": 0.0, "reserved": 0.0,
+                   "parked": None, "resumed": 0}  # fmt: skip
+    status = (await client.get("/evals/api-budget")).json()
+    assert status["budget"] == 2.5 and status["limits"] == limits
+    lifted = await client.post("/evals/api-budget/budget", json={"budget": None})
+    assert lifted.status_code == 200 and lifted.json()["budget"] is None
+
+
+@pytest.mark.parametrize(
+    ("field", "bad"),
+    [("budget", -1), ("budget", "lots"), ("rpm", 0), ("tpm", 1.5), ("max_concurrent", 0)],
+)
+async def test_a_bad_eval_budget_or_limit_is_422_naming_the_field(client, field, bad):
+    body = {**SPEC, "documents": [{"name": "a.txt", "text": "x"}], "batch": "api-bad", field: bad}
+    r = await client.post("/evals", json=body)
+    assert r.status_code == 422, r.text
+    assert [e["field"] for e in r.json()["errors"]] == [field]
+    assert (await client.get("/evals/api-bad")).json()["documents"] == 0
+
+
+async def test_the_budget_of_an_unknown_batch_is_404_and_a_bad_one_422(client):
+    r = await client.post("/evals/no-such-batch/budget", json={"budget": 1.0})
+    assert r.status_code == 404, r.text
+    assert "no batch named 'no-such-batch'" in r.json()["error"]
+    bad = await client.post("/evals/no-such-batch/budget", json={"budget": -1})
+    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "budget"

@@ -1,10 +1,12 @@
 """CI-sized chaos runs, one per backend: real workers, real servers, real faults.
 
 Each run: 3 worker processes, 150 jobs of random length that each call the
-provider simulator, 3 s leases, and on a schedule 2 SIGKILLs, 2 SIGSTOPs past
-the lease, a SIGTERM, a restart of the job store and a drop of every client
-connection. The checker must find no violation, and the faults must have bitten
-(leases taken over), so that an injection that silently does nothing fails.
+provider simulator, 36 evaluation documents (some repeated) against a simulator of
+their own, 3 s leases, and on a schedule 2 SIGKILLs, 2 SIGSTOPs past the lease, a
+SIGTERM, a restart of the job store and a drop of every client connection. The
+checker must find no violation (the evaluations' ledger equals their simulator's
+bill among them), and the faults must have bitten (leases taken over, evaluation
+calls cut short or lost), so that an injection that silently does nothing fails.
 """
 
 from __future__ import annotations
@@ -50,3 +52,7 @@ async def test_a_chaos_run_breaks_no_guarantee(backend: str, tmp_path) -> None:
     assert f["provider_calls"] >= f["outcome"]["succeeded"]
     # The counts kept as jobs changed (triggers, scripts) survived kills and restarts.
     assert f["stats_match_full_count"] is True
+    # The evaluations: all done, the ledger equal to the bill, and faults landed mid-call.
+    assert f["eval_documents"].startswith(f"{config.eval_docs}/{config.eval_docs} done"), f
+    assert "equal" in f["eval_ledger_equals_bill"], f
+    assert f["eval_calls_hit_by_faults"] >= 1, f

@@ -187,3 +187,62 @@ def test_stats_that_differ_from_a_full_count_are_a_violation(tmp_path):
     report = evaluate(seen, record, sim, d)
     assert report.figures["stats_match_full_count"] is False
     assert any(v.startswith("stats() says") for v in report.violations), report.violations
+
+
+def with_evaluations(tmp_path: Path) -> tuple[Observed, RunRecord, dict, Path]:
+    """The scenario plus a batch of 3 documents on evaluation jobs 10 and 11 (two
+    documents repeat: one job): job 10's first call was cut short by a kill, so the
+    provider billed 3 calls, and the ledger holds call 2 + cut_short 1."""
+    seen, record, sim, d = scenario(tmp_path)
+    record.eval_batch, record.eval_documents = "chaos-1", 3
+    record.eval_job_ids = {10: "k10", 11: "k11"}
+    for i in (10, 11):
+        seen.jobs[i] = job(i, JobStatus.SUCCEEDED, 1, task="herd.eval", queue="eval",
+                           result={"source": "computed"})  # fmt: skip
+    seen.ledger = {"call": 2, "cut_short": 1, "dedup": 1}
+    seen.ledger_rows = dict(seen.ledger)
+    seen.eval_items = {"done": 3}
+    sim["eval"] = {"stats": {"calls": 3, "billed": 3, "disconnected": 1}}
+    return seen, record, sim, d
+
+
+def test_an_eval_ledger_equal_to_the_bill_passes_and_eval_jobs_are_not_chaos_jobs(tmp_path):
+    report = evaluate(*with_evaluations(tmp_path))
+    assert report.ok, report.text()
+    assert report.figures["eval_calls_hit_by_faults"] == 1
+    assert (
+        "3 in the ledger, 3 billed (1 hung up): equal" in report.figures["eval_ledger_equals_bill"]
+    )
+
+
+def test_a_ledger_that_differs_from_the_bill_is_a_violation(tmp_path):
+    seen, record, sim, d = with_evaluations(tmp_path)
+    sim["eval"]["stats"]["billed"] = 4  # a call the ledger never saw
+    text = " | ".join(evaluate(seen, record, sim, d).violations)
+    assert "ledger != bill: 3 calls in the ledger (call 2, lost 0, failed 0, cut_short 1)" in text
+    assert "4 billed by the provider" in text
+    del sim["eval"]["stats"]["billed"]  # a simulator without the counter: its calls
+    sim["eval"]["stats"]["calls"] = 2
+    text = " | ".join(evaluate(seen, record, sim, d).violations)
+    assert "2 billed by the provider" in text
+
+
+def test_open_calls_summary_drift_undone_documents_and_keys_called_twice_are_violations(
+    tmp_path,
+):
+    seen, record, sim, d = with_evaluations(tmp_path)
+    seen.ledger_open = 1
+    seen.ledger_rows = {"call": 3}
+    seen.eval_items = {"done": 2, "queued": 1}
+    seen.keys_called_by_jobs = {"abcdef0123456789": 2}
+    seen.jobs[11] = job(11, JobStatus.DEAD, 1, task="herd.eval", queue="eval",
+                        dead_reason="max_stalls")  # fmt: skip
+    text = " | ".join(evaluate(seen, record, sim, d).violations)
+    assert "1 ledger calls were never closed" in text
+    assert "the ledger's summary counts 3 calls, its rows 3" not in text
+    assert "evaluations: 1 documents not done: {'queued': 1}" in text
+    assert "key abcdef012345… has 'call' rows from 2 jobs" in text
+    assert "evaluation job 11 ended dead: max_stalls" in text
+    seen.ledger_rows = {"call": 2}
+    text = " | ".join(evaluate(seen, record, sim, d).violations)
+    assert "the ledger's summary counts 3 calls, its rows 2" in text
