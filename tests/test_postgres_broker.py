@@ -112,7 +112,7 @@ async def test_counts_stay_exact_under_concurrent_workers_and_fold_into_one_slot
         stats = await broker.stats()
         assert {(s.queue, st.value): n for s in stats for st, n in s.counts.items()} == full
         assert len(slots) > 1  # the connections wrote slots of their own
-        await broker._fetch("fold_counts", {})
+        await broker.fold_counts()
         kept, full, slots = _counters(clean_pg)
         assert kept == full and slots == {0}
     finally:

@@ -239,12 +239,17 @@ class PostgresBroker:
             if len(rows) < batch:
                 return removed
 
+    async def fold_counts(self) -> None:
+        """Sum the slots of each counter into its slot 0, one counter per transaction."""
+        for queue, status in await self._fetch("counters_to_fold", {}):
+            await self._fetch("fold_counts", {"queue": queue, "status": status})
+
     async def _purge_quietly(self) -> int:
         try:
             removed = await self.purge_finished()
             if self.throughput_ttl:
                 await self._fetch("purge_throughput", {"keep": self.throughput_ttl})
-            await self._fetch("fold_counts", {})
+            await self.fold_counts()
         except BrokerError as exc:
             log.warning("purging succeeded jobs failed (retried later): %s", exc)
             return 0

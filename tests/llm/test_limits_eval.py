@@ -35,7 +35,9 @@ def spec(model: str) -> EvalSpec:
 
 
 def docs(n: int, tag: str) -> list[tuple[str, str]]:
-    return [(f"{tag}{i}.txt", f"Document {tag} {i}: it reports what it measured.") for i in range(n)]
+    return [
+        (f"{tag}{i}.txt", f"Document {tag} {i}: it reports what it measured.") for i in range(n)
+    ]
 
 
 @pytest.fixture
@@ -83,9 +85,7 @@ async def test_two_workers_share_one_limit_and_the_provider_never_refuses(limite
         await enqueue_documents(a, spec("sim-rate"), "rate", docs(12, "r"))
         started = time.monotonic()
         async with running(a, 4), running(b, 4):
-            status = await eventually(
-                lambda: _done(a, "rate", 12), timeout=20, interval=0.1
-            )
+            status = await eventually(lambda: _done(a, "rate", 12), timeout=20, interval=0.1)
         elapsed = time.monotonic() - started
         stats = sim.stats()
         assert status["failed"] == 0 and stats["billed"] == 12 and stats["rate_limited"] == 0
@@ -106,9 +106,7 @@ async def test_two_workers_share_one_limit_and_the_provider_never_refuses(limite
         assert usage["limit"]["rpm"] == 4 and usage["requests"] == 12 and usage["waits"] >= 1
 
 
-async def test_a_429_one_worker_gets_pauses_every_worker_and_costs_no_attempt(
-    limited_env, sim
-):
+async def test_a_429_one_worker_gets_pauses_every_worker_and_costs_no_attempt(limited_env, sim):
     # The provider allows 2 calls a minute, herd's limit far more: the provider's 429
     # is what tells the fleet.
     sim.configure(rpm=2)
@@ -147,9 +145,7 @@ async def test_a_429_one_worker_gets_pauses_every_worker_and_costs_no_attempt(
         collector = metrics.HerdCollector()
         collector.reading = await metrics.read(b)
         samples = {
-            (m.name, s.labels.get("scope")): s.value
-            for m in collector.collect()
-            for s in m.samples
+            (m.name, s.labels.get("scope")): s.value for m in collector.collect() for s in m.samples
         }
         assert samples[("herd_limit_rate_limited", limit.scope)] == 1
         assert samples[("herd_limit_paused_seconds", limit.scope)] > 0

@@ -179,12 +179,18 @@ SELECT c.queue, c.status, c.n, coalesce(r.ready, 0), r.oldest_ready_age
   FROM counts c LEFT JOIN ready r ON r.queue = c.queue AND c.status = 'pending'
  ORDER BY c.queue, c.status;
 
+-- name: counters_to_fold
+SELECT DISTINCT queue, status FROM herd_job_counts WHERE slot <> 0 ORDER BY queue, status;
+
 -- name: fold_counts
--- Sums every slot of a counter into slot 0 (the purge tick calls it). All the rows
--- are locked first, in the triggers' (queue, status) order, so a fold and a claim
--- never wait on each other in a cycle.
+-- Sums every slot of one counter into slot 0 (the purge tick calls it), in a
+-- transaction of its own. One counter at a time: a fold of all of them held every
+-- row while its last step inserted the slot-0 rows that were missing, and a claim
+-- that had just inserted one of those (and waited on a row the fold held) closed a
+-- cycle (a deadlock seen with 20 workers on 16 slots).
 WITH locked AS (
-    SELECT queue, status, slot FROM herd_job_counts ORDER BY queue, status, slot FOR UPDATE
+    SELECT queue, status, slot FROM herd_job_counts
+     WHERE queue = %(queue)s AND status = %(status)s ORDER BY slot FOR UPDATE
 ), gone AS (
     DELETE FROM herd_job_counts c USING locked l
      WHERE c.queue = l.queue AND c.status = l.status AND c.slot = l.slot AND l.slot <> 0
