@@ -6,6 +6,7 @@ Examples::
     python -m herd.llm.simulator --latency 20:90 --fail-rate 429=0.02,500=0.01 --seed 7
     python -m herd.llm.simulator --script 429:2,500,ok --api-key sk-sim
     python -m herd.llm.simulator --rpm 600 --tpm 200000 --latency 0.2:0.5
+    python -m herd.llm.simulator --batch-latency 30   # Batch APIs end 30 s after creation
 
 Then point a client at it: ``OpenAICompatible(base_url=URL + "/v1", ...)`` or
 ``Anthropic(base_url=URL, ...)``; read ``GET URL/_sim/stats`` for the counters.
@@ -67,6 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="tokens per minute (input + max_tokens), per API key and model",
     )
+    p.add_argument(
+        "--batch-latency",
+        type=float,
+        default=1.0,
+        help="seconds from a batch's creation to its end (default 1.0)",
+    )
+    p.add_argument(
+        "--batch-expire", action="store_true", help="batches end expired, nothing answered"
+    )
     p.add_argument("--verbose", action="store_true", help="log every request on stderr")
     return p
 
@@ -85,7 +95,15 @@ def config_from(args: argparse.Namespace) -> SimConfig:
         hang_max=args.hang_max,
         seed=args.seed,
     )
-    config.update({"fail_rates": rates, "rpm": args.rpm, "tpm": args.tpm})  # validates the sum
+    config.update(  # validates the sum of the rates
+        {
+            "fail_rates": rates,
+            "rpm": args.rpm,
+            "tpm": args.tpm,
+            "batch_latency": args.batch_latency,
+            "batch_expire": args.batch_expire,
+        }
+    )
     return config
 
 

@@ -59,7 +59,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from herd.errors import ConfigError
-from herd.llm.simulator import content
+from herd.llm.simulator import batches, content
 from herd.llm.simulator.limits import RateLimits, Verdict, headers_for, key_id
 
 log = logging.getLogger("herd.llm.simulator")
@@ -88,6 +88,8 @@ class SimConfig:
     tpm: int | None = None  # tokens (input + max output) per minute, per key and model
     # Providers send Retry-After with a limit's 429; off, a client must read the reset headers.
     limit_retry_after: bool = True
+    batch_latency: float = 1.0  # seconds from a batch's creation to its end (batches.py)
+    batch_expire: bool = False  # batches created while set end expired, nothing answered
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply a partial JSON config; raise ``ConfigError`` naming what is wrong."""
@@ -108,14 +110,14 @@ class SimConfig:
                 if not isinstance(value, list):
                     raise ConfigError("script must be a list of outcomes")
                 new.script = [parse_outcome(str(v)) for v in value]
-            elif key in ("retry_after", "hang_max"):
+            elif key in ("retry_after", "hang_max", "batch_latency"):
                 setattr(new, key, _nonneg(key, value))
             elif key == "seed":
                 new.seed = None if value is None else int(value)
-            elif key == "limit_retry_after":
+            elif key in ("limit_retry_after", "batch_expire"):
                 if not isinstance(value, bool):
-                    raise ConfigError("limit_retry_after must be true or false")
-                new.limit_retry_after = value
+                    raise ConfigError(f"{key} must be true or false")
+                setattr(new, key, value)
             elif key in ("rpm", "tpm"):
                 setattr(new, key, parse_limit(key, value))
             elif key in ("fixed_text", "api_key"):
@@ -367,6 +369,7 @@ class _Server(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], state: SimState) -> None:
         self.state = state
+        self.batches = batches.BatchStore(state)
         super().__init__(address, _Handler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -397,7 +400,7 @@ class _Handler(BaseHTTPRequestHandler):
         state = self.server.state
         path = self.path.split("?", 1)[0].rstrip("/")
         if path == "/_sim/stats":
-            self._json(200, state.stats())
+            self._json(200, {**state.stats(), **self.server.batches.stats()})
         elif path == "/_sim/calls":
             self._json(200, state.calls_by_tag())
         elif path == "/_sim/config":
@@ -407,11 +410,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(200, {"object": "list", "data": [{"id": "sim", "object": "model"}]})
         elif path in ("/health", "/_sim/health"):
             self._json(200, {"ok": True})
+        elif batches.owns(path):
+            self.server.batches.serve(self, "GET", self.path)
         else:
             self._json(404, {"error": {"message": f"no route GET {path}", "type": "not_found"}})
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib naming
         path = self.path.split("?", 1)[0].rstrip("/")
+        if batches.owns(path):  # reads its own body: batch files are larger than a call
+            self.server.batches.serve(self, "POST", self.path)
+            return
         body = self._read_body()
         if body is None:
             return
@@ -424,6 +432,7 @@ class _Handler(BaseHTTPRequestHandler):
             if not self._control_allowed(state.initial.api_key):
                 return
             state.reset()
+            self.server.batches.reset()
             self._json(200, {"ok": True})
         elif path == "/_sim/config":
             with state.lock:
@@ -439,6 +448,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self._json(400, {"error": {"message": str(exc), "type": "invalid_config"}})
         else:
             self._json(404, {"error": {"message": f"no route POST {path}", "type": "not_found"}})
+
+    def do_DELETE(self) -> None:  # noqa: N802 - stdlib naming
+        path = self.path.split("?", 1)[0].rstrip("/")
+        if batches.owns(path):
+            self.server.batches.serve(self, "DELETE", self.path)
+        else:
+            self._json(404, {"error": {"message": f"no route DELETE {path}", "type": "not_found"}})
 
     # Model calls --------------------------------------------------------------------
 
@@ -526,11 +542,7 @@ class _Handler(BaseHTTPRequestHandler):
         tokens = (0, 0)
         if name in ("ok", "malformed", "schema_invalid"):
             # Generation begins: billed from here even if the client hangs up before the end.
-            text = self._content(req, name)
-            tokens = (
-                content.estimate_tokens(req.prompt_text),
-                max(1, content.estimate_tokens(text)),
-            )
+            text, tokens = generate(state, req, name)
             state.bill(generation, tokens)
         if name == "hang":
             if self._client_gone(hang_max):
@@ -552,11 +564,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(api, generation, status, "api_error", f"Simulated {status}.", headers)
             return
 
-        if api == "openai":
-            payload = _openai_answer(model, text, tokens)
-        else:
-            payload = _anthropic_answer(model, req, text, tokens)
-        self._send(generation, 200, payload, tokens=tokens)
+        self._send(generation, 200, answer_payload(api, model, req, text, tokens), tokens=tokens)
 
     def _refuse(self, api: str, generation: int, model: str, verdict: Verdict) -> None:
         """429 for a limit, in the provider's error JSON, so its SDK raises RateLimitError."""
@@ -580,8 +588,8 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._error(api, generation, 429, scope, message, code="rate_limit_exceeded")
 
-    def _content(self, req: _Request, outcome: str) -> str:
-        state = self.server.state
+    @staticmethod
+    def _content(state: SimState, req: _Request, outcome: str) -> str:
         with state.lock:
             mode, fixed = state.config.content, state.config.fixed_text
         # The same prompt gets the same answer, whichever wire format and model asked.
@@ -782,6 +790,22 @@ class _Request:
             _text(m.get("content")) for m in self.messages if isinstance(m, dict)
         ]
         return "\n".join(parts)
+
+
+def generate(state: SimState, req: _Request, outcome: str) -> tuple[str, tuple[int, int]]:
+    """The text a generated outcome answers and its (input, output) tokens: one engine for
+    the synchronous routes and the batches (``batches.py``), so both bill alike."""
+    text = _Handler._content(state, req, outcome)
+    return text, (content.estimate_tokens(req.prompt_text), max(1, content.estimate_tokens(text)))
+
+
+def answer_payload(
+    api: str, model: str, req: _Request, text: str, tokens: tuple[int, int]
+) -> dict[str, Any]:
+    """The 200 body of a model call in the ``api``'s wire format."""
+    if api == "openai":
+        return _openai_answer(model, text, tokens)
+    return _anthropic_answer(model, req, text, tokens)
 
 
 def _weight(req: _Request, body: dict[str, Any]) -> int:
