@@ -10,6 +10,7 @@ Routes::
     POST /v1/chat/completions   (also /chat/completions)   OpenAI wire format
     POST /v1/messages                                        Anthropic wire format
     GET  /v1/models                                          a one-model list
+    /v1/files, /v1/batches, /v1/messages/batches             the Batch APIs (``batches.py``)
     GET  /_sim/stats            counters since start or the last reset
     GET  /_sim/calls            calls that carried an ``x-sim-tag`` header, by tag
     GET  /_sim/config           the behaviour in force (the key masked)
@@ -40,6 +41,8 @@ draw was a generated answer (``ok``, ``malformed`` or ``schema_invalid``), count
 generation begins, so a call whose client hung up during the latency is billed too,
 as a provider bills it; ``billed_tokens`` are those calls' input and output tokens.
 Calls refused (401, 400, 429) and drawn failures (5xx, ``hang``) are not billed.
+Requests answered in batches are counted apart: ``batches``, ``batch_billed`` and
+``batch_tokens`` (``batches.py``).
 """
 
 from __future__ import annotations
