@@ -88,6 +88,8 @@ def test_flags_set_the_behaviour_at_start(tmp_path) -> None:
         "rpm": 100,
         "tpm": 50000,
         "limit_retry_after": True,
+        "batch_latency": 1.0,
+        "batch_expire": False,
     }
     assert first.status_code == 500
     assert (second.status_code, second.headers["retry-after"]) == (429, "2")
