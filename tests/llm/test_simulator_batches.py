@@ -264,6 +264,9 @@ def test_bad_input_is_refused_in_the_providers_error_shapes(sim: Sim) -> None:
             metadata={"k" * 65: "v"},
         )
     assert err.value.param == "metadata"
+    with pytest.raises(openai.BadRequestError) as err:
+        o.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h")
+    assert err.value.param == "endpoint"
     with pytest.raises(openai.NotFoundError):
         o.batches.retrieve("batch_missing")
     with pytest.raises(openai.NotFoundError):

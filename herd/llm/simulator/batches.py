@@ -447,7 +447,9 @@ class BatchStore:
         if body.get("completion_window") != "24h":
             raise BadRequest(400, "completion_window must be '24h'", "completion_window")
         metadata = _metadata(body.get("metadata"))
-        source = self._file(str(body.get("input_file_id")))
+        if not isinstance(body.get("input_file_id"), str):
+            raise BadRequest(400, "input_file_id is required", "input_file_id")
+        source = self._file(body["input_file_id"])
         if source.purpose != "batch":
             raise BadRequest(
                 400, "input_file_id must be a file of purpose 'batch'", "input_file_id"
