@@ -267,6 +267,16 @@ def test_bad_input_is_refused_in_the_providers_error_shapes(sim: Sim) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         o.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h")
     assert err.value.param == "endpoint"
+    other = {**line, "custom_id": "y", "body": {**chat_body(1), "model": "gpt-other"}}
+    mixed = o.files.create(file=("in.jsonl", jsonl([line, other])), purpose="batch").id
+    failed = ended_openai(
+        o,
+        o.batches.create(
+            input_file_id=mixed, endpoint="/v1/chat/completions", completion_window="24h"
+        ).id,
+    )
+    assert failed.status == "failed" and failed.failed_at is not None and failed.errors
+    assert [e.code for e in failed.errors.data or []] == ["mismatched_model"]
     with pytest.raises(openai.NotFoundError):
         o.batches.retrieve("batch_missing")
     with pytest.raises(openai.NotFoundError):
@@ -286,7 +296,8 @@ def test_bad_input_is_refused_in_the_providers_error_shapes(sim: Sim) -> None:
         a.messages.batches.retrieve("msgbatch_missing")
     raw = httpx.get(sim.url + "/v1/messages/batches", headers={"x-api-key": "k"})
     assert raw.status_code == 400 and "anthropic-version" in raw.text
-    assert sim.stats()["batches"]["created"] == 0
+    assert sim.stats()["batches"]["created"] == 1  # the failed one
+    assert sim.stats()["batch_billed"] == 0
 
 
 def test_state_is_bounded_and_reset_clears_it(monkeypatch: pytest.MonkeyPatch) -> None:
