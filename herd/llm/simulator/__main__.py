@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="tokens per minute (input + max_tokens), per API key and model",
     )
+    p.add_argument(
+        "--prompt-cache-ttl",
+        type=float,
+        default=300.0,
+        help="seconds a cached prompt prefix lives (a '1h' breakpoint: 12 x); default 300",
+    )
     p.add_argument("--verbose", action="store_true", help="log every request on stderr")
     return p
 
@@ -85,7 +91,14 @@ def config_from(args: argparse.Namespace) -> SimConfig:
         hang_max=args.hang_max,
         seed=args.seed,
     )
-    config.update({"fail_rates": rates, "rpm": args.rpm, "tpm": args.tpm})  # validates the sum
+    config.update(
+        {
+            "fail_rates": rates,
+            "rpm": args.rpm,
+            "tpm": args.tpm,
+            "prompt_cache_ttl": args.prompt_cache_ttl,
+        }
+    )  # validates the sum
     return config
 
 

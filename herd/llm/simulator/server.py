@@ -40,6 +40,9 @@ draw was a generated answer (``ok``, ``malformed`` or ``schema_invalid``), count
 generation begins, so a call whose client hung up during the latency is billed too,
 as a provider bills it; ``billed_tokens`` are those calls' input and output tokens.
 Calls refused (401, 400, 429) and drawn failures (5xx, ``hang``) are not billed.
+``cached_input_tokens`` and ``cache_write_tokens`` are the prompt-cache reads and writes
+of billed calls (promptcache.py), ``prompt_cache_keys`` the distinct OpenAI
+``prompt_cache_key`` values calls carried.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from herd.errors import ConfigError
-from herd.llm.simulator import content
+from herd.llm.simulator import content, promptcache
 from herd.llm.simulator.limits import RateLimits, Verdict, headers_for, key_id
 
 log = logging.getLogger("herd.llm.simulator")
@@ -88,6 +91,7 @@ class SimConfig:
     tpm: int | None = None  # tokens (input + max output) per minute, per key and model
     # Providers send Retry-After with a limit's 429; off, a client must read the reset headers.
     limit_retry_after: bool = True
+    prompt_cache_ttl: float = 300.0  # seconds a cached prompt prefix lives (promptcache.py)
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply a partial JSON config; raise ``ConfigError`` naming what is wrong."""
@@ -108,7 +112,7 @@ class SimConfig:
                 if not isinstance(value, list):
                     raise ConfigError("script must be a list of outcomes")
                 new.script = [parse_outcome(str(v)) for v in value]
-            elif key in ("retry_after", "hang_max"):
+            elif key in ("retry_after", "hang_max", "prompt_cache_ttl"):
                 setattr(new, key, _nonneg(key, value))
             elif key == "seed":
                 new.seed = None if value is None else int(value)
@@ -206,6 +210,7 @@ class SimState:
         self.generation = 0
         self.started = time.time()
         self.limits = RateLimits(config.rpm, config.tpm)
+        self.prompt_cache = promptcache.PromptCache()
         self._zero()
 
     def _zero(self) -> None:
@@ -220,6 +225,9 @@ class SimState:
         self.billed_tokens = [0, 0]
         self.input_tokens = 0
         self.output_tokens = 0
+        self.cached_input_tokens = 0
+        self.cache_write_tokens = 0
+        self.prompt_cache_keys: set[str] = set()
         self.max_in_flight = self.in_flight
         self.since = time.time()
         # Calls tagged by the client (``x-sim-tag``, e.g. "job:attempt:pid"), so a test can
@@ -234,6 +242,7 @@ class SimState:
             self.config = copy.deepcopy(self.initial)
             self.rng = random.Random(self.config.seed)
             self.limits = RateLimits(self.config.rpm, self.config.tpm)
+            self.prompt_cache = promptcache.PromptCache()
             self._zero()
 
     def configure(self, changes: dict[str, Any]) -> dict[str, Any]:
@@ -310,6 +319,30 @@ class SimState:
                 self.billed_tokens[0] += tokens[0]
                 self.billed_tokens[1] += tokens[1]
 
+    def cache_prompt(
+        self, generation: int, api: str, key: str | None, model: str, body: dict[str, Any]
+    ) -> tuple[int, int]:
+        """The prefix tokens a generating call reads from the prompt cache and writes to it."""
+        found = promptcache.prefix(api, model, body)
+        with self.lock:
+            counted = generation == self.generation
+            asked = body.get("prompt_cache_key")
+            room = len(self.prompt_cache_keys) < promptcache.MAX_KEYS_SEEN
+            if counted and isinstance(asked, str) and room:
+                self.prompt_cache_keys.add(asked)
+            if found is None:
+                return 0, 0
+            prefix, tokens, factor = found
+            lifetime = self.config.prompt_cache_ttl * factor
+            hit = self.prompt_cache.use((key_id(key), model, prefix), lifetime, time.time())
+            read, written = (tokens, 0) if hit else (0, tokens)
+            if api == "openai":
+                written = 0  # OpenAI reports (and charges) no cache write
+            if counted:
+                self.cached_input_tokens += read
+                self.cache_write_tokens += written
+            return read, written
+
     def tag_call(self, tag: str) -> dict[str, Any] | None:
         """Start the record of a tagged call (bounded: at most TAGGED_MAX are kept)."""
         with self.lock:
@@ -355,6 +388,9 @@ class SimState:
                     "output": self.output_tokens,
                     "total": self.input_tokens + self.output_tokens,
                 },
+                "cached_input_tokens": self.cached_input_tokens,
+                "cache_write_tokens": self.cache_write_tokens,
+                "prompt_cache_keys": sorted(self.prompt_cache_keys),
                 "since": self.since,
                 "seconds": time.time() - self.since,
             }
@@ -524,6 +560,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         text = ""
         tokens = (0, 0)
+        cache = (0, 0)  # prompt-cache tokens read, written
         if name in ("ok", "malformed", "schema_invalid"):
             # Generation begins: billed from here even if the client hangs up before the end.
             text = self._content(req, name)
@@ -532,6 +569,7 @@ class _Handler(BaseHTTPRequestHandler):
                 max(1, content.estimate_tokens(text)),
             )
             state.bill(generation, tokens)
+            cache = state.cache_prompt(generation, api, given, model, body)
         if name == "hang":
             if self._client_gone(hang_max):
                 state.hung_up(generation)
@@ -553,9 +591,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
 
         if api == "openai":
-            payload = _openai_answer(model, text, tokens)
+            payload = _openai_answer(model, text, tokens, cache)
         else:
-            payload = _anthropic_answer(model, req, text, tokens)
+            payload = _anthropic_answer(model, req, text, tokens, cache)
         self._send(generation, 200, payload, tokens=tokens)
 
     def _refuse(self, api: str, generation: int, model: str, verdict: Verdict) -> None:
@@ -814,7 +852,9 @@ def _text(value: Any) -> str:
     return ""
 
 
-def _openai_answer(model: str, text: str, tokens: tuple[int, int]) -> dict[str, Any]:
+def _openai_answer(
+    model: str, text: str, tokens: tuple[int, int], cache: tuple[int, int] = (0, 0)
+) -> dict[str, Any]:
     return {
         "id": f"chatcmpl-sim-{uuid.uuid4().hex[:24]}",
         "object": "chat.completion",
@@ -832,12 +872,17 @@ def _openai_answer(model: str, text: str, tokens: tuple[int, int]) -> dict[str, 
             "prompt_tokens": tokens[0],
             "completion_tokens": tokens[1],
             "total_tokens": tokens[0] + tokens[1],
+            "prompt_tokens_details": {"cached_tokens": cache[0], "audio_tokens": 0},
         },
     }
 
 
 def _anthropic_answer(
-    model: str, req: _Request, text: str, tokens: tuple[int, int]
+    model: str,
+    req: _Request,
+    text: str,
+    tokens: tuple[int, int],
+    cache: tuple[int, int] = (0, 0),
 ) -> dict[str, Any]:
     block: dict[str, Any]
     stop = "end_turn"
@@ -864,7 +909,13 @@ def _anthropic_answer(
         "content": [block],
         "stop_reason": stop,
         "stop_sequence": None,
-        "usage": {"input_tokens": tokens[0], "output_tokens": tokens[1]},
+        # Anthropic counts the cached prefix apart from input_tokens.
+        "usage": {
+            "input_tokens": max(0, tokens[0] - cache[0] - cache[1]),
+            "cache_creation_input_tokens": cache[1],
+            "cache_read_input_tokens": cache[0],
+            "output_tokens": tokens[1],
+        },
     }
 
 
