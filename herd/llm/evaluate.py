@@ -252,12 +252,16 @@ class EvalStore:
         input_tokens: int = 0,
         output_tokens: int = 0,
         cost: float | None = None,
+        cached_input_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        provider_saved: float | None = None,
     ) -> None:
         """One row of the ledger, and its summary updated in the same transaction."""
         self._purges.due()
         row = {"batch": batch, "job": job_id, "key": key, "kind": kind, "model": model,
                "provider": provider, "i": input_tokens, "o": output_tokens,
-               "cost": cost}  # fmt: skip
+               "cost": cost, "ci": cached_input_tokens, "cw": cache_write_tokens,
+               "ps": provider_saved}  # fmt: skip
         with translate_errors(self.url):
             async with self.pool.connection() as conn:
                 await ledger.record(conn, row)
@@ -369,7 +373,7 @@ class EvalStore:
         if batch is None:
             rows = await self.execute(ledger.TOTALS)
         else:
-            rows = [(*r, None) for r in await self.execute(ledger.BATCH_TOTALS, {"b": batch})]
+            rows = await self.execute(ledger.BATCH_TOTALS, {"b": batch})
         return {
             kind: {
                 "n": int(n),
@@ -377,8 +381,11 @@ class EvalStore:
                 "output_tokens": int(o),
                 "cost": c,
                 "saved": s,
+                "cached_input_tokens": int(ci),
+                "cache_write_tokens": int(cw),
+                "provider_cache_saved": ps,
             }  # fmt: skip
-            for kind, n, i, o, c, s in rows
+            for kind, n, i, o, c, s, ci, cw, ps in rows
         }
 
     async def _delete(self, query: str, keep: float, limit: int) -> int:
@@ -748,6 +755,9 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             i=done.usage.input_tokens,
             o=done.usage.output_tokens,
             cost=rt.prices.cost_of(spec.model, done.usage, spec.provider),
+            cached=done.usage.cached_input_tokens,
+            written=done.usage.cache_write_tokens,
+            provider_saved=None if price is None else price.cache_saved(done.usage),
         )
         return done
 
@@ -981,6 +991,20 @@ async def batch_status(app: App, batch: str | None) -> dict[str, Any]:
         "limits": row["limits"] if row else {},
         "limit_usage": await _limit_usage(rt, batch),
         "ledger": totals,
+        "provider_cache": provider_cache(totals),
+    }
+
+
+def provider_cache(totals: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What the provider's prompt cache served over the ledger's kinds, apart from herd's
+    own cache: input tokens read from it, written to it, and the money saved (None: no
+    priced call)."""
+    saved = [t["provider_cache_saved"] for t in totals.values()]
+    priced = [s for s in saved if s is not None]
+    return {
+        "cached_input_tokens": sum(t["cached_input_tokens"] for t in totals.values()),
+        "cache_write_tokens": sum(t["cache_write_tokens"] for t in totals.values()),
+        "saved": sum(priced) if priced else None,
     }
 
 
