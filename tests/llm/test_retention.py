@@ -63,9 +63,16 @@ def approx(rows: dict) -> dict:
 
 async def recomputed(store: EvalStore) -> dict:
     return {
-        kind: {"n": n, "input_tokens": int(i), "output_tokens": int(o), "cost": c, "saved": s,
-               "cached_input_tokens": int(ci), "cache_write_tokens": int(cw),
-               "provider_cache_saved": ps}  # fmt: skip
+        kind: {
+            "n": n,
+            "input_tokens": int(i),
+            "output_tokens": int(o),
+            "cost": c,
+            "saved": s,
+            "cached_input_tokens": int(ci),
+            "cache_write_tokens": int(cw),
+            "provider_cache_saved": ps,
+        }  # fmt: skip
         for kind, n, i, o, c, s, ci, cw, ps in await store.execute(RECOMPUTED)
     }
 
