@@ -46,7 +46,7 @@ from herd.llm.documents import DocumentError, find_documents, read_document
 from herd.llm.errors import ProviderError, ProviderResponseInvalid, ProviderTimeout, RateLimited
 from herd.llm.params import check_params
 from herd.llm.pricing import PriceTable
-from herd.llm.providers import Anthropic, OpenAICompatible, Provider, RetryPolicy
+from herd.llm.providers import Anthropic, OpenAICompatible, Provider, RetryPolicy, promptcache
 from herd.llm.providers.anthropic import DEFAULT_MAX_TOKENS
 from herd.locks import PostgresLocks, RedisLocks
 from herd.queue.base import EnqueueResult
@@ -155,7 +155,8 @@ class EvalSpec:
             model=f"{self.provider}:{self.model}",
             system=self.system,
             schema=self.schema,
-            params=self.params,
+            # Where the provider reads the prompt from does not change the answer.
+            params={k: v for k, v in self.params.items() if k != promptcache.PARAM},
             document=document,
         )
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from herd import App, Worker
-from herd.errors import ConfigError
+from herd.errors import ConfigError, InvalidInput
 from herd.llm import evaluate
 from herd.llm.completion import Usage
 from herd.llm.evaluate import EvalSpec, submit
@@ -62,6 +62,14 @@ async def test_anthropic_marks_a_long_system_prompt_written_once_then_read(sim):
     stats = sim.stats()
     assert (stats["cache_write_tokens"], stats["cached_input_tokens"]) == (
         PREFIX_TOKENS, PREFIX_TOKENS)  # fmt: skip
+
+
+def test_the_switch_is_checked_and_leaves_herds_cache_key_alone():
+    plain = EvalSpec(model="m", system="s")
+    off = EvalSpec(model="m", system="s", params={"prompt_cache": False})
+    assert off.key("doc") == plain.key("doc")  # the same answer, wherever the prompt is read
+    with pytest.raises(InvalidInput, match="params.prompt_cache must be true or false"):
+        EvalSpec(model="m", system="s", params={"prompt_cache": "no"})
 
 
 def test_anthropic_breakpoint_follows_the_models_minimum_and_ttl():
@@ -200,3 +208,20 @@ async def test_the_ledger_status_and_metrics_show_the_provider_cache(app, pg_url
     read = ("herd_eval_provider_cache_tokens_total", (("direction", "read"), ("kind", "call")))
     assert m[read] == PREFIX_TOKENS
     assert m[("herd_eval_provider_cache_saved_dollars", ())] == pytest.approx(saved)
+
+
+def test_usage_fields_missing_or_null_are_zero():
+    oa = OpenAICompatible("http://127.0.0.1:9", "k", model="m")
+    answer = {"choices": [{"message": {"content": "x"}}], "usage": {"prompt_tokens": 10}}
+    assert oa._parse(answer)[1] == Usage(10, 0, 0, 0)
+    answer["usage"] = {"prompt_tokens": 10, "prompt_tokens_details": None}
+    assert oa._parse(answer)[1] == Usage(10, 0, 0, 0)
+    answer["usage"] = {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 4}}
+    assert oa._parse(answer)[1] == Usage(10, 0, 4, 0)
+    an = Anthropic("http://127.0.0.1:9", "k", model="m")
+    reply = {"content": [{"type": "text", "text": "x"}], "usage": {"input_tokens": 7,
+             "cache_read_input_tokens": None, "output_tokens": 1}}  # fmt: skip
+    assert an._parse(reply)[1] == Usage(7, 1, 0, 0)
+    reply["usage"] = {"input_tokens": 7, "cache_read_input_tokens": 100,
+                      "cache_creation_input_tokens": 20, "output_tokens": 1}  # fmt: skip
+    assert an._parse(reply)[1] == Usage(127, 1, 100, 20)  # input_tokens: the whole input
