@@ -121,14 +121,31 @@ class HerdCollector(Collector):
         saved = CounterMetricFamily(
             "herd_eval_ledger_saved_dollars", "Money not paid (estimated).", labels=["kind"]
         )
+        provider_tokens = CounterMetricFamily(
+            "herd_eval_provider_cache_tokens",
+            "Input tokens read from (read) and written to (write) the provider's prompt cache.",
+            labels=["kind", "direction"],
+        )
+        # A gauge: a cache write costs more than plain input (Anthropic 1.25 x), so the
+        # sum dips until reads pay it back, and a counter must never go down.
+        provider_saved = GaugeMetricFamily(
+            "herd_eval_provider_cache_saved_dollars",
+            "Money the provider's prompt cache saved (full input price minus the cost),"
+            " apart from herd's own cache.",
+        )
+        provider_total = 0.0
         for row in r.ledger:
+            provider_tokens.add_metric([row.kind, "read"], row.cached_input_tokens)
+            provider_tokens.add_metric([row.kind, "write"], row.cache_write_tokens)
+            provider_total += row.provider_cache_saved or 0.0
             calls.add_metric([row.kind], row.calls)
             tokens.add_metric([row.kind, "input"], row.input_tokens)
             tokens.add_metric([row.kind, "output"], row.output_tokens)
             cost.add_metric([row.kind], row.cost or 0.0)
             if row.saved is not None:
                 saved.add_metric([row.kind], row.saved)
-        yield from (calls, tokens, cost, saved)
+        provider_saved.add_metric([], provider_total)
+        yield from (calls, tokens, cost, saved, provider_tokens, provider_saved)
         yield from _limit_metrics(r.limits)
 
         problems = GaugeMetricFamily(

@@ -255,6 +255,11 @@ class LedgerRow(BaseModel):
     output_tokens: int
     cost: float | None  # paid (call, lost)
     saved: float | None  # estimated: what the avoided calls cost when they were made
+    # The provider's prompt cache, apart from herd's: input tokens read from it and
+    # written to it, and the money that saved (full input price minus the cost).
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+    provider_cache_saved: float | None = None
 
 
 class StatsOut(BaseModel):
@@ -327,6 +332,14 @@ class EvalOut(BaseModel):
     job_ids: list[int]
 
 
+class ProviderCacheOut(BaseModel):
+    """The provider's prompt cache over a batch's calls, apart from herd's own cache."""
+
+    cached_input_tokens: int = 0  # input tokens read from the provider's cache
+    cache_write_tokens: int = 0  # written to it
+    saved: float | None = None  # USD: full input price minus the cost; None: not priced
+
+
 class EvalStatusOut(BaseModel):
     batch: str | None
     documents: int
@@ -340,6 +353,7 @@ class EvalStatusOut(BaseModel):
     parked: str | None = None
     limits: dict[str, int] = {}
     ledger: dict[str, dict[str, Any]]
+    provider_cache: ProviderCacheOut = ProviderCacheOut()
 
 
 class BudgetOut(BaseModel):

@@ -226,6 +226,16 @@ def _print_status(status: dict[str, Any]) -> None:
             f"${cost:.4f}" if cost else "",
         )
     console.out.print(table)
+    pc = status.get("provider_cache") or {}
+    if pc.get("cached_input_tokens") or pc.get("cache_write_tokens"):
+        saved = pc.get("saved")
+        console.out.print(
+            f"provider cache: {pc['cached_input_tokens']:,} input tokens read from it,"
+            f" {pc['cache_write_tokens']:,} written"
+            + (f", ${saved:.4f} saved" if saved is not None else "")
+            + " (apart from herd's cache)",
+            highlight=False,
+        )
 
 
 @eval_cli.command("status")

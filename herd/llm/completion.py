@@ -7,14 +7,29 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Usage:
-    """Tokens the provider reports for one call (0 when it reports none)."""
+    """Tokens the provider reports for one call (0 when it reports none).
+
+    ``input_tokens`` is all the input the provider counted, whether served from its
+    prompt cache or not: OpenAI reports it so (``prompt_tokens``, of which
+    ``prompt_tokens_details.cached_tokens`` were cached); Anthropic reports the three
+    parts apart (``input_tokens`` after the last breakpoint, ``cache_read_input_tokens``,
+    ``cache_creation_input_tokens``), which herd adds up. ``cached_input_tokens`` of them
+    were read from the provider's cache, ``cache_write_tokens`` written to it.
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+    @property
+    def uncached_input_tokens(self) -> int:
+        """Input neither read from nor written to the provider's cache."""
+        return max(0, self.input_tokens - self.cached_input_tokens - self.cache_write_tokens)
 
 
 @dataclass(frozen=True)

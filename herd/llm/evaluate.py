@@ -46,7 +46,7 @@ from herd.llm.documents import DocumentError, find_documents, read_document
 from herd.llm.errors import ProviderError, ProviderResponseInvalid, ProviderTimeout, RateLimited
 from herd.llm.params import check_params
 from herd.llm.pricing import PriceTable
-from herd.llm.providers import Anthropic, OpenAICompatible, Provider, RetryPolicy
+from herd.llm.providers import Anthropic, OpenAICompatible, Provider, RetryPolicy, promptcache
 from herd.llm.providers.anthropic import DEFAULT_MAX_TOKENS
 from herd.locks import PostgresLocks, RedisLocks
 from herd.queue.base import EnqueueResult
@@ -155,7 +155,8 @@ class EvalSpec:
             model=f"{self.provider}:{self.model}",
             system=self.system,
             schema=self.schema,
-            params=self.params,
+            # Where the provider reads the prompt from does not change the answer.
+            params={k: v for k, v in self.params.items() if k != promptcache.PARAM},
             document=document,
         )
 
@@ -252,12 +253,16 @@ class EvalStore:
         input_tokens: int = 0,
         output_tokens: int = 0,
         cost: float | None = None,
+        cached_input_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        provider_saved: float | None = None,
     ) -> None:
         """One row of the ledger, and its summary updated in the same transaction."""
         self._purges.due()
         row = {"batch": batch, "job": job_id, "key": key, "kind": kind, "model": model,
                "provider": provider, "i": input_tokens, "o": output_tokens,
-               "cost": cost}  # fmt: skip
+               "cost": cost, "ci": cached_input_tokens, "cw": cache_write_tokens,
+               "ps": provider_saved}  # fmt: skip
         with translate_errors(self.url):
             async with self.pool.connection() as conn:
                 await ledger.record(conn, row)
@@ -369,7 +374,7 @@ class EvalStore:
         if batch is None:
             rows = await self.execute(ledger.TOTALS)
         else:
-            rows = [(*r, None) for r in await self.execute(ledger.BATCH_TOTALS, {"b": batch})]
+            rows = await self.execute(ledger.BATCH_TOTALS, {"b": batch})
         return {
             kind: {
                 "n": int(n),
@@ -377,8 +382,11 @@ class EvalStore:
                 "output_tokens": int(o),
                 "cost": c,
                 "saved": s,
+                "cached_input_tokens": int(ci),
+                "cache_write_tokens": int(cw),
+                "provider_cache_saved": ps,
             }  # fmt: skip
-            for kind, n, i, o, c, s in rows
+            for kind, n, i, o, c, s, ci, cw, ps in rows
         }
 
     async def _delete(self, query: str, keep: float, limit: int) -> int:
@@ -748,6 +756,9 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             i=done.usage.input_tokens,
             o=done.usage.output_tokens,
             cost=rt.prices.cost_of(spec.model, done.usage, spec.provider),
+            cached=done.usage.cached_input_tokens,
+            written=done.usage.cache_write_tokens,
+            provider_saved=None if price is None else price.cache_saved(done.usage),
         )
         return done
 
@@ -981,6 +992,20 @@ async def batch_status(app: App, batch: str | None) -> dict[str, Any]:
         "limits": row["limits"] if row else {},
         "limit_usage": await _limit_usage(rt, batch),
         "ledger": totals,
+        "provider_cache": provider_cache(totals),
+    }
+
+
+def provider_cache(totals: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What the provider's prompt cache served over the ledger's kinds, apart from herd's
+    own cache: input tokens read from it, written to it, and the money saved (None: no
+    priced call)."""
+    saved = [t["provider_cache_saved"] for t in totals.values()]
+    priced = [s for s in saved if s is not None]
+    return {
+        "cached_input_tokens": sum(t["cached_input_tokens"] for t in totals.values()),
+        "cache_write_tokens": sum(t["cache_write_tokens"] for t in totals.values()),
+        "saved": sum(priced) if priced else None,
     }
 
 

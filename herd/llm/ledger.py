@@ -14,6 +14,10 @@ later call that changes the key's estimate revalues the saved totals by
 recomputation over the ledger gives, also for a dedup row written before the call
 it avoided, until the key's rows are purged; after that the estimate of a key that
 comes back starts over.
+
+The provider's prompt cache is counted apart (migration 3003): a call's cached input
+and cache-write tokens, and ``provider_saved``, its cost at the full input price minus
+its cost (herd.llm.pricing.Price.cache_saved). ``saved`` stays herd's own cache.
 """
 
 from __future__ import annotations
@@ -40,8 +44,10 @@ SELECT NOT EXISTS (SELECT 1 FROM herd_eval_ledger
 
 _INSERT = """
 INSERT INTO herd_eval_ledger (batch, job_id, key, kind, model, provider, input_tokens,
-                              output_tokens, cost)
-VALUES (%(batch)s, %(job)s, %(key)s, %(kind)s, %(model)s, %(provider)s, %(i)s, %(o)s, %(cost)s)
+                              output_tokens, cost, cached_input_tokens, cache_write_tokens,
+                              provider_saved)
+VALUES (%(batch)s, %(job)s, %(key)s, %(kind)s, %(model)s, %(provider)s, %(i)s, %(o)s, %(cost)s,
+        %(ci)s, %(cw)s, %(ps)s)
 """
 
 # NULL + x is x and NULL + NULL stays NULL: sum()'s semantics, one row at a time.
@@ -49,24 +55,36 @@ _ADD = "CASE WHEN excluded.{c} IS NULL THEN t.{c} ELSE coalesce(t.{c}, 0) + excl
 
 # Kinds in a fixed order: every transaction locks its key's row, then its batch's,
 # then totals in KINDS order, so concurrent inserts queue and never deadlock.
+_CACHED = """cached_input_tokens = t.cached_input_tokens + excluded.cached_input_tokens,
+       cache_write_tokens = t.cache_write_tokens + excluded.cache_write_tokens"""
+
 _TOTALS = f"""
-INSERT INTO herd_eval_ledger_totals AS t (kind, n, input_tokens, output_tokens, cost, saved)
+INSERT INTO herd_eval_ledger_totals AS t (kind, n, input_tokens, output_tokens, cost, saved,
+                                          cached_input_tokens, cache_write_tokens,
+                                          provider_saved)
 SELECT * FROM unnest(%(kinds)s::text[], %(n)s::bigint[], %(i)s::bigint[], %(o)s::bigint[],
-                     %(cost)s::float8[], %(saved)s::float8[])
+                     %(cost)s::float8[], %(saved)s::float8[], %(ci)s::bigint[],
+                     %(cw)s::bigint[], %(ps)s::float8[])
 ON CONFLICT (kind) DO UPDATE
    SET n = t.n + excluded.n, input_tokens = t.input_tokens + excluded.input_tokens,
        output_tokens = t.output_tokens + excluded.output_tokens,
-       cost = {_ADD.format(c="cost")}, saved = {_ADD.format(c="saved")}
+       cost = {_ADD.format(c="cost")}, saved = {_ADD.format(c="saved")},
+       {_CACHED}, provider_saved = {_ADD.format(c="provider_saved")}
 """
 
 _BATCH = f"""
-INSERT INTO herd_eval_batch_totals AS t (batch, kind, n, input_tokens, output_tokens, cost)
-VALUES (%(batch)s, %(kind)s, 1, %(i)s, %(o)s, %(cost)s)
+INSERT INTO herd_eval_batch_totals AS t (batch, kind, n, input_tokens, output_tokens, cost,
+                                         cached_input_tokens, cache_write_tokens,
+                                         provider_saved)
+VALUES (%(batch)s, %(kind)s, 1, %(i)s, %(o)s, %(cost)s, %(ci)s, %(cw)s, %(ps)s)
 ON CONFLICT (batch, kind) DO UPDATE
    SET n = t.n + 1, input_tokens = t.input_tokens + excluded.input_tokens,
        output_tokens = t.output_tokens + excluded.output_tokens,
-       cost = {_ADD.format(c="cost")}, updated_at = now()
+       cost = {_ADD.format(c="cost")}, {_CACHED},
+       provider_saved = {_ADD.format(c="provider_saved")}, updated_at = now()
 """
+
+CACHE_FIELDS = {"ci": 0, "cw": 0, "ps": None}  # a row's prompt-cache figures when it has none
 
 
 def _estimate(cost: float | None, jobs: int) -> float | None:
@@ -74,8 +92,9 @@ def _estimate(cost: float | None, jobs: int) -> float | None:
 
 
 async def record(conn: AsyncConnection[Any], row: dict[str, Any]) -> None:
-    """Insert one closed ledger row (keys of _INSERT) and bring the summary up to date,
-    in one transaction on ``conn``."""
+    """Insert one closed ledger row (keys of _INSERT; the prompt-cache ones may be left
+    out) and bring the summary up to date, in one transaction on ``conn``."""
+    row = {**CACHE_FIELDS, **row}
     async with conn.transaction():
         await _summarize(conn, row)
         await conn.execute(_INSERT, row)
@@ -85,7 +104,9 @@ async def _summarize(conn: AsyncConnection[Any], row: dict[str, Any]) -> None:
     """Count a row that is being closed (or written closed) in the summaries; in the
     caller's transaction, before the row itself reads as closed."""
     kind, cost = row["kind"], row["cost"]
-    totals: dict[str, list[Any]] = {kind: [1, row["i"], row["o"], cost, None]}
+    totals: dict[str, list[Any]] = {
+        kind: [1, row["i"], row["o"], cost, None, row["ci"], row["cw"], row["ps"]]
+    }
     if kind in ("call", *AVOIDED):
         cur = await conn.execute(_KEY, row)  # locks the key's row until commit
         fetched = await cur.fetchone()
@@ -102,7 +123,8 @@ async def _summarize(conn: AsyncConnection[Any], row: dict[str, Any]) -> None:
             if after is not None:
                 for other, n in zip(AVOIDED, avoided, strict=True):
                     if n and after != before:
-                        totals[other] = [0, 0, 0, None, n * (after - (before or 0.0))]
+                        revalued = n * (after - (before or 0.0))
+                        totals[other] = [0, 0, 0, None, revalued, 0, 0, None]
             await conn.execute(
                 "UPDATE herd_eval_keys SET cost = %s, jobs = %s WHERE key = %s",
                 (key_cost, jobs, row["key"]),
@@ -120,7 +142,10 @@ async def _summarize(conn: AsyncConnection[Any], row: dict[str, Any]) -> None:
     columns = [list(c) for c in zip(*(totals[k] for k in kinds), strict=True)]
     await conn.execute(
         _TOTALS,
-        {"kinds": kinds, **dict(zip(("n", "i", "o", "cost", "saved"), columns, strict=True))},
+        {
+            "kinds": kinds,
+            **dict(zip(("n", "i", "o", "cost", "saved", "ci", "cw", "ps"), columns, strict=True)),
+        },
     )
 
 
@@ -152,7 +177,8 @@ SELECT batch, job_id, key, model, provider, input_tokens, reserved FROM herd_eva
 
 _CLOSE = """
 UPDATE herd_eval_ledger SET state = 'closed', kind = %(kind)s, input_tokens = %(i)s,
-       output_tokens = %(o)s, cost = %(cost)s
+       output_tokens = %(o)s, cost = %(cost)s, cached_input_tokens = %(ci)s,
+       cache_write_tokens = %(cw)s, provider_saved = %(ps)s
  WHERE id = %(id)s
 """
 
@@ -193,10 +219,15 @@ async def close(
     i: int | None = None,
     o: int = 0,
     cost: float | None = None,
+    cached: int = 0,
+    written: int = 0,
+    provider_saved: float | None = None,
 ) -> bool:
     """Close an open call as ``kind`` with its usage and cost (``i`` None: the
-    estimate it was opened with), count it in the summaries and release its
-    reservation into the batch's spent, in one transaction. ``kind`` None: the
+    estimate it was opened with; ``cached``/``written``: its input tokens read from and
+    written to the provider's prompt cache, ``provider_saved`` what that saved), count
+    it in the summaries and release its reservation into the batch's spent, in one
+    transaction. ``kind`` None: the
     request never left, the row goes and nothing is counted. False when the row was
     closed already (another worker took it over as cut short)."""
     async with conn.transaction():
@@ -213,7 +244,8 @@ async def close(
             cost = reserved  # the worst case it reserved: what it may have cost
         row = {"id": call_id, "batch": batch, "job": job, "key": key, "kind": kind,
                "model": model, "provider": provider, "i": estimate if i is None else i,
-               "o": o, "cost": cost}  # fmt: skip
+               "o": o, "cost": cost, "ci": cached, "cw": written,
+               "ps": provider_saved}  # fmt: skip
         await _summarize(conn, row)
         await conn.execute(_CLOSE, row)
         if batch is not None:
@@ -237,11 +269,13 @@ async def cut_short(conn: AsyncConnection[Any], *, job_id: int | None = None,
 
 
 TOTALS = """
-SELECT kind, n, input_tokens, output_tokens, cost, saved FROM herd_eval_ledger_totals
+SELECT kind, n, input_tokens, output_tokens, cost, saved, cached_input_tokens,
+       cache_write_tokens, provider_saved FROM herd_eval_ledger_totals
 """
 
 BATCH_TOTALS = """
-SELECT kind, n, input_tokens, output_tokens, cost FROM herd_eval_batch_totals
+SELECT kind, n, input_tokens, output_tokens, cost, NULL::float8, cached_input_tokens,
+       cache_write_tokens, provider_saved FROM herd_eval_batch_totals
  WHERE batch = %(b)s
 """
 

@@ -7,7 +7,8 @@ that would change what is priced (``model``, ``service_tier``), what is sent
 answers are generated and billed (``n``, ``best_of`` above 1) or how the answer is
 read (``stream``, ``stream_options``) are refused, and the tokens one call may
 generate (``max_tokens``, ``max_completion_tokens``) are bounded by the setting
-``HERD_EVAL_MAX_TOKENS``.
+``HERD_EVAL_MAX_TOKENS``. ``prompt_cache`` (true/false) is herd's own: whether the
+provider's prompt cache is asked for (herd.llm.providers.promptcache); it is not sent.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ def check_params(params: Mapping[str, Any], *, max_tokens: int | None = None) ->
             raise InvalidInput(
                 f"{field} must be 1, not {value!r}: an evaluation reads one answer per call,"
                 " and every answer generated is paid for",
+                field=field,
+            )
+        if key == "prompt_cache" and not isinstance(value, bool):
+            raise InvalidInput(
+                f"{field} must be true or false, not {value!r} (herd reads it, never sends it)",
                 field=field,
             )
         if key in TOKEN_LIMITS:

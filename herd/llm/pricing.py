@@ -6,6 +6,10 @@ Load one from a dict, a JSON file or a TOML file, in either shape::
     [models."gpt-4o"]
     input = 2.50      # USD per 1M input tokens
     output = 10.00    # USD per 1M output tokens
+    cached_input = 1.25   # optional: input read from the provider's prompt cache
+    cache_write = 2.50    # optional: input written to it
+    batch_input = 1.25    # optional: the Batch API's rates
+    batch_output = 5.00
 
     {"gpt-4o": {"input": 2.5, "output": 10.0}}          # JSON, flat
     {"models": {"gpt-4o": {"input": 2.5, "output": 10}}} # JSON, like the TOML
@@ -15,6 +19,12 @@ latter winning. A dated snapshot that answers (``gpt-4o-2024-08-06``,
 ``claude-sonnet-4-5-20250929``) is priced as its undated name. An unknown model
 costs ``None``, never an exception: the price of a model nobody priced is unknown,
 not zero.
+
+The optional rates default by the model's family, as the providers publish them:
+a Claude model (``claude-*``, ``anthropic/*``) reads its cache at 0.1 x input and
+writes it at 1.25 x (the 5-minute lifetime); any other model reads at 0.5 x input
+(OpenAI's rate) and writes at the input price (OpenAI charges no write premium);
+batch rates are half the standard ones.
 
 ``DEFAULT_PRICES`` holds list prices of a few common models as published in 2025;
 prices change, so load your own table for anything that matters.
@@ -38,27 +48,71 @@ _DATED = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8}|latest)$")
 
 @dataclass(frozen=True)
 class Price:
-    """US dollars per million tokens."""
+    """US dollars per million tokens. ``None`` rates take their family's default
+    (``Price.of``); a bare ``Price(input, output)`` is OpenAI's shape."""
 
     input: float
     output: float
+    cached_input: float | None = None
+    cache_write: float | None = None
+    batch_input: float | None = None
+    batch_output: float | None = None
+
+    @classmethod
+    def of(cls, model: str, input: float, output: float, **rates: float | None) -> Price:  # noqa: A002
+        """A price whose missing rates are ``model``'s family defaults (see the module)."""
+        anthropic = model.startswith(("claude", "anthropic/"))
+        defaults = {
+            "cached_input": input * (0.1 if anthropic else 0.5),
+            "cache_write": input * (1.25 if anthropic else 1.0),
+            "batch_input": input * 0.5,
+            "batch_output": output * 0.5,
+        }
+        given = {k: v for k, v in rates.items() if v is not None}
+        return cls(input, output, **{**defaults, **given})
+
+    @property
+    def cached_rate(self) -> float:
+        return self.input * 0.5 if self.cached_input is None else self.cached_input
+
+    @property
+    def write_rate(self) -> float:
+        return self.input if self.cache_write is None else self.cache_write
 
     def cost(self, usage: Usage) -> float:
+        """Uncached input, cached input, cache writes and output, each at its rate."""
+        return (
+            usage.uncached_input_tokens * self.input
+            + usage.cached_input_tokens * self.cached_rate
+            + usage.cache_write_tokens * self.write_rate
+            + usage.output_tokens * self.output
+        ) / 1_000_000
+
+    def full_cost(self, usage: Usage) -> float:
+        """What ``usage`` would cost with no prompt cache: all input at the input price."""
         return (usage.input_tokens * self.input + usage.output_tokens * self.output) / 1_000_000
 
+    def cache_saved(self, usage: Usage) -> float:
+        """Money the provider's prompt cache saved on ``usage`` (negative: writes that
+        no read has paid back yet)."""
+        return self.full_cost(usage) - self.cost(usage)
 
+
+# Cached input as published: gpt-4o and gpt-4o-mini at half the input price, the
+# gpt-4.1 family at a quarter; Claude at a tenth (the family default).
 DEFAULT_PRICES: dict[str, Price] = {
-    "gpt-4o": Price(2.50, 10.00),
-    "gpt-4o-mini": Price(0.15, 0.60),
-    "gpt-4.1": Price(2.00, 8.00),
-    "gpt-4.1-mini": Price(0.40, 1.60),
-    "gpt-4.1-nano": Price(0.10, 0.40),
-    "claude-opus-4-1": Price(15.00, 75.00),
-    "claude-sonnet-4-5": Price(3.00, 15.00),
-    "claude-sonnet-4": Price(3.00, 15.00),
-    "claude-haiku-4-5": Price(1.00, 5.00),
-    "claude-3-5-haiku": Price(0.80, 4.00),
+    "gpt-4o": Price.of("gpt-4o", 2.50, 10.00),
+    "gpt-4o-mini": Price.of("gpt-4o-mini", 0.15, 0.60),
+    "gpt-4.1": Price.of("gpt-4.1", 2.00, 8.00, cached_input=0.50),
+    "gpt-4.1-mini": Price.of("gpt-4.1-mini", 0.40, 1.60, cached_input=0.10),
+    "gpt-4.1-nano": Price.of("gpt-4.1-nano", 0.10, 0.40, cached_input=0.025),
+    "claude-opus-4-1": Price.of("claude-opus-4-1", 15.00, 75.00),
+    "claude-sonnet-4-5": Price.of("claude-sonnet-4-5", 3.00, 15.00),
+    "claude-sonnet-4": Price.of("claude-sonnet-4", 3.00, 15.00),
+    "claude-haiku-4-5": Price.of("claude-haiku-4-5", 1.00, 5.00),
+    "claude-3-5-haiku": Price.of("claude-3-5-haiku", 0.80, 4.00),
 }
+RATES = ("cached_input", "cache_write", "batch_input", "batch_output")
 
 
 class PriceTable:
@@ -141,8 +195,17 @@ def _price(model: str, value: Price | Mapping[str, Any]) -> Price:
             raise ConfigError(
                 f"price table: {model!r} needs numbers 'input' and 'output' (USD per 1M tokens)"
             ) from exc
+        rates: dict[str, float | None] = {}
+        for name in RATES:
+            raw = value.get(name)
+            if raw is not None and (isinstance(raw, bool) or not isinstance(raw, int | float)):
+                raise ConfigError(f"price table: {model!r} {name!r} must be a number (USD/1M)")
+            rates[name] = None if raw is None else float(raw)
+        price = Price.of(model, price.input, price.output, **rates)
     else:
         raise ConfigError(f"price table: {model!r} is not a table with 'input' and 'output'")
-    if price.input < 0 or price.output < 0:
+    rates_given = [price.input, price.output]
+    rates_given += [r for r in (getattr(price, n) for n in RATES) if r is not None]
+    if any(r < 0 for r in rates_given):
         raise ConfigError(f"price table: {model!r} has a negative price")
     return price

@@ -20,7 +20,8 @@ WITH per_key AS (
       FROM herd_eval_ledger WHERE kind = 'call' GROUP BY key
 )
 SELECT l.kind, count(*), sum(l.input_tokens), sum(l.output_tokens), sum(l.cost),
-       sum(p.cost) FILTER (WHERE l.kind IN ('cache', 'singleflight', 'dedup'))
+       sum(p.cost) FILTER (WHERE l.kind IN ('cache', 'singleflight', 'dedup')),
+       sum(l.cached_input_tokens), sum(l.cache_write_tokens), sum(l.provider_saved)
   FROM herd_eval_ledger l LEFT JOIN per_key p ON p.key = l.key
  GROUP BY l.kind
 """
@@ -62,8 +63,17 @@ def approx(rows: dict) -> dict:
 
 async def recomputed(store: EvalStore) -> dict:
     return {
-        kind: {"n": n, "input_tokens": int(i), "output_tokens": int(o), "cost": c, "saved": s}
-        for kind, n, i, o, c, s in await store.execute(RECOMPUTED)
+        kind: {
+            "n": n,
+            "input_tokens": int(i),
+            "output_tokens": int(o),
+            "cost": c,
+            "saved": s,
+            "cached_input_tokens": int(ci),
+            "cache_write_tokens": int(cw),
+            "provider_cache_saved": ps,
+        }  # fmt: skip
+        for kind, n, i, o, c, s, ci, cw, ps in await store.execute(RECOMPUTED)
     }
 
 
@@ -74,9 +84,15 @@ async def test_the_summary_equals_a_recomputation_and_outlives_the_purge(store):
         key = f"k{rnd.randrange(12)}"
         kind = rnd.choice(["call", "call", "lost", "cache", "singleflight", "dedup"])
         cost = None if key == "k0" else round(rnd.uniform(0.001, 0.1), 4)  # k0: unpriced
+        paid = kind in ("call", "lost")
         rows.append({"batch": rnd.choice(["b1", "b2", None]), "job_id": rnd.randrange(20),
                      "key": key, "kind": kind, "input_tokens": n, "output_tokens": 2 * n,
-                     "cost": cost if kind in ("call", "lost") else None})  # fmt: skip
+                     "cost": cost if paid else None,
+                     # the provider's prompt cache, on calls: summed apart from herd's
+                     "cached_input_tokens": n // 2 if kind == "call" else 0,
+                     "cache_write_tokens": n // 4 if kind == "call" else 0,
+                     "provider_saved": (cost or 0) / 2 if kind == "call" and cost else None,
+                     })  # fmt: skip
     # Concurrently, in random order: avoided rows land before and after the calls of
     # their key (a dedup row is written at submit, before its job calls).
     await asyncio.gather(*(store.record(**r) for r in rows))

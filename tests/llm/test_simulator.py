@@ -63,6 +63,8 @@ def test_flags_set_the_behaviour_at_start(tmp_path) -> None:
         "100",
         "--tpm",
         "50000",
+        "--prompt-cache-ttl",
+        "60",
         log=tmp_path / "sim.log",
     )
     try:
@@ -90,6 +92,7 @@ def test_flags_set_the_behaviour_at_start(tmp_path) -> None:
         "limit_retry_after": True,
         "batch_latency": 1.0,
         "batch_expire": False,
+        "prompt_cache_ttl": 60.0,
     }
     assert first.status_code == 500
     assert (second.status_code, second.headers["retry-after"]) == (429, "2")

@@ -258,6 +258,13 @@ function renderLedger(rows) {
   const saved = rows.reduce((a, r) => a + (r.saved || 0), 0);
   out.push(el("tr", { class: "total" }, el("td", { text: "spent" }), el("td"), el("td"), el("td", { class: "n", text: fmt.money(spent) })));
   out.push(el("tr", { class: "total" }, el("td", { text: "saved" }), el("td"), el("td"), el("td", { class: "n saved", text: fmt.money(saved) })));
+  // The provider's own prompt cache, apart from herd's: tokens it served, money it saved.
+  const cached = rows.reduce((a, r) => a + (r.cached_input_tokens || 0), 0);
+  const pSaved = rows.reduce((a, r) => a + (r.provider_cache_saved || 0), 0);
+  if (cached || rows.some((r) => r.cache_write_tokens)) {
+    out.push(el("tr", { class: "total", id: "provider-cache" },
+      el("td", { colspan: 4, text: `provider cache: ${fmt.int(cached)} tokens, ${fmt.money(pSaved)} saved` })));
+  }
   fillTable("ledger", out, 4, "");
 }
 

@@ -12,7 +12,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import httpx
+
 from herd.llm.completion import RateLimitInfo, Timeouts, Usage
+from herd.llm.providers import promptcache
 from herd.llm.providers.base import HTTPProvider, RetryPolicy, int_or_zero
 from herd.llm.providers.ratelimits import openai_rate_limits
 
@@ -30,6 +33,12 @@ class OpenAICompatible(HTTPProvider):
     decoding, which needs ``additionalProperties: false`` and every property required
     in each object (OpenAI answers 400 otherwise). ``name`` labels the completions
     and the price lookup (``"vllm"``, ``"ollama"``…).
+
+    OpenAI caches a prompt's first 1,024 tokens and more by itself; ``prompt_cache_key``
+    (a hash of the system prompt and schema, the prefix every call of one evaluation
+    shares) routes those calls to one cache. It is sent with ``prompt_cache_key=True``,
+    or by default (None) only to OpenAI's own API: other servers may refuse a field they
+    do not know. An evaluation's ``params`` may say ``"prompt_cache": false``.
     """
 
     def __init__(
@@ -43,6 +52,7 @@ class OpenAICompatible(HTTPProvider):
         strict: bool = True,
         name: str = "openai",
         max_connections: int = 100,
+        prompt_cache_key: bool | None = None,
     ) -> None:
         super().__init__(
             name=name,
@@ -54,6 +64,9 @@ class OpenAICompatible(HTTPProvider):
             max_connections=max_connections,
         )
         self.strict = strict
+        if prompt_cache_key is None:
+            prompt_cache_key = httpx.URL(self.base_url).host == "api.openai.com"
+        self.prompt_cache_key = prompt_cache_key
 
     def _request(
         self,
@@ -62,6 +75,7 @@ class OpenAICompatible(HTTPProvider):
         schema: Mapping[str, Any] | None,
         params: Mapping[str, Any],
     ) -> tuple[str, dict[str, str], dict[str, Any]]:
+        cache, params = promptcache.take_switch(params, self.prompt_cache_key)
         headers = {"content-type": "application/json"}
         key = self._api_key
         if key:
@@ -80,6 +94,8 @@ class OpenAICompatible(HTTPProvider):
                     "strict": self.strict,
                 },
             }
+        if cache:
+            body["prompt_cache_key"] = promptcache.prefix_key(system, schema)
         body.update(params)
         body["model"] = self.model  # the model priced: params do not choose another
         body["messages"] = messages
@@ -98,10 +114,15 @@ class OpenAICompatible(HTTPProvider):
         if not isinstance(text, str):
             raise TypeError("message content is not a string")
         usage = data.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        if not isinstance(details, dict):
+            details = {}
         return (
             text,
             Usage(
-                int_or_zero(usage.get("prompt_tokens")), int_or_zero(usage.get("completion_tokens"))
+                input_tokens=int_or_zero(usage.get("prompt_tokens")),
+                output_tokens=int_or_zero(usage.get("completion_tokens")),
+                cached_input_tokens=int_or_zero(details.get("cached_tokens")),
             ),
             data.get("model"),
             choice.get("finish_reason"),

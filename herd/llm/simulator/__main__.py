@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--batch-expire", action="store_true", help="batches end expired, nothing answered"
     )
+    p.add_argument(
+        "--prompt-cache-ttl",
+        type=float,
+        default=300.0,
+        help="seconds a cached prompt prefix lives (a '1h' breakpoint: 12 x); default 300",
+    )
     p.add_argument("--verbose", action="store_true", help="log every request on stderr")
     return p
 
@@ -102,6 +108,7 @@ def config_from(args: argparse.Namespace) -> SimConfig:
             "tpm": args.tpm,
             "batch_latency": args.batch_latency,
             "batch_expire": args.batch_expire,
+            "prompt_cache_ttl": args.prompt_cache_ttl,
         }
     )
     return config

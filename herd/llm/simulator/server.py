@@ -43,6 +43,9 @@ as a provider bills it; ``billed_tokens`` are those calls' input and output toke
 Calls refused (401, 400, 429) and drawn failures (5xx, ``hang``) are not billed.
 Requests answered in batches are counted apart: ``batches``, ``batch_billed`` and
 ``batch_tokens`` (``batches.py``).
+``cached_input_tokens`` and ``cache_write_tokens`` are the prompt-cache reads and writes
+of billed calls (promptcache.py), ``prompt_cache_keys`` the distinct OpenAI
+``prompt_cache_key`` values calls carried.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from herd.errors import ConfigError
-from herd.llm.simulator import batches, content
+from herd.llm.simulator import batches, content, promptcache
 from herd.llm.simulator.limits import RateLimits, Verdict, headers_for, key_id
 
 log = logging.getLogger("herd.llm.simulator")
@@ -93,6 +96,7 @@ class SimConfig:
     limit_retry_after: bool = True
     batch_latency: float = 1.0  # seconds from a batch's creation to its end (batches.py)
     batch_expire: bool = False  # batches created while set end expired, nothing answered
+    prompt_cache_ttl: float = 300.0  # seconds a cached prompt prefix lives (promptcache.py)
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply a partial JSON config; raise ``ConfigError`` naming what is wrong."""
@@ -113,7 +117,7 @@ class SimConfig:
                 if not isinstance(value, list):
                     raise ConfigError("script must be a list of outcomes")
                 new.script = [parse_outcome(str(v)) for v in value]
-            elif key in ("retry_after", "hang_max", "batch_latency"):
+            elif key in ("retry_after", "hang_max", "batch_latency", "prompt_cache_ttl"):
                 setattr(new, key, _nonneg(key, value))
             elif key == "seed":
                 new.seed = None if value is None else int(value)
@@ -211,6 +215,7 @@ class SimState:
         self.generation = 0
         self.started = time.time()
         self.limits = RateLimits(config.rpm, config.tpm)
+        self.prompt_cache = promptcache.PromptCache()
         self._zero()
 
     def _zero(self) -> None:
@@ -225,6 +230,9 @@ class SimState:
         self.billed_tokens = [0, 0]
         self.input_tokens = 0
         self.output_tokens = 0
+        self.cached_input_tokens = 0
+        self.cache_write_tokens = 0
+        self.prompt_cache_keys: set[str] = set()
         self.max_in_flight = self.in_flight
         self.since = time.time()
         # Calls tagged by the client (``x-sim-tag``, e.g. "job:attempt:pid"), so a test can
@@ -239,6 +247,7 @@ class SimState:
             self.config = copy.deepcopy(self.initial)
             self.rng = random.Random(self.config.seed)
             self.limits = RateLimits(self.config.rpm, self.config.tpm)
+            self.prompt_cache = promptcache.PromptCache()
             self._zero()
 
     def configure(self, changes: dict[str, Any]) -> dict[str, Any]:
@@ -315,6 +324,30 @@ class SimState:
                 self.billed_tokens[0] += tokens[0]
                 self.billed_tokens[1] += tokens[1]
 
+    def cache_prompt(
+        self, generation: int, api: str, key: str | None, model: str, body: dict[str, Any]
+    ) -> tuple[int, int]:
+        """The prefix tokens a generating call reads from the prompt cache and writes to it."""
+        found = promptcache.prefix(api, model, body)
+        with self.lock:
+            counted = generation == self.generation
+            asked = body.get("prompt_cache_key")
+            room = len(self.prompt_cache_keys) < promptcache.MAX_KEYS_SEEN
+            if counted and isinstance(asked, str) and room:
+                self.prompt_cache_keys.add(asked)
+            if found is None:
+                return 0, 0
+            prefix, tokens, factor = found
+            lifetime = self.config.prompt_cache_ttl * factor
+            hit = self.prompt_cache.use((key_id(key), model, prefix), lifetime, time.time())
+            read, written = (tokens, 0) if hit else (0, tokens)
+            if api == "openai":
+                written = 0  # OpenAI reports (and charges) no cache write
+            if counted:
+                self.cached_input_tokens += read
+                self.cache_write_tokens += written
+            return read, written
+
     def tag_call(self, tag: str) -> dict[str, Any] | None:
         """Start the record of a tagged call (bounded: at most TAGGED_MAX are kept)."""
         with self.lock:
@@ -360,6 +393,9 @@ class SimState:
                     "output": self.output_tokens,
                     "total": self.input_tokens + self.output_tokens,
                 },
+                "cached_input_tokens": self.cached_input_tokens,
+                "cache_write_tokens": self.cache_write_tokens,
+                "prompt_cache_keys": sorted(self.prompt_cache_keys),
                 "since": self.since,
                 "seconds": time.time() - self.since,
             }
@@ -543,10 +579,12 @@ class _Handler(BaseHTTPRequestHandler):
             return
         text = ""
         tokens = (0, 0)
+        cache = (0, 0)  # prompt-cache tokens read, written
         if name in ("ok", "malformed", "schema_invalid"):
             # Generation begins: billed from here even if the client hangs up before the end.
             text, tokens = generate(state, req, name)
             state.bill(generation, tokens)
+            cache = state.cache_prompt(generation, api, given, model, body)
         if name == "hang":
             if self._client_gone(hang_max):
                 state.hung_up(generation)
@@ -567,7 +605,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(api, generation, status, "api_error", f"Simulated {status}.", headers)
             return
 
-        self._send(generation, 200, answer_payload(api, model, req, text, tokens), tokens=tokens)
+        self._send(
+            generation, 200, answer_payload(api, model, req, text, tokens, cache), tokens=tokens
+        )
 
     def _refuse(self, api: str, generation: int, model: str, verdict: Verdict) -> None:
         """429 for a limit, in the provider's error JSON, so its SDK raises RateLimitError."""
@@ -803,12 +843,18 @@ def generate(state: SimState, req: _Request, outcome: str) -> tuple[str, tuple[i
 
 
 def answer_payload(
-    api: str, model: str, req: _Request, text: str, tokens: tuple[int, int]
+    api: str,
+    model: str,
+    req: _Request,
+    text: str,
+    tokens: tuple[int, int],
+    cache: tuple[int, int] = (0, 0),
 ) -> dict[str, Any]:
-    """The 200 body of a model call in the ``api``'s wire format."""
+    """The 200 body of a model call in the ``api``'s wire format; ``cache``: the prompt
+    cache's tokens (read, written) that its usage reports."""
     if api == "openai":
-        return _openai_answer(model, text, tokens)
-    return _anthropic_answer(model, req, text, tokens)
+        return _openai_answer(model, text, tokens, cache)
+    return _anthropic_answer(model, req, text, tokens, cache)
 
 
 def _weight(req: _Request, body: dict[str, Any]) -> int:
@@ -841,7 +887,9 @@ def _text(value: Any) -> str:
     return ""
 
 
-def _openai_answer(model: str, text: str, tokens: tuple[int, int]) -> dict[str, Any]:
+def _openai_answer(
+    model: str, text: str, tokens: tuple[int, int], cache: tuple[int, int] = (0, 0)
+) -> dict[str, Any]:
     return {
         "id": f"chatcmpl-sim-{uuid.uuid4().hex[:24]}",
         "object": "chat.completion",
@@ -859,12 +907,17 @@ def _openai_answer(model: str, text: str, tokens: tuple[int, int]) -> dict[str, 
             "prompt_tokens": tokens[0],
             "completion_tokens": tokens[1],
             "total_tokens": tokens[0] + tokens[1],
+            "prompt_tokens_details": {"cached_tokens": cache[0], "audio_tokens": 0},
         },
     }
 
 
 def _anthropic_answer(
-    model: str, req: _Request, text: str, tokens: tuple[int, int]
+    model: str,
+    req: _Request,
+    text: str,
+    tokens: tuple[int, int],
+    cache: tuple[int, int] = (0, 0),
 ) -> dict[str, Any]:
     block: dict[str, Any]
     stop = "end_turn"
@@ -891,7 +944,13 @@ def _anthropic_answer(
         "content": [block],
         "stop_reason": stop,
         "stop_sequence": None,
-        "usage": {"input_tokens": tokens[0], "output_tokens": tokens[1]},
+        # Anthropic counts the cached prefix apart from input_tokens.
+        "usage": {
+            "input_tokens": max(0, tokens[0] - cache[0] - cache[1]),
+            "cache_creation_input_tokens": cache[1],
+            "cache_read_input_tokens": cache[0],
+            "output_tokens": tokens[1],
+        },
     }
 
 
