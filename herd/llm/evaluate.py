@@ -715,6 +715,8 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
                     return done
             except CapacityTimeout as exc:
                 raise Snooze(str(exc), after=max(1.0, exc.retry_in)) from None
+            except InvalidInput as exc:  # a call larger than its limit can ever allow
+                raise Fatal(str(exc)) from None
         raise Snooze(
             f"{scope}: the provider answered 429 {MAX_RATE_LIMITED} times in a row",
             after=DEFAULT_PAUSE * MAX_RATE_LIMITED,

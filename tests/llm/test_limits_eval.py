@@ -47,7 +47,8 @@ def limited_env(pg_url, sim, monkeypatch, tmp_path):
     limits.write_text(
         '[[limits]]\nprovider = "openai"\nmodel = "sim-rate"\nrpm = 4\ntpm = 100000\n'
         "period = 1.0\n\n"
-        '[[limits]]\nprovider = "openai"\nmodel = "sim-429"\nrpm = 1000\n'
+        '[[limits]]\nprovider = "openai"\nmodel = "sim-429"\nrpm = 1000\n\n'
+        '[[limits]]\nprovider = "openai"\nmodel = "sim-tiny"\ntpm = 50\n'
     )
     monkeypatch.setenv("HERD_LIMITS", str(limits))
     monkeypatch.setenv("HERD_LIMIT_MAX_WAIT", "1")
@@ -155,6 +156,21 @@ async def test_a_429_one_worker_gets_pauses_every_worker_and_costs_no_attempt(li
         }
         assert samples[("herd_limit_rate_limited", limit.scope)] == 1
         assert samples[("herd_limit_paused_seconds", limit.scope)] > 0
+
+
+async def test_a_call_larger_than_its_token_limit_is_dead_lettered_at_once_unsent(limited_env, sim):
+    async with worker_app(limited_env) as a:
+        await enqueue_documents(a, spec("sim-tiny"), "tiny", docs(1, "t"))
+        async with running(a, 1):
+
+            async def dead() -> list[object]:
+                return list(await a.broker.list_jobs(status=JobStatus.DEAD))
+
+            (job,) = await eventually(dead, timeout=10)
+        assert job.dead_reason == "fatal" and "can never pass the limit of 50 tokens" in str(
+            job.last_error
+        )
+        assert sim.stats()["calls"] == 0
 
 
 async def _done(app: App, batch: str, n: int) -> dict[str, object] | None:
