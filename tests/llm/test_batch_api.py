@@ -184,3 +184,48 @@ async def test_a_submitter_killed_at_each_step_makes_one_provider_batch(
     assert stats["batch_billed"] == 4 == await calls(app)
     job = await app.get_job(report.job_ids[0])
     assert job.stalls >= 1  # it was taken over, not run once
+
+
+async def test_expired_requests_go_once_through_the_synchronous_path(app, sim, tmp_path):
+    sim.configure(batch_expire=True)  # the batch answers nothing and ends expired
+    await submit(app, [docs(tmp_path, 3)], SPEC, batch="x", batch_api=True)
+    await work_until(app, lambda: all_done(app, 3))
+    stats = sim.stats()
+    assert stats["batches"]["created"] == 1 and stats["batch_billed"] == 0
+    assert stats["billed"] == 3  # one synchronous call each
+    assert {src for _, src in await items(app)} == {"computed"}
+    assert await calls(app) == 3
+    rt = await evaluate.EvalRuntime.of(app)
+    ((state, status),) = await rt.store.execute(
+        "SELECT state, status FROM herd_eval_provider_batches"
+    )
+    assert (state, status) == ("done", "expired")
+
+
+async def test_the_http_api_takes_batch_api_and_refuses_what_it_cannot_keep(app, sim):
+    from tests.api.conftest import client_of
+
+    body = {"model": "sim-1", "system": "s", "documents": [{"name": "a", "text": "A paper."}],
+            "batch_api": True}  # fmt: skip
+    async with client_of(app) as c:
+        for extra in ({"provider": "anthropic"}, {"budget": 1.0}, {"rpm": 10}):
+            r = await c.post("/evals", json={**body, **extra})
+            assert r.status_code == 422 and "batch_api" in r.text, r.text
+        assert await app.list_jobs() == []
+        r = await c.post("/evals", json={**body, "batch": "api"})
+        assert r.status_code == 201, r.text
+    (job,) = await app.list_jobs()
+    assert job.task == batchapi.SUBMIT_TASK
+
+
+def test_the_cli_refuses_batch_api_with_a_budget_as_a_usage_error(tmp_path):
+    from tests.test_cli import herd
+
+    doc, prompt = tmp_path / "a.txt", tmp_path / "prompt.txt"
+    doc.write_text("A paper.")
+    prompt.write_text("Rate it.")
+    r = herd("eval", "submit", str(doc), "--prompt", str(prompt), "--model", "sim-1",
+             "--batch-api", "--budget", "1", url="postgresql://herd@127.0.0.1:9/none",
+             COLUMNS="200")  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert "--batch-api" in r.stderr and "budget" in r.stderr and "Traceback" not in r.stderr
