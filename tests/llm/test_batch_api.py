@@ -229,3 +229,18 @@ def test_the_cli_refuses_batch_api_with_a_budget_as_a_usage_error(tmp_path):
              COLUMNS="200")  # fmt: skip
     assert r.returncode == 2, r.stderr
     assert "--batch-api" in r.stderr and "budget" in r.stderr and "Traceback" not in r.stderr
+
+
+async def test_a_done_provider_batch_is_purged_and_an_open_one_kept(app):
+    rt = await evaluate.EvalRuntime.of(app)
+    for handle, state in (("h-done", "done"), ("h-open", "polling"), ("h-new", "done")):
+        age = "0 s" if handle == "h-new" else "2 hours"
+        await rt.store.execute(
+            "INSERT INTO herd_eval_provider_batches (handle, chunk, batch, spec, provider,"
+            " state, updated_at) VALUES (%s, %s, 'b', 's', 'openai', %s,"
+            " now() - %s::interval)",
+            (handle, handle, state, age),
+        )
+    await rt.store.purge(eval_ttl=3600)
+    rows = await rt.store.execute("SELECT handle FROM herd_eval_provider_batches ORDER BY 1")
+    assert [h for (h,) in rows] == ["h-new", "h-open"]
