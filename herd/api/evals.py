@@ -12,7 +12,7 @@ from herd.api.deps import HerdApp
 from herd.api.models import BatchName, BudgetIn, BudgetOut, EvalIn, EvalOut, EvalStatusOut
 from herd.app import App
 from herd.cache.keys import normalize_document
-from herd.llm import evaluate
+from herd.llm import batchapi, evaluate
 from herd.llm.evaluate import EvalSpec, enqueue_documents
 
 router = APIRouter(tags=["evaluations"])
@@ -27,14 +27,20 @@ async def submit_texts(
     priority: int,
     budget: float | None = None,
     limits: dict[str, int] | None = None,
+    batch_api: bool = False,
 ) -> EvalOut:
     """One evaluation job per document (name -> text), stored as ``herd eval submit``
     stores them, so ``herd eval status`` and ``results`` see API batches alike."""
     name = batch or f"eval-{uuid.uuid4().hex[:8]}"
     items = [(path, normalize_document(text)) for path, text in documents.items()]
-    results = await enqueue_documents(
-        app, spec, name, items, priority=priority, budget=budget, limits=limits
-    )
+    if batch_api:
+        batchapi.check_provider(spec)
+        batchapi.check_unlimited(budget, limits)
+        results = await batchapi.enqueue_batch_documents(app, spec, name, items, priority=priority)
+    else:
+        results = await enqueue_documents(
+            app, spec, name, items, priority=priority, budget=budget, limits=limits
+        )
     created = sum(r.created for r in results)
     return EvalOut(
         batch=name,
@@ -65,6 +71,7 @@ async def submit(body: EvalIn, app: HerdApp) -> EvalOut:
         priority=body.priority,
         budget=body.budget,
         limits=limits,
+        batch_api=body.batch_api,
     )
 
 

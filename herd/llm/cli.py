@@ -15,6 +15,7 @@ from rich.table import Table
 from herd import console
 from herd.app import App
 from herd.errors import InvalidInput
+from herd.llm import batchapi
 from herd.llm.evaluate import (
     QUEUE,
     EvalRuntime,
@@ -65,6 +66,13 @@ def eval_submit(
     max_concurrent: Annotated[
         int | None, typer.Option(min=1, help="Calls in flight at once, fleet-wide.")
     ] = None,
+    batch_api: Annotated[
+        bool,
+        typer.Option(
+            "--batch-api",
+            help="Through the provider's Batch API: half the price, answers within 24 h.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Enqueue one evaluation per document (identical ones are evaluated once)."""
@@ -92,6 +100,12 @@ def eval_submit(
         spec.check(opts.settings)
     except InvalidInput as exc:
         raise typer.BadParameter(str(exc), param_hint="--params") from None
+    if batch_api:
+        try:
+            batchapi.check_provider(spec)
+            batchapi.check_unlimited(budget, limits)
+        except InvalidInput as exc:
+            raise typer.BadParameter(str(exc), param_hint="--batch-api") from None
 
     async def work(app: App) -> Any:
         from herd.builtin import tasks as builtin_tasks
@@ -116,6 +130,7 @@ def eval_submit(
                 progress=lambda n: bar.update(task, completed=n),
                 budget=budget,
                 limits=limits,
+                batch_api=batch_api,
             )
         console.err.print(
             f"batch {report.batch}: {report.queued} queued, {report.deduplicated} already queued,"

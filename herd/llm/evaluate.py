@@ -409,6 +409,7 @@ class EvalStore:
             legacy = await self.execute(ledger.LEGACY_QUEUED)
             if not legacy[0][0]:
                 steps += [(ledger.PURGE_DOCUMENTS, keep_eval), (ledger.PURGE_SPECS, keep_eval)]
+            steps.append((ledger.PURGE_PROVIDER_BATCHES, keep_eval))
             steps.append((ledger.PURGE_BATCHES, keep_eval))
         removed = 0
         if keep_ledger:  # calls open that long: their workers died, nobody took over
@@ -812,14 +813,22 @@ async def submit(
     chunk: int = 200,
     budget: float | None = None,
     limits: dict[str, Any] | None = None,
+    batch_api: bool = False,
 ) -> SubmitReport:
     """Enqueue one evaluation job per readable document; report the unreadable ones.
 
     ``budget``: USD the batch's calls may cost (None: unchanged, none for a new
-    batch); ``limits``: rpm, tpm and max_concurrent, stored with the batch."""
+    batch); ``limits``: rpm, tpm and max_concurrent, stored with the batch.
+    ``batch_api``: through the provider's Batch API at half the price (herd.llm.batchapi)."""
+    from herd.llm import batchapi  # it builds on this module
+
     spec.check(app.settings)  # before a single document is read
     check_budget(budget)
     check_limits(limits)
+    if batch_api:
+        batchapi.check_provider(spec)
+        batchapi.check_unlimited(budget, limits)
+        chunk = max(chunk, batchapi.chunk_size(app))
     report = SubmitReport(batch or f"eval-{uuid.uuid4().hex[:8]}")
     try:
         files = list(find_documents(paths))
@@ -833,9 +842,14 @@ async def submit(
                 items.append((str(path), normalize_document(read_document(path))))
             except DocumentError as exc:
                 report.errors.append(str(exc))
-        enqueued = await enqueue_documents(
-            app, spec, report.batch, items, priority=priority, budget=budget, limits=limits
-        )
+        if batch_api:
+            enqueued = await batchapi.enqueue_batch_documents(
+                app, spec, report.batch, items, priority=priority
+            )
+        else:
+            enqueued = await enqueue_documents(
+                app, spec, report.batch, items, priority=priority, budget=budget, limits=limits
+            )
         for r in enqueued:
             report.job_ids.append(r.job_id)
             if r.created:

@@ -339,6 +339,15 @@ DELETE FROM herd_eval_specs WHERE hash IN (
 """
 
 # A batch's row goes with its last item, as its totals do: never while one waits.
+# A provider batch's row once its answers are fanned out (herd.llm.batchapi); one still
+# submitting or polling stays: its handle is what keeps it from being made twice.
+PURGE_PROVIDER_BATCHES = """
+DELETE FROM herd_eval_provider_batches WHERE handle IN (
+    SELECT handle FROM herd_eval_provider_batches
+     WHERE state = 'done' AND updated_at < now() - make_interval(secs => %(keep)s)
+     ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+"""
+
 PURGE_BATCHES = """
 DELETE FROM herd_eval_batches WHERE batch IN (
     SELECT batch FROM herd_eval_batches b

@@ -1,0 +1,372 @@
+"""Evaluations through a provider's Batch API: half the price, answers within 24 hours.
+
+``submit(..., batch_api=True)`` stores documents and items as the synchronous path
+does; the keys the exact cache cannot answer, deduplicated, go into one
+``herd.eval.batch_submit`` job per chunk of a (batch, spec) instead of a job per key.
+
+Exactly once through crashes. A provider batch submitted twice is billed twice, and
+a worker can die between "created the batch" and "recorded that I did". So the
+submit job first records, fenced by its lease, a handle for its chunk (a row of
+herd_eval_provider_batches); the handle names the uploaded file and is the provider
+batch's metadata. Whoever runs the job, first or after a takeover, looks the handle
+up at the provider before making anything, reuses the file and batch found, and
+uploads or creates only what is missing. A SIGKILL at any step therefore never
+makes a second provider batch (tests/llm/test_batch_api.py kills at each).
+
+Polling is a job, not a blocked worker: ``herd.eval.batch_poll`` checks the provider
+batch and hands itself back (Snooze, no attempt counted), backing off from
+POLL_FIRST to POLL_MAX seconds. Once it has ended, the answers go to the exact
+cache, the items and the ledger (at the batch price) in one fenced transaction;
+requests that errored, expired or answered outside the schema go once through the
+synchronous path (a herd.eval job, which repairs and dead-letters as usual).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from dataclasses import asdict
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from herd.app import App
+from herd.errors import Fatal, InvalidInput, Snooze
+from herd.jsonvalue import canonical, check, check_text
+from herd.llm import evaluate, ledger
+from herd.llm.completion import Usage
+from herd.llm.evaluate import EvalRuntime, EvalSpec, _fenced, _validate
+from herd.llm.pricing import Price
+from herd.llm.providers.batch import BatchAPI, Request
+from herd.llm.providers.openai_batch import OpenAIBatch
+from herd.queue.base import EnqueueResult
+from herd.tasks import JobContext
+
+SUBMIT_TASK = "herd.eval.batch_submit"
+POLL_TASK = "herd.eval.batch_poll"
+QUEUE = evaluate.QUEUE
+PROVIDERS = ("openai",)  # Anthropic's Message Batches: a module like openai_batch
+POLL_FIRST = 2.0
+POLL_MAX = 60.0
+# A chunk's keys travel in its jobs' payloads: a key and its JSON quoting, with room
+# for the rest of the payload, so a chunk fits HERD_MAX_PAYLOAD_BYTES.
+KEY_BYTES = 70
+PAYLOAD_SPARE = 4096
+
+# Fault injection for the kill-at-each-step test only: with HERD_TEST_CRASH_AT naming
+# a step (after_record_handle, after_upload, after_create), the process dies there as
+# SIGKILL would kill it. Read once, at import.
+CRASH_POINTS = ("after_record_handle", "after_upload", "after_create")
+_CRASH_AT = os.environ.get("HERD_TEST_CRASH_AT") or None
+
+
+def _fault_point(step: str) -> None:
+    if step == _CRASH_AT:
+        os._exit(137)
+
+
+def chunk_size(app: App, api_max: int = OpenAIBatch.max_requests) -> int:
+    """Requests per provider batch: the provider's limit, or what a payload can carry."""
+    return max(1, min(api_max, (app.settings.max_payload_bytes - PAYLOAD_SPARE) // KEY_BYTES))
+
+
+def check_provider(spec: EvalSpec) -> None:
+    if spec.provider not in PROVIDERS:
+        raise InvalidInput(
+            f"batch_api: the {spec.provider} Batch API is not supported yet"
+            f" (supported: {', '.join(PROVIDERS)}); submit without it",
+            field="batch_api",
+        )
+
+
+def check_unlimited(budget: float | None, limits: dict[str, Any] | None) -> None:
+    """The batch path reserves nothing against a budget and the provider paces its own
+    batch: refused rather than silently not kept."""
+    if budget is not None or limits:
+        raise InvalidInput(
+            "batch_api: a budget or rpm/tpm/max_concurrent limits are not kept through the"
+            " Batch API yet; submit without one or the other",
+            field="batch_api",
+        )
+
+
+def batch_api(app: App, spec: EvalSpec) -> BatchAPI:
+    """The spec's Batch API client, one per process and (provider, model)."""
+    clients: dict[tuple[str, str], BatchAPI] | None = app.state.get("eval.batchapi")
+    if clients is None:
+        clients = app.state["eval.batchapi"] = {}
+
+        async def close() -> None:
+            for client in clients.values():
+                await client.aclose()
+            clients.clear()
+
+        app.on_close(close)
+    found = clients.get((spec.provider, spec.model))
+    if found is None:
+        if spec.provider != "openai":
+            raise Fatal(f"the {spec.provider} Batch API is not supported yet")
+        found = clients[(spec.provider, spec.model)] = OpenAIBatch(model=spec.model)
+    return found
+
+
+def batch_cost(price: Price | None, usage: Usage) -> float | None:
+    """A batch request's cost: the batch rates (half the synchronous ones by default)."""
+    if price is None:
+        return None
+    i = price.batch_input if price.batch_input is not None else price.input * 0.5
+    o = price.batch_output if price.batch_output is not None else price.output * 0.5
+    return (usage.input_tokens * i + usage.output_tokens * o) / 1_000_000
+
+
+async def enqueue_batch_documents(
+    app: App,
+    spec: EvalSpec,
+    batch: str,
+    items: list[tuple[str, str]],
+    *,
+    priority: int = 0,
+) -> list[EnqueueResult]:
+    """Like ``evaluate.enqueue_documents``, but the keys the exact cache does not hold
+    go into one batch-submit job per chunk; the cached ones take the synchronous path
+    (their jobs find the answer in the cache and record it). One result per item."""
+    spec.check(app.settings)
+    check_provider(spec)
+    check_text(batch, "batch")
+    check(asdict(spec), what="spec")
+    for i, (name, text) in enumerate(items):
+        check_text(name, f"documents[{i}].name")
+        check_text(text, f"documents[{i}].text")
+    if not items:
+        return []
+    rt = await EvalRuntime.of(app)
+    rows = [
+        (name, hashlib.sha256(text.encode()).hexdigest(), spec.key(text)) for name, text in items
+    ]
+    cached = {k for k in {k for _, _, k in rows} if await rt.cache.get(k) is not None}
+    out: dict[int, EnqueueResult] = {}
+    sync = [i for i, (_, _, k) in enumerate(rows) if k in cached]
+    if sync:
+        done = await evaluate.enqueue_documents(
+            app, spec, batch, [items[i] for i in sync], priority=priority
+        )
+        out.update(zip(sync, done, strict=True))
+    rest = [i for i in range(len(rows)) if i not in out]
+    if rest:
+        await rt.store.put_batch(batch, budget=None, limits=None)
+        await rt.store.put_spec(spec)
+        await rt.store.put_documents({rows[i][1]: items[i][1] for i in rest})
+        keys = list(dict.fromkeys(rows[i][2] for i in rest))
+        size = chunk_size(app)
+        job_of: dict[str, EnqueueResult] = {}
+        for start in range(0, len(keys), size):
+            chunk = keys[start : start + size]
+            chunk_id = hashlib.sha256(canonical([batch, spec.hash, chunk]).encode()).hexdigest()
+            result = await app.enqueue(
+                SUBMIT_TASK,
+                {"batch": batch, "spec": spec.hash, "chunk": chunk_id, "keys": chunk},
+                queue=QUEUE,
+                priority=priority,
+                dedup_key=f"batchapi:{chunk_id}",
+            )
+            job_of.update(dict.fromkeys(chunk, result))
+        await rt.store.execute(
+            "INSERT INTO herd_eval_items (batch, path, key, job_id, doc, spec) SELECT %s, p, k,"
+            " j, d, %s FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::text[])"
+            " AS x(p, k, j, d) ON CONFLICT DO NOTHING",
+            (
+                batch,
+                spec.hash,
+                [rows[i][0] for i in rest],
+                [rows[i][2] for i in rest],
+                [job_of[rows[i][2]].job_id for i in rest],
+                [rows[i][1] for i in rest],
+            ),
+        )
+        seen: set[str] = set()
+        for i in rest:
+            key = rows[i][2]
+            r = job_of[key]
+            # A key's first document makes the request; the others share its answer.
+            out[i] = EnqueueResult(r.job_id, r.created and key not in seen)
+            seen.add(key)
+    return [out[i] for i in range(len(rows))]
+
+
+async def _requests(rt: EvalRuntime, spec: EvalSpec, batch: str, keys: list[str]) -> list[Request]:
+    rows = await rt.store.execute(
+        "SELECT DISTINCT ON (i.key) i.key, d.text FROM herd_eval_items i"
+        " JOIN herd_eval_documents d ON d.hash = i.doc"
+        " WHERE i.batch = %s AND i.spec = %s AND i.key = ANY(%s)",
+        (batch, spec.hash, keys),
+    )
+    if not rows:
+        raise Fatal(f"batch {batch!r}: none of the chunk's documents is stored")
+    return [
+        Request(custom_id=key, system=spec.system, user=text,
+                schema=spec.schema, params=spec.params)
+        for key, text in rows
+    ]  # fmt: skip
+
+
+async def batch_submit(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """The built-in batch-submit task (registered in herd.builtin)."""
+    rt = await EvalRuntime.of(ctx.app)
+    batch, spec_hash, chunk, keys = (payload[k] for k in ("batch", "spec", "chunk", "keys"))
+    spec = await rt.store.spec(spec_hash)
+    api = batch_api(ctx.app, spec)
+    table = "herd_eval_provider_batches"
+    # The handle first, fenced: whoever runs this job later finds the same one.
+    async with _fenced(ctx, rt.store) as conn:
+        await conn.execute(
+            f"INSERT INTO {table} (handle, chunk, batch, spec, provider)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (chunk) DO NOTHING",
+            (uuid.uuid4().hex, chunk, batch, spec_hash, api.name),
+        )
+        cur = await conn.execute(
+            f"SELECT handle, file_id, provider_batch_id FROM {table} WHERE chunk = %s", (chunk,)
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    handle, file_id, batch_id = row
+    _fault_point("after_record_handle")
+    if batch_id is None:
+        # What a predecessor made before it died is at the provider, under the handle.
+        found = await api.find(handle)
+        file_id, batch_id = file_id or found.file_id, found.batch_id
+        if batch_id is None:
+            if file_id is None:
+                requests = await _requests(rt, spec, batch, keys)
+                await ctx.check_lease()
+                file_id = await api.upload(handle, requests)
+                _fault_point("after_upload")
+            await ctx.check_lease()
+            batch_id = await api.create(handle, file_id)
+            _fault_point("after_create")
+        async with _fenced(ctx, rt.store) as conn:
+            await conn.execute(
+                f"UPDATE {table} SET file_id = %s, provider_batch_id = %s, state = 'polling',"
+                " updated_at = now() WHERE handle = %s",
+                (file_id, batch_id, handle),
+            )
+    poll = await ctx.app.enqueue(
+        POLL_TASK,
+        {"handle": handle, "keys": keys},
+        queue=QUEUE,
+        dedup_key=f"batchapi-poll:{handle}",
+        delay=POLL_FIRST,
+    )
+    # The items wait on the poll job now (herd eval status settles them from it).
+    async with _fenced(ctx, rt.store) as conn:
+        await conn.execute(
+            "UPDATE herd_eval_items SET job_id = %s WHERE batch = %s AND spec = %s"
+            " AND key = ANY(%s) AND job_id = %s AND status = 'queued'",
+            (poll.job_id, batch, spec_hash, keys, ctx.job_id),
+        )
+    return {"handle": handle, "provider_batch": batch_id, "poll_job": poll.job_id,
+            "requests": len(keys)}  # fmt: skip
+
+
+async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """The built-in batch-poll task (registered in herd.builtin)."""
+    rt = await EvalRuntime.of(ctx.app)
+    handle, keys = payload["handle"], payload["keys"]
+    rows = await rt.store.execute(
+        "SELECT batch, spec, provider_batch_id, state, polls FROM herd_eval_provider_batches"
+        " WHERE handle = %s",
+        (handle,),
+    )
+    if not rows:
+        raise Fatal(f"provider batch handle {handle} is not recorded (purged?)")
+    batch, spec_hash, batch_id, state, polls = rows[0]
+    if state == "done":
+        return {"handle": handle, "provider_batch": batch_id, "state": state}
+    spec = await rt.store.spec(spec_hash)
+    api = batch_api(ctx.app, spec)
+    found = await api.retrieve(batch_id)
+    if not found.ended:
+        await rt.store.execute(
+            "UPDATE herd_eval_provider_batches SET polls = polls + 1, status = %s,"
+            " updated_at = now() WHERE handle = %s",
+            (found.status, handle),
+        )
+        after = min(POLL_MAX, POLL_FIRST * 2 ** min(polls, 10))
+        raise Snooze(f"provider batch {batch_id} is {found.status}", after=after)
+    answered = {r.custom_id: r for r in await api.results(found)}
+    price = rt.prices.lookup(spec.model, spec.provider)
+    good: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
+    billed = []
+    for key in keys:
+        r = answered.get(key)
+        if r is None:
+            failed[key] = f"the provider batch ended {found.status} without answering it"
+            continue
+        if r.usage is not None:
+            billed.append((key, r.usage))
+        if r.error is not None or r.text is None:
+            failed[key] = r.error or "no answer"
+            continue
+        value, error = _validate(r.text, spec.schema)
+        if error is not None:
+            failed[key] = error
+        else:
+            good[key] = {"output": value, "model": r.model or spec.model}
+    for key, value in good.items():
+        await rt.cache.put(key, value)
+    # Once through the synchronous path; enqueued before the fan-out commits, so a
+    # takeover enqueues them again at worst, deduplicated onto the same jobs.
+    fallback: dict[str, int] = {}
+    if failed:
+        docs = await rt.store.execute(
+            "SELECT DISTINCT ON (key) key, path, doc FROM herd_eval_items"
+            " WHERE batch = %s AND spec = %s AND key = ANY(%s)",
+            (batch, spec_hash, list(failed)),
+        )
+        enqueued = await ctx.app.enqueue_many(
+            evaluate.TASK,
+            [
+                {
+                    "batch": batch,
+                    "path": p,
+                    "doc": d,
+                    "spec": spec_hash,
+                    "key": k,
+                    "batch_error": failed[k],
+                }
+                for k, p, d in docs
+            ],  # fmt: skip
+            queue=QUEUE,
+            dedup_keys=[k for k, _, _ in docs],
+        )
+        fallback = {k: r.job_id for (k, _, _), r in zip(docs, enqueued, strict=True)}
+    async with _fenced(ctx, rt.store) as conn:
+        for key, usage in billed:
+            await ledger.record(conn, {
+                "batch": batch, "job": ctx.job_id, "key": key, "kind": "call",
+                "model": spec.model, "provider": spec.provider, "i": usage.input_tokens,
+                "o": usage.output_tokens, "cost": batch_cost(price, usage),
+                "ci": usage.cached_input_tokens, "cw": usage.cache_write_tokens, "ps": None,
+            })  # fmt: skip
+        for key, value in good.items():
+            result = {"key": key, "source": "batch", **value}
+            await conn.execute(
+                "UPDATE herd_eval_items SET status = 'done', source = 'batch',"
+                " result = %s || jsonb_build_object('path', path), finished_at = now()"
+                " WHERE batch = %s AND spec = %s AND key = %s AND status IN ('queued', 'parked')",
+                (Jsonb(result), batch, spec_hash, key),
+            )
+        for key, job_id in fallback.items():
+            await conn.execute(
+                "UPDATE herd_eval_items SET job_id = %s WHERE batch = %s AND spec = %s"
+                " AND key = %s AND status IN ('queued', 'parked')",
+                (job_id, batch, spec_hash, key),
+            )
+        await conn.execute(
+            "UPDATE herd_eval_provider_batches SET state = 'done', status = %s,"
+            " updated_at = now() WHERE handle = %s",
+            (found.status, handle),
+        )
+    return {"handle": handle, "provider_batch": batch_id, "status": found.status,
+            "answered": len(good), "fallback": len(fallback)}  # fmt: skip

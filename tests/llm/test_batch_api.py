@@ -1,0 +1,246 @@
+"""Evaluations through OpenAI's Batch API against the simulator: one provider batch per
+herd batch, even when the submitting worker is SIGKILLed at each step."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from herd import App, Worker
+from herd.llm import batchapi, evaluate
+from herd.llm.evaluate import EvalSpec, submit
+from tests.conftest import truncate
+from tests.helpers import eventually
+from tests.llm.conftest import SECRET, Sim, clean_eval_tables
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = {
+    "type": "object",
+    "properties": {"score": {"type": "integer"}, "summary": {"type": "string"}},
+    "required": ["score", "summary"],
+    "additionalProperties": False,
+}
+SPEC = EvalSpec(model="sim-1", system="Rate the paper from 1 to 10.", schema=SCHEMA)
+
+
+@pytest.fixture
+async def app(pg_url, sim, monkeypatch):
+    monkeypatch.setenv("OPENAI_BASE_URL", sim.openai_url)
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    sim.configure(batch_latency=0.2)
+    truncate(pg_url)
+    clean_eval_tables(pg_url)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE herd_eval_provider_batches")
+    the_app = App(database_url=pg_url)
+    # Short leases: a killed submitter's job is taken over within a second.
+    the_app.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=1.0, max_attempts=2)(
+        evaluate.evaluate
+    )
+    the_app.task(name=batchapi.SUBMIT_TASK, queue=batchapi.QUEUE, lease_seconds=1.0)(
+        batchapi.batch_submit
+    )
+    the_app.task(name=batchapi.POLL_TASK, queue=batchapi.QUEUE, lease_seconds=5.0)(
+        batchapi.batch_poll
+    )
+    async with the_app:
+        yield the_app
+
+
+def docs(tmp_path: Path, n: int) -> Path:
+    folder = tmp_path / "docs"
+    folder.mkdir(exist_ok=True)
+    for i in range(n):
+        (folder / f"p{i}.txt").write_text(f"Paper {i}.\nIt has results number {i}.\n")
+    return folder
+
+
+async def items(app: App) -> list[tuple[str, str | None]]:
+    rt = await evaluate.EvalRuntime.of(app)
+    rows = await rt.store.execute("SELECT status, source FROM herd_eval_items ORDER BY path")
+    return [(s, src) for s, src in rows]
+
+
+async def all_done(app: App, n: int) -> bool:
+    found = await items(app)
+    return len(found) == n and all(s == "done" for s, _ in found)
+
+
+async def calls(app: App) -> int:
+    rt = await evaluate.EvalRuntime.of(app)
+    ((n,),) = await rt.store.execute("SELECT count(*) FROM herd_eval_ledger WHERE kind = 'call'")
+    return int(n)
+
+
+def uploaded(sim: Sim) -> list[dict]:
+    files = sim.http.get("/v1/files", params={"purpose": "batch"}).json()["data"]
+    return [f for f in files if f["filename"].startswith("herd-")]
+
+
+async def work_until(app: App, done) -> None:
+    worker = Worker(app, queues=[evaluate.QUEUE], concurrency=4, poll_interval=0.05,
+                    install_signal_handlers=False)  # fmt: skip
+    running = asyncio.create_task(worker.run())
+    try:
+        await eventually(done, timeout=30, interval=0.1)
+    finally:
+        worker.stop()
+        await running
+
+
+async def test_a_batch_goes_to_the_batch_api_once_and_fans_out_at_the_batch_price(
+    app, sim, tmp_path, monkeypatch
+):
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"sim-1": {"input": 2.0, "output": 8.0}}))
+    monkeypatch.setenv("HERD_PRICES", str(prices))
+    folder = docs(tmp_path, 5)
+    (folder / "dup.txt").write_text("Paper 0.\nIt has results number 0.\n")  # same as p0
+    report = await submit(app, [folder], SPEC, batch="b1", batch_api=True)
+    assert (report.queued, report.deduplicated) == (5, 1)
+    assert len(set(report.job_ids)) == 1  # one submit job for the whole chunk
+    await work_until(app, lambda: all_done(app, 6))
+
+    stats = sim.stats()
+    assert stats["batches"]["created"] == 1 and stats["batch_billed"] == 5
+    assert stats["billed"] == 0  # no synchronous call
+    assert {src for _, src in await items(app)} == {"batch"}
+    assert await calls(app) == 5
+    rt = await evaluate.EvalRuntime.of(app)
+    ((cost, i, o),) = await rt.store.execute(
+        "SELECT sum(cost), sum(input_tokens), sum(output_tokens) FROM herd_eval_ledger"
+        " WHERE kind = 'call'"
+    )
+    assert cost == pytest.approx((int(i) * 1.0 + int(o) * 4.0) / 1e6)  # half of 2.0 and 8.0
+    ((result,),) = await rt.store.execute(
+        "SELECT result FROM herd_eval_items WHERE path LIKE %s", ("%p3.txt",)
+    )
+    assert set(result["output"]) == {"score", "summary"} and result["path"].endswith("p3.txt")
+    # The answers are in the exact cache: the same documents again make no request.
+    again = await submit(app, [folder], SPEC, batch="b2", batch_api=True)
+    await work_until(app, lambda: all_done(app, 12))
+    assert sim.stats()["batches"]["created"] == 1 and again.queued == 5
+
+
+async def test_a_document_the_cache_holds_is_not_sent(app, sim, tmp_path):
+    folder = docs(tmp_path, 1)
+    await submit(app, [folder], SPEC, batch="sync")  # p0 answered synchronously first
+    await work_until(app, lambda: all_done(app, 1))
+    docs(tmp_path, 3)
+    await submit(app, [folder], SPEC, batch="b", batch_api=True)
+    await work_until(app, lambda: all_done(app, 4))
+    (sent,) = uploaded(sim)
+    lines = sim.http.get(f"/v1/files/{sent['id']}/content").text.splitlines()
+    assert len(lines) == 2
+    cached = SPEC.key("Paper 0.\nIt has results number 0.")
+    assert cached not in {json.loads(x)["custom_id"] for x in lines}
+    assert sim.stats()["batch_billed"] == 2
+
+
+def _worker(pg_url: str, sim: Sim, log: Path, crash_at: str | None) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HERD_DATABASE_URL=pg_url,
+               OPENAI_BASE_URL=sim.openai_url, OPENAI_API_KEY=SECRET)  # fmt: skip
+    env.pop("HERD_TEST_CRASH_AT", None)
+    if crash_at:
+        env["HERD_TEST_CRASH_AT"] = crash_at
+    return subprocess.Popen(
+        [sys.executable, "-m", "herd", "worker", "--queue", evaluate.QUEUE,
+         "--poll-interval", "0.1", "--concurrency", "2", "--grace", "5"],
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log.open("wb"),
+    )  # fmt: skip
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("step", batchapi.CRASH_POINTS)
+async def test_a_submitter_killed_at_each_step_makes_one_provider_batch(
+    app, sim, pg_url, tmp_path, step
+):
+    report = await submit(app, [docs(tmp_path, 4)], SPEC, batch="k", batch_api=True)
+    assert report.queued == 4
+    first = _worker(pg_url, sim, tmp_path / "first.log", step)
+    try:
+        assert await asyncio.to_thread(first.wait, 30) == 137, (tmp_path / "first.log").read_text()
+    finally:
+        if first.poll() is None:
+            first.kill()
+    second = _worker(pg_url, sim, tmp_path / "second.log", None)
+    try:
+        await eventually(lambda: all_done(app, 4), timeout=40, interval=0.1)
+        second.terminate()
+        assert await asyncio.to_thread(second.wait, 20) == 0
+    finally:
+        if second.poll() is None:
+            second.kill()
+    stats = sim.stats()
+    assert stats["batches"]["created"] == 1, stats["batches"]
+    assert len(uploaded(sim)) == 1
+    assert stats["batch_billed"] == 4 == await calls(app)
+    job = await app.get_job(report.job_ids[0])
+    assert job.stalls >= 1  # it was taken over, not run once
+
+
+async def test_expired_requests_go_once_through_the_synchronous_path(app, sim, tmp_path):
+    sim.configure(batch_expire=True)  # the batch answers nothing and ends expired
+    await submit(app, [docs(tmp_path, 3)], SPEC, batch="x", batch_api=True)
+    await work_until(app, lambda: all_done(app, 3))
+    stats = sim.stats()
+    assert stats["batches"]["created"] == 1 and stats["batch_billed"] == 0
+    assert stats["billed"] == 3  # one synchronous call each
+    assert {src for _, src in await items(app)} == {"computed"}
+    assert await calls(app) == 3
+    rt = await evaluate.EvalRuntime.of(app)
+    ((state, status),) = await rt.store.execute(
+        "SELECT state, status FROM herd_eval_provider_batches"
+    )
+    assert (state, status) == ("done", "expired")
+
+
+async def test_the_http_api_takes_batch_api_and_refuses_what_it_cannot_keep(app, sim):
+    from tests.api.conftest import client_of
+
+    body = {"model": "sim-1", "system": "s", "documents": [{"name": "a", "text": "A paper."}],
+            "batch_api": True}  # fmt: skip
+    async with client_of(app) as c:
+        for extra in ({"provider": "anthropic"}, {"budget": 1.0}, {"rpm": 10}):
+            r = await c.post("/evals", json={**body, **extra})
+            assert r.status_code == 422 and "batch_api" in r.text, r.text
+        assert await app.list_jobs() == []
+        r = await c.post("/evals", json={**body, "batch": "api"})
+        assert r.status_code == 201, r.text
+    (job,) = await app.list_jobs()
+    assert job.task == batchapi.SUBMIT_TASK
+
+
+def test_the_cli_refuses_batch_api_with_a_budget_as_a_usage_error(tmp_path):
+    from tests.test_cli import herd
+
+    doc, prompt = tmp_path / "a.txt", tmp_path / "prompt.txt"
+    doc.write_text("A paper.")
+    prompt.write_text("Rate it.")
+    r = herd("eval", "submit", str(doc), "--prompt", str(prompt), "--model", "sim-1",
+             "--batch-api", "--budget", "1", url="postgresql://herd@127.0.0.1:9/none",
+             COLUMNS="200")  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert "--batch-api" in r.stderr and "budget" in r.stderr and "Traceback" not in r.stderr
+
+
+async def test_a_done_provider_batch_is_purged_and_an_open_one_kept(app):
+    rt = await evaluate.EvalRuntime.of(app)
+    for handle, state in (("h-done", "done"), ("h-open", "polling"), ("h-new", "done")):
+        age = "0 s" if handle == "h-new" else "2 hours"
+        await rt.store.execute(
+            "INSERT INTO herd_eval_provider_batches (handle, chunk, batch, spec, provider,"
+            " state, updated_at) VALUES (%s, %s, 'b', 's', 'openai', %s,"
+            " now() - %s::interval)",
+            (handle, handle, state, age),
+        )
+    await rt.store.purge(eval_ttl=3600)
+    rows = await rt.store.execute("SELECT handle FROM herd_eval_provider_batches ORDER BY 1")
+    assert [h for (h,) in rows] == ["h-new", "h-open"]
