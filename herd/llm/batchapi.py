@@ -8,10 +8,12 @@ Exactly once through crashes. A provider batch submitted twice is billed twice, 
 a worker can die between "created the batch" and "recorded that I did". So the
 submit job first records, fenced by its lease, a handle for its chunk (a row of
 herd_eval_provider_batches); the handle names the uploaded file and is the provider
-batch's metadata. Whoever runs the job, first or after a takeover, looks the handle
-up at the provider before making anything, reuses the file and batch found, and
-uploads or creates only what is missing. A SIGKILL at any step therefore never
-makes a second provider batch (tests/llm/test_batch_api.py kills at each).
+batch's metadata (Anthropic's batches have neither: every custom_id carries it).
+Whoever runs the job after a takeover looks the handle up at the provider before
+making anything, reuses the file and batch found, and uploads or creates only what
+is missing; a run that has just recorded the handle knows nothing is there yet. A
+SIGKILL at any step therefore never makes a second provider batch
+(tests/llm/test_batch_api.py kills at each).
 
 Polling is a job, not a blocked worker: ``herd.eval.batch_poll`` checks the provider
 batch and hands itself back (Snooze, no attempt counted), backing off from
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 import uuid
 from dataclasses import asdict
 from typing import Any
@@ -38,7 +41,8 @@ from herd.llm import evaluate, ledger
 from herd.llm.completion import Usage
 from herd.llm.evaluate import EvalRuntime, EvalSpec, _fenced, _validate
 from herd.llm.pricing import Price
-from herd.llm.providers.batch import BatchAPI, Request
+from herd.llm.providers.anthropic_batch import AnthropicBatch
+from herd.llm.providers.batch import BatchAPI, Found, Request
 from herd.llm.providers.openai_batch import OpenAIBatch
 from herd.queue.base import EnqueueResult
 from herd.tasks import JobContext
@@ -46,7 +50,7 @@ from herd.tasks import JobContext
 SUBMIT_TASK = "herd.eval.batch_submit"
 POLL_TASK = "herd.eval.batch_poll"
 QUEUE = evaluate.QUEUE
-PROVIDERS = ("openai",)  # Anthropic's Message Batches: a module like openai_batch
+PROVIDERS = ("openai", "anthropic")
 POLL_FIRST = 2.0
 POLL_MAX = 60.0
 # A chunk's keys travel in its jobs' payloads: a key and its JSON quoting, with room
@@ -64,6 +68,14 @@ _CRASH_AT = os.environ.get("HERD_TEST_CRASH_AT") or None
 def _fault_point(step: str) -> None:
     if step == _CRASH_AT:
         os._exit(137)
+
+
+def new_handle() -> str:
+    """A chunk's handle: its creation time in milliseconds (12 hex), then 20 random hex.
+
+    The time lets a provider whose batches carry no metadata (Anthropic) stop looking
+    for the handle's batch among those made before it."""
+    return f"{time.time_ns() // 1_000_000:012x}{uuid.uuid4().hex[:20]}"
 
 
 def chunk_size(app: App, api_max: int = OpenAIBatch.max_requests) -> int:
@@ -105,9 +117,10 @@ def batch_api(app: App, spec: EvalSpec) -> BatchAPI:
         app.on_close(close)
     found = clients.get((spec.provider, spec.model))
     if found is None:
-        if spec.provider != "openai":
+        kind = {"openai": OpenAIBatch, "anthropic": AnthropicBatch}.get(spec.provider)
+        if kind is None:
             raise Fatal(f"the {spec.provider} Batch API is not supported yet")
-        found = clients[(spec.provider, spec.model)] = OpenAIBatch(model=spec.model)
+        found = clients[(spec.provider, spec.model)] = kind(model=spec.model)
     return found
 
 
@@ -219,11 +232,12 @@ async def batch_submit(payload: dict[str, Any], ctx: JobContext) -> dict[str, An
     table = "herd_eval_provider_batches"
     # The handle first, fenced: whoever runs this job later finds the same one.
     async with _fenced(ctx, rt.store) as conn:
-        await conn.execute(
+        inserted = await conn.execute(
             f"INSERT INTO {table} (handle, chunk, batch, spec, provider)"
             " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (chunk) DO NOTHING",
-            (uuid.uuid4().hex, chunk, batch, spec_hash, api.name),
+            (new_handle(), chunk, batch, spec_hash, api.name),
         )
+        fresh = inserted.rowcount == 1
         cur = await conn.execute(
             f"SELECT handle, file_id, provider_batch_id FROM {table} WHERE chunk = %s", (chunk,)
         )
@@ -232,8 +246,9 @@ async def batch_submit(payload: dict[str, Any], ctx: JobContext) -> dict[str, An
     handle, file_id, batch_id = row
     _fault_point("after_record_handle")
     if batch_id is None:
-        # What a predecessor made before it died is at the provider, under the handle.
-        found = await api.find(handle)
+        # What a predecessor made before it died is at the provider, under the handle;
+        # a handle this run made has nothing there yet.
+        found = Found() if fresh else await api.find(handle)
         file_id, batch_id = file_id or found.file_id, found.batch_id
         if batch_id is None:
             if file_id is None:
@@ -294,12 +309,14 @@ async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]
         after = min(POLL_MAX, POLL_FIRST * 2 ** min(polls, 10))
         raise Snooze(f"provider batch {batch_id} is {found.status}", after=after)
     answered = {r.custom_id: r for r in await api.results(found)}
+    # A provider whose custom_id cannot hold a whole key answers under a key prefix.
+    widths = sorted({len(c) for c in answered}, reverse=True)
     price = rt.prices.lookup(spec.model, spec.provider)
     good: dict[str, dict[str, Any]] = {}
     failed: dict[str, str] = {}
     billed = []
     for key in keys:
-        r = answered.get(key)
+        r = next((answered[key[:n]] for n in widths if key[:n] in answered), None)
         if r is None:
             failed[key] = f"the provider batch ended {found.status} without answering it"
             continue

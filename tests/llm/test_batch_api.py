@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg
@@ -15,7 +16,10 @@ import pytest
 
 from herd import App, Worker
 from herd.llm import batchapi, evaluate
+from herd.llm.errors import ProviderError
 from herd.llm.evaluate import EvalSpec, submit
+from herd.llm.providers.anthropic_batch import CLOCK_SKEW
+from herd.llm.providers.batch import Found
 from tests.conftest import truncate
 from tests.helpers import eventually
 from tests.llm.conftest import SECRET, Sim, clean_eval_tables
@@ -146,7 +150,8 @@ async def test_a_document_the_cache_holds_is_not_sent(app, sim, tmp_path):
 
 def _worker(pg_url: str, sim: Sim, log: Path, crash_at: str | None) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), HERD_DATABASE_URL=pg_url,
-               OPENAI_BASE_URL=sim.openai_url, OPENAI_API_KEY=SECRET)  # fmt: skip
+               OPENAI_BASE_URL=sim.openai_url, OPENAI_API_KEY=SECRET,
+               ANTHROPIC_BASE_URL=sim.url, ANTHROPIC_API_KEY=SECRET)  # fmt: skip
     env.pop("HERD_TEST_CRASH_AT", None)
     if crash_at:
         env["HERD_TEST_CRASH_AT"] = crash_at
@@ -208,7 +213,7 @@ async def test_the_http_api_takes_batch_api_and_refuses_what_it_cannot_keep(app,
     body = {"model": "sim-1", "system": "s", "documents": [{"name": "a", "text": "A paper."}],
             "batch_api": True}  # fmt: skip
     async with client_of(app) as c:
-        for extra in ({"provider": "anthropic"}, {"budget": 1.0}, {"rpm": 10}):
+        for extra in ({"budget": 1.0}, {"rpm": 10}):
             r = await c.post("/evals", json={**body, **extra})
             assert r.status_code == 422 and "batch_api" in r.text, r.text
         assert await app.list_jobs() == []
@@ -244,3 +249,112 @@ async def test_a_done_provider_batch_is_purged_and_an_open_one_kept(app):
     await rt.store.purge(eval_ttl=3600)
     rows = await rt.store.execute("SELECT handle FROM herd_eval_provider_batches ORDER BY 1")
     assert [h for (h,) in rows] == ["h-new", "h-open"]
+
+
+# Anthropic's Message Batches: no file, no metadata; the handle rides in the custom_ids.
+
+ANTH_SPEC = EvalSpec(model="sim-1", provider="anthropic", system=SPEC.system, schema=SCHEMA)
+
+
+@pytest.fixture
+def anthropic_env(sim, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", sim.url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
+
+
+def anthropic_batches(sim: Sim) -> list[dict]:
+    headers = {"x-api-key": SECRET, "anthropic-version": "2023-06-01"}
+    return sim.http.get("/v1/messages/batches", headers=headers).json()["data"]
+
+
+async def test_an_anthropic_batch_goes_to_message_batches_once_at_the_batch_price(
+    app, sim, tmp_path, monkeypatch, anthropic_env
+):
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"sim-1": {"input": 2.0, "output": 8.0}}))
+    monkeypatch.setenv("HERD_PRICES", str(prices))
+    folder = docs(tmp_path, 4)
+    (folder / "dup.txt").write_text("Paper 1.\nIt has results number 1.\n")  # same as p1
+    report = await submit(app, [folder], ANTH_SPEC, batch="a1", batch_api=True)
+    assert (report.queued, report.deduplicated) == (4, 1)
+    await work_until(app, lambda: all_done(app, 5))
+
+    stats = sim.stats()
+    assert stats["batches"]["created_by_api"] == {"openai": 0, "anthropic": 1}
+    assert stats["batch_billed"] == 4 and stats["billed"] == 0
+    assert {src for _, src in await items(app)} == {"batch"}
+    assert await calls(app) == 4
+    rt = await evaluate.EvalRuntime.of(app)
+    ((cost, i, o),) = await rt.store.execute(
+        "SELECT sum(cost), sum(input_tokens), sum(output_tokens) FROM herd_eval_ledger"
+        " WHERE kind = 'call'"
+    )
+    assert cost == pytest.approx((int(i) * 1.0 + int(o) * 4.0) / 1e6)  # half of 2.0 and 8.0
+    # Every request's custom_id carries the handle: how a takeover finds the batch.
+    ((handle, batch_id),) = await rt.store.execute(
+        "SELECT handle, provider_batch_id FROM herd_eval_provider_batches"
+    )
+    (listed,) = anthropic_batches(sim)
+    assert listed["id"] == batch_id
+    headers = {"x-api-key": SECRET, "anthropic-version": "2023-06-01"}
+    lines = sim.http.get(f"/v1/messages/batches/{batch_id}/results", headers=headers).text
+    custom_ids = {json.loads(x)["custom_id"] for x in lines.splitlines()}
+    assert len(custom_ids) == 4
+    assert all(len(c) == 64 and c.startswith(handle[:20] + "-") for c in custom_ids)
+    # The answers are in the exact cache: the same documents again make no request.
+    await submit(app, [folder], ANTH_SPEC, batch="a2", batch_api=True)
+    await work_until(app, lambda: all_done(app, 10))
+    assert sim.stats()["batches"]["created"] == 1
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("step", ["after_record_handle", "after_create"])
+async def test_an_anthropic_submitter_killed_at_each_step_makes_one_message_batch(
+    app, sim, pg_url, tmp_path, step, anthropic_env
+):
+    report = await submit(app, [docs(tmp_path, 4)], ANTH_SPEC, batch="k", batch_api=True)
+    assert report.queued == 4
+    first = _worker(pg_url, sim, tmp_path / "first.log", step)
+    try:
+        assert await asyncio.to_thread(first.wait, 30) == 137, (tmp_path / "first.log").read_text()
+    finally:
+        if first.poll() is None:
+            first.kill()
+    second = _worker(pg_url, sim, tmp_path / "second.log", None)
+    try:
+        await eventually(lambda: all_done(app, 4), timeout=40, interval=0.1)
+        second.terminate()
+        assert await asyncio.to_thread(second.wait, 20) == 0
+    finally:
+        if second.poll() is None:
+            second.kill()
+    stats = sim.stats()
+    assert stats["batches"]["created_by_api"] == {"openai": 0, "anthropic": 1}, stats["batches"]
+    assert stats["batch_billed"] == 4 == await calls(app)
+    job = await app.get_job(report.job_ids[0])
+    assert job.stalls >= 1  # it was taken over, not run once
+
+
+async def test_anthropic_find_waits_on_a_batch_in_progress_it_cannot_rule_out(sim, anthropic_env):
+    from herd.errors import Snooze
+    from herd.llm.providers.anthropic_batch import AnthropicBatch
+    from herd.llm.providers.batch import Request
+
+    sim.configure(batch_latency=30)
+    api = AnthropicBatch(model="sim-1")
+    try:
+        theirs = batchapi.new_handle()
+        marker = await api.upload(theirs, [Request("a" * 64, "s", "u", None, {})])
+        await api.create(theirs, marker)
+        # In progress, made after the handle: it may be the handle's, so no second one.
+        with pytest.raises(Snooze):
+            await api.find(batchapi.new_handle())
+        # A handle made after it (beyond the clock skew) cannot own it.
+        later = f"{int((time.time() + 2 * CLOCK_SKEW) * 1000):012x}" + "0" * 20
+        assert await api.find(later) == Found()
+        # Two keys one custom_id cannot tell apart are refused, not merged.
+        same = [Request("b" * 63 + c, "s", "u", None, {}) for c in "01"]
+        with pytest.raises(ProviderError, match="share their first 43"):
+            await api.upload(batchapi.new_handle(), same)
+    finally:
+        await api.aclose()
