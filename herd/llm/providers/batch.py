@@ -3,7 +3,7 @@
 Every method is safe to call again after a crash: ``find`` is how a worker that took
 a submission over learns what its predecessor already made at the provider, so
 nothing is uploaded or created twice. One module per provider implements it
-(herd.llm.providers.openai_batch; Anthropic's Message Batches next).
+(herd.llm.providers.openai_batch; Anthropic's Message Batches (anthropic_batch.py)).
 """
 
 from __future__ import annotations
