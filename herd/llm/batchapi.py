@@ -39,7 +39,7 @@ from herd.errors import Fatal, InvalidInput, Snooze
 from herd.jsonvalue import canonical, check, check_text
 from herd.llm import evaluate, ledger
 from herd.llm.completion import Usage
-from herd.llm.evaluate import EvalRuntime, EvalSpec, fenced, validate_answer
+from herd.llm.evaluate import EvalRuntime, EvalSpec, _fenced, _validate
 from herd.llm.pricing import Price
 from herd.llm.providers.anthropic_batch import AnthropicBatch
 from herd.llm.providers.batch import BatchAPI, Found, Request
@@ -231,7 +231,7 @@ async def batch_submit(payload: dict[str, Any], ctx: JobContext) -> dict[str, An
     api = batch_api(ctx.app, spec)
     table = "herd_eval_provider_batches"
     # The handle first, fenced: whoever runs this job later finds the same one.
-    async with fenced(ctx, rt.store) as conn:
+    async with _fenced(ctx, rt.store) as conn:
         inserted = await conn.execute(
             f"INSERT INTO {table} (handle, chunk, batch, spec, provider)"
             " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (chunk) DO NOTHING",
@@ -259,7 +259,7 @@ async def batch_submit(payload: dict[str, Any], ctx: JobContext) -> dict[str, An
             await ctx.check_lease()
             batch_id = await api.create(handle, file_id)
             _fault_point("after_create")
-        async with fenced(ctx, rt.store) as conn:
+        async with _fenced(ctx, rt.store) as conn:
             await conn.execute(
                 f"UPDATE {table} SET file_id = %s, provider_batch_id = %s, state = 'polling',"
                 " updated_at = now() WHERE handle = %s",
@@ -273,7 +273,7 @@ async def batch_submit(payload: dict[str, Any], ctx: JobContext) -> dict[str, An
         delay=POLL_FIRST,
     )
     # The items wait on the poll job now (herd eval status settles them from it).
-    async with fenced(ctx, rt.store) as conn:
+    async with _fenced(ctx, rt.store) as conn:
         await conn.execute(
             "UPDATE herd_eval_items SET job_id = %s WHERE batch = %s AND spec = %s"
             " AND key = ANY(%s) AND job_id = %s AND status = 'queued'",
@@ -325,7 +325,7 @@ async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]
         if r.error is not None or r.text is None:
             failed[key] = r.error or "no answer"
             continue
-        value, error = validate_answer(r.text, spec.schema)
+        value, error = _validate(r.text, spec.schema)
         if error is not None:
             failed[key] = error
         else:
@@ -358,7 +358,7 @@ async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]
             dedup_keys=[k for k, _, _ in docs],
         )
         fallback = {k: r.job_id for (k, _, _), r in zip(docs, enqueued, strict=True)}
-    async with fenced(ctx, rt.store) as conn:
+    async with _fenced(ctx, rt.store) as conn:
         for key, usage in billed:
             await ledger.record(conn, {
                 "batch": batch, "job": ctx.job_id, "key": key, "kind": "call",
