@@ -98,6 +98,10 @@ class Settings:
     # Seconds a call may wait for capacity under a provider limit before its job is handed
     # back with a delay (no attempt counted) instead of holding a worker slot.
     limit_max_wait: int = LIMIT_MAX_WAIT
+    # How a request that a provider batch answered with an error, or let expire, gets its
+    # one retry: "sync" (a synchronous call at the full price) or "batch" (a new provider
+    # batch, half price, up to a day later). A second failure is dead-lettered.
+    eval_batch_retry: str = "sync"
 
     def __post_init__(self) -> None:
         # Whatever prints an error later masks these verbatim, even where the URL's
@@ -145,6 +149,7 @@ class Settings:
             pg_pool_size=_bytes(env, "HERD_PG_POOL_SIZE", 0, unit="connections") or None,
             limits_path=Path(env["HERD_LIMITS"]).expanduser() if env.get("HERD_LIMITS") else None,
             limit_max_wait=_bytes(env, "HERD_LIMIT_MAX_WAIT", LIMIT_MAX_WAIT, unit="seconds"),
+            eval_batch_retry=_choice(env, "HERD_EVAL_BATCH_RETRY", ("sync", "batch")),
         )
 
     def override(self, **values: object) -> Settings:
@@ -192,6 +197,16 @@ def parse_duration(text: str, what: str) -> int:
 
 
 _HOST = re.compile(r"(\*\.)?([a-z0-9_-]+(\.[a-z0-9_-]+)*|\[[0-9a-f:.]+\])|\*")
+
+
+def _choice(env: dict[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` (the first when unset)."""
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return choices[0]
+    if raw not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}, not {raw!r}")
+    return raw
 
 
 def _hosts(env: dict[str, str], name: str) -> tuple[str, ...]:

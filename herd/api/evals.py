@@ -9,10 +9,18 @@ from typing import Annotated
 from fastapi import APIRouter, Path, status
 
 from herd.api.deps import HerdApp
-from herd.api.models import BatchName, BudgetIn, BudgetOut, EvalIn, EvalOut, EvalStatusOut
+from herd.api.models import (
+    BatchName,
+    BudgetIn,
+    BudgetOut,
+    CancelOut,
+    EvalIn,
+    EvalOut,
+    EvalStatusOut,
+)
 from herd.app import App
 from herd.cache.keys import normalize_document
-from herd.llm import batchapi, evaluate
+from herd.llm import batchapi, cancel, evaluate
 from herd.llm.evaluate import EvalSpec, enqueue_documents
 
 router = APIRouter(tags=["evaluations"])
@@ -88,3 +96,10 @@ async def set_budget(
     """Raise or lower a batch's budget; a parked batch with room again resumes."""
     found = await evaluate.set_budget(app, batch, body.budget)
     return BudgetOut.model_validate({"batch": batch, **found})
+
+
+@router.post("/evals/{batch}/cancel", responses={404: {"description": "no such batch"}})
+async def cancel_batch(batch: Annotated[BatchName, Path()], app: HerdApp) -> CancelOut:
+    """Stop a batch: no more calls for it, its provider batches cancelled; answers
+    already paid for are kept."""
+    return CancelOut.model_validate(await cancel.cancel(app, batch))

@@ -349,10 +349,11 @@ class EvalStatusOut(BaseModel):
     failed: int
     running: int
     parked_items: int = 0
+    cancelled_items: int = 0
     budget: float | None = None
     spent: float | None = None
     reserved: float | None = None
-    parked: str | None = None
+    parked: str | None = None  # why the batch waits ('budget') or 'cancelled'
     limits: dict[str, int] = {}
     ledger: dict[str, dict[str, Any]]
     provider_cache: ProviderCacheOut = ProviderCacheOut()
@@ -365,6 +366,13 @@ class BudgetOut(BaseModel):
     reserved: float
     parked: str | None
     resumed: int
+
+
+class CancelOut(BaseModel):
+    batch: str
+    cancelled_items: int
+    provider_batches: list[str]  # provider batches asked to stop
+    provider_cancel_failed: list[dict[str, str]]  # their poll jobs ask again
 
 
 class QueryIn(Strict):

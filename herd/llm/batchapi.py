@@ -18,9 +18,16 @@ SIGKILL at any step therefore never makes a second provider batch
 Polling is a job, not a blocked worker: ``herd.eval.batch_poll`` checks the provider
 batch and hands itself back (Snooze, no attempt counted), backing off from
 POLL_FIRST to POLL_MAX seconds. Once it has ended, the answers go to the exact
-cache, the items and the ledger (at the batch price) in one fenced transaction;
-requests that errored, expired or answered outside the schema go once through the
-synchronous path (a herd.eval job, which repairs and dead-letters as usual).
+cache, the items and the ledger (at the batch price) in one fenced transaction.
+Requests that errored, expired or answered outside the schema are retried once, as
+HERD_EVAL_BATCH_RETRY says: through the synchronous path (a herd.eval job, which
+repairs and dead-letters as usual; the default) or in a new provider batch, whose own
+failures are dead-lettered with the provider's error.
+
+``herd eval cancel`` (herd.llm.cancel) cancels the provider batches too: a submit job
+that finds its batch cancelled before it created anything creates nothing, and a poll
+job asks the provider to cancel (again: it may have been created after the command
+looked), then files what the provider answered before it stopped, which is billed.
 """
 
 from __future__ import annotations
@@ -223,6 +230,23 @@ async def _requests(rt: EvalRuntime, spec: EvalSpec, batch: str, keys: list[str]
     ]  # fmt: skip
 
 
+async def _cancelled(conn: Any, batch: str) -> bool:
+    cur = await conn.execute("SELECT parked FROM herd_eval_batches WHERE batch = %s", (batch,))
+    row = await cur.fetchone()
+    return row is not None and row[0] == "cancelled"
+
+
+async def _drop_chunk(ctx: JobContext, rt: EvalRuntime, handle: str) -> dict[str, Any]:
+    """The batch was cancelled before this chunk's provider batch was created."""
+    async with _fenced(ctx, rt.store) as conn:
+        await conn.execute(
+            "UPDATE herd_eval_provider_batches SET state = 'done', status = 'cancelled',"
+            " updated_at = now() WHERE handle = %s",
+            (handle,),
+        )
+    return {"handle": handle, "cancelled": True}
+
+
 async def batch_submit(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """The built-in batch-submit task (registered in herd.builtin)."""
     rt = await EvalRuntime.of(ctx.app)
@@ -242,6 +266,7 @@ async def batch_submit(payload: dict[str, Any], ctx: JobContext) -> dict[str, An
             f"SELECT handle, file_id, provider_batch_id FROM {table} WHERE chunk = %s", (chunk,)
         )
         row = await cur.fetchone()
+        cancelled = await _cancelled(conn, batch)
     assert row is not None
     handle, file_id, batch_id = row
     _fault_point("after_record_handle")
@@ -251,12 +276,18 @@ async def batch_submit(payload: dict[str, Any], ctx: JobContext) -> dict[str, An
         found = Found() if fresh else await api.find(handle)
         file_id, batch_id = file_id or found.file_id, found.batch_id
         if batch_id is None:
+            if cancelled:
+                return await _drop_chunk(ctx, rt, handle)
             if file_id is None:
                 requests = await _requests(rt, spec, batch, keys)
                 await ctx.check_lease()
                 file_id = await api.upload(handle, requests)
                 _fault_point("after_upload")
             await ctx.check_lease()
+            async with rt.store.transaction() as conn:
+                cancelled = await _cancelled(conn, batch)
+            if cancelled:  # the file costs nothing; only a batch is billed
+                return await _drop_chunk(ctx, rt, handle)
             batch_id = await api.create(handle, file_id)
             _fault_point("after_create")
         async with _fenced(ctx, rt.store) as conn:
@@ -267,7 +298,7 @@ async def batch_submit(payload: dict[str, Any], ctx: JobContext) -> dict[str, An
             )
     poll = await ctx.app.enqueue(
         POLL_TASK,
-        {"handle": handle, "keys": keys},
+        {"handle": handle, "keys": keys, **({"retry": True} if payload.get("retry") else {})},
         queue=QUEUE,
         dedup_key=f"batchapi-poll:{handle}",
         delay=POLL_FIRST,
@@ -299,14 +330,18 @@ async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]
         return {"handle": handle, "provider_batch": batch_id, "state": state}
     spec = await rt.store.spec(spec_hash)
     api = batch_api(ctx.app, spec)
-    found = await api.retrieve(batch_id)
+    async with rt.store.transaction() as conn:
+        cancelled = await _cancelled(conn, batch)
+    # Asked again on every poll of a cancelled batch: cancelling is idempotent, and the
+    # batch may have been created after `herd eval cancel` looked.
+    found = await (api.cancel(batch_id) if cancelled else api.retrieve(batch_id))
     if not found.ended:
         await rt.store.execute(
             "UPDATE herd_eval_provider_batches SET polls = polls + 1, status = %s,"
             " updated_at = now() WHERE handle = %s",
             (found.status, handle),
         )
-        after = min(POLL_MAX, POLL_FIRST * 2 ** min(polls, 10))
+        after = POLL_FIRST if cancelled else min(POLL_MAX, POLL_FIRST * 2 ** min(polls, 10))
         raise Snooze(f"provider batch {batch_id} is {found.status}", after=after)
     answered = {r.custom_id: r for r in await api.results(found)}
     # A provider whose custom_id cannot hold a whole key answers under a key prefix.
@@ -332,32 +367,11 @@ async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]
             good[key] = {"output": value, "model": r.model or spec.model}
     for key, value in good.items():
         await rt.cache.put(key, value)
-    # Once through the synchronous path; enqueued before the fan-out commits, so a
-    # takeover enqueues them again at worst, deduplicated onto the same jobs.
+    # Retried once; enqueued before the fan-out commits, so a takeover enqueues them
+    # again at worst, deduplicated onto the same jobs. A cancelled batch retries nothing.
     fallback: dict[str, int] = {}
-    if failed:
-        docs = await rt.store.execute(
-            "SELECT DISTINCT ON (key) key, path, doc FROM herd_eval_items"
-            " WHERE batch = %s AND spec = %s AND key = ANY(%s)",
-            (batch, spec_hash, list(failed)),
-        )
-        enqueued = await ctx.app.enqueue_many(
-            evaluate.TASK,
-            [
-                {
-                    "batch": batch,
-                    "path": p,
-                    "doc": d,
-                    "spec": spec_hash,
-                    "key": k,
-                    "batch_error": failed[k],
-                }
-                for k, p, d in docs
-            ],  # fmt: skip
-            queue=QUEUE,
-            dedup_keys=[k for k, _, _ in docs],
-        )
-        fallback = {k: r.job_id for (k, _, _), r in zip(docs, enqueued, strict=True)}
+    if failed and not cancelled:
+        fallback = await _retry(ctx, batch, spec_hash, handle, failed, bool(payload.get("retry")))
     async with _fenced(ctx, rt.store) as conn:
         for key, usage in billed:
             await ledger.record(conn, {
@@ -371,7 +385,9 @@ async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]
             await conn.execute(
                 "UPDATE herd_eval_items SET status = 'done', source = 'batch',"
                 " result = %s || jsonb_build_object('path', path), finished_at = now()"
-                " WHERE batch = %s AND spec = %s AND key = %s AND status IN ('queued', 'parked')",
+                " WHERE batch = %s AND spec = %s AND key = %s"
+                # An answer that came back from a batch cancelled mid-run was paid for.
+                " AND status IN ('queued', 'parked', 'cancelled')",
                 (Jsonb(result), batch, spec_hash, key),
             )
         for key, job_id in fallback.items():
@@ -387,3 +403,53 @@ async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]
         )
     return {"handle": handle, "provider_batch": batch_id, "status": found.status,
             "answered": len(good), "fallback": len(fallback)}  # fmt: skip
+
+
+async def _retry(
+    ctx: JobContext,
+    batch: str,
+    spec_hash: str,
+    handle: str,
+    failed: dict[str, str],
+    second: bool,
+) -> dict[str, int]:
+    """The one retry of the requests a provider batch failed: a herd.eval job each, or
+    one new provider batch (HERD_EVAL_BATCH_RETRY=batch). After a retry batch fails a
+    request too, its herd.eval job dead-letters it with the provider's error (a
+    ``herd dlq retry`` of that job then tries once more through the synchronous path).
+    Returns the job now serving each key."""
+    rt = await EvalRuntime.of(ctx.app)
+    if ctx.app.settings.eval_batch_retry == "batch" and not second:
+        keys = sorted(failed)
+        chunk = hashlib.sha256(f"{handle}:retry".encode()).hexdigest()
+        result = await ctx.app.enqueue(
+            SUBMIT_TASK,
+            {"batch": batch, "spec": spec_hash, "chunk": chunk, "keys": keys, "retry": True},
+            queue=QUEUE,
+            dedup_key=f"batchapi:{chunk}",
+        )
+        return dict.fromkeys(keys, result.job_id)
+    docs = await rt.store.execute(
+        "SELECT DISTINCT ON (key) key, path, doc FROM herd_eval_items"
+        " WHERE batch = %s AND spec = %s AND key = ANY(%s)",
+        (batch, spec_hash, list(failed)),
+    )
+    last = ctx.app.settings.eval_batch_retry == "batch"
+    enqueued = await ctx.app.enqueue_many(
+        evaluate.TASK,
+        [
+            {
+                "batch": batch,
+                "path": p,
+                "doc": d,
+                "spec": spec_hash,
+                "key": k,
+                "batch_error": failed[k],
+                **({"batch_failed": True} if last else {}),
+            }
+            for k, p, d in docs
+        ],  # fmt: skip
+        queue=QUEUE,
+        dedup_keys=[k for k, _, _ in docs],
+    )
+    return {k: r.job_id for (k, _, _), r in zip(docs, enqueued, strict=True)}

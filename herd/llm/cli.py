@@ -16,6 +16,7 @@ from herd import console
 from herd.app import App
 from herd.errors import InvalidInput
 from herd.llm import batchapi
+from herd.llm.cancel import cancel
 from herd.llm.evaluate import (
     QUEUE,
     EvalRuntime,
@@ -183,7 +184,8 @@ def _print_status(status: dict[str, Any]) -> None:
 
     console.out.print(
         f"{status['done']}/{status['documents']} done, {status['running']} running,"
-        f" {status['failed']} failed (dead-lettered), {status.get('parked_items', 0)} parked",
+        f" {status['failed']} failed (dead-lettered), {status.get('parked_items', 0)} parked"
+        + (f", {status['cancelled_items']} cancelled" if status.get("cancelled_items") else ""),
         highlight=False,
     )
     if status.get("spent") is not None:
@@ -287,6 +289,31 @@ def eval_budget(
             f"batch {batch}: budget ${usd:.4f}, spent ${found['spent']:.4f},"
             f" {found['resumed']} jobs resumed"
             + (f", parked ({found['parked']})" if found["parked"] else ""),
+            highlight=False,
+        )
+
+
+@eval_cli.command("cancel")
+def eval_cancel(
+    ctx: typer.Context,
+    batch: Annotated[str, typer.Argument(help="The batch.")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Stop a batch: no more calls for it, its provider batches cancelled; answers
+    already paid for are kept."""
+    found = console.run(console.opts(ctx), lambda app: cancel(app, batch))
+    if as_json:
+        console.print_json(found)
+        return
+    console.out.print(
+        f"batch {batch}: {found['cancelled_items']} items cancelled,"
+        f" {len(found['provider_batches'])} provider batches asked to stop",
+        highlight=False,
+    )
+    for f in found["provider_cancel_failed"]:
+        console.err.print(
+            f"provider batch {f['provider_batch']}: cancel failed ({f['error']});"
+            " its poll job asks again",
             highlight=False,
         )
 

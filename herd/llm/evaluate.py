@@ -78,6 +78,10 @@ class OverBudget(Exception):
     """The next call would pass the batch's budget, or the batch is parked."""
 
 
+class BatchCancelled(Exception):
+    """The batch was cancelled (``herd eval cancel``): no call is made for it any more."""
+
+
 def check_budget(budget: float | None, field: str = "budget") -> float | None:
     """A budget in USD: a finite number >= 0, or None (no budget)."""
     if budget is None:
@@ -277,13 +281,15 @@ class EvalStore:
         self, batch: str, *, budget: float | None, limits: dict[str, int] | None
     ) -> None:
         """Create the batch's row, or update what is given (a later submit to the same
-        batch leaves its budget and limits unless given)."""
-        await self.execute(
+        batch leaves its budget and limits unless given). A cancelled batch takes no
+        more documents: its jobs would make no call."""
+        rows = await self.execute(
             "INSERT INTO herd_eval_batches AS b (batch, budget, limits)"
             " VALUES (%(b)s, %(budget)s, coalesce(%(limits)s, '{}'::jsonb))"
             " ON CONFLICT (batch) DO UPDATE SET"
             " budget = CASE WHEN %(set)s THEN excluded.budget ELSE b.budget END,"
-            " limits = coalesce(%(limits)s, b.limits), updated_at = now()",
+            " limits = coalesce(%(limits)s, b.limits), updated_at = now()"
+            " RETURNING parked",
             {
                 "b": batch,
                 "budget": budget,
@@ -291,6 +297,45 @@ class EvalStore:
                 "limits": Jsonb(limits) if limits is not None else None,
             },  # fmt: skip
         )
+        if rows and rows[0][0] == "cancelled":
+            raise InvalidInput(
+                f"batch: {batch!r} was cancelled; submit under another name", field="batch"
+            )
+
+    async def cancel(self, batch: str) -> tuple[list[int], list[tuple[str, str, str | None]]]:
+        """Cancel a batch for good: its waiting items become 'cancelled'. Returns their
+        jobs (the caller brings them forward, so they end now instead of waiting out a
+        park) and the batch's provider batches not yet done: (handle, spec, provider
+        batch id, None while being submitted)."""
+        async with self.transaction() as conn:
+            cur = await conn.execute(
+                "UPDATE herd_eval_batches SET parked = 'cancelled', parked_at = now(),"
+                " updated_at = now() WHERE batch = %s RETURNING batch",
+                (batch,),
+            )
+            if await cur.fetchone() is None:
+                cur = await conn.execute(
+                    "SELECT EXISTS (SELECT 1 FROM herd_eval_items WHERE batch = %s)", (batch,)
+                )
+                if not (await cur.fetchone() or (False,))[0]:
+                    raise BatchNotFound(f"no batch named {batch!r}")
+                await conn.execute(  # a batch submitted before batches had rows
+                    "INSERT INTO herd_eval_batches (batch, parked, parked_at)"
+                    " VALUES (%s, 'cancelled', now())",
+                    (batch,),
+                )
+            cur = await conn.execute(
+                "UPDATE herd_eval_items SET status = 'cancelled', finished_at = now()"
+                " WHERE batch = %s AND status IN ('queued', 'parked') RETURNING job_id",
+                (batch,),
+            )
+            jobs = sorted({job_id for (job_id,) in await cur.fetchall()})
+            cur = await conn.execute(
+                "SELECT handle, spec, provider_batch_id FROM herd_eval_provider_batches"
+                " WHERE batch = %s AND state <> 'done' ORDER BY handle",
+                (batch,),
+            )
+            return jobs, [(h, s, b) for h, s, b in await cur.fetchall()]
 
     async def batch(self, batch: str) -> dict[str, Any] | None:
         """Budget, spent, reserved, parked and limits of a batch; None: it has no row."""
@@ -307,7 +352,8 @@ class EvalStore:
         async with self.transaction() as conn:
             await conn.execute(
                 "UPDATE herd_eval_batches SET parked = 'budget',"
-                " parked_at = coalesce(parked_at, now()), updated_at = now() WHERE batch = %s",
+                " parked_at = coalesce(parked_at, now()), updated_at = now() WHERE batch = %s"
+                " AND parked IS DISTINCT FROM 'cancelled'",
                 (batch,),
             )
             cur = await conn.execute(
@@ -342,7 +388,7 @@ class EvalStore:
                 row = (0.0, 0.0, None)
             spent, reserved, parked = row
             ids: list[int] = []
-            if parked and (budget is None or spent + reserved < budget):
+            if parked == "budget" and (budget is None or spent + reserved < budget):
                 await conn.execute(
                     "UPDATE herd_eval_batches SET parked = NULL, parked_at = NULL WHERE batch = %s",
                     (batch,),
@@ -650,6 +696,10 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         spec.check(ctx.app.settings)
     except InvalidInput as exc:  # enqueued under a higher HERD_EVAL_MAX_TOKENS
         raise Fatal(str(exc)) from None
+    if payload.get("batch_failed") and ctx.lease.token == 1:
+        # Failed by a provider batch and by its retry batch: dead-lettered with the
+        # provider's error. Requeued from the dead letters, it runs synchronously.
+        raise Fatal(f"the provider's batches failed this request twice: {payload['batch_error']}")
     document = await rt.store.document(payload["doc"])
     plain = rt.provider(spec)
     scope_key = getattr(plain, "key_id", "nokey")
@@ -672,7 +722,10 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
                 reserved = await cur.fetchone()
                 if reserved is None:
                     cur = await conn.execute(ledger.BATCH, {"b": batch})
-                    if await cur.fetchone() is not None:
+                    found = await cur.fetchone()
+                    if found is not None and found[3] == "cancelled":
+                        raise BatchCancelled
+                    if found is not None:
                         raise OverBudget
                 elif reserved[0] is not None and worst is None:
                     raise Fatal(
@@ -709,7 +762,7 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
                         await slot.adjust(0)  # a refusal is charged nothing
                         await rt.limiter.pause(scope, _pause_for(exc))
                         continue
-                    except Snooze:  # parked for the budget: nothing was sent
+                    except (Snooze, BatchCancelled):  # parked or cancelled: nothing was sent
                         await slot.adjust(0)
                         raise
                     await slot.adjust(_charged(spec, provider, done, rt.max_tokens))
@@ -776,7 +829,15 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             return {"output": value, "model": second.model, "repaired": True}
         raise Fatal(f"invalid model output after one repair: {error2}; raw output: {second.text}")
 
-    found = await rt.cache.get_or_compute(key, compute)
+    try:
+        found = await rt.cache.get_or_compute(key, compute)
+    except BatchCancelled:
+        await rt.store.execute(
+            "UPDATE herd_eval_items SET status = 'cancelled', finished_at = now()"
+            " WHERE job_id = %s AND status IN ('queued', 'parked')",
+            (ctx.job_id,),
+        )
+        return {"key": key, "path": payload.get("path"), "cancelled": True}
     if found.source in ("hit", "waited", "stale"):
         kind = "singleflight" if found.source == "waited" else "cache"
         await rt.store.record(
@@ -984,9 +1045,10 @@ async def batch_status(app: App, batch: str | None) -> dict[str, Any]:
     counts = await settle(app, batch)
     failed, running = counts["failed"], counts["running"]
     # Counted by the server: one row back, whatever the batch's size.
-    ((documents, done, parked),) = await rt.store.execute(
+    ((documents, done, parked, cancelled),) = await rt.store.execute(
         "SELECT count(*), count(*) FILTER (WHERE status = 'done'),"
-        " count(*) FILTER (WHERE status = 'parked') FROM herd_eval_items"
+        " count(*) FILTER (WHERE status = 'parked'),"
+        " count(*) FILTER (WHERE status = 'cancelled') FROM herd_eval_items"
         " WHERE %(b)s::text IS NULL OR batch = %(b)s",
         {"b": batch},
     )
@@ -1001,6 +1063,7 @@ async def batch_status(app: App, batch: str | None) -> dict[str, Any]:
         "failed": failed,
         "running": running,
         "parked_items": int(parked),
+        "cancelled_items": int(cancelled),
         "budget": row["budget"] if row else None,
         "spent": row["spent"] if row else None,
         "reserved": row["reserved"] if row else None,

@@ -300,7 +300,8 @@ DELETE FROM herd_eval_keys WHERE key IN (
 PURGE_ITEMS = """
 DELETE FROM herd_eval_items WHERE (batch, path) IN (
     SELECT batch, path FROM herd_eval_items
-     WHERE status = 'done' AND finished_at < now() - make_interval(secs => %(keep)s)
+     WHERE status IN ('done', 'cancelled')
+       AND finished_at < now() - make_interval(secs => %(keep)s)
      ORDER BY finished_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 """
 

@@ -199,6 +199,14 @@ class AnthropicBatch(Anthropic):
         status = str(b.get("processing_status"))
         return ProviderBatch(id=batch_id, status=status, ended=status == "ended")
 
+    async def cancel(self, batch_id: str) -> ProviderBatch:
+        try:
+            await self._json("POST", f"/v1/messages/batches/{batch_id}/cancel")
+        except ProviderError as exc:
+            if exc.status != 409:  # 409: it has ended or is being canceled already
+                raise
+        return await self.retrieve(batch_id)
+
     async def results(self, batch: ProviderBatch) -> list[Result]:
         out: list[Result] = []
         for line in await self._result_lines(batch.id):

@@ -129,6 +129,14 @@ class OpenAIBatch(OpenAICompatible):
             error_file_id=b.get("error_file_id"),
         )
 
+    async def cancel(self, batch_id: str) -> ProviderBatch:
+        try:
+            await self._json("POST", f"/batches/{batch_id}/cancel")
+        except ProviderError as exc:
+            if exc.status != 409:  # 409: it has ended or is being cancelled already
+                raise
+        return await self.retrieve(batch_id)
+
     async def _lines(self, file_id: str | None) -> list[dict[str, Any]]:
         if not file_id:
             return []
