@@ -49,15 +49,24 @@ def estimate_input(provider: str, model: str, system: str, user: str) -> int:
     return PER_REQUEST + sum(PER_MESSAGE + count_text(m, model) for m in messages)
 
 
+def requested_max(params: Mapping[str, Any]) -> int | None:
+    """The most output tokens the params ask for, by any of the names providers use;
+    None when they name none."""
+    for name in OUTPUT_PARAMS:
+        value = params.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def estimate_output(
     params: Mapping[str, Any], schema: Mapping[str, Any] | None, default_max: int
 ) -> int:
     """The most the call may generate: its max_tokens (by any of its names), else a bound
     from the output schema, else ``default_max``."""
-    for name in OUTPUT_PARAMS:
-        value = params.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
+    asked = requested_max(params)
+    if asked is not None:
+        return asked
     if schema is not None:
         bound = schema_bound(schema, schema)
         if bound is not None:

@@ -46,7 +46,7 @@ from herd.errors import Fatal, InvalidInput, Snooze
 from herd.jsonvalue import canonical, check, check_text
 from herd.llm import evaluate, ledger
 from herd.llm.completion import Usage
-from herd.llm.evaluate import EvalRuntime, EvalSpec, _fenced, _validate
+from herd.llm.evaluate import EvalRuntime, EvalSpec, fenced, validate_answer
 from herd.llm.pricing import Price
 from herd.llm.providers.anthropic_batch import AnthropicBatch
 from herd.llm.providers.batch import BatchAPI, Found, Request
@@ -238,7 +238,7 @@ async def _cancelled(conn: Any, batch: str) -> bool:
 
 async def _drop_chunk(ctx: JobContext, rt: EvalRuntime, handle: str) -> dict[str, Any]:
     """The batch was cancelled before this chunk's provider batch was created."""
-    async with _fenced(ctx, rt.store) as conn:
+    async with fenced(ctx, rt.store) as conn:
         await conn.execute(
             "UPDATE herd_eval_provider_batches SET state = 'done', status = 'cancelled',"
             " updated_at = now() WHERE handle = %s",
@@ -255,7 +255,7 @@ async def batch_submit(payload: dict[str, Any], ctx: JobContext) -> dict[str, An
     api = batch_api(ctx.app, spec)
     table = "herd_eval_provider_batches"
     # The handle first, fenced: whoever runs this job later finds the same one.
-    async with _fenced(ctx, rt.store) as conn:
+    async with fenced(ctx, rt.store) as conn:
         inserted = await conn.execute(
             f"INSERT INTO {table} (handle, chunk, batch, spec, provider)"
             " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (chunk) DO NOTHING",
@@ -290,7 +290,7 @@ async def batch_submit(payload: dict[str, Any], ctx: JobContext) -> dict[str, An
                 return await _drop_chunk(ctx, rt, handle)
             batch_id = await api.create(handle, file_id)
             _fault_point("after_create")
-        async with _fenced(ctx, rt.store) as conn:
+        async with fenced(ctx, rt.store) as conn:
             await conn.execute(
                 f"UPDATE {table} SET file_id = %s, provider_batch_id = %s, state = 'polling',"
                 " updated_at = now() WHERE handle = %s",
@@ -304,7 +304,7 @@ async def batch_submit(payload: dict[str, Any], ctx: JobContext) -> dict[str, An
         delay=POLL_FIRST,
     )
     # The items wait on the poll job now (herd eval status settles them from it).
-    async with _fenced(ctx, rt.store) as conn:
+    async with fenced(ctx, rt.store) as conn:
         await conn.execute(
             "UPDATE herd_eval_items SET job_id = %s WHERE batch = %s AND spec = %s"
             " AND key = ANY(%s) AND job_id = %s AND status = 'queued'",
@@ -360,7 +360,7 @@ async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]
         if r.error is not None or r.text is None:
             failed[key] = r.error or "no answer"
             continue
-        value, error = _validate(r.text, spec.schema)
+        value, error = validate_answer(r.text, spec.schema)
         if error is not None:
             failed[key] = error
         else:
@@ -372,7 +372,7 @@ async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]
     fallback: dict[str, int] = {}
     if failed and not cancelled:
         fallback = await _retry(ctx, batch, spec_hash, handle, failed, bool(payload.get("retry")))
-    async with _fenced(ctx, rt.store) as conn:
+    async with fenced(ctx, rt.store) as conn:
         for key, usage in billed:
             await ledger.record(conn, {
                 "batch": batch, "job": ctx.job_id, "key": key, "kind": "call",

@@ -39,7 +39,7 @@ from herd.errors import BatchNotFound, ConfigError, Fatal, InvalidInput, Snooze
 from herd.jsonvalue import JSON, canonical, check, check_text
 from herd.limits import CapacityTimeout, Limit, Limiter, LimitsFile, for_broker, hold, scope_name
 from herd.limits import load as load_limits
-from herd.limits.tokens import estimate_input, estimate_output
+from herd.limits.tokens import estimate_input, estimate_output, requested_max
 from herd.llm import ledger
 from herd.llm.completion import Completion, Usage
 from herd.llm.documents import DocumentError, find_documents, read_document
@@ -123,9 +123,9 @@ def reservation_tokens(
     when the params name none. The input estimate (herd.limits.tokens) never counts
     fewer tokens than the provider, so the reservation errs on the side of the budget."""
     estimate = estimate_input(spec.provider, spec.model, spec.system, user)
-    for name in ("max_tokens", "max_completion_tokens"):
-        if isinstance(spec.params.get(name), int):
-            return estimate, int(spec.params[name])
+    asked = requested_max(spec.params)
+    if asked is not None:
+        return estimate, asked
     if spec.provider == "anthropic":
         return estimate, min(DEFAULT_MAX_TOKENS, default_max)
     return estimate, default_max
@@ -600,7 +600,7 @@ class EvalRuntime:
         return limit.stricter(cached[1])
 
 
-def _validate(text: str, schema: dict[str, Any] | None) -> tuple[JSON, str | None]:
+def validate_answer(text: str, schema: dict[str, Any] | None) -> tuple[JSON, str | None]:
     """The parsed answer and None, or the raw text and what is wrong with it."""
     try:
         value = json.loads(text)
@@ -621,7 +621,7 @@ REPAIR = (
 )
 
 
-def _fenced(ctx: JobContext, store: EvalStore) -> AbstractAsyncContextManager[AsyncConnection[Any]]:
+def fenced(ctx: JobContext, store: EvalStore) -> AbstractAsyncContextManager[AsyncConnection[Any]]:
     """A transaction that commits only while the job's lease holds: the broker's own on
     PostgreSQL; on another broker, the evaluation store's after a lease check."""
     if ctx.app.broker.name == "postgres":
@@ -654,10 +654,9 @@ def _sent_kind(exc: ProviderError) -> str | None:
 def _sent_max(spec: EvalSpec, provider: Provider, default_max: int) -> int:
     """The most output tokens the request asks for: its params', else what the
     provider sends by itself (Anthropic's max_tokens), else ``default_max``."""
-    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
-        value = spec.params.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
+    asked = requested_max(spec.params)
+    if asked is not None:
+        return asked
     own = getattr(provider, "max_tokens", None)
     return own if isinstance(own, int) and own > 0 else default_max
 
@@ -666,9 +665,9 @@ def _charged(spec: EvalSpec, provider: Provider, done: Completion, default_max: 
     """Tokens the provider's limiter counted for a call: the input it reports, and the
     max output the request asked for when it named one (OpenAI counts max_tokens up
     front, whatever the answer; so does the simulator), else the output reported."""
-    asked = any(spec.params.get(n) for n in ("max_tokens", "max_completion_tokens"))
-    asked = asked or isinstance(getattr(provider, "max_tokens", None), int)
-    out = _sent_max(spec, provider, default_max) if asked else done.usage.output_tokens
+    named = requested_max(spec.params) is not None
+    named = named or isinstance(getattr(provider, "max_tokens", None), int)
+    out = _sent_max(spec, provider, default_max) if named else done.usage.output_tokens
     return done.usage.input_tokens + out
 
 
@@ -716,7 +715,7 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         in one transaction fenced by the lease: a worker that lost it opens nothing."""
         row = {"batch": batch, "job": ctx.job_id, "key": key, "model": spec.model,
                "provider": spec.provider, "i": estimate, "w": worst}  # fmt: skip
-        async with _fenced(ctx, rt.store) as conn:
+        async with fenced(ctx, rt.store) as conn:
             if batch is not None:
                 cur = await conn.execute(ledger.RESERVE, {"b": batch, "w": worst or 0.0})
                 reserved = await cur.fetchone()
@@ -820,11 +819,11 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
 
     async def compute() -> JSON:
         first = await call(document)
-        value, error = _validate(first.text, spec.schema)
+        value, error = validate_answer(first.text, spec.schema)
         if error is None:
             return {"output": value, "model": first.model}
         second = await call(REPAIR.format(document=document, answer=first.text, error=error))
-        value, error2 = _validate(second.text, spec.schema)
+        value, error2 = validate_answer(second.text, spec.schema)
         if error2 is None:
             return {"output": value, "model": second.model, "repaired": True}
         raise Fatal(f"invalid model output after one repair: {error2}; raw output: {second.text}")
