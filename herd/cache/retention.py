@@ -32,6 +32,10 @@ class Periodic:
         self._next = 0.0
         self._task: asyncio.Task[None] | None = None
 
+    def ran(self) -> None:
+        """The owner purged just now itself: the next one is ``every`` seconds away."""
+        self._next = time.monotonic() + self.every
+
     def due(self) -> None:
         if not self.every:
             return

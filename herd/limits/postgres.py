@@ -4,8 +4,9 @@ An acquire is one call of ``herd_limit_acquire`` (migration 5001), which locks t
 scope's row by its primary key, reads the server's clock after the lock, and takes
 the request, the tokens and the slot together or nothing. Concurrency slots live
 in the row (holder -> expiry), pruned by the acquire that finds them expired.
-Rows unused for LIMIT_TTL are deleted by ``purge()`` (on open and from stats()),
-in bounded batches.
+Rows unused for LIMIT_TTL are deleted by ``purge()`` in bounded batches: on open, then
+in the background at most every PURGE_EVERY seconds, started by a call that asks for
+capacity (never inside a read, so the dashboard's poll costs O(scopes)).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from herd.cache.retention import PURGE_EVERY, Periodic, in_batches
 from herd.db import postgres as pgdb
 from herd.limits.base import (
     LIMIT_TTL,
@@ -105,11 +107,13 @@ class PostgresLimiter:
         auto_migrate: bool = True,
         ttl: float = LIMIT_TTL,
         direct_url: str | None = None,
+        purge_every: float = PURGE_EVERY,
     ) -> None:
         self.url = url
         self.auto_migrate = auto_migrate
         self.ttl = ttl
         self._pool = pgdb.SharedPool(url, max_size=pool_size, store=STORE, direct_url=direct_url)
+        self._purges = Periodic(self._purge_all, "provider limits", purge_every)
 
     def _errors(self) -> AbstractContextManager[None]:
         return pgdb.translate_errors(self.url, store=STORE)
@@ -117,6 +121,7 @@ class PostgresLimiter:
     async def open(self) -> None:
         await self._pool.open("herd.limits.sql" if self.auto_migrate else None)
         await self.purge()
+        self._purges.ran()
 
     async def close(self) -> None:
         await self._pool.close()
@@ -138,6 +143,7 @@ class PostgresLimiter:
         self, scope: str, limit: Limit, tokens: int, holder: str, hold_for: float
     ) -> Grant:
         check_request(scope, limit, tokens, hold_for)
+        self._purges.due()
         req, tok = rates(limit)
         ((granted, wait, at, reason),) = await self._run(
             _ACQUIRE,
@@ -179,7 +185,6 @@ class PostgresLimiter:
 
     async def stats(self, scopes: Sequence[str] | None = None) -> list[LimitStats]:
         if scopes is None:
-            await self.purge()
             rows = await self._run(_STATS + " ORDER BY scope", {})
         else:
             rows = await self._run(
@@ -202,6 +207,9 @@ class PostgresLimiter:
             )
             for r in rows
         ]
+
+    async def _purge_all(self) -> int:
+        return await in_batches(lambda limit: self.purge(batch=limit))
 
     async def purge(self, *, batch: int = 1000) -> int:
         """Delete up to ``batch`` scopes unused for ``ttl`` seconds; how many went."""

@@ -10,6 +10,7 @@ from redis.crc import key_slot
 from herd.limits import LIMITERS, Limit, PostgresLimiter, RedisLimiter, for_broker
 from herd.limits.base import LIMIT_TTL
 from herd.limits.redis import INDEX, limit_key, slots_key
+from tests.helpers import eventually
 
 LIM = Limit(rpm=100, max_concurrent=2, period=1.0)
 
@@ -24,6 +25,25 @@ async def test_postgres_purges_scopes_unused_for_the_ttl(pg_url, scope):
             )
         assert await limiter.purge() >= 1
         assert await limiter.stats([scope]) == []
+
+
+async def test_postgres_purges_in_the_background_of_an_acquire_not_in_a_read(pg_url, scope):
+    async with PostgresLimiter(pg_url, purge_every=0.05) as limiter:
+        assert (await limiter.try_acquire(scope, LIM, 0, "h", 1.0)).granted
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE herd_limits SET used_at = now() - interval '25 hours' WHERE scope = %s",
+                (scope,),
+            )
+        # The dashboard's read lists what is there and deletes nothing.
+        assert scope in {s.scope for s in await limiter.stats()}
+        assert scope in {s.scope for s in await limiter.stats()}
+
+        async def gone() -> bool:
+            await limiter.try_acquire(scope + ":other", LIM, 0, "h", 1.0)
+            return scope not in {s.scope for s in await limiter.stats()}
+
+        await eventually(gone, timeout=5, interval=0.1)
 
 
 def test_postgres_acquire_is_one_primary_key_lookup(pg_url):
