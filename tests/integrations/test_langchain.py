@@ -211,8 +211,14 @@ def test_semantic_cache_serves_a_paraphrase_and_not_a_negation(cache_env, counte
         assert calls(counter, tag) == 2  # a negation: the guards refuse the cached answer
         m.invoke([SystemMessage("Answer in French."), HumanMessage("Which sins are forgiven?")])
         assert calls(counter, tag) == 3  # other earlier messages: another conversation
+        # A long system prompt would swamp the embedding of the whole conversation (and
+        # push the question past the embedder's token limit): the question is matched.
+        system = SystemMessage(" ".join(["Answer briefly, cite the verse, stay polite."] * 60))
+        m.invoke([system, HumanMessage("How do I bake bread?")])
+        m.invoke([system, HumanMessage("How do I repair a bicycle?")])
+        assert calls(counter, tag) == 5
         other = CountedModel(responses=["another"], counter_url=counter, tag=tag, cache=semantic)
         assert other.invoke("Which sins are forgiven?").content == "another"
-        assert calls(counter, tag) == 4  # another model's settings: its own entries
+        assert calls(counter, tag) == 6  # another model's settings: its own entries
     finally:
         semantic.close()
