@@ -50,6 +50,7 @@ from herd.app import App
 from herd.config import Settings
 from herd.errors import ConfigError, HerdError
 from herd.jsonvalue import JSON, canonical
+from herd.locks.base import LockLease
 from herd.portal import Portal
 
 try:
@@ -114,17 +115,17 @@ class _OnPortal:
             return self._portal
 
     async def _ready(self, coro: Coroutine[Any, Any, T]) -> T:
-        if not self._opened:
-            if self._opening is None:
-                self._opening = asyncio.Lock()
-            async with self._opening:
-                if not self._opened:
-                    try:
+        try:
+            if not self._opened:
+                if self._opening is None:
+                    self._opening = asyncio.Lock()
+                async with self._opening:
+                    if not self._opened:
                         await self._open()
-                    except BaseException:
-                        coro.close()
-                        raise
-                    self._opened = True
+                        self._opened = True
+        except BaseException:
+            coro.close()  # never started: no "coroutine was never awaited" warning
+            raise
         return await coro
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -160,7 +161,7 @@ class _OnPortal:
 class _Claim:
     """A key's lock, held by the caller (thread or task) that will call the model."""
 
-    lease: Any  # herd.locks.LockLease
+    lease: LockLease
     owner: object
     alive: Callable[[], bool]
     started: float = field(default_factory=time.monotonic)
@@ -386,7 +387,7 @@ class HerdCache(_OnPortal, BaseCache):
         await self._release(claim.lease)
         claim.done.set()
 
-    async def _release(self, lease: Any) -> None:
+    async def _release(self, lease: LockLease) -> None:
         try:
             await self._locks.release(lease)
         except HerdError as exc:
