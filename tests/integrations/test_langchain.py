@@ -224,3 +224,15 @@ def test_semantic_cache_serves_a_paraphrase_and_not_a_negation(cache_env, counte
         assert calls(counter, tag) == 6  # another model's settings: its own entries
     finally:
         semantic.close()
+
+
+def test_semantic_cache_constructs_from_the_settings(cache_env, embedder, monkeypatch):
+    for name in ("HERD_CACHE", "HERD_REDIS_URL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in cache_env.items():
+        monkeypatch.setenv(name, value)
+    semantic = HerdSemanticCache()
+    assert semantic.cache.embedder.id == embedder.id  # herd's default embedder
+    assert semantic.cache.backend.name == cache_env.get("HERD_CACHE", "postgres")
+    assert semantic.lookup("Which sins are forgiven?", "llm") is None
+    semantic.close()
