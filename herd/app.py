@@ -27,6 +27,7 @@ from herd.queue.base import (
     QueueStats,
     RequeueResult,
 )
+from herd.sync import SyncApp
 from herd.tasks import Backoff, Task, TaskFunction
 
 log = logging.getLogger("herd")
@@ -59,6 +60,8 @@ class App:
         self._broker = None if isinstance(broker, str) else broker
         self._pool_size = pool_size
         self._opened = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sync = SyncApp(self)
         # Per-app resources of built-in tasks (evaluation runtime, caches), opened
         # lazily by the first job that needs them and closed with the app.
         self.state: dict[str, Any] = {}
@@ -181,7 +184,20 @@ class App:
                 delay = min(delay * 2, 5.0)
                 continue
             self._opened = True
+            self._loop = asyncio.get_running_loop()
         return self
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop that opened the app (None while closed): its connections
+        belong to that loop."""
+        return self._loop
+
+    @property
+    def sync(self) -> SyncApp:
+        """The producer verbs as blocking calls, for code without an event loop (a
+        script, a notebook, a WSGI view); opens the app on first use (herd.sync)."""
+        return self._sync
 
     def on_close(self, callback: Callable[[], Awaitable[None]]) -> None:
         self._on_close.append(callback)
@@ -200,6 +216,7 @@ class App:
         self.state.clear()
         if self._opened:
             self._opened = False
+            self._loop = None
             await self.broker.close()
 
     async def __aenter__(self) -> App:

@@ -28,9 +28,14 @@ def declared() -> set[str]:
     return {_dist(r) for r in project["dependencies"]}
 
 
-def imported_modules() -> dict[str, str]:
-    """Top-level modules that herd's own files import, with one file that does."""
-    found: dict[str, str] = {}
+def optional() -> dict[str, set[str]]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return {k: {_dist(r) for r in v} for k, v in project["optional-dependencies"].items()}
+
+
+def imported_modules() -> dict[str, list[str]]:
+    """Top-level modules that herd's own files import, with the files that do."""
+    found: dict[str, list[str]] = {}
     for path in sorted((ROOT / "herd").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names: list[str] = []
@@ -39,7 +44,9 @@ def imported_modules() -> dict[str, str]:
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module]
             for name in names:
-                found.setdefault(name.partition(".")[0], str(path.relative_to(ROOT)))
+                files = found.setdefault(name.partition(".")[0], [])
+                if str(path.relative_to(ROOT)) not in files:
+                    files.append(str(path.relative_to(ROOT)))
     return found
 
 
@@ -62,12 +69,20 @@ def test_every_module_herd_imports_is_a_declared_dependency():
         timeout=60,
         check=True,
     )
-    for module, where in json.loads(scan.stdout).items():
+    extras = optional()
+    for module, files in json.loads(scan.stdout).items():
         if module in sys.stdlib_module_names or module in {"herd", "__future__"}:
             continue
         dists = {_dist(d) for d in by_module.get(module, [module])}
-        if not dists & wanted:
-            undeclared[module] = (sorted(dists), where)
+        # An integration (herd/integrations/NAME.py) may import what its extra NAME
+        # declares, and only it: nothing on a default path may.
+        integrations = {Path(f).stem for f in files if f.startswith("herd/integrations/")}
+        in_extras = len(integrations) == len(files) and all(
+            dists & extras.get(name, set()) for name in integrations
+        )
+        if not dists & wanted and not in_extras:
+            outside = [f for f in files if not f.startswith("herd/integrations/")]
+            undeclared[module] = (sorted(dists), (outside or files)[0])
     assert not undeclared, f"imported but not in [project].dependencies: {undeclared}"
 
 

@@ -36,6 +36,7 @@ from herd.cache.exact import ExactCache
 from herd.errors import ConfigError
 from herd.jsonvalue import JSON
 from herd.locks.base import BaseLocks
+from herd.portal import Portal
 from herd.semantic import stats as figures
 from herd.semantic.base import (
     NEVER,
@@ -48,7 +49,6 @@ from herd.semantic.base import (
     similarities,
 )
 from herd.semantic.guards import Signature, signature
-from herd.semantic.portal import Portal
 
 Source = Literal["hit", "waited", "computed", "stale", "early"]
 # The index scores in float32: a candidate whose index similarity is this far below

@@ -38,11 +38,22 @@ class Portal:
         self._on_exit = on_exit
         atexit.register(self._at_exit)
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         if threading.current_thread() is self._thread:
             coro.close()
-            raise RuntimeError("a sync method was called from the cache's own loop")
+            raise RuntimeError(f"a sync method was called from {self._thread.name}'s own loop")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def acall(self, coro: Coroutine[Any, Any, T]) -> T:
+        """``coro`` run on the portal's loop, awaited from another loop (whose
+        connections would otherwise not be the portal's)."""
+        if asyncio.get_running_loop() is self._loop:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
 
     def stop(self) -> None:
         atexit.unregister(self._at_exit)
