@@ -71,3 +71,63 @@ class Portal:
             except Exception as exc:  # at exit there is no caller left to raise to
                 log.warning("closing %s at exit failed: %s", self._thread.name, exc)
         self.stop()
+
+
+class PortalBacked:
+    """An async core run on a loop thread of its own, opened on first use (the
+    integrations' sync-and-async facades)."""
+
+    def __init__(self, name: str) -> None:
+        self._portal_name = name
+        self._portal: Portal | None = None
+        self._made = threading.Lock()
+        self._opened = False
+        self._opening: asyncio.Lock | None = None  # made on the portal's loop
+
+    def _loop_thread(self) -> Portal:
+        with self._made:
+            if self._portal is None:
+                self._portal = Portal(self._portal_name, on_exit=self._close_if_open)
+            return self._portal
+
+    async def _ready(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            if not self._opened:
+                if self._opening is None:
+                    self._opening = asyncio.Lock()
+                async with self._opening:
+                    if not self._opened:
+                        await self._open()
+                        self._opened = True
+        except BaseException:
+            coro.close()  # never started: no "coroutine was never awaited" warning
+            raise
+        return await coro
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._loop_thread().call(self._ready(coro))
+
+    async def _acall(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await self._loop_thread().acall(self._ready(coro))
+
+    async def _open(self) -> None:
+        raise NotImplementedError
+
+    async def _close(self) -> None:
+        raise NotImplementedError
+
+    async def _close_if_open(self) -> None:
+        if self._opened:
+            self._opened = False
+            await self._close()
+
+    def close(self) -> None:
+        """Close the connections and stop the loop thread (a later call opens both again)."""
+        with self._made:
+            portal, self._portal = self._portal, None
+        if portal is not None:
+            try:
+                portal.call(self._close_if_open())
+            finally:
+                portal.stop()
+                self._opening = None

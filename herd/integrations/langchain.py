@@ -41,17 +41,18 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from herd import aio
 from herd.app import App
+from herd.cache.stores import open_cache_stores
 from herd.config import Settings
 from herd.errors import ConfigError, HerdError
 from herd.jsonvalue import JSON, canonical
 from herd.locks.base import LockLease
-from herd.portal import Portal
+from herd.portal import PortalBacked
 
 try:
     from langchain_core.caches import RETURN_VAL_TYPE, BaseCache
@@ -98,65 +99,6 @@ def _seconds(value: float, name: str) -> float:
     return float(value)
 
 
-class _OnPortal:
-    """An async core run on a loop thread of its own, opened on first use."""
-
-    def __init__(self, name: str) -> None:
-        self._portal_name = name
-        self._portal: Portal | None = None
-        self._made = threading.Lock()
-        self._opened = False
-        self._opening: asyncio.Lock | None = None  # made on the portal's loop
-
-    def _loop_thread(self) -> Portal:
-        with self._made:
-            if self._portal is None:
-                self._portal = Portal(self._portal_name, on_exit=self._close_if_open)
-            return self._portal
-
-    async def _ready(self, coro: Coroutine[Any, Any, T]) -> T:
-        try:
-            if not self._opened:
-                if self._opening is None:
-                    self._opening = asyncio.Lock()
-                async with self._opening:
-                    if not self._opened:
-                        await self._open()
-                        self._opened = True
-        except BaseException:
-            coro.close()  # never started: no "coroutine was never awaited" warning
-            raise
-        return await coro
-
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self._loop_thread().call(self._ready(coro))
-
-    async def _acall(self, coro: Coroutine[Any, Any, T]) -> T:
-        return await self._loop_thread().acall(self._ready(coro))
-
-    async def _open(self) -> None:
-        raise NotImplementedError
-
-    async def _close(self) -> None:
-        raise NotImplementedError
-
-    async def _close_if_open(self) -> None:
-        if self._opened:
-            self._opened = False
-            await self._close()
-
-    def close(self) -> None:
-        """Close the connections and stop the loop thread (a later call opens both again)."""
-        with self._made:
-            portal, self._portal = self._portal, None
-        if portal is not None:
-            try:
-                portal.call(self._close_if_open())
-            finally:
-                portal.stop()
-                self._opening = None
-
-
 @dataclass(eq=False)
 class _Claim:
     """A key's lock, held by the caller (thread or task) that will call the model."""
@@ -180,7 +122,7 @@ def _this_caller() -> tuple[object, Callable[[], bool]]:
     return thread, thread.is_alive
 
 
-class HerdCache(_OnPortal, BaseCache):
+class HerdCache(PortalBacked, BaseCache):
     """LangChain's ``BaseCache`` over herd's exact cache, with cross-process singleflight."""
 
     def __init__(
@@ -225,24 +167,7 @@ class HerdCache(_OnPortal, BaseCache):
     # -- life
 
     async def _open(self) -> None:
-        from herd.cache import PostgresCacheStore, RedisCacheStore
-        from herd.locks import PostgresLocks, RedisLocks
-
-        if self.settings.cache == "redis":
-            if not self.settings.redis_url:
-                raise ConfigError("HERD_CACHE=redis needs HERD_REDIS_URL")
-            store: Any = RedisCacheStore(self.settings.redis_url)
-            locks: Any = RedisLocks(self.settings.redis_url, poll_interval=self.poll_interval)
-        else:
-            url = App(settings=self.settings).database_url()
-            store = PostgresCacheStore(url)
-            locks = PostgresLocks(url, poll_interval=self.poll_interval)
-        await store.open()
-        try:
-            await locks.open()
-        except BaseException:
-            await store.close()
-            raise
+        store, locks = await open_cache_stores(self.settings, poll_interval=self.poll_interval)
         self._store, self._locks = store, locks
 
     async def _close(self) -> None:
@@ -425,7 +350,7 @@ def _is_message(item: Any) -> bool:
     return isinstance(item, dict) and item.get("lc") == 1 and isinstance(item.get("kwargs"), dict)
 
 
-class HerdSemanticCache(_OnPortal, BaseCache):
+class HerdSemanticCache(PortalBacked, BaseCache):
     """LangChain's ``BaseCache`` over ``herd.SemanticCache``: a close enough prompt hits."""
 
     def __init__(
