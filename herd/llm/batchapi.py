@@ -51,7 +51,7 @@ from herd.llm.pricing import Price
 from herd.llm.providers.anthropic_batch import AnthropicBatch
 from herd.llm.providers.batch import BatchAPI, Found, Request
 from herd.llm.providers.openai_batch import OpenAIBatch
-from herd.queue.base import EnqueueResult
+from herd.queue.base import EnqueueResult, Job
 from herd.tasks import JobContext
 
 SUBMIT_TASK = "herd.eval.batch_submit"
@@ -132,12 +132,8 @@ def batch_api(app: App, spec: EvalSpec) -> BatchAPI:
 
 
 def batch_cost(price: Price | None, usage: Usage) -> float | None:
-    """A batch request's cost: the batch rates (half the synchronous ones by default)."""
-    if price is None:
-        return None
-    i = price.batch_input if price.batch_input is not None else price.input * 0.5
-    o = price.batch_output if price.batch_output is not None else price.output * 0.5
-    return (usage.input_tokens * i + usage.output_tokens * o) / 1_000_000
+    """A batch request's cost at the batch rates (half the synchronous ones by default)."""
+    return None if price is None else price.batch_cost(usage)
 
 
 async def enqueue_batch_documents(
@@ -178,8 +174,13 @@ async def enqueue_batch_documents(
         await rt.store.put_spec(spec)
         await rt.store.put_documents({rows[i][1]: items[i][1] for i in rest})
         keys = list(dict.fromkeys(rows[i][2] for i in rest))
+        # A key already in flight (in a provider batch of an earlier submission, or a
+        # job) joins it rather than be sent, and paid for, again.
+        job_of: dict[str, EnqueueResult] = {
+            k: EnqueueResult(job_id, False) for k, job_id in (await in_flight(app, spec, keys))
+        }
+        keys = [k for k in keys if k not in job_of]
         size = chunk_size(app)
-        job_of: dict[str, EnqueueResult] = {}
         for start in range(0, len(keys), size):
             chunk = keys[start : start + size]
             chunk_id = hashlib.sha256(canonical([batch, spec.hash, chunk]).encode()).hexdigest()
@@ -212,6 +213,23 @@ async def enqueue_batch_documents(
             out[i] = EnqueueResult(r.job_id, r.created and key not in seen)
             seen.add(key)
     return [out[i] for i in range(len(rows))]
+
+
+async def in_flight(app: App, spec: EvalSpec, keys: list[str]) -> list[tuple[str, int]]:
+    """(key, job) for each of ``keys`` that a pending or running job already serves."""
+    if not keys:
+        return []
+    rt = await EvalRuntime.of(app)
+    rows = await rt.store.execute(
+        "SELECT DISTINCT ON (key) key, job_id FROM herd_eval_items"
+        " WHERE spec = %s AND key = ANY(%s) AND status <> 'done' AND status IN ('queued', 'parked')"
+        " ORDER BY key, job_id DESC",
+        (spec.hash, keys),
+    )
+    if not rows:
+        return []
+    jobs = {j.id: j for j in await app.broker.get_jobs(sorted({job for _, job in rows}))}
+    return [(k, job) for k, job in rows if job in jobs and jobs[job].status.active]
 
 
 async def _requests(rt: EvalRuntime, spec: EvalSpec, batch: str, keys: list[str]) -> list[Request]:
@@ -298,17 +316,22 @@ async def batch_submit(payload: dict[str, Any], ctx: JobContext) -> dict[str, An
             )
     poll = await ctx.app.enqueue(
         POLL_TASK,
-        {"handle": handle, "keys": keys, **({"retry": True} if payload.get("retry") else {})},
+        {
+            "handle": handle,
+            "keys": keys,
+            "submit": ctx.job_id,
+            **({"retry": True} if payload.get("retry") else {}),
+        },  # fmt: skip
         queue=QUEUE,
         dedup_key=f"batchapi-poll:{handle}",
         delay=POLL_FIRST,
     )
-    # The items wait on the poll job now (herd eval status settles them from it).
+    # The items wait on the poll job now (herd eval status settles them from it), those
+    # of later submissions that joined this chunk's keys included.
     async with fenced(ctx, rt.store) as conn:
         await conn.execute(
-            "UPDATE herd_eval_items SET job_id = %s WHERE batch = %s AND spec = %s"
-            " AND key = ANY(%s) AND job_id = %s AND status = 'queued'",
-            (poll.job_id, batch, spec_hash, keys, ctx.job_id),
+            "UPDATE herd_eval_items SET job_id = %s WHERE job_id = %s AND status = 'queued'",
+            (poll.job_id, ctx.job_id),
         )
     return {"handle": handle, "provider_batch": batch_id, "poll_job": poll.job_id,
             "requests": len(keys)}  # fmt: skip
@@ -369,8 +392,16 @@ async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]
         await rt.cache.put(key, value)
     # Retried once; enqueued before the fan-out commits, so a takeover enqueues them
     # again at worst, deduplicated onto the same jobs. A cancelled batch retries nothing.
+    serving = [ctx.job_id] + ([int(payload["submit"])] if payload.get("submit") else [])
+    if failed and cancelled:  # retried only for the items still waiting (other batches')
+        waiting = await rt.store.execute(
+            "SELECT DISTINCT key FROM herd_eval_items WHERE job_id = ANY(%s) AND key = ANY(%s)"
+            " AND status IN ('queued', 'parked')",
+            (serving, list(failed)),
+        )
+        failed = {k: failed[k] for (k,) in waiting}
     fallback: dict[str, int] = {}
-    if failed and not cancelled:
+    if failed:
         fallback = await _retry(ctx, batch, spec_hash, handle, failed, bool(payload.get("retry")))
     async with fenced(ctx, rt.store) as conn:
         for key, usage in billed:
@@ -378,23 +409,24 @@ async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]
                 "batch": batch, "job": ctx.job_id, "key": key, "kind": "call",
                 "model": spec.model, "provider": spec.provider, "i": usage.input_tokens,
                 "o": usage.output_tokens, "cost": batch_cost(price, usage),
-                "ci": usage.cached_input_tokens, "cw": usage.cache_write_tokens, "ps": None,
+                "ci": usage.cached_input_tokens, "cw": usage.cache_write_tokens,
+                "ps": None if price is None else price.batch_cache_saved(usage),
             })  # fmt: skip
         for key, value in good.items():
             result = {"key": key, "source": "batch", **value}
+            # By job, not batch: a later submission's items joined these keys. An answer
+            # that came back from a batch cancelled mid-run was paid for: delivered.
             await conn.execute(
                 "UPDATE herd_eval_items SET status = 'done', source = 'batch',"
                 " result = %s || jsonb_build_object('path', path), finished_at = now()"
-                " WHERE batch = %s AND spec = %s AND key = %s"
-                # An answer that came back from a batch cancelled mid-run was paid for.
-                " AND status IN ('queued', 'parked', 'cancelled')",
-                (Jsonb(result), batch, spec_hash, key),
+                " WHERE job_id = ANY(%s) AND key = %s AND status <> 'done'",
+                (Jsonb(result), serving, key),
             )
         for key, job_id in fallback.items():
             await conn.execute(
-                "UPDATE herd_eval_items SET job_id = %s WHERE batch = %s AND spec = %s"
-                " AND key = %s AND status IN ('queued', 'parked')",
-                (job_id, batch, spec_hash, key),
+                "UPDATE herd_eval_items SET job_id = %s WHERE job_id = ANY(%s) AND key = %s"
+                " AND status IN ('queued', 'parked')",
+                (job_id, serving, key),
             )
         await conn.execute(
             "UPDATE herd_eval_provider_batches SET state = 'done', status = %s,"
@@ -453,3 +485,44 @@ async def _retry(
         dedup_keys=[k for k, _, _ in docs],
     )
     return {k: r.job_id for (k, _, _), r in zip(docs, enqueued, strict=True)}
+
+
+async def settle_late(app: App, job: Job) -> None:
+    """Items that joined a chunk's keys just as its job finished: after a submit job
+    they wait on its poll job; after a poll job their answers are in the exact cache
+    (or, for a key the provider batch failed, a synchronous job answers it now)."""
+    rt = await EvalRuntime.of(app)
+    job_id = job.id
+    poll = job.result.get("poll_job") if isinstance(job.result, dict) else None
+    if job.task == SUBMIT_TASK and isinstance(poll, int):
+        await rt.store.execute(
+            "UPDATE herd_eval_items SET job_id = %s WHERE job_id = %s AND status = 'queued'",
+            (poll, job_id),
+        )
+        return
+    rows = await rt.store.execute(
+        "SELECT DISTINCT ON (key) key, batch, path, doc, spec FROM herd_eval_items"
+        " WHERE job_id = %s AND status <> 'done' AND status IN ('queued', 'parked')",
+        (job_id,),
+    )
+    for key, batch, path, doc, spec_hash in rows:
+        value = await rt.cache.get(key)
+        if isinstance(value, dict):
+            await rt.store.execute(
+                "UPDATE herd_eval_items SET status = 'done', source = 'batch',"
+                " result = %s || jsonb_build_object('path', path), finished_at = now()"
+                " WHERE job_id = %s AND key = %s AND status <> 'done'",
+                (Jsonb({"key": key, "source": "batch", **value}), job_id, key),
+            )
+            continue
+        job = await app.enqueue(
+            evaluate.TASK,
+            {"batch": batch, "path": path, "doc": doc, "spec": spec_hash, "key": key},
+            queue=QUEUE,
+            dedup_key=key,
+        )
+        await rt.store.execute(
+            "UPDATE herd_eval_items SET job_id = %s WHERE job_id = %s AND key = %s"
+            " AND status <> 'done' AND status IN ('queued', 'parked')",
+            (job.job_id, job_id, key),
+        )

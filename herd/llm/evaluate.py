@@ -74,6 +74,10 @@ MAX_RATE_LIMITED = 5
 SLOT_HOLD = 60.0
 
 
+# The Batch API's jobs (herd.llm.batchapi) serve many items and answer none themselves.
+BATCH_API_TASKS = ("herd.eval.batch_submit", "herd.eval.batch_poll")
+
+
 class OverBudget(Exception):
     """The next call would pass the batch's budget, or the batch is parked."""
 
@@ -851,7 +855,7 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     # Every item this job serves: documents deduplicated onto it share its result.
     item = (
         "UPDATE herd_eval_items SET status = 'done', source = %s, result = %s,"
-        " finished_at = now() WHERE job_id = %s"
+        " finished_at = now() WHERE job_id = %s AND status <> 'done'"
     )
     params = (found.source, Jsonb(result), ctx.job_id)
     if ctx.app.broker.name == "postgres":  # fenced: lands only while this job's lease holds
@@ -1025,6 +1029,16 @@ async def settle(app: App, batch: str | None) -> dict[str, int]:
     for start in range(0, len(ids), 1000):  # one round trip per thousand jobs
         jobs += await app.broker.get_jobs(ids[start : start + 1000])
     for job in jobs:
+        if job.task in BATCH_API_TASKS:
+            if job.status == "succeeded":
+                from herd.llm.batchapi import settle_late  # batchapi imports this module
+
+                await settle_late(app, job)
+            elif job.status == "dead":
+                counts["failed"] += 1
+            elif job.status == "processing":
+                counts["running"] += 1
+            continue
         if job.status == "succeeded" and isinstance(job.result, dict):
             await rt.store.execute(
                 "UPDATE herd_eval_items SET status = 'done', source = %s, result = %s,"

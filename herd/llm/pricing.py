@@ -88,6 +88,27 @@ class Price:
             + usage.output_tokens * self.output
         ) / 1_000_000
 
+    def batch_cost(self, usage: Usage) -> float:
+        """The cost of a Batch API request: the batch rates (half the synchronous ones by
+        default); its prompt-cache reads and writes at their rates scaled alike, as both
+        providers stack the two discounts."""
+        bi = self.input * 0.5 if self.batch_input is None else self.batch_input
+        bo = self.output * 0.5 if self.batch_output is None else self.batch_output
+        scale = bi / self.input if self.input else 0.5
+        return (
+            usage.uncached_input_tokens * bi
+            + usage.cached_input_tokens * self.cached_rate * scale
+            + usage.cache_write_tokens * self.write_rate * scale
+            + usage.output_tokens * bo
+        ) / 1_000_000
+
+    def batch_cache_saved(self, usage: Usage) -> float:
+        """What the prompt cache saved on a Batch API request, at the batch rates."""
+        bi = self.input * 0.5 if self.batch_input is None else self.batch_input
+        bo = self.output * 0.5 if self.batch_output is None else self.batch_output
+        full = (usage.input_tokens * bi + usage.output_tokens * bo) / 1_000_000
+        return full - self.batch_cost(usage)
+
     def full_cost(self, usage: Usage) -> float:
         """What ``usage`` would cost with no prompt cache: all input at the input price."""
         return (usage.input_tokens * self.input + usage.output_tokens * self.output) / 1_000_000

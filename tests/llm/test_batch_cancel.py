@@ -196,3 +196,21 @@ async def test_with_batch_retry_a_second_failure_is_dead_lettered_with_the_provi
 
 async def _dead(app: App, n: int) -> bool:
     return len(await app.dead_letters()) == n
+
+
+async def test_a_later_submission_joins_the_keys_already_in_a_provider_batch(app, sim, tmp_path):
+    sim.configure(batch_latency=3.0)
+    folder = docs(tmp_path, 4)
+    await submit(app, [folder], SPEC, batch="w1", batch_api=True)
+    async with Running(app):
+        await eventually(stats_show(sim, lambda s: s["batches"]["created"] == 1), timeout=20)
+        (folder / "new.txt").write_text("A fifth paper.\n")
+        second = await submit(app, [folder], SPEC, batch="w2", batch_api=True)
+        assert (second.queued, second.deduplicated) == (1, 4)
+        await eventually(items_are(app, {"done": 9}), timeout=30, interval=0.1)
+    stats = sim.stats()
+    # The four keys in flight were not sent again: the second batch carries one request.
+    assert stats["batches"]["created"] == 2 and stats["batch_billed"] == 5
+    assert stats["billed"] == 0
+    status = await evaluate.batch_status(app, "w2")
+    assert status["done"] == 5 and status["documents"] == 5

@@ -236,7 +236,12 @@ class BatchStore:
             for i in (0, 1):
                 self.billed_tokens[i] += tokens[i]
                 b.tokens[i] += tokens[i]
-            return {"status": 200, "body": server.answer_payload(api, model, req, text, tokens)}
+            # Batch requests read and write the prompt cache as synchronous calls do (both
+            # providers apply its discount on top of the batch price); keyless here, as
+            # the batch does not keep the key it was created with.
+            cache = self.state.cache_prompt(self.state.generation, api, None, model, body)
+            payload = server.answer_payload(api, model, req, text, tokens, cache)
+            return {"status": 200, "body": payload}
         if name == "rate_limit":
             return _failure(api, 429, "rate_limit_error", "Rate limit reached (simulated).")
         if name.isdigit():

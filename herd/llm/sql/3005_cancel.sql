@@ -12,3 +12,7 @@ ALTER TABLE herd_eval_items ADD CONSTRAINT herd_eval_items_status_check
 DROP INDEX herd_eval_items_finished;
 CREATE INDEX herd_eval_items_finished ON herd_eval_items (finished_at)
     WHERE status IN ('done', 'cancelled');
+-- The items a job serves, and the job serving a key: lookups, not scans of the history
+-- (a job's end updates its items; a Batch API submission joins keys already in flight).
+CREATE INDEX herd_eval_items_open_job ON herd_eval_items (job_id) WHERE status <> 'done';
+CREATE INDEX herd_eval_items_open_key ON herd_eval_items (spec, key) WHERE status <> 'done';
