@@ -427,15 +427,18 @@ class Outcome:
         return billed_dollars(self.sim)
 
     @property
-    def ledger_dollars(self) -> float | None:
-        """What herd's ledger says its calls cost (None: not herd, or nothing priced)."""
+    def ledger_dollars(self) -> tuple[float, float] | None:
+        """What herd's ledger says its calls cost: the answered calls (``call`` rows),
+        and the others that reached the provider (cut short, lost, failed), which herd
+        prices at their estimate, output at the most allowed. None: not herd."""
         led = self.extra.get("ledger")
         if led is None:
             return None
-        # Only the kinds that reached the provider: an avoided call's row carries the
-        # cost it saved.
-        costs = [t["cost"] for kind, t in led.items() if kind in PAID and t.get("cost") is not None]
-        return float(sum(costs)) if costs else None
+
+        def cost(kinds: tuple[str, ...]) -> float:
+            return float(sum(led[k]["cost"] or 0.0 for k in kinds if k in led))
+
+        return cost(("call",)), cost(tuple(k for k in PAID if k != "call"))
 
     @property
     def lost_answers(self) -> int:
@@ -891,7 +894,9 @@ def report(
         read = int(o.sim.get("cached_input_tokens", 0))
         batch = o.sim.get("batch_tokens") or {"input": 0, "output": 0}
         led = o.ledger_dollars
-        ledger = "" if led is None else f"; herd's ledger ${led:.3f}"
+        ledger = "" if led is None else f"; herd's ledger: answered calls ${led[0]:.3f}"
+        if led is not None and o.cut_short:
+            ledger += f" (+ ${led[1]:.3f} estimated for {o.cut_short} calls cut short)"
         print(
             f"  {o.system}: sync {tin - read:,} input + {read:,} cached input + {tout:,}"
             f" output tokens; batch {batch['input']:,} input + {batch['output']:,} output"
@@ -933,7 +938,7 @@ def report(
                 f"  ledger = bill: {paid} calls in the ledger ({n('cut_short')} cut short),"
                 f" {billed} billed by the simulator"
                 f" ({'equal' if paid == billed else f'DIFFERENT by {billed - paid}'});"
-                f" dollars: ledger {_usd(o.ledger_dollars)}, billed ${o.dollars:.3f}"
+                f" dollars: {_ledger_vs_bill(o)}"
             )
             facts = o.extra.get("provider_batches")
             if facts is not None:
@@ -1007,11 +1012,23 @@ def report(
             )
 
 
-def _usd(x: float | None) -> str:
-    return "unpriced" if x is None else f"${x:.3f}"
+def _ledger_vs_bill(o: Outcome) -> str:
+    led = o.ledger_dollars
+    if led is None:
+        return f"billed ${o.dollars:.3f}"
+    if o.cut_short == 0:
+        same = "equal" if abs(led[0] - o.dollars) < 0.0005 else "DIFFERENT"
+        return f"ledger ${led[0]:.3f}, billed ${o.dollars:.3f} ({same})"
+    # The simulator's counters do not tell a cut-short call's tokens from the others'.
+    return (
+        f"ledger ${led[0]:.3f} for the answered calls + ${led[1]:.3f} estimated (worst"
+        f" case) for the cut-short ones; billed ${o.dollars:.3f} for all"
+    )
 
 
-def write_summary(args: argparse.Namespace, outcomes: list[Outcome], unique: int) -> None:
+def write_summary(
+    args: argparse.Namespace, outcomes: list[Outcome], unique: int, seconds: float
+) -> None:
     by = {o.system: o for o in outcomes}
     h, c = by.get("herd"), by.get("celery")
     if args.summary is None or c is None:
@@ -1060,7 +1077,7 @@ def write_summary(args: argparse.Namespace, outcomes: list[Outcome], unique: int
             f" {'no duplicate' if not wrong else 'DUPLICATE: ' + '; '.join(wrong)};"
             f" {b.dollars / c.dollars:.3f}x Celery's dollars (goal {GOAL_RATIO:g}x)"
         )
-    _summary.write(args.summary, "eval_cost", "Celery", rows, notes)
+    _summary.write(args.summary, "eval_cost", "Celery", rows, notes, seconds)
 
 
 # --------------------------------------------------------------------------- main
@@ -1192,7 +1209,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         print()
         report(outcomes, unique, requests, args)
-        write_summary(args, outcomes, unique)
+        write_summary(args, outcomes, unique, time.monotonic() - started)
         print(f"\ntotal {time.monotonic() - started:.0f}s", file=sys.stderr)
         bad = any(
             o.finished != o.documents or o.extra.get("stranded") or o.extra.get("deadline_hit")
