@@ -111,6 +111,7 @@ HERD_SYSTEMS: dict[str, tuple[dict[str, Any], bool]] = {
     "herd-batch": ({"prompt_cache": True}, True),
 }
 SYSTEMS = ("celery", *HERD_SYSTEMS)
+BATCH_LEASE = 120.0  # herd.builtin: the batch_poll task's lease_seconds (submit's: 60)
 GOAL_RATIO = 0.30  # issue 16: herd with the Batch API at most 0.30 x Celery's dollars
 WORDS = (
     "the", "of", "and", "to", "a", "in", "is", "that", "for", "it", "as", "was", "with",
@@ -592,7 +593,8 @@ def run_herd(
 
         pool.start()
         t0 = time.monotonic()
-        deadline = t0 + args.deadline
+        # A killed batch job comes back when its lease has run out: up to twice that more.
+        deadline = t0 + args.deadline + (2 * BATCH_LEASE if batch_api else 0)
         with killing(pool, args.kill_every, args.seed + 1):
             ok = _wait_loop(deadline, waves, args.wave_every, submit, finished, pool, 2.0)
         seconds = time.monotonic() - t0
