@@ -17,6 +17,24 @@ one worker chosen at random is SIGKILLed and a replacement started at once.
   sends the same HTTP request and stores the answer in Redis under the document's path;
   done when every document has an answer.
 
+Every request shares a system prompt of ``--rubric-tokens`` (2,000) tokens: the short
+instruction and a scoring rubric. Four systems (``--systems``), each on its own
+simulator and, for herd, its own database:
+
+* ``celery``: the Celery task below; every delivery is a synchronous call.
+* ``herd``: herd's synchronous path, ``--params '{"prompt_cache": false}'`` (no
+  ``prompt_cache_key``; herd's default for a server that is not api.openai.com).
+* ``herd-cache``: the same with ``{"prompt_cache": true}``: OpenAI's ``prompt_cache_key``.
+* ``herd-batch``: ``herd eval submit --batch-api`` (and the cache key), the simulator's
+  batches ending ``--batch-latency`` (5) seconds after their creation. The script fails
+  loudly if the provider made a second batch for one of herd's chunks: the simulator's
+  ``batches.created`` and the handles on its batches against herd's recorded chunks.
+
+Dollars are the simulator's billed tokens at PRICES (gpt-5's list prices): uncached
+input, input read from its prompt cache, output, and batch input and output at the
+batch rates. The simulator, as OpenAI does, caches a prompt prefix of 1,024 tokens or
+more by itself, key or no key, Celery's calls included; it caches nothing in batches.
+
 The provider's bill is the simulator's own counter of calls. The floor for any system
 is one call per unique canonical payload (herd's cache key: model, prompt, schema,
 parameters, normalized document); a kill can add one call (the worker dies mid-call:
@@ -26,15 +44,17 @@ that is a duplicate call. herd's goal: calls = unique payloads + calls cut short
 kills, and no key called twice in its ledger. The script also stops early, and says
 so, if every herd job has finished while some document is still not done.
 
-    pip install -e ".[bench]" && python bench/eval_cost.py [--docs 1000] [--workers 8]
-        [--latency 0.3:0.9] [--kill-every 5] [--systems herd,celery] [--keep]
+    pip install -e ".[bench-celery]" && python bench/eval_cost.py [--docs 1000]
+        [--workers 8] [--latency 0.3:0.9] [--kill-every 5] [--rubric-tokens 2000]
+        [--systems herd,celery,herd-cache,herd-batch] [--batch-latency 5] [--keep]
 
 ``--quick`` (150 requests, 4 workers, 2 waves) is a smoke run of under a minute per
 system; ``--summary PATH`` also writes the figures as JSON for ``bench/report.py``.
 
-Defaults take about 3.5 minutes on 2 cores. Run it from the repository root. Everything
-it starts listens on 127.0.0.1 (PostgreSQL on a Unix socket) and is stopped when it
-ends, also on Ctrl-C.
+Defaults take about 8 minutes on 2 cores (herd-batch longer when a kill lands on a
+batch job: it comes back after its lease, 60 s or 120 s). Run it from the repository
+root. Everything it starts listens on 127.0.0.1 (PostgreSQL on a Unix socket) and is
+stopped when it ends, also on Ctrl-C.
 """
 
 from __future__ import annotations

@@ -245,10 +245,7 @@ def merge(existing: str, results: list[dict[str, Any]], info: dict[str, str]) ->
             lines[end + 1 : end + 1] = _rows(s)
         title = titles.get(r["name"], r["name"])
         when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-        suffix = (
-            f"; rerun alone on {when}, herd commit {info['herd commit']}, {info['cores']}"
-            f" cores, load average at start {info['load average at start']}"
-        )
+        suffix = f"; rerun alone, merged on {when} at herd commit {info['herd commit']}"
         note = _note(r, title, suffix)
         start = next((i for i, line in enumerate(lines) if line.startswith(f"- **{title}**")), None)
         if start is None:
