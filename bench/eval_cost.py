@@ -535,7 +535,9 @@ def run_herd(
     url = server.acquire()
     sim: SimulatorProcess | None = None
     try:
-        extra_sim = ("--batch-latency", f"{args.batch_latency:g}") if batch_api else ()
+        extra_sim = _sim_args(args) + (
+            ("--batch-latency", f"{args.batch_latency:g}") if batch_api else ()
+        )
         sim = SimulatorProcess(
             args.latency, args.seed, tmp / "logs" / f"sim-{system}.log", extra_sim
         )
@@ -646,6 +648,11 @@ def run_herd(
             sim.close()
         kill_all_children()
         server.release()
+
+
+def _sim_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """The simulator flags every system's simulator gets alike."""
+    return ("--prompt-cache-ttl", f"{args.prompt_cache_ttl:g}")
 
 
 def _provider_batches(url: str, sim: SimulatorProcess) -> dict[str, Any]:
@@ -762,7 +769,9 @@ def run_celery(
     app = None
     try:
         server.start()
-        sim = SimulatorProcess(args.latency, args.seed, tmp / "logs" / "sim-celery.log")
+        sim = SimulatorProcess(
+            args.latency, args.seed, tmp / "logs" / "sim-celery.log", _sim_args(args)
+        )
         r = redis.Redis.from_url(server.url)
         env = dict(
             os.environ,
@@ -1087,7 +1096,12 @@ def write_summary(
         f" {PRICES['input']:g}, cached input {PRICES['cached_input']:g}, output"
         f" {PRICES['output']:g}, batch {PRICES['batch_input']:g}/{PRICES['batch_output']:g});"
         " the simulator caches a 1,024+ token prefix for every OpenAI-style call, as OpenAI"
-        " does, Celery's included, and nothing in batches",
+        " does, Celery's included, and nothing in batches"
+        + (
+            f" (here for {args.prompt_cache_ttl:g} s)"
+            if args.prompt_cache_ttl
+            else " (here: switched off, --prompt-cache-ttl 0)"
+        ),
     ]
     b = by.get("herd-batch")
     if b is not None:
@@ -1151,6 +1165,13 @@ def main(argv: list[str] | None = None) -> int:
         help="tokens of the system prompt every request shares (0: the short prompt alone)",
     )
     p.add_argument(
+        "--prompt-cache-ttl",
+        type=float,
+        default=300.0,
+        help="seconds the simulator's prompt cache keeps a prefix, for every system"
+        " (OpenAI's 5 minutes; 0: a provider that caches no prompt)",
+    )
+    p.add_argument(
         "--batch-latency",
         type=float,
         default=5.0,
@@ -1178,6 +1199,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--rubric-tokens: 0, or at least {least} (the short prompt's own tokens)")
     if args.rubric_tokens < 0:
         p.error("--rubric-tokens must be 0 or more")
+    if args.prompt_cache_ttl < 0:
+        p.error("--prompt-cache-ttl must be 0 or more seconds")
     if args.batch_latency <= 0:
         p.error("--batch-latency must be more than 0 seconds")
 
