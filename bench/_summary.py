@@ -2,7 +2,7 @@
 
     {"bench": name, "peer": "Procrastinate, arq", "rows": [{"metric": str, "herd": float,
      "peer": float, "unit": str, "ratio": herd / peer, "better": "lower" | "higher"}],
-     "notes": [str]}
+     "notes": [str], "seconds": float (optional: the script's wall time)}
 
 ``ratio`` is always herd / peer; ``better`` says which way is good, so a row with
 ``better: "lower"`` and ``ratio`` 0.2 means herd needs a fifth of the peer's value.
@@ -34,9 +34,12 @@ def write(
     peer: str,
     rows: list[dict[str, Any]],
     notes: list[str] | None = None,
+    seconds: float | None = None,
 ) -> None:
     """Write the summary (nothing when no ``--summary`` was given)."""
     if path is None:
         return
-    data = {"bench": bench, "peer": peer, "rows": rows, "notes": list(notes or [])}
+    data: dict[str, Any] = {"bench": bench, "peer": peer, "rows": rows, "notes": list(notes or [])}
+    if seconds is not None:
+        data["seconds"] = float(seconds)
     Path(path).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")

@@ -17,6 +17,24 @@ one worker chosen at random is SIGKILLed and a replacement started at once.
   sends the same HTTP request and stores the answer in Redis under the document's path;
   done when every document has an answer.
 
+Every request shares a system prompt of ``--rubric-tokens`` (2,000) tokens: the short
+instruction and a scoring rubric. Four systems (``--systems``), each on its own
+simulator and, for herd, its own database:
+
+* ``celery``: the Celery task below; every delivery is a synchronous call.
+* ``herd``: herd's synchronous path, ``--params '{"prompt_cache": false}'`` (no
+  ``prompt_cache_key``; herd's default for a server that is not api.openai.com).
+* ``herd-cache``: the same with ``{"prompt_cache": true}``: OpenAI's ``prompt_cache_key``.
+* ``herd-batch``: ``herd eval submit --batch-api`` (and the cache key), the simulator's
+  batches ending ``--batch-latency`` (5) seconds after their creation. The script fails
+  loudly if the provider made a second batch for one of herd's chunks: the simulator's
+  ``batches.created`` and the handles on its batches against herd's recorded chunks.
+
+Dollars are the simulator's billed tokens at PRICES (gpt-5's list prices): uncached
+input, input read from its prompt cache, output, and batch input and output at the
+batch rates. The simulator, as OpenAI does, caches a prompt prefix of 1,024 tokens or
+more by itself, key or no key, Celery's calls included; it caches nothing in batches.
+
 The provider's bill is the simulator's own counter of calls. The floor for any system
 is one call per unique canonical payload (herd's cache key: model, prompt, schema,
 parameters, normalized document); a kill can add one call (the worker dies mid-call:
@@ -26,15 +44,17 @@ that is a duplicate call. herd's goal: calls = unique payloads + calls cut short
 kills, and no key called twice in its ledger. The script also stops early, and says
 so, if every herd job has finished while some document is still not done.
 
-    pip install -e ".[bench]" && python bench/eval_cost.py [--docs 1000] [--workers 8]
-        [--latency 0.3:0.9] [--kill-every 5] [--systems herd,celery] [--keep]
+    pip install -e ".[bench-celery]" && python bench/eval_cost.py [--docs 1000]
+        [--workers 8] [--latency 0.3:0.9] [--kill-every 5] [--rubric-tokens 2000]
+        [--systems herd,celery,herd-cache,herd-batch] [--batch-latency 5] [--keep]
 
 ``--quick`` (150 requests, 4 workers, 2 waves) is a smoke run of under a minute per
 system; ``--summary PATH`` also writes the figures as JSON for ``bench/report.py``.
 
-Defaults take about 3.5 minutes on 2 cores. Run it from the repository root. Everything
-it starts listens on 127.0.0.1 (PostgreSQL on a Unix socket) and is stopped when it
-ends, also on Ctrl-C.
+Defaults take about 8 minutes on 2 cores (herd-batch longer when a kill lands on a
+batch job: it comes back after its lease, 60 s or 120 s). Run it from the repository
+root. Everything it starts listens on 127.0.0.1 (PostgreSQL on a Unix socket) and is
+stopped when it ends, also on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -68,6 +88,7 @@ if str(REPO) not in sys.path:
 from herd.cache.keys import normalize_document  # noqa: E402
 from herd.llm.documents import read_document  # noqa: E402
 from herd.llm.evaluate import EvalSpec  # noqa: E402
+from herd.llm.ledger import PAID  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _summary  # noqa: E402
@@ -89,6 +110,29 @@ SCHEMA: dict[str, Any] = {
     "required": ["clarity", "summary", "problems"],
     "additionalProperties": False,
 }
+# The price table every row's dollars use: OpenAI's gpt-5 list prices (USD per 1M
+# tokens, as published in 2025): cached input 0.1 x input, no cache-write premium
+# (OpenAI charges none), the Batch API half the synchronous rates. The simulator's
+# model (sim-1) is priced so, for the script and for herd's ledger (HERD_PRICES).
+PRICE_MODEL = "gpt-5"
+PRICES: dict[str, float] = {
+    "input": 1.25,
+    "cached_input": 0.125,
+    "cache_write": 1.25,
+    "output": 10.00,
+    "batch_input": 0.625,
+    "batch_output": 5.00,
+}
+# herd: sync without the provider prompt-cache hint (herd's default for a server that is
+# not api.openai.com), sync with it (OpenAI's prompt_cache_key), and the Batch API.
+HERD_SYSTEMS: dict[str, tuple[dict[str, Any], bool]] = {
+    "herd": ({"prompt_cache": False}, False),
+    "herd-cache": ({"prompt_cache": True}, False),
+    "herd-batch": ({"prompt_cache": True}, True),
+}
+SYSTEMS = ("celery", *HERD_SYSTEMS)
+BATCH_LEASE = 120.0  # herd.builtin: the batch_poll task's lease_seconds (submit's: 60)
+GOAL_RATIO = 0.30  # issue 16: herd with the Batch API at most 0.30 x Celery's dollars
 WORDS = (
     "the", "of", "and", "to", "a", "in", "is", "that", "for", "it", "as", "was", "with",
     "be", "by", "on", "not", "this", "are", "at", "from", "which", "or", "an", "have",
@@ -99,6 +143,22 @@ WORDS = (
 
 
 # --------------------------------------------------------------------------- the requests
+
+
+def system_prompt(rubric_tokens: int) -> str:
+    """PROMPT and a scoring rubric, ``rubric_tokens`` long in all by the simulator's
+    estimate (4 characters a token): the prefix every request shares."""
+    if rubric_tokens <= 0:
+        return PROMPT
+    rng = random.Random(rubric_tokens)
+    parts = [PROMPT, "\n\nScoring rubric, apply every criterion:\n"]
+    size, n = sum(map(len, parts)), 0
+    while size < 4 * rubric_tokens:
+        n += 1
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 24)))
+        parts.append(f"{n}. {words.capitalize()}.\n")
+        size += len(parts[-1])
+    return "".join(parts)[: 4 * rubric_tokens]
 
 
 @dataclass
@@ -229,11 +289,11 @@ def _tail(path: Path, lines: int = 30) -> str:
 class SimulatorProcess:
     """``python -m herd.llm.simulator`` on a free port of 127.0.0.1."""
 
-    def __init__(self, latency: str, seed: int, log: Path) -> None:
+    def __init__(self, latency: str, seed: int, log: Path, extra: tuple[str, ...] = ()) -> None:
         self.log = log
         self.proc = spawn(
             [sys.executable, "-m", "herd.llm.simulator", "--host", "127.0.0.1", "--port", "0",
-             "--latency", latency, "--seed", str(seed)],
+             "--latency", latency, "--seed", str(seed), *extra],
             dict(os.environ),
             log,
             stdout=subprocess.PIPE,
@@ -250,6 +310,18 @@ class SimulatorProcess:
     def stats(self) -> dict[str, Any]:
         result: dict[str, Any] = self.http.get("/_sim/stats").json()
         return result
+
+    def provider_batches(self) -> list[dict[str, Any]]:
+        """Every OpenAI batch the simulator holds (its list route, page by page)."""
+        found: list[dict[str, Any]] = []
+        after: str | None = None
+        while True:
+            query = {"limit": "100", **({"after": after} if after else {})}
+            page = self.http.get("/v1/batches", params=query).json()
+            found += page.get("data") or []
+            if not page.get("has_more") or not page.get("data"):
+                return found
+            after = page["data"][-1]["id"]
 
     def close(self) -> None:
         self.http.close()
@@ -351,9 +423,15 @@ class Outcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def batch_requests(self) -> int:
+        """Requests the provider answered in batches (billed at the batch rates)."""
+        return int(self.sim.get("batch_billed", 0))
+
+    @property
     def calls(self) -> int:
-        """Calls the provider received (the simulator's counter)."""
-        return int(self.sim["calls"])
+        """Calls the provider received (the simulator's counters): synchronous calls and
+        requests answered in batches."""
+        return int(self.sim["calls"]) + self.batch_requests
 
     @property
     def hung_up(self) -> int:
@@ -362,7 +440,26 @@ class Outcome:
 
     @property
     def answered(self) -> int:
-        return int(self.sim.get("by_status", {}).get("200", 0))
+        return int(self.sim.get("by_status", {}).get("200", 0)) + self.batch_requests
+
+    @property
+    def dollars(self) -> float:
+        """What the provider bills, from its own counts, at PRICES."""
+        return billed_dollars(self.sim)
+
+    @property
+    def ledger_dollars(self) -> tuple[float, float] | None:
+        """What herd's ledger says its calls cost: the answered calls (``call`` rows),
+        and the others that reached the provider (cut short, lost, failed), which herd
+        prices at their estimate, output at the most allowed. None: not herd."""
+        led = self.extra.get("ledger")
+        if led is None:
+            return None
+
+        def cost(kinds: tuple[str, ...]) -> float:
+            return float(sum(led[k]["cost"] or 0.0 for k in kinds if k in led))
+
+        return cost(("call",)), cost(tuple(k for k in PAID if k != "call"))
 
     @property
     def lost_answers(self) -> int:
@@ -376,6 +473,24 @@ class Outcome:
     @property
     def duplicates(self) -> int:
         return self.calls - self.payloads - self.cut_short
+
+
+def billed_dollars(sim: dict[str, Any]) -> float:
+    """US dollars at PRICES for what the simulator billed: synchronous input (the part
+    read from its prompt cache at the cached rate, the part written at the write rate),
+    output, and the batches' input and output at the batch rates."""
+    p = PRICES
+    tokens_in, tokens_out = sim["billed_tokens"]["input"], sim["billed_tokens"]["output"]
+    read, written = int(sim.get("cached_input_tokens", 0)), int(sim.get("cache_write_tokens", 0))
+    batch = sim.get("batch_tokens") or {"input": 0, "output": 0}
+    return (
+        (tokens_in - read - written) * p["input"]
+        + read * p["cached_input"]
+        + written * p["cache_write"]
+        + tokens_out * p["output"]
+        + batch["input"] * p["batch_input"]
+        + batch["output"] * p["batch_output"]
+    ) / 1_000_000
 
 
 def _wait_loop(
@@ -410,19 +525,27 @@ def run_herd(
     files: Path,
     tmp: Path,
     key_of: dict[str, str],
+    system: str = "herd",
 ) -> Outcome:
     from herd.embedded import embedded_server
 
-    home = tmp / "herd-home"
+    params, batch_api = HERD_SYSTEMS[system]
+    home = tmp / f"{system}-home"
     server = embedded_server(home)
     url = server.acquire()
     sim: SimulatorProcess | None = None
     try:
-        sim = SimulatorProcess(args.latency, args.seed, tmp / "logs" / "sim-herd.log")
+        extra_sim = _sim_args(args) + (
+            ("--batch-latency", f"{args.batch_latency:g}") if batch_api else ()
+        )
+        sim = SimulatorProcess(
+            args.latency, args.seed, tmp / "logs" / f"sim-{system}.log", extra_sim
+        )
         env = dict(
             os.environ,
             HERD_HOME=str(home),
             HERD_DATABASE_URL=url,
+            HERD_PRICES=str(files / "prices.json"),
             OPENAI_BASE_URL=sim.url + "/v1",
             OPENAI_API_KEY="sk-bench",
             PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
@@ -431,7 +554,7 @@ def run_herd(
         env.pop("HERD_CACHE", None)
         herd = [sys.executable, "-m", "herd"]
         pool = WorkerPool(
-            "herd",
+            system,
             lambda n: [
                 *herd,
                 "worker",
@@ -454,9 +577,10 @@ def run_herd(
                 spawn(
                     [*herd, "eval", "submit", str(paths[0].parent), "--prompt", str(prompt),
                      "--schema", str(schema), "--model", MODEL, "--batch", f"bench-w{i}",
+                     "--params", json.dumps(params), *(["--batch-api"] if batch_api else []),
                      "--json"],
                     env,
-                    tmp / "logs" / f"herd-submit-{i}.log",
+                    tmp / "logs" / f"{system}-submit-{i}.log",
                 )
             )  # fmt: skip
 
@@ -482,7 +606,7 @@ def run_herd(
             if bad:
                 raise RuntimeError(f"herd eval submit failed, see {tmp / 'logs'}")
             last.update(status())
-            progress("herd", t0, last["done"], n_docs, sim, pool, f"{last['failed']} dead-lettered")
+            progress(system, t0, last["done"], n_docs, sim, pool, f"{last['failed']} dead-lettered")
             if last["documents"] == n_docs and last["done"] + last["failed"] == n_docs:
                 return True
             # Every job finished, yet documents not done: they will never be (see report).
@@ -491,7 +615,8 @@ def run_herd(
 
         pool.start()
         t0 = time.monotonic()
-        deadline = t0 + args.deadline
+        # A killed batch job comes back when its lease has run out: up to twice that more.
+        deadline = t0 + args.deadline + (2 * BATCH_LEASE if batch_api else 0)
         with killing(pool, args.kill_every, args.seed + 1):
             ok = _wait_loop(deadline, waves, args.wave_every, submit, finished, pool, 2.0)
         seconds = time.monotonic() - t0
@@ -499,9 +624,14 @@ def run_herd(
         pool.stop()
         final = status()
         extra = {"ledger": final["ledger"], "deadline_hit": not ok, **_herd_db_facts(url)}
+        if batch_api:
+            # After the workers stopped: a batch made by a job killed at the very end
+            # is counted too.
+            stats = sim.stats()
+            extra["provider_batches"] = _provider_batches(url, sim)
         led = final["ledger"]
         return Outcome(
-            "herd",
+            system,
             seconds,
             n_docs,
             final["done"],
@@ -518,6 +648,51 @@ def run_herd(
             sim.close()
         kill_all_children()
         server.release()
+
+
+def _sim_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """The simulator flags every system's simulator gets alike."""
+    return ("--prompt-cache-ttl", f"{args.prompt_cache_ttl:g}")
+
+
+def _provider_batches(url: str, sim: SimulatorProcess) -> dict[str, Any]:
+    """herd's recorded chunks and provider batches against the batches the provider
+    made: a duplicate is a second provider batch for one chunk's handle, or a batch
+    herd has no record of."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT handle, provider_batch_id FROM herd_eval_provider_batches"
+        ).fetchall()
+    recorded = {str(b) for _, b in rows if b is not None}
+    made = sim.provider_batches()
+    per_handle = Counter(str((b.get("metadata") or {}).get("herd_handle")) for b in made)
+    created = int(sim.stats()["batches"]["created"])
+    return {
+        "chunks": len(rows),
+        "recorded": len(recorded),
+        "created": created,
+        "listed": len(made),
+        "handles_twice": sorted(h for h, n in per_handle.items() if n > 1),
+        "unrecorded": sorted(str(b["id"]) for b in made if str(b["id"]) not in recorded),
+    }
+
+
+def _batch_duplicates(facts: dict[str, Any]) -> list[str]:
+    """What is wrong in ``_provider_batches``' facts, in words (empty: no duplicate)."""
+    wrong = []
+    if facts["created"] != facts["recorded"]:
+        wrong.append(
+            f"the provider made {facts['created']} batches, herd recorded {facts['recorded']}"
+        )
+    if facts["recorded"] > facts["chunks"]:
+        wrong.append(f"{facts['recorded']} provider batches for {facts['chunks']} chunks")
+    if facts["handles_twice"]:
+        wrong.append(f"handles with more than one batch: {facts['handles_twice']}")
+    if facts["unrecorded"]:
+        wrong.append(f"batches herd has no record of: {facts['unrecorded']}")
+    return wrong
 
 
 def _herd_active_jobs(url: str) -> int:
@@ -594,7 +769,9 @@ def run_celery(
     app = None
     try:
         server.start()
-        sim = SimulatorProcess(args.latency, args.seed, tmp / "logs" / "sim-celery.log")
+        sim = SimulatorProcess(
+            args.latency, args.seed, tmp / "logs" / "sim-celery.log", _sim_args(args)
+        )
         r = redis.Redis.from_url(server.url)
         env = dict(
             os.environ,
@@ -718,18 +895,43 @@ def report(
     )
     # payloads: unique canonical payloads whose answer was stored (the floor of calls);
     # cut short: calls a kill took (hung up mid-call, or answered and never stored).
+    by = {o.system: o for o in outcomes}
+    celery = by.get("celery")
     head = (
-        f"{'':8} {'seconds':>7} {'results':>9} {'payloads':>8} {'calls':>6} {'excess':>6}"
-        f" {'cut short':>9} {'duplicate':>9} {'kills':>5}"
+        f"{'':10} {'seconds':>7} {'results':>9} {'payloads':>8} {'calls':>6} {'excess':>6}"
+        f" {'cut short':>9} {'duplicate':>9} {'kills':>5} {'dollars':>8} {'x Celery':>8}"
     )
     print(head)
-    print(f"{'':8} {'':>7} {'':>9} {'answered':>8} {'':>6} {'':>6} {'by kills':>9} {'calls':>9}")
+    print(
+        f"{'':10} {'':>7} {'':>9} {'answered':>8} {'':>6} {'':>6} {'by kills':>9}"
+        f" {'calls':>9} {'':>5} {'billed':>8} {'':>8}"
+    )
     print("-" * len(head))
     for o in outcomes:
+        versus = f"{o.dollars / celery.dollars:8.3f}" if celery and celery.dollars else f"{'':8}"
         print(
-            f"{o.system:8} {o.seconds:7.1f} {o.finished:>4}/{o.documents:<4} {o.payloads:>8}"
+            f"{o.system:10} {o.seconds:7.1f} {o.finished:>4}/{o.documents:<4} {o.payloads:>8}"
             f" {o.calls:>6} {o.calls - o.payloads:>6} {o.cut_short:>9} {o.duplicates:>9}"
-            f" {o.kills:>5}"
+            f" {o.kills:>5} {o.dollars:8.3f} {versus}"
+        )
+    print(
+        f"\ndollars: what the simulator billed, at {PRICE_MODEL} list prices (USD per 1M"
+        f" tokens): input {PRICES['input']:g}, cached input {PRICES['cached_input']:g},"
+        f" output {PRICES['output']:g}; Batch API input {PRICES['batch_input']:g},"
+        f" output {PRICES['batch_output']:g}"
+    )
+    for o in outcomes:
+        tin, tout = o.sim["billed_tokens"]["input"], o.sim["billed_tokens"]["output"]
+        read = int(o.sim.get("cached_input_tokens", 0))
+        batch = o.sim.get("batch_tokens") or {"input": 0, "output": 0}
+        led = o.ledger_dollars
+        ledger = "" if led is None else f"; herd's ledger: answered calls ${led[0]:.3f}"
+        if led is not None and o.cut_short:
+            ledger += f" (+ ${led[1]:.3f} estimated for {o.cut_short} calls cut short)"
+        print(
+            f"  {o.system}: sync {tin - read:,} input + {read:,} cached input + {tout:,}"
+            f" output tokens; batch {batch['input']:,} input + {batch['output']:,} output"
+            f" tokens -> ${o.dollars:.3f}{ledger}"
         )
     print()
     for o in outcomes:
@@ -740,7 +942,7 @@ def report(
             f" the worker was killed (simulator answered {o.answered}, stored {o.stored})"
         )
         in_flight = o.calls - o.answered - o.hung_up
-        if o.system == "herd":
+        if o.system.startswith("herd"):
             led = o.extra["ledger"]
 
             def n(kind: str, led: dict[str, Any] = led) -> int:
@@ -748,7 +950,9 @@ def report(
 
             goal = dup == 0 and not o.extra["keys_called_twice"]
             print(
-                f"herd: {o.payloads} unique{missing}, {o.calls} calls, {o.cut_short} cut short"
+                f"{o.system}: {o.payloads} unique{missing}, {o.calls} calls"
+                f"{f' ({o.batch_requests} in batches)' if o.batch_requests else ''},"
+                f" {o.cut_short} cut short"
                 f" by kills -> {dup} duplicate calls ({'goal met' if goal else 'GOAL MISSED'})"
             )
             print(cut)
@@ -760,12 +964,24 @@ def report(
             # Every request that reached the provider is a ledger row: answered, lost,
             # failed after sending, or cut short by a kill (closed by the next run).
             paid = n("call") + n("lost") + n("failed") + n("cut_short")
-            billed = int(o.sim.get("billed", o.calls))
+            billed = int(o.sim.get("billed", o.calls)) + o.batch_requests
             print(
                 f"  ledger = bill: {paid} calls in the ledger ({n('cut_short')} cut short),"
                 f" {billed} billed by the simulator"
-                f" ({'equal' if paid == billed else f'DIFFERENT by {billed - paid}'})"
+                f" ({'equal' if paid == billed else f'DIFFERENT by {billed - paid}'});"
+                f" dollars: {_ledger_vs_bill(o)}"
             )
+            facts = o.extra.get("provider_batches")
+            if facts is not None:
+                wrong = _batch_duplicates(facts)
+                print(
+                    f"  provider batches: {facts['created']} created at the provider"
+                    f" (/_sim/stats batches.created), {facts['recorded']} recorded by herd for"
+                    f" {facts['chunks']} chunks; one batch per chunk handle:"
+                    f" {'yes, no duplicate' if not wrong else 'NO'}"
+                )
+                for line in wrong:
+                    print(f"  DUPLICATE PROVIDER BATCH: {line}")
             print(
                 f"  {o.extra['jobs']} jobs, {o.extra['stalled_jobs']} taken over after a"
                 f" killed worker's lease expired ({o.extra['stalls']} times),"
@@ -804,7 +1020,6 @@ def report(
             print(f"  {o.system}: {o.died} workers exited by themselves")
         if o.extra.get("deadline_hit"):
             print(f"  {o.system}: DEADLINE HIT before every document was done")
-    by = {o.system: o for o in outcomes}
     if "herd" in by and "celery" in by:
         h, c = by["herd"], by["celery"]
         print(
@@ -812,35 +1027,93 @@ def report(
             f" {c.calls / max(1, c.payloads):.3f}; Celery made"
             f" {c.calls / max(1, h.calls):.2f}x herd's calls"
         )
+    if celery is not None and celery.dollars:
+        for o in outcomes:
+            if o is not celery:
+                print(
+                    f"dollars: {o.system} ${o.dollars:.3f} = {o.dollars / celery.dollars:.3f}x"
+                    f" Celery's ${celery.dollars:.3f}"
+                )
+        b = by.get("herd-batch")
+        if b is not None:
+            ratio = b.dollars / celery.dollars
+            print(
+                f"goal (herd-batch at most {GOAL_RATIO:g}x Celery's dollars):"
+                f" {ratio:.3f}x, {'met' if ratio <= GOAL_RATIO else 'MISSED'}"
+            )
 
 
-def write_summary(args: argparse.Namespace, outcomes: list[Outcome], unique: int) -> None:
+def _ledger_vs_bill(o: Outcome) -> str:
+    led = o.ledger_dollars
+    if led is None:
+        return f"billed ${o.dollars:.3f}"
+    if o.cut_short == 0:
+        same = "equal" if abs(led[0] - o.dollars) < 0.0005 else "DIFFERENT"
+        return f"ledger ${led[0]:.3f}, billed ${o.dollars:.3f} ({same})"
+    # The simulator's counters do not tell a cut-short call's tokens from the others'.
+    return (
+        f"ledger ${led[0]:.3f} for the answered calls + ${led[1]:.3f} estimated (worst"
+        f" case) for the cut-short ones; billed ${o.dollars:.3f} for all"
+    )
+
+
+def write_summary(
+    args: argparse.Namespace, outcomes: list[Outcome], unique: int, seconds: float
+) -> None:
     by = {o.system: o for o in outcomes}
     h, c = by.get("herd"), by.get("celery")
-    if args.summary is None or h is None or c is None:
+    if args.summary is None or c is None:
         return
-    rows = [
-        _summary.row(
-            "provider calls per answered payload",
-            h.calls / max(1, h.payloads),
-            c.calls / max(1, c.payloads),
-            "calls",
-            "lower",
+    rows = []
+    if h is not None:
+        rows += [
+            _summary.row(
+                "provider calls per answered payload",
+                h.calls / max(1, h.payloads),
+                c.calls / max(1, c.payloads),
+                "calls",
+                "lower",
+            ),
+            _summary.row("provider calls in all", h.calls, c.calls, "calls", "lower"),
+            _summary.row("wall time to every answer", h.seconds, c.seconds, "s", "lower"),
+        ]
+    labels = {
+        "herd": "herd sync",
+        "herd-cache": "herd sync, prompt_cache_key",
+        "herd-batch": "herd --batch-api",
+    }
+    for name, label in labels.items():
+        o = by.get(name)
+        if o is not None:
+            metric = f"dollars billed, {label}"
+            rows.append(_summary.row(metric, o.dollars, c.dollars, "USD", "lower"))
+    dups = ", ".join(f"{o.system} {o.duplicates}" for o in outcomes)
+    notes = [
+        f"{args.docs} evaluation requests ({unique} unique payloads), a {args.rubric_tokens}-token"
+        f" shared system prompt, {args.workers} workers per system, one SIGKILL every"
+        f" {args.kill_every:g} s; duplicate calls beyond those cut short by kills: {dups}",
+        f"dollars: what the simulator billed at {PRICE_MODEL} list prices (USD/1M: input"
+        f" {PRICES['input']:g}, cached input {PRICES['cached_input']:g}, output"
+        f" {PRICES['output']:g}, batch {PRICES['batch_input']:g}/{PRICES['batch_output']:g});"
+        " the simulator caches a 1,024+ token prefix for every OpenAI-style call, as OpenAI"
+        " does, Celery's included, and nothing in batches"
+        + (
+            f" (here for {args.prompt_cache_ttl:g} s)"
+            if args.prompt_cache_ttl
+            else " (here: switched off, --prompt-cache-ttl 0)"
         ),
-        _summary.row("provider calls in all", h.calls, c.calls, "calls", "lower"),
-        _summary.row("wall time to every answer", h.seconds, c.seconds, "s", "lower"),
     ]
-    _summary.write(
-        args.summary,
-        "eval_cost",
-        "Celery",
-        rows,
-        [
-            f"{args.docs} evaluation requests ({unique} unique payloads), {args.workers} workers"
-            f" per system, one SIGKILL every {args.kill_every:g} s; duplicate calls beyond"
-            f" those cut short by kills: herd {h.duplicates}, Celery {c.duplicates}"
-        ],
-    )
+    b = by.get("herd-batch")
+    if b is not None:
+        facts = b.extra["provider_batches"]
+        wrong = _batch_duplicates(facts)
+        notes.append(
+            f"herd --batch-api (simulator --batch-latency {args.batch_latency:g} s, {b.kills}"
+            f" kills): {facts['created']} provider batches for {facts['chunks']} chunks,"
+            f" {'no duplicate' if not wrong else 'DUPLICATE: ' + '; '.join(wrong)};"
+            f" {b.dollars / c.dollars:.3f}x Celery's dollars (goal {GOAL_RATIO:g}x)"
+        )
+    _summary.write(args.summary, "eval_cost", "Celery", rows, notes, seconds)
 
 
 # --------------------------------------------------------------------------- main
@@ -879,7 +1152,31 @@ def main(argv: list[str] | None = None) -> int:
         "--restore-every", type=float, default=2.0, help="seconds between kombu's restore sweeps"
     )
     p.add_argument("--deadline", type=float, default=150.0, help="seconds per system, at most")
-    p.add_argument("--systems", default="herd,celery", help="comma-separated: herd, celery")
+    p.add_argument(
+        "--systems",
+        default="herd,celery,herd-cache,herd-batch",
+        help="comma-separated: herd (sync), celery, herd-cache (sync with OpenAI's"
+        " prompt_cache_key), herd-batch (herd eval submit --batch-api)",
+    )
+    p.add_argument(
+        "--rubric-tokens",
+        type=int,
+        default=2000,
+        help="tokens of the system prompt every request shares (0: the short prompt alone)",
+    )
+    p.add_argument(
+        "--prompt-cache-ttl",
+        type=float,
+        default=300.0,
+        help="seconds the simulator's prompt cache keeps a prefix, for every system"
+        " (OpenAI's 5 minutes; 0: a provider that caches no prompt)",
+    )
+    p.add_argument(
+        "--batch-latency",
+        type=float,
+        default=5.0,
+        help="simulator seconds from a provider batch's creation to its end (herd-batch)",
+    )
     p.add_argument("--seed", type=int, default=7, help="of the requests, latencies and kills")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (logs)")
     p.add_argument("--quick", action="store_true", help="150 requests, 4 workers: a smoke run")
@@ -888,12 +1185,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.docs, args.workers, args.waves = min(args.docs, 150), min(args.workers, 4), 2
         args.wave_every, args.kill_every, args.deadline = 4.0, 4.0, min(args.deadline, 90.0)
+        # Ended before the next wave arrives (see eval_cost.md: keys in flight in a
+        # provider batch are not deduplicated across submissions).
+        args.batch_latency = min(args.batch_latency, 1.5)
     low, _, high = args.latency.partition(":")
     if args.visibility_timeout is None:
         args.visibility_timeout = (float(low) + float(high or low)) / 2
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    if not set(systems) <= {"herd", "celery"} or not systems:
-        p.error("--systems takes herd and/or celery")
+    if not set(systems) <= set(SYSTEMS) or not systems:
+        p.error(f"--systems takes a comma-separated list of {', '.join(SYSTEMS)}")
+    if 0 < args.rubric_tokens * 4 < len(PROMPT) + 100:
+        least = (len(PROMPT) + 100) // 4 + 1
+        p.error(f"--rubric-tokens: 0, or at least {least} (the short prompt's own tokens)")
+    if args.rubric_tokens < 0:
+        p.error("--rubric-tokens must be 0 or more")
+    if args.prompt_cache_ttl < 0:
+        p.error("--prompt-cache-ttl must be 0 or more seconds")
+    if args.batch_latency <= 0:
+        p.error("--batch-latency must be more than 0 seconds")
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -906,9 +1215,11 @@ def main(argv: list[str] | None = None) -> int:
         files = tmp / "files"
         (tmp / "logs").mkdir()
         waves = write_requests(requests, files / "docs")
-        (files / "prompt.txt").write_text(PROMPT, encoding="utf-8")
+        prompt = system_prompt(args.rubric_tokens)
+        (files / "prompt.txt").write_text(prompt, encoding="utf-8")
         (files / "schema.json").write_text(json.dumps(SCHEMA, indent=2), encoding="utf-8")
-        spec = EvalSpec(model=MODEL, system=PROMPT, schema=SCHEMA)
+        (files / "prices.json").write_text(json.dumps({MODEL: PRICES}), encoding="utf-8")
+        spec = EvalSpec(model=MODEL, system=prompt, schema=SCHEMA)
         key_of = {str(path): spec.key(read_document(path)) for wave in waves for path in wave}
         keys = set(key_of.values())
         sources = {r.source for r in requests}
@@ -924,7 +1235,8 @@ def main(argv: list[str] | None = None) -> int:
         ), "a revision is not whitespace-only"
         print(
             f"{args.docs} requests ({unique} unique payloads) in {len(waves)} waves every"
-            f" {args.wave_every:g}s; {args.workers} workers per system, latency {args.latency}s,"
+            f" {args.wave_every:g}s; a {args.rubric_tokens}-token system prompt;"
+            f" {args.workers} workers per system, latency {args.latency}s,"
             f" a SIGKILL every {args.kill_every:g}s; Celery visibility timeout"
             f" {args.visibility_timeout:g}s; files and logs in {tmp}",
             file=sys.stderr,
@@ -933,19 +1245,32 @@ def main(argv: list[str] | None = None) -> int:
         outcomes = []
         for system in systems:
             _last_progress[0] = 0.0
-            run = run_herd if system == "herd" else run_celery
-            outcomes.append(run(args, waves, files, tmp, key_of))
+            if system == "celery":
+                outcomes.append(run_celery(args, waves, files, tmp, key_of))
+            else:
+                outcomes.append(run_herd(args, waves, files, tmp, key_of, system))
             print(
                 f"  {system}: finished in {outcomes[-1].seconds:.1f}s", file=sys.stderr, flush=True
             )
         print()
         report(outcomes, unique, requests, args)
-        write_summary(args, outcomes, unique)
+        write_summary(args, outcomes, unique, time.monotonic() - started)
         print(f"\ntotal {time.monotonic() - started:.0f}s", file=sys.stderr)
         bad = any(
             o.finished != o.documents or o.extra.get("stranded") or o.extra.get("deadline_hit")
             for o in outcomes
         )
+        duplicate_batches = [
+            o.system
+            for o in outcomes
+            if "provider_batches" in o.extra and _batch_duplicates(o.extra["provider_batches"])
+        ]
+        if duplicate_batches:
+            print(
+                f"FAILED: a duplicate provider batch in {', '.join(duplicate_batches)} (see above)",
+                file=sys.stderr,
+            )
+            bad = True
         return 1 if bad else 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -2,6 +2,9 @@
 
     python bench/report.py            # the full run: about 25 minutes on 2 cores
     python bench/report.py --quick    # a smoke run of every script (a few minutes)
+    python bench/report.py --merge --use eval_cost=eval_cost.json
+        # one comparison's rows and notes replaced in docs/benchmarks.md, from a summary
+        # its script wrote (--summary); --merge --only NAME reruns that one instead
 
 Each script runs in the virtualenv its peers need (created here under
 ``.bench-venvs/`` with ``python -m venv`` and ``pip install -e``): ``bench`` with
@@ -175,6 +178,15 @@ def run_bench(bench: Bench, python: Path, quick: bool, out: Path) -> dict[str, A
     return result
 
 
+def _used(bench: Bench, path: Path) -> dict[str, Any]:
+    """A bench's result from a summary written by an earlier run of its script."""
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    if summary.get("bench") != bench.name:
+        raise SystemExit(f"--use {bench.name}: {path} is the summary of {summary.get('bench')!r}")
+    return {"name": bench.name, "seconds": float(summary.get("seconds", 0.0)), "code": 0,
+            "summary": summary}  # fmt: skip
+
+
 def _num(x: float | None) -> str:
     if x is None:
         return "–"
@@ -196,6 +208,55 @@ def verdict(row: dict[str, Any]) -> str:
     if abs(gain - 1) < 0.05:
         return "on par"
     return f"{gain:.2f}× better" if gain > 1 else f"{1 / gain:.2f}× worse"
+
+
+def _rows(s: dict[str, Any]) -> list[str]:
+    lines = []
+    for row in s["rows"]:
+        ratio = "–" if row.get("ratio") is None else f"{row['ratio']:.3g}"
+        lines.append(
+            f"| {s['bench']} (vs {s['peer']}) | {row['metric']} | {_num(row['herd'])} |"
+            f" {_num(row['peer'])} | {row['unit']} | {ratio} | {verdict(row)} |"
+        )
+    return lines
+
+
+def _note(r: dict[str, Any], title: str, suffix: str = "") -> list[str]:
+    s = r["summary"]
+    head = f"- **{title}** ({r['seconds']:.0f} s{suffix}):"
+    return [head] + ([f"  {note}" for note in s.get("notes", [])] or ["  (no notes)"])
+
+
+def merge(existing: str, results: list[dict[str, Any]], info: dict[str, str]) -> str:
+    """``existing`` (a docs/benchmarks.md) with the rows and notes of ``results``'
+    benches replaced, everything else as it was: one comparison rerun alone."""
+    titles = {b.name: b.title for b in BENCHES}
+    lines = existing.splitlines()
+    for r in results:
+        s = r.get("summary")
+        if s is None:
+            raise SystemExit(f"--merge: {r['name']} has no summary (exit {r['code']})")
+        prefix = f"| {s['bench']} (vs "
+        at = [i for i, line in enumerate(lines) if line.startswith(prefix)]
+        if at:
+            lines[at[0] : at[-1] + 1] = _rows(s)
+        else:  # a comparison new to the table: at its end
+            end = max(i for i, line in enumerate(lines) if line.startswith("| "))
+            lines[end + 1 : end + 1] = _rows(s)
+        title = titles.get(r["name"], r["name"])
+        when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        suffix = f"; rerun alone, merged on {when} at herd commit {info['herd commit']}"
+        note = _note(r, title, suffix)
+        start = next((i for i, line in enumerate(lines) if line.startswith(f"- **{title}**")), None)
+        if start is None:
+            start = lines.index("## Notes per comparison") + 2
+            lines[start:start] = note
+            continue
+        end = start + 1
+        while end < len(lines) and lines[end].startswith("  "):
+            end += 1
+        lines[start:end] = note
+    return "\n".join(lines) + "\n"
 
 
 def render(
@@ -239,19 +300,11 @@ def render(
             failed.append(r)
         if s is None:
             continue
-        for row in s["rows"]:
-            ratio = "–" if row.get("ratio") is None else f"{row['ratio']:.3g}"
-            lines.append(
-                f"| {s['bench']} (vs {s['peer']}) | {row['metric']} | {_num(row['herd'])} |"
-                f" {_num(row['peer'])} | {row['unit']} | {ratio} | {verdict(row)} |"
-            )
+        lines += _rows(s)
     lines += ["", "## Notes per comparison", ""]
     for r in results:
-        s = r.get("summary")
-        if s is None:
-            continue
-        lines.append(f"- **{titles.get(r['name'], r['name'])}** ({r['seconds']:.0f} s):")
-        lines += [f"  {note}" for note in s.get("notes", [])] or ["  (no notes)"]
+        if r.get("summary") is not None:
+            lines += _note(r, titles.get(r["name"], r["name"]))
     if failed:
         lines += ["", "## Runs that failed", ""]
         for r in failed:
@@ -289,11 +342,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--no-install", action="store_true", help="use the venvs as they are (no pip install)"
     )
+    p.add_argument(
+        "--use",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="take bench NAME's --summary JSON from PATH instead of running it",
+    )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="replace only these benches' rows and notes in the existing --out file",
+    )
     args = p.parse_args(argv)
+    used: dict[str, Path] = {}
+    for item in args.use:
+        name, sep, path = item.partition("=")
+        if not sep or not path:
+            p.error(f"--use {item!r}: give NAME=PATH")
+        if not Path(path).is_file():
+            p.error(f"--use {name}: no file {path}")
+        used[name] = Path(path)
+    if args.merge and not args.out.is_file():
+        p.error(f"--merge: no {args.out} to merge into")
     only = {n for n in args.only.split(",") if n}
-    unknown = only - {b.name for b in BENCHES}
+    unknown = (only | set(used)) - {b.name for b in BENCHES}
     if unknown:
         p.error(f"unknown bench {sorted(unknown)}: one of {', '.join(b.name for b in BENCHES)}")
+    only |= set(used) if only or args.merge else set()
     benches = [b for b in BENCHES if not only or b.name in only]
     benches = [b for b in benches if not (b.optional and not (ROOT / b.argv[0]).exists())]
     started = time.monotonic()
@@ -302,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     pythons: dict[str, Path] = {}
     broken: dict[str, list[str]] = {}
-    for name in sorted({b.venv for b in benches}):
+    for name in sorted({b.venv for b in benches if b.name not in used}):
         log = work / f"pip-{name}.log"
         try:
             pythons[name] = ensure_venv(args.venvs, name, not args.no_install, log)
@@ -311,14 +387,19 @@ def main(argv: list[str] | None = None) -> int:
             broken[name] = [f"the {name} venv could not be set up: {exc}", *tail]
     vers = {name: versions(python) for name, python in pythons.items()}
     results = [
-        run_bench(b, pythons[b.venv], args.quick, work)
+        _used(b, used[b.name])
+        if b.name in used
+        else run_bench(b, pythons[b.venv], args.quick, work)
         if b.venv in pythons
         else {"name": b.name, "seconds": 0.0, "code": "not run", "tail": broken[b.venv]}
         for b in benches
     ]
     (work / "results.json").write_text(json.dumps(results, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render(results, info, vers, args.quick, time.monotonic() - started))
+    if args.merge:
+        args.out.write_text(merge(args.out.read_text(encoding="utf-8"), results, info))
+    else:
+        args.out.write_text(render(results, info, vers, args.quick, time.monotonic() - started))
     print(f"wrote {args.out} (logs and summaries in {work})", file=sys.stderr)
     return 0 if all(r["code"] == 0 and "summary" in r for r in results) else 1
 

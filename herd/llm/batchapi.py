@@ -42,7 +42,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from herd.app import App
-from herd.errors import Fatal, InvalidInput, Snooze
+from herd.errors import Fatal, InvalidInput, Retry, Snooze
 from herd.jsonvalue import canonical, check, check_text
 from herd.llm import evaluate, ledger
 from herd.llm.completion import Usage
@@ -60,6 +60,7 @@ QUEUE = evaluate.QUEUE
 PROVIDERS = ("openai", "anthropic")
 POLL_FIRST = 2.0
 POLL_MAX = 60.0
+RACE_RETRY = 2.0  # seconds before a submit job that ran before its items were stored runs again
 # A chunk's keys travel in its jobs' payloads: a key and its JSON quoting, with room
 # for the rest of the payload, so a chunk fits HERD_MAX_PAYLOAD_BYTES.
 KEY_BYTES = 70
@@ -240,7 +241,10 @@ async def _requests(rt: EvalRuntime, spec: EvalSpec, batch: str, keys: list[str]
         (batch, spec.hash, keys),
     )
     if not rows:
-        raise Fatal(f"batch {batch!r}: none of the chunk's documents is stored")
+        # enqueue_batch_documents stores a chunk's items just after enqueuing its job, so
+        # a worker can run the job in between: retried, the items are there. A purged
+        # batch's never come, and the job dead-letters once its attempts are spent.
+        raise Retry(f"batch {batch!r}: none of the chunk's documents is stored", after=RACE_RETRY)
     return [
         Request(custom_id=key, system=spec.system, user=text,
                 schema=spec.schema, params=spec.params)
