@@ -4,7 +4,7 @@
 scores, so cosines and BM25 never have to be made comparable. ``weighted``: each
 list's scores scaled to 0..1 over its own candidates (min-max), then
 ``w * dense + (1 - w) * lexical``, a chunk missing from a list counting 0 there.
-``HERD_RAG_FUSION`` chooses (``rrf`` by default; see docs/retrieval.md for the
+``HERD_RAG_FUSION`` chooses (``weighted`` by default; see docs/retrieval.md for the
 measurement).
 """
 
@@ -21,10 +21,12 @@ FUSIONS = ("rrf", "weighted")
 ENV = "HERD_RAG_FUSION"
 RRF_K = 60
 DENSE_WEIGHT = 0.5
+DEFAULT = "weighted"
+"""The fusion that won bench/retrieval.py (docs/retrieval.md)."""
 
 
 def chosen(fusion: str | None = None) -> str:
-    name = (fusion or os.environ.get(ENV) or "rrf").strip().lower()
+    name = (fusion or os.environ.get(ENV) or DEFAULT).strip().lower()
     if name not in FUSIONS:
         where = "fusion" if fusion else ENV
         raise InvalidInput(f"{where}: {name!r} is not one of {', '.join(FUSIONS)}")

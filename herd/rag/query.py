@@ -76,7 +76,7 @@ async def answer(
 
     ``embedder`` (a spec, else ``HERD_EMBEDDER``) must be the collection's own when
     given; by default the collection's is used. ``fusion`` (hybrid only): ``rrf`` or
-    ``weighted``, else ``HERD_RAG_FUSION``, else ``rrf``. A collection name no store
+    ``weighted``, else ``HERD_RAG_FUSION``, else ``weighted``. A collection name no store
     keeps (NUL, lone surrogate), an unknown mode or fusion raise InvalidInput.
     """
     check_text(collection, "collection")

@@ -182,25 +182,34 @@ def _load(path: Path) -> Any:
 
 
 def _hf_folder(repo: str) -> Path:
-    """The model's snapshot folder: downloaded if the network allows, else from the cache
-    (``HF_HUB_OFFLINE=1`` or no network: only the cache is looked in)."""
+    """The model's snapshot folder: downloaded if the network allows, else from the cache.
+
+    ``HF_HUB_OFFLINE=1`` looks in the cache only; ``HF_HUB_CACHE`` (else HF_HOME's) is
+    the cache. Both are read here, on each call, not when huggingface_hub is imported.
+    """
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
         raise ModelUnavailable(
             f"hf:{repo} needs huggingface_hub: pip install huggingface_hub"
         ) from None
+    cache = os.environ.get("HF_HUB_CACHE") or None
+    reason = "HF_HUB_OFFLINE is set"
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() not in ("1", "true", "yes", "on"):
+        try:
+            return Path(snapshot_download(repo, allow_patterns=_HF_FILES, cache_dir=cache))
+        except Exception as exc:  # noqa: BLE001 - no network and hub errors alike: try the cache
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     try:
-        return Path(snapshot_download(repo, allow_patterns=_HF_FILES))
-    except Exception as exc:  # noqa: BLE001 - no network, offline mode, hub errors alike
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    try:
-        return Path(snapshot_download(repo, allow_patterns=_HF_FILES, local_files_only=True))
+        found = snapshot_download(
+            repo, allow_patterns=_HF_FILES, cache_dir=cache, local_files_only=True
+        )
     except Exception:  # noqa: BLE001
         raise ModelUnavailable(
             f"hf:{repo}: cannot download it ({reason}), and the Hugging Face cache"
-            " (HF_HOME) does not hold it"
+            f" ({cache or 'HF_HOME'}) does not hold it"
         ) from None
+    return Path(found)
 
 
 def _remote_parts(url: str, field: str) -> tuple[str, str]:
