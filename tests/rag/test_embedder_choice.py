@@ -138,6 +138,10 @@ async def test_a_collection_remembers_its_embedder(app, tmp_path, e5_like, monke
     live = await rt.store.live(name)
     assert live.settings["embedder_spec"] == f"onnx:{e5_like.resolve()}"
     assert live.settings["embedder"] != rt.embedder.id  # not the default model's id
+    # A re-run without --embedder keeps the collection's: nothing to embed again.
+    again = await plan_and_apply(app, [kjv], name)
+    assert (again.new_generation, again.generation, again.to_embed) == (False, live.id, 0)
+    await drain(app)
 
     # A query needs no --embedder: the collection's own answers it (query prefix too).
     folder = await rt.embedder_for(live.settings["embedder_spec"])

@@ -86,6 +86,10 @@ async def test_lexical_mode_ranks_by_rare_words_and_hybrid_keeps_them(app, genes
     assert lexical[0] == "kjv/genesis/5/17"
     (a,) = await answer(app, genesis, ["Methuselah"], 10, cache=False, mode="lexical")
     assert a.hits and all("Methuselah" in h["text"] for h in a.hits)
+    # A rare word outweighs a common one said thrice (inverse document frequency):
+    # Genesis 1:27 has "God" three times, no Mahalaleel.
+    top = (await answer(app, genesis, ["Mahalaleel God"], 1, cache=False, mode="lexical"))[0]
+    assert "Mahalaleel" in top.hits[0]["text"]
     # Stemming (english): "begat" and "begetting" aside, "created" matches "create".
     assert "kjv/genesis/1/1" in await ids(app, genesis, "creating the heavens", "lexical")
     # No word of the corpus: nothing, rather than arbitrary verses.
