@@ -19,6 +19,7 @@ collection's is refused unless the run asks for a new generation.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import os
@@ -113,21 +114,43 @@ def _part(chunk_id: str, fmt_is_verse: bool, place: str) -> str:
 
 
 class RagRuntime:
-    """A process's corpus resources (store, locks, embedder), opened on first use."""
+    """A process's corpus resources (store, locks, embedders), opened on first use.
+
+    ``embedder`` is the default one (``app.state["rag.embedder"]`` when set), loaded
+    on first use: a process that serves only collections of another embedder never
+    loads it.
+    """
 
     def __init__(
-        self, store: RagStore, locks: PostgresLocks, embedder: Embedder, home: Path | None = None
+        self,
+        store: RagStore,
+        locks: PostgresLocks,
+        embedder: Embedder | Callable[[], Embedder],
+        home: Path | None = None,
     ) -> None:
-        self.store, self.locks, self.embedder = store, locks, embedder
-        self.home = home
-        self._embedders: dict[str, Embedder] = {specs.DEFAULT: embedder}
+        self.store, self.locks, self.home = store, locks, home
+        self._embedders: dict[str, Embedder] = {}
+        if callable(embedder) and not hasattr(embedder, "embed"):
+            self._make_default: Callable[[], Embedder] | None = embedder
+        else:
+            self._make_default = None
+            self._embedders[specs.DEFAULT] = embedder  # type: ignore[assignment]
         self._building = asyncio.Lock()
+
+    @property
+    def embedder(self) -> Embedder:
+        if specs.DEFAULT not in self._embedders:
+            assert self._make_default is not None
+            self._embedders[specs.DEFAULT] = self._make_default()
+        return self._embedders[specs.DEFAULT]
 
     async def embedder_for(self, spec: str) -> Embedder:
         """The embedder a canonical spec names, built once per process (models are big)."""
         if spec not in self._embedders:
             async with self._building:
-                if spec not in self._embedders:
+                if spec == specs.DEFAULT:
+                    await asyncio.to_thread(lambda: self.embedder)
+                elif spec not in self._embedders:
                     built: Embedder = await asyncio.to_thread(specs.build, spec, self.home)
                     self._embedders[spec] = built
         return self._embedders[spec]
@@ -143,8 +166,13 @@ class RagRuntime:
                     store, locks = RagStore(url), PostgresLocks(url)
                     await store.open()
                     await locks.open()
-                    embedder = app.state.get("rag.embedder") or default_embedder(app)
-                    runtime = cls(store, locks, embedder, app.settings.home)
+                    injected = app.state.get("rag.embedder")
+                    runtime = cls(
+                        store,
+                        locks,
+                        injected or functools.partial(default_embedder, app),
+                        app.settings.home,
+                    )
                     app.state["rag"] = runtime
 
                     async def close() -> None:

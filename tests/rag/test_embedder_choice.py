@@ -167,3 +167,22 @@ async def test_a_collection_remembers_its_embedder(app, tmp_path, e5_like, monke
     assert (await answer(app, name, ["Let there be light"], 1, cache=False))[0].hits[0]["id"] == (
         "kjv/genesis/1/3"
     )
+
+
+def test_the_cli_flags(pg_url, herd_home, tmp_path, e5_like):
+    from tests.test_cli import herd
+
+    name = f"c{uuid.uuid4().hex[:10]}"
+    kjv = tmp_path / "kjv.txt"
+    kjv.write_text("\n".join(GENESIS_1[:10]) + "\n")
+    env = {"HERD_HOME": str(herd_home)}
+    r = herd("ingest", str(kjv), "--collection", name, "--embedder", str(e5_like),
+             "--language", "simple", url=pg_url, **env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    r = herd("query", "firmament", "--collection", name, "--mode", "lexical", "--json",
+             url=pg_url, **env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    hits = json.loads(r.stdout)["hits"]
+    assert hits and all("firmament" in h["text"] for h in hits)
+    r = herd("query", "light", "--collection", name, "--embedder", "default", url=pg_url, **env)
+    assert r.returncode == 1 and "indexed with embedder onnx:" in r.stderr
