@@ -73,7 +73,7 @@ class Hit:
     chunk_id: str
     breadcrumb: str
     text: str
-    score: float  # cosine similarity
+    score: float  # cosine (dense search), BM25 (lexical) or fused (hybrid, herd.rag.fusion)
     metadata: dict[str, Any]
 
 
