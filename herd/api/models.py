@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -384,6 +384,8 @@ class QueryIn(Strict):
     k: Annotated[int, Field(ge=1, le=1000)] = 5
     cache: bool = True  # answer from the semantic cache when a close enough query was seen
     tenant: Annotated[SafeText, Field(min_length=1, max_length=200)] = "default"
+    # dense: embeddings; lexical: BM25 over words; hybrid: both, fused (herd.rag.query)
+    mode: Literal["dense", "lexical", "hybrid"] = "hybrid"
 
 
 class Hit(BaseModel):

@@ -15,11 +15,18 @@ router = APIRouter(tags=["retrieval"])
 
 @router.post("/query", response_model=QueryOut, responses={404: {"model": ErrorOut}})
 async def query(body: QueryIn, app: HerdApp) -> QueryOut | JSONResponse:
-    """The k nearest chunks to each text, with references and cosine scores, through
-    the semantic cache unless ``cache`` is false (``answers[].cache`` says which)."""
+    """The k best chunks for each text (``mode``: dense, lexical or hybrid), with
+    references and scores, through the semantic cache unless ``cache`` is false
+    (``answers[].cache`` says which); a text naming a unit gets it first."""
     try:
         answers = await answer(
-            app, body.collection, body.texts, body.k, cache=body.cache, tenant=body.tenant
+            app,
+            body.collection,
+            body.texts,
+            body.k,
+            cache=body.cache,
+            tenant=body.tenant,
+            mode=body.mode,
         )
     except IndexError_ as exc:
         return JSONResponse({"error": str(exc)}, status_code=404)

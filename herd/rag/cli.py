@@ -17,7 +17,7 @@ from herd.app import App
 from herd.errors import InvalidInput
 from herd.jsonvalue import check_text
 from herd.rag.ingest import QUEUE, IngestError, Plan, RagRuntime, plan_and_apply
-from herd.rag.query import Answer, answer
+from herd.rag.query import DEFAULT_MODE, MODES, Answer, answer
 from herd.rag.store import IndexError_
 
 
@@ -52,6 +52,26 @@ def ingest(
         bool, typer.Option(help="Run workers here until the collection is done.")
     ] = True,
     concurrency: Annotated[int, typer.Option(min=1)] = 2,
+    embedder: Annotated[
+        str | None,
+        typer.Option(
+            help="default, an ONNX model folder, hf:OWNER/NAME or remote:URL?model=NAME"
+            " (env HERD_EMBEDDER); by default the collection's own."
+        ),
+    ] = None,
+    language: Annotated[
+        str | None,
+        typer.Option(
+            help="Text-search configuration for lexical search: english, indonesian,"
+            " simple...; by default the collection's, else the chunker's."
+        ),
+    ] = None,
+    new_generation: Annotated[
+        bool,
+        typer.Option(
+            "--new-generation", help="Allow another embedder than the collection's: re-index."
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Index files: only chunks that are new or changed are embedded."""
@@ -83,6 +103,9 @@ def ingest(
                 fmt=fmt,
                 apply=not plan,
                 progress=lambda n: bar.update(task, completed=n),
+                embedder=embedder,
+                language=language,
+                new_generation=new_generation,
             )
         if plan or not wait or not result.to_embed:
             if not plan and wait:  # nothing to embed: let the finalize job run here
@@ -152,9 +175,21 @@ def query(
     tenant: Annotated[
         str, typer.Option(help="The cache's tenant: answers are never shared across tenants.")
     ] = "default",
+    mode: Annotated[
+        str,
+        typer.Option(help="dense (embeddings), lexical (BM25 over words) or hybrid (both, fused)."),
+    ] = DEFAULT_MODE,
+    embedder: Annotated[
+        str | None,
+        typer.Option(help="Must be the collection's own (env HERD_EMBEDDER); by default it is."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """The k chunks nearest to each query, with references and scores.
+    """The k best chunks for each query, with references and scores.
+
+    Scores are cosines in dense mode, BM25 in lexical mode and fused scores in
+    hybrid mode (HERD_RAG_FUSION=rrf or weighted); a query naming a unit
+    (John 3:16, Pasal 5 ayat (2), a chunk id) gets that unit first, scored 1.
 
     A query close enough to one answered before (cosine similarity 0.95 or more,
     with the same numbers, names, negations and scope words) is answered from the
@@ -170,9 +205,13 @@ def query(
             raise typer.BadParameter(f"{file}: {exc}", param_hint="--file") from None
     if not queries:
         raise typer.BadParameter("give at least one query (arguments or --file)")
+    if mode not in MODES:
+        raise typer.BadParameter(f"use one of {', '.join(MODES)}", param_hint="--mode")
 
     async def work(app: App) -> list[Answer]:
-        return await answer(app, collection, queries, k, cache=cache, tenant=tenant)
+        return await answer(
+            app, collection, queries, k, cache=cache, tenant=tenant, mode=mode, embedder=embedder
+        )
 
     try:
         answers = console.run(console.opts(ctx), work)

@@ -9,11 +9,17 @@ transaction fenced by both the job's lease and the partition's lock. A finalize
 job waits until nothing is missing, removes the chunks the run no longer saw
 (their replacements exist by then), and swaps a newly built generation in.
 Re-running resumes: what was upserted (at its hash) is never embedded again.
+
+A generation records its embedder (``embedder``: the id; ``embedder_spec``: how to
+build it again, see ``herd.rag.embedders.spec``) and its text-search ``language``.
+A re-run keeps both unless told otherwise; another ``--embedder`` than the
+collection's is refused unless the run asks for a new generation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import os
@@ -31,7 +37,8 @@ from herd.errors import Fatal, HerdError, Retry
 from herd.jsonvalue import canonical, check_text, text_problem
 from herd.locks import PostgresLocks
 from herd.queue.base import JobStatus
-from herd.rag.chunkers import FORMATS, ChunkError, chunk_file, place_of
+from herd.rag.chunkers import FORMATS, ChunkError, chunk_file, format_of, get_chunker, place_of
+from herd.rag.embedders import spec as specs
 from herd.rag.store import Generation, RagStore
 from herd.tasks import JobContext
 
@@ -67,15 +74,21 @@ class Plan:
     errors: list[str] = field(default_factory=list)
 
 
-def fingerprint(embedder: Embedder, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """What a generation's vectors depend on: the embedder and every chunker's version."""
-    settings = {
+def fingerprint(
+    embedder: Embedder, options: dict[str, Any], *, language: str = "english", spec: str = "default"
+) -> tuple[str, dict[str, Any]]:
+    """What a generation's vectors and lexemes depend on: the embedder, every chunker's
+    version and the text-search language. The spec (how to build the embedder) is
+    recorded, not hashed: a model folder that moves is still the same model."""
+    settings: dict[str, Any] = {
         "embedder": embedder.id,
         "dim": embedder.dim,
         "chunkers": {name: factory().version for name, factory in FORMATS.items()},
         "options": options,
+        "language": language,
     }
-    return hashlib.sha256(canonical(settings).encode()).hexdigest()[:32], settings
+    key = hashlib.sha256(canonical(settings).encode()).hexdigest()[:32]
+    return key, {**settings, "embedder_spec": spec}
 
 
 # A run's deletion scope: the files it read and whatever lies under the folders it
@@ -101,10 +114,46 @@ def _part(chunk_id: str, fmt_is_verse: bool, place: str) -> str:
 
 
 class RagRuntime:
-    """A process's corpus resources (store, locks, embedder), opened on first use."""
+    """A process's corpus resources (store, locks, embedders), opened on first use.
 
-    def __init__(self, store: RagStore, locks: PostgresLocks, embedder: Embedder) -> None:
-        self.store, self.locks, self.embedder = store, locks, embedder
+    ``embedder`` is the default one (``app.state["rag.embedder"]`` when set), loaded
+    on first use: a process that serves only collections of another embedder never
+    loads it.
+    """
+
+    def __init__(
+        self,
+        store: RagStore,
+        locks: PostgresLocks,
+        embedder: Embedder | Callable[[], Embedder],
+        home: Path | None = None,
+    ) -> None:
+        self.store, self.locks, self.home = store, locks, home
+        self._embedders: dict[str, Embedder] = {}
+        if callable(embedder) and not hasattr(embedder, "embed"):
+            self._make_default: Callable[[], Embedder] | None = embedder
+        else:
+            self._make_default = None
+            self._embedders[specs.DEFAULT] = embedder  # type: ignore[assignment]
+        self._building = asyncio.Lock()
+
+    @property
+    def embedder(self) -> Embedder:
+        if specs.DEFAULT not in self._embedders:
+            assert self._make_default is not None
+            self._embedders[specs.DEFAULT] = self._make_default()
+        return self._embedders[specs.DEFAULT]
+
+    async def embedder_for(self, spec: str) -> Embedder:
+        """The embedder a canonical spec names, built once per process (models are big)."""
+        if spec not in self._embedders:
+            async with self._building:
+                if spec == specs.DEFAULT:
+                    await asyncio.to_thread(lambda: self.embedder)
+                elif spec not in self._embedders:
+                    built: Embedder = await asyncio.to_thread(specs.build, spec, self.home)
+                    self._embedders[spec] = built
+        return self._embedders[spec]
 
     @classmethod
     async def of(cls, app: App) -> RagRuntime:
@@ -117,8 +166,13 @@ class RagRuntime:
                     store, locks = RagStore(url), PostgresLocks(url)
                     await store.open()
                     await locks.open()
-                    embedder = app.state.get("rag.embedder") or default_embedder(app)
-                    runtime = cls(store, locks, embedder)
+                    injected = app.state.get("rag.embedder")
+                    runtime = cls(
+                        store,
+                        locks,
+                        injected or functools.partial(default_embedder, app),
+                        app.settings.home,
+                    )
                     app.state["rag"] = runtime
 
                     async def close() -> None:
@@ -145,13 +199,26 @@ async def plan_and_apply(
     fmt: str = "auto",
     apply: bool = True,
     progress: Callable[[int], None] | None = None,
+    embedder: str | None = None,
+    language: str | None = None,
+    new_generation: bool = False,
 ) -> Plan:
-    """Compare the files with the collection; with ``apply``, store and enqueue the work."""
+    """Compare the files with the collection; with ``apply``, store and enqueue the work.
+
+    ``embedder`` (a spec, else ``HERD_EMBEDDER``, else the collection's own, else the
+    default) and ``language`` (a PostgreSQL text-search configuration, else the
+    collection's, else the chunkers' when they agree, else ``simple``) choose the
+    generation. Another embedder than the collection's is refused unless
+    ``new_generation``.
+    """
     check_text(collection, "collection")
     rt = await RagRuntime.of(app)
-    key, settings = fingerprint(rt.embedder, {})
     live = await rt.store.live(collection)
     places, folders, skipped = _expand(paths)
+    spec = await _choose_embedder(collection, live, embedder, new_generation)
+    chosen = await rt.embedder_for(spec)
+    lang = await _choose_language(rt.store, live, language, places, fmt)
+    key, settings = fingerprint(chosen, {}, language=lang, spec=spec)
     files = list(places)
     order = {f: i for i, f in enumerate(files)}
     chunk_format = None if fmt == "auto" else fmt
@@ -212,7 +279,7 @@ async def plan_and_apply(
             if target is None:
                 plan.to_embed = plan.added + plan.changed + plan.unchanged
             return plan
-        gen, plan.new_generation = await rt.store.target(collection, key, settings, rt.embedder.dim)
+        gen, plan.new_generation = await rt.store.target(collection, key, settings, chosen.dim)
         plan.generation = gen.id
         async with conn.transaction():
             cur = await conn.execute(
@@ -268,6 +335,49 @@ async def enqueue_missing(app: App, rt: RagRuntime, gen: Generation, plan: Plan)
         priority=-1,
         dedup_key=f"finalize:{plan.run}",
     )
+
+
+async def _choose_embedder(
+    collection: str, live: Generation | None, asked: str | None, new_generation: bool
+) -> str:
+    requested = specs.requested(asked)
+    current = str(live.settings.get("embedder_spec") or specs.DEFAULT) if live else None
+    if requested is None:
+        return current or specs.DEFAULT
+    spec = specs.canonical(requested)
+    if current is not None and spec != current and not new_generation:
+        raise IngestError(
+            f"collection {collection!r} is indexed with embedder {current}, not {spec}:"
+            " add --new-generation to re-index it with that one (queries keep the old"
+            " index until the new one is complete)"
+        )
+    return spec
+
+
+async def _choose_language(
+    store: RagStore,
+    live: Generation | None,
+    asked: str | None,
+    places: dict[Path, str],
+    fmt: str,
+) -> str:
+    if asked is not None:
+        known = sorted(r[0] for r in await store.fetch("SELECT cfgname FROM pg_ts_config"))
+        if asked not in known:
+            raise IngestError(
+                f"--language {asked!r} is not a text-search configuration of this"
+                f" PostgreSQL server; use one of {', '.join(known)}"
+            )
+        return asked
+    if live is not None:
+        return live.language
+    languages = set()
+    for path in places:
+        try:
+            languages.add(get_chunker(format_of(path, None if fmt == "auto" else fmt)).language)
+        except (OSError, ChunkError):
+            continue  # reported when the file is read
+    return languages.pop() if len(languages) == 1 else "simple"
 
 
 def _expand(paths: Sequence[Path]) -> tuple[dict[Path, str], list[Path], list[str]]:
@@ -398,6 +508,13 @@ async def embed_batch(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any
     """The embedding task: texts from the database, vectors back, fenced twice."""
     rt = await RagRuntime.of(ctx.app)
     gen = await rt.store.generation(payload["generation"])
+    embedder = await rt.embedder_for(str(gen.settings.get("embedder_spec") or specs.DEFAULT))
+    if embedder.id != gen.settings.get("embedder"):
+        # Vectors of another model would corrupt the generation: refuse, loudly.
+        raise Fatal(
+            f"this worker's embedder is {embedder.id}, but generation {gen.id} of"
+            f" {gen.collection!r} is indexed with {gen.settings.get('embedder')}"
+        )
     items = [(str(i[0]), str(i[1])) for i in payload["items"]]
     done = await rt.store.embedded(gen, items)  # a retry after the upsert was acknowledged
     current = [
@@ -405,8 +522,8 @@ async def embed_batch(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any
     ]
     if not current:
         return {"embedded": 0}  # done already, or changed since: a newer job embeds them
-    vectors = await asyncio.to_thread(rt.embedder.embed, [t for _, _, t in current])
-    rows = [(cid, h, vectors[i]) for i, (cid, h, _) in enumerate(current)]
+    vectors = await asyncio.to_thread(embedder.embed, [t for _, _, t in current])
+    rows = [(cid, h, vectors[i], text) for i, (cid, h, text) in enumerate(current)]
     # The partition lock covers the write, not the embedding: jobs of one book then
     # embed side by side, and only their upserts take turns.
     lock_name = f"rag/{gen.collection}/{gen.id}/{payload['part']}"

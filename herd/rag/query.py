@@ -1,7 +1,13 @@
-"""Answering queries: the k chunks nearest to each text, through the semantic cache.
+"""Answering queries: the k best chunks for each text, through the semantic cache.
 
 One function for every front end (`herd query`, `POST /query`, Python), so that
 the checks on the collection and the cache's rules are the same everywhere.
+
+Three modes: ``dense`` (cosine over the generation's vectors), ``lexical`` (BM25
+over its lexemes) and ``hybrid`` (both, fused: ``herd.rag.fusion``). Whatever the
+mode, a query that names a unit (``John 3:16``, ``Pasal 5 ayat (2)``, a chunk id;
+``herd.rag.references``) gets that unit first when the collection has it. The
+cache keeps each mode's answers apart (and each fusion's).
 """
 
 from __future__ import annotations
@@ -12,14 +18,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from herd.app import App
+from herd.errors import InvalidInput
 from herd.jsonvalue import JSON, check_text
+from herd.rag import fusion as fusions
+from herd.rag import references
+from herd.rag.embedders import spec as specs
+from herd.rag.embedders.base import embed_queries
 from herd.rag.ingest import RagRuntime
-from herd.rag.store import Hit, IndexError_
+from herd.rag.store import Generation, Hit, IndexError_
 from herd.semantic.cache import SemanticHit
 from herd.semantic.runtime import query_cache
 
 # Entries keep a few more hits than asked, so that -k 3 and -k 5 share them.
 CACHED_K = 10
+MODES = ("dense", "lexical", "hybrid")
+DEFAULT_MODE = "hybrid"
+"""The mode that won bench/retrieval.py over all its queries (docs/retrieval.md)."""
+CANDIDATES = 50
+"""How deep each ranking goes before fusion: a chunk ranked 40th by one and 3rd
+by the other must be seen by both."""
 
 
 @dataclass(frozen=True)
@@ -51,34 +68,45 @@ async def answer(
     *,
     cache: bool = True,
     tenant: str = "default",
+    mode: str = DEFAULT_MODE,
+    embedder: str | None = None,
+    fusion: str | None = None,
 ) -> list[Answer]:
     """Search the collection's live generation; raises IndexError_ when it cannot.
 
-    A collection name no store keeps (NUL, lone surrogate) raises InvalidInput.
+    ``embedder`` (a spec, else ``HERD_EMBEDDER``) must be the collection's own when
+    given; by default the collection's is used. ``fusion`` (hybrid only): ``rrf`` or
+    ``weighted``, else ``HERD_RAG_FUSION``, else ``weighted``. A collection name no store
+    keeps (NUL, lone surrogate), an unknown mode or fusion raise InvalidInput.
     """
     check_text(collection, "collection")
     check_text(tenant, "tenant")
     for i, q in enumerate(queries):
         check_text(q, f"queries[{i}]")
+    if mode not in MODES:
+        raise InvalidInput(f"mode: {mode!r} is not one of {', '.join(MODES)}")
+    how = fusions.chosen(fusion) if mode == "hybrid" else ""
     rt = await RagRuntime.of(app)
     gen = await rt.store.live(collection)
     if gen is None:
         raise IndexError_(f"collection {collection!r} has no index yet: run herd ingest first")
-    if gen.settings.get("embedder") != rt.embedder.id:
+    model = await rt.embedder_for(_spec_of(gen, embedder))
+    if gen.settings.get("embedder") != model.id:
         raise IndexError_(
             f"collection {collection!r} was indexed with {gen.settings.get('embedder')},"
-            f" not {rt.embedder.id}: re-run herd ingest to build a matching generation"
+            f" not {model.id}: re-run herd ingest to build a matching generation"
         )
-    vectors = await asyncio.to_thread(rt.embedder.embed, queries)
+    vectors = await asyncio.to_thread(embed_queries, model, queries)  # type: ignore[arg-type]
 
     async def retrieve(i: int, n: int) -> JSON:
-        hits = await rt.store.search(gen, vectors[i], n)
+        hits = await _ranked(rt, gen, queries[i], vectors[i], n, mode, how)
         return {"k": n, "hits": [_hit(h) for h in hits]}
 
     if not cache:
         plain: list[Any] = [await retrieve(i, k) for i in range(len(queries))]
         return [Answer(q, v["hits"], None) for q, v in zip(queries, plain, strict=True)]
-    semantic = await query_cache(app, rt.embedder)
+    semantic = await query_cache(app, model)
+    scope = f"{gen.id}/{mode}" + (f"/{how}" if how else "")
     out = []
     for i, q in enumerate(queries):
         found = await semantic.aget_or_compute(
@@ -87,13 +115,39 @@ async def answer(
             vector=vectors[i],
             tenant=tenant,
             collection=collection,
-            generation=gen.id,
+            generation=scope,  # a mode's answers are not another's
         )
         value: Any = found.value
         if value["k"] < k:  # cached by a run with a larger -k than this bound allows
             value = await retrieve(i, k)
         out.append(Answer(q, value["hits"][:k], found))
     return out
+
+
+def _spec_of(gen: Generation, asked: str | None) -> str:
+    own = str(gen.settings.get("embedder_spec") or specs.DEFAULT)
+    requested = specs.requested(asked)
+    if requested is not None and specs.canonical(requested) != own:
+        raise IndexError_(
+            f"collection {gen.collection!r} is indexed with embedder {own}, not"
+            f" {specs.canonical(requested)}: query it without --embedder, or re-index it"
+            f" with herd ingest --embedder {requested} --new-generation"
+        )
+    return own
+
+
+async def _ranked(
+    rt: RagRuntime, gen: Generation, text: str, vector: Any, n: int, mode: str, how: str
+) -> list[Hit]:
+    named = await rt.store.units(gen.collection, references.patterns(text))
+    if not any(references.is_elucidation(p) for p in references.patterns(text)):
+        named = [h for h in named if not references.is_elucidation(h.chunk_id)]
+    depth = max(n, CANDIDATES) if mode == "hybrid" else n
+    dense = await rt.store.search(gen, vector, depth) if mode != "lexical" else []
+    lexical = await rt.store.search_lexical(gen, text, depth) if mode != "dense" else []
+    ranked = fusions.fuse(dense, lexical, how) if mode == "hybrid" else dense or lexical
+    first = {h.chunk_id for h in named}
+    return (named + [h for h in ranked if h.chunk_id not in first])[:n]
 
 
 def _hit(h: Hit) -> dict[str, Any]:

@@ -9,6 +9,13 @@ the new one atomically. The old generation is retired, not dropped: a query that
 resolved it just before the swap still reads its table. ``drop_retired`` drops
 those retired longer than the grace (``HERD_RAG_RETIRED_GRACE``, 300 s by
 default), at every finalize, so at most the latest few tables wait for it.
+
+Beside each vector, the table keeps the chunk's ``lexemes`` (a tsvector in the
+text-search configuration of the generation's ``language``, GIN-indexed), written
+in the same upsert from the same text, so the lexical and the dense rankings of a
+generation always cover the same chunks at the same hashes. ``search_lexical``
+ranks by BM25 over them (PostgreSQL's ``ts_rank`` has no inverse document
+frequency, which is what makes a rare name or number count).
 """
 
 from __future__ import annotations
@@ -55,13 +62,18 @@ class Generation:
     def table(self) -> sql.Identifier:
         return sql.Identifier(f"herd_vectors_{self.id}")
 
+    @property
+    def language(self) -> str:
+        """The text-search configuration of its lexemes (older generations: english)."""
+        return str(self.settings.get("language") or "english")
+
 
 @dataclass(frozen=True)
 class Hit:
     chunk_id: str
     breadcrumb: str
     text: str
-    score: float  # cosine similarity
+    score: float  # cosine (dense search), BM25 (lexical) or fused (hybrid, herd.rag.fusion)
     metadata: dict[str, Any]
 
 
@@ -158,8 +170,14 @@ class RagStore:
             await conn.execute(
                 sql.SQL(
                     "CREATE TABLE {} (chunk_id text PRIMARY KEY, hash text NOT NULL,"
-                    " embedding vector({}) NOT NULL)"
+                    " embedding vector({}) NOT NULL, lexemes tsvector NOT NULL)"
                 ).format(gen.table, sql.Literal(dim))
+            )
+            # Unlike HNSW, a GIN index takes single inserts cheaply (its pending list).
+            await conn.execute(
+                sql.SQL("CREATE INDEX {} ON {} USING gin (lexemes)").format(
+                    sql.Identifier(f"herd_vectors_{gen.id}_lexemes"), gen.table
+                )
             )
             # No HNSW index yet: building the graph once over the loaded vectors (in
             # ``build_index``, before the swap) costs a fraction of maintaining it
@@ -196,9 +214,9 @@ class RagStore:
         self,
         conn: AsyncConnection[Any],
         gen: Generation,
-        rows: Sequence[tuple[str, str, np.ndarray]],
+        rows: Sequence[tuple[str, str, np.ndarray, str]],
     ) -> None:
-        """Within the caller's (fenced) transaction."""
+        """(chunk_id, hash, vector, text) rows, within the caller's (fenced) transaction."""
         if not rows:
             return
         # The caller's connection (the broker's, for a fenced transaction) does not
@@ -209,14 +227,17 @@ class RagStore:
         register_vector_info(cast(Any, cur), await self._vector_type())  # a cursor adapts too
         await cur.execute(
             sql.SQL(
-                "INSERT INTO {} (chunk_id, hash, embedding) SELECT * FROM unnest(%s::text[],"
-                " %s::text[], %b::vector[]) ON CONFLICT (chunk_id) DO UPDATE"
-                " SET hash = excluded.hash, embedding = excluded.embedding"
-            ).format(gen.table),
+                "INSERT INTO {} (chunk_id, hash, embedding, lexemes) SELECT i, h, e,"
+                " to_tsvector({}::regconfig, t) FROM unnest(%s::text[], %s::text[],"
+                " %b::vector[], %s::text[]) AS r(i, h, e, t) ON CONFLICT (chunk_id) DO UPDATE"
+                " SET hash = excluded.hash, embedding = excluded.embedding,"
+                " lexemes = excluded.lexemes"
+            ).format(gen.table, sql.Literal(gen.language)),
             (
                 [r[0] for r in rows],
                 [r[1] for r in rows],
                 [np.asarray(r[2], dtype=np.float32) for r in rows],
+                [r[3] for r in rows],
             ),
         )
 
@@ -365,3 +386,76 @@ class RagStore:
                     f"generation {gen.id} of {gen.collection!r} was swapped out and dropped"
                 ) from None
             return [Hit(a, b, t, float(s), m) for a, b, t, s, m in await cur.fetchall()]
+
+    async def search_lexical(self, gen: Generation, text: str, k: int) -> list[Hit]:
+        """The k chunks that best match the words of ``text``, by BM25 (k1 1.2, b 0.75).
+
+        Words go through the generation's text-search configuration (stemming,
+        stopwords), any of them may match (OR), and each counts by its inverse
+        document frequency. The score is BM25's, not a cosine.
+        """
+        query = sql.SQL(_BM25).format(t=gen.table)
+        params = {"cfg": gen.language, "q": text, "k": k, "c": gen.collection}
+        async with self.connection() as conn:
+            try:
+                cur = await conn.execute(query, params)
+            except psycopg.errors.UndefinedTable:
+                raise GenerationGone(
+                    f"generation {gen.id} of {gen.collection!r} was swapped out and dropped"
+                ) from None
+            except psycopg.errors.UndefinedColumn:
+                raise IndexError_(
+                    f"generation {gen.id} of {gen.collection!r} predates lexical search:"
+                    " re-run herd ingest with --new-generation to build one that has it"
+                ) from None
+            return [Hit(a, b, t, float(s), m) for a, b, t, s, m in await cur.fetchall()]
+
+    async def units(self, collection: str, patterns: Sequence[str]) -> list[Hit]:
+        """Chunks whose ids match any of the SQL LIKE ``patterns`` (exact-reference lookup),
+        in the order of the patterns, then by id; score 1.0."""
+        if not patterns:
+            return []
+        rows = await self.fetch(
+            "SELECT c.chunk_id, c.breadcrumb, c.text, c.metadata FROM herd_chunks c"
+            " JOIN unnest(%s::text[]) WITH ORDINALITY AS p(pattern, n)"
+            " ON c.chunk_id LIKE p.pattern WHERE c.collection = %s"
+            " ORDER BY p.n, c.chunk_id LIMIT 50",
+            (list(patterns), collection),
+        )
+        seen: dict[str, Hit] = {}
+        for a, b, t, m in rows:
+            seen.setdefault(a, Hit(a, b, t, 1.0, m))
+        return list(seen.values())
+
+
+# A query lexeme as a tsquery operand: quoted, so that no character of it is an operator.
+_OPERAND = r"('''' || replace(replace(lex, '\', '\\'), '''', '''''') || '''')"
+
+_BM25 = f"""
+WITH terms AS (
+    SELECT DISTINCT lex
+    FROM unnest(tsvector_to_array(to_tsvector(%(cfg)s::regconfig, %(q)s))) AS lex
+), df AS (
+    SELECT lex, (SELECT count(*) FROM {{t}} WHERE lexemes @@ {_OPERAND}::tsquery) AS df
+    FROM terms
+), stats AS (
+    SELECT count(*)::float8 AS n, greatest(avg(length(lexemes)), 1)::float8 AS avgdl FROM {{t}}
+), wanted AS (
+    SELECT string_agg({_OPERAND}, ' | ')::tsquery AS tsq FROM df WHERE df > 0
+), scored AS (
+    SELECT v.chunk_id, sum(
+        ln(1 + (stats.n - df.df + 0.5) / (df.df + 0.5))
+        * cardinality(u.positions) * 2.2
+        / (cardinality(u.positions) + 1.2 * (0.25 + 0.75 * length(v.lexemes) / stats.avgdl))
+    ) AS score
+    FROM wanted, stats, {{t}} v
+    CROSS JOIN LATERAL unnest(v.lexemes) AS u(lexeme, positions, weights)
+    JOIN df ON df.lex = u.lexeme
+    WHERE v.lexemes @@ wanted.tsq
+    GROUP BY v.chunk_id
+    ORDER BY score DESC, v.chunk_id LIMIT %(k)s
+)
+SELECT s.chunk_id, c.breadcrumb, c.text, s.score, c.metadata
+FROM scored s JOIN herd_chunks c ON c.collection = %(c)s AND c.chunk_id = s.chunk_id
+ORDER BY s.score DESC, s.chunk_id
+"""

@@ -262,3 +262,34 @@ async def test_the_budget_of_an_unknown_batch_is_404_and_a_bad_one_422(client):
     assert "no batch named 'no-such-batch'" in r.json()["error"]
     bad = await client.post("/evals/no-such-batch/budget", json={"budget": -1})
     assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "budget"
+
+
+async def test_query_modes_over_http(client, pg_app, tmp_path, herd_home):
+    name = f"c{uuid.uuid4().hex[:10]}"
+    kjv = tmp_path / "kjv.txt"
+    kjv.write_text(
+        "Genesis 5:25 And Methuselah lived an hundred eighty and seven years, and begat Lamech.\n"
+        "Genesis 5:26 And Methuselah lived after he begat Lamech seven hundred eighty and two"
+        " years.\nGenesis 1:3 And God said, Let there be light: and there was light.\n"
+    )
+    pg_app.settings = pg_app.settings.override(home=herd_home)
+    pg_app.include(builtin_tasks)
+    await plan_and_apply(pg_app, [kjv], name)
+    await drain(pg_app)
+
+    async def top(text: str, **extra) -> list[dict]:
+        body = {"texts": [text], "collection": name, "cache": False, **extra}
+        r = await client.post("/query", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()["answers"][0]["hits"]
+
+    # Lexical: only chunks sharing a word, scored by BM25 (not a cosine).
+    lexical = await top("Lamech", mode="lexical")
+    assert {h["id"] for h in lexical} == {"kjv/genesis/5/25", "kjv/genesis/5/26"}
+    assert (await top("seven hundred eighty two", mode="lexical"))[0]["id"] == "kjv/genesis/5/26"
+    dense = await top("Lamech", mode="dense")
+    assert len(dense) == 3  # every chunk has a cosine
+    # A reference comes first in any mode.
+    assert (await top("Genesis 1:3", mode="lexical"))[0]["id"] == "kjv/genesis/1/3"
+    bad = await client.post("/query", json={"texts": ["x"], "collection": name, "mode": "bm25"})
+    assert bad.status_code == 422 and "mode" in bad.text

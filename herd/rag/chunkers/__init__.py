@@ -51,6 +51,7 @@ __all__ = [
     "VerseChunker",
     "chunk_file",
     "detect_format",
+    "format_of",
     "get_chunker",
     "normalize_text",
     "place_of",
@@ -141,6 +142,15 @@ def chunk_file(
         if place is not None and not chunker.names_itself:
             doc = place
         yield from chunker.chunk(doc, itertools.chain(head, lines))
+
+
+def format_of(path: str | os.PathLike[str], format: str | None = None) -> str:
+    """The format ``chunk_file`` reads a file as: ``format`` if given, else detected."""
+    if format is not None:
+        return format
+    with Path(path).open("rb") as file:
+        head = [raw.decode("utf-8", "replace") for raw in itertools.islice(file, SNIFF_LINES)]
+    return detect_format(path, head)
 
 
 def place_of(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> str:

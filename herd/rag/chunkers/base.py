@@ -105,6 +105,10 @@ class BaseChunker(ABC):
     """Whether the text gives the ids (a verse, a Pasal, a record's id): False when
     they are only positions (``p12``) under the document's, which must then say
     where the file is (see ``chunk_file``'s ``place``)."""
+    language = "simple"
+    """The PostgreSQL text-search configuration a collection of these chunks gets for
+    lexical search unless ``herd ingest --language`` says otherwise: ``simple``
+    (lowercased words, no stemming) where the text can be in any language."""
 
     def chunk(self, doc_id: str, lines: Iterable[str]) -> Iterator[Chunk]:
         for event in self.events(doc_id, lines):

@@ -88,6 +88,7 @@ def _crumb(stack: Sequence[Node], paragraph: int | None) -> str:
 class PasalChunker(BaseChunker):
     name = "pasal"
     version = "1"
+    language = "indonesian"
 
     def __init__(
         self, *, granularity: Granularity = "ayat", max_chars: int = DEFAULT_MAX_CHARS

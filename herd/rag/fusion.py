@@ -1,0 +1,55 @@
+"""Fusing a dense and a lexical ranking into one (``herd query --mode hybrid``).
+
+``rrf``: reciprocal rank fusion, each list adds ``1 / (60 + rank)``; it needs no
+scores, so cosines and BM25 never have to be made comparable. ``weighted``: each
+list's scores scaled to 0..1 over its own candidates (min-max), then
+``w * dense + (1 - w) * lexical``, a chunk missing from a list counting 0 there.
+``HERD_RAG_FUSION`` chooses (``weighted`` by default; see docs/retrieval.md for the
+measurement).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+
+from herd.errors import InvalidInput
+from herd.rag.store import Hit
+
+FUSIONS = ("rrf", "weighted")
+ENV = "HERD_RAG_FUSION"
+RRF_K = 60
+DENSE_WEIGHT = 0.5
+DEFAULT = "weighted"
+"""The fusion that won bench/retrieval.py (docs/retrieval.md)."""
+
+
+def chosen(fusion: str | None = None) -> str:
+    name = (fusion or os.environ.get(ENV) or DEFAULT).strip().lower()
+    if name not in FUSIONS:
+        where = "fusion" if fusion else ENV
+        raise InvalidInput(f"{where}: {name!r} is not one of {', '.join(FUSIONS)}")
+    return name
+
+
+def fuse(dense: Sequence[Hit], lexical: Sequence[Hit], fusion: str) -> list[Hit]:
+    scores: dict[str, float] = {}
+    hits: dict[str, Hit] = {}
+    if fusion == "rrf":
+        for ranking in (dense, lexical):
+            for rank, h in enumerate(ranking, 1):
+                scores[h.chunk_id] = scores.get(h.chunk_id, 0.0) + 1.0 / (RRF_K + rank)
+                hits.setdefault(h.chunk_id, h)
+    else:
+        for ranking, weight in ((dense, DENSE_WEIGHT), (lexical, 1.0 - DENSE_WEIGHT)):
+            if not ranking:
+                continue
+            top, low = max(h.score for h in ranking), min(h.score for h in ranking)
+            span = top - low
+            for h in ranking:
+                scaled = (h.score - low) / span if span > 0 else 1.0
+                scores[h.chunk_id] = scores.get(h.chunk_id, 0.0) + weight * scaled
+                hits.setdefault(h.chunk_id, h)
+    order = sorted(scores, key=lambda c: (-scores[c], c))
+    return [replace(hits[c], score=scores[c]) for c in order]
