@@ -11,6 +11,7 @@ named ``herd:<pid>`` (``CLIENT LIST`` shows whose it is).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import weakref
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ from redis import exceptions as rexc
 
 from herd.errors import BrokerError, BrokerUnavailable, ConfigError
 from herd.masking import mask
+
+log = logging.getLogger("herd.db")
 
 SETTING = "HERD_REDIS_URL"
 WAIT = 30.0  # seconds a command waits for a free connection of a full pool
@@ -151,3 +154,79 @@ class SharedClient:
             pool.max_connections = max(shared.sizes)
         # A reopen starts on a pool of its own again.
         self.client.connection_pool = self._placeholder()
+
+
+def mark_name(owner: str) -> str:
+    """The client name of ``owner``'s liveness connection (names allow '!'..'~' only)."""
+    return "herd-live:" + "".join(c if "!" <= c <= "~" else "_" for c in owner)
+
+
+class HeldConnection:
+    """A connection of its own, named :func:`mark_name` (owner), kept open by a blocking
+    read that never returns: a liveness mark others see with ``CLIENT LIST ID``.
+
+    The server drops the connection when the process dies (the kernel closes the
+    socket); a frozen process keeps it (its socket stays open, and a blocked client
+    is exempt from the server's idle ``timeout``). :attr:`id` is the connection's
+    ``CLIENT ID``, ``held`` is set while it is open; after a failure a new one is
+    made in the background (a new id; ``held`` clear meanwhile).
+    """
+
+    def __init__(self, url: str, owner: str, *, store: str = "the job store") -> None:
+        self.url, self.owner, self.store = url, owner, store
+        self.name = mark_name(owner)
+        self.id = ""
+        self.held = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def acquire(self) -> None:
+        with translate_errors(self.url, store=self.store):
+            client = await self._connect()
+        self._task = asyncio.create_task(self._keep(client), name="herd-held-connection")
+
+    async def _connect(self) -> aioredis.Redis:
+        try:
+            client = aioredis.Redis.from_url(
+                self.url,
+                single_connection_client=True,
+                decode_responses=True,
+                protocol=2,
+                client_name=self.name,
+            )
+        except ValueError as exc:
+            raise ConfigError(mask(f"the Redis URL {self.url} cannot be read: {exc}")) from None
+        try:
+            self.id = str(await client.client_id())
+        except BaseException:
+            await client.aclose()
+            raise
+        self.held.set()
+        return client
+
+    async def _keep(self, client: aioredis.Redis) -> None:
+        while True:
+            try:
+                # A key nobody pushes to: the read blocks until the connection breaks.
+                await client.blpop([f"herd:live:{self.name}"], timeout=0)
+            except (rexc.RedisError, OSError) as exc:
+                log.warning("the liveness connection of %s broke (%s)", self.owner, exc)
+            finally:
+                self.held.clear()
+                await client.aclose()
+            backoff = 0.1
+            while True:
+                await asyncio.sleep(backoff)
+                try:
+                    client = await self._connect()
+                    break
+                except (rexc.RedisError, OSError) as exc:
+                    log.debug("reconnecting the liveness connection failed: %s", exc)
+                    backoff = min(backoff * 2, 5.0)
+
+    async def release(self) -> None:
+        self.held.clear()
+        if self._task is not None:
+            from herd import aio
+
+            await aio.stop(self._task)
+            self._task = None
