@@ -168,8 +168,9 @@ class HeldConnection:
     The server drops the connection when the process dies (the kernel closes the
     socket); a frozen process keeps it (its socket stays open, and a blocked client
     is exempt from the server's idle ``timeout``). :attr:`id` is the connection's
-    ``CLIENT ID``, ``held`` is set while it is open; after a failure a new one is
-    made in the background (a new id; ``held`` clear meanwhile).
+    ``CLIENT ID`` with the server's run (``<id>@<run_id>``); ``held`` is set while
+    it is open. After a failure a new one is made in the background (a new id;
+    ``held`` clear meanwhile).
     """
 
     def __init__(self, url: str, owner: str, *, store: str = "the job store") -> None:
@@ -196,7 +197,9 @@ class HeldConnection:
         except ValueError as exc:
             raise ConfigError(mask(f"the Redis URL {self.url} cannot be read: {exc}")) from None
         try:
-            self.id = str(await client.client_id())
+            # The id with the server's run: ids start again from 1 after a restart.
+            run = (await client.info("server")).get("run_id", "")
+            self.id = f"{await client.client_id()}@{run}"
         except BaseException:
             await client.aclose()
             raise

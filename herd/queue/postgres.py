@@ -255,7 +255,8 @@ class PostgresBroker:
                 # A dead worker's jobs first: they have waited longest.
                 self._next_orphan_check[queue] = now + ORPHAN_CHECK
                 rows = await self._fetch_dicts(
-                    "claim_orphans", {**params, "limit": limit - len(leases)}
+                    "claim_orphans",
+                    {**params, "limit": limit - len(leases)},
                 )
             if len(rows) < limit - len(leases):
                 rows += await self._fetch_dicts(

@@ -238,14 +238,19 @@ class RedisBroker:
         self._next_orphan_check = now + ORPHAN_CHECK
         with self._errors():
             pipe = self._redis.pipeline(transaction=False)
+            pipe.info("server")
             for queue in queues:
                 pipe.hgetall(prefix(queue) + "owners")
-            owners: list[dict[str, str]] = await pipe.execute()
-            ids = sorted({cid for marks in owners for cid in marks.values() if cid.isdigit()})
+            server, *owners = await pipe.execute()
+            # A mark recorded under another run of the server (before a restart, which
+            # dropped every connection, and whose ids new connections may reuse) says
+            # nothing until its worker's next heartbeat records the new one.
+            run = f"@{server.get('run_id', '')}"
+            ids = sorted({cid for marks in owners for cid in marks.values() if cid.endswith(run)})
             if not ids:
                 return {}
             try:
-                found = await self._redis.client_list(client_id=ids)  # type: ignore[arg-type]
+                found = await self._redis.client_list(client_id=[i.split("@")[0] for i in ids])
             except rexc.ResponseError as exc:
                 # ACLs or a managed server may forbid CLIENT LIST: lease expiry only.
                 self._client_list_refused = True
@@ -255,11 +260,11 @@ class RedisBroker:
                     exc,
                 )
                 return {}
-        alive = {(str(c.get("id")), str(c.get("name"))) for c in found}
+        alive = {(f"{c.get('id')}{run}", str(c.get("name"))) for c in found}
         dead: dict[str, list[str]] = {}
         for queue, marks in zip(queues, owners, strict=True):
             for owner, cid in marks.items():
-                if (cid, rdb.mark_name(owner)) not in alive:
+                if cid.endswith(run) and (cid, rdb.mark_name(owner)) not in alive:
                     dead.setdefault(queue, []).extend((owner, cid))
         return dead
 

@@ -60,6 +60,7 @@ UPDATE herd_jobs j SET
                             THEN now() END,
     lease_owner      = %(owner)s,
     lease_live       = %(live)s,
+    lease_live_at    = now(),
     lease_expires_at = now() + j.lease_seconds * interval '1 second',
     started_at       = coalesce(j.started_at, now()),
     last_worker      = %(owner)s
@@ -86,6 +87,9 @@ WITH held AS MATERIALIZED (
     SELECT id, lease_token FROM herd_jobs
      WHERE status = 'processing' AND queue = %(queue)s AND lease_expires_at >= now()
        AND lease_live IS NOT NULL AND lease_live NOT IN (SELECT key FROM held)
+       -- A mark recorded before the server (re)started is gone with every session: its
+       -- worker may not have taken it again yet.
+       AND lease_live_at > pg_postmaster_start_time()
      ORDER BY priority DESC, id
      LIMIT %(limit)s
 ), picked AS (
@@ -104,6 +108,7 @@ UPDATE herd_jobs j SET
     finished_at      = CASE WHEN j.stalls + 1 > j.max_stalls THEN now() END,
     lease_owner      = %(owner)s,
     lease_live       = %(live)s,
+    lease_live_at    = now(),
     lease_expires_at = now() + j.lease_seconds * interval '1 second',
     last_worker      = %(owner)s
   FROM picked
