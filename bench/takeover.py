@@ -19,7 +19,7 @@ running longer than it is delivered twice, which herd's renewed leases never do)
 
     pip install -e ".[bench-celery]" && python bench/takeover.py [--kills 20]
         [--lease 30] [--workers 3] [--peer-kills 5] [--systems postgres,redis,celery]
-        [--summary PATH]
+        [--quick] [--summary PATH]
 
 About 2.5 minutes on 2 cores (Celery's share is one visibility timeout). Run from the
 repository root; everything listens on 127.0.0.1 and is stopped at the end.
@@ -263,9 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--poll-interval", type=float, default=1.0, help="herd workers' poll, s")
     p.add_argument("--peer-kills", type=int, default=5, help="Celery workers killed at once")
     p.add_argument("--systems", default="postgres,redis,celery", help="comma-separated")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 5 kills, 2 for Celery")
     p.add_argument("--summary", type=Path, help="write the figures as JSON (bench/report.py)")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (logs)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.kills, args.peer_kills = min(args.kills, 5), min(args.peer_kills, 2)
     for name in ("kills", "workers", "peer_kills"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
