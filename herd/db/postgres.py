@@ -492,6 +492,14 @@ class SessionLock:
                     log.debug("retaking %r failed: %s", self.name, exc)
                     backoff = min(backoff * 2, 5.0)
 
+    async def wait_held(self, timeout: float = 10.0) -> bool:
+        """Whether the mark stands, waiting up to ``timeout`` while it is being remade."""
+        try:
+            await asyncio.wait_for(self.held.wait(), timeout)
+        except TimeoutError:
+            pass
+        return self.held.is_set()
+
     async def release(self) -> None:
         """Let go: closing the session drops the lock."""
         self.held.clear()

@@ -21,6 +21,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis import exceptions as rexc
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from herd.errors import BrokerError, BrokerUnavailable, ConfigError
 from herd.masking import mask
@@ -193,6 +195,9 @@ class HeldConnection:
                 decode_responses=True,
                 protocol=2,
                 client_name=self.name,
+                # redis-py would reconnect under the blocked read by itself, and the
+                # mark would go on under an id the server no longer knows.
+                retry=Retry(NoBackoff(), 0),
             )
         except ValueError as exc:
             raise ConfigError(mask(f"the Redis URL {self.url} cannot be read: {exc}")) from None
@@ -225,6 +230,14 @@ class HeldConnection:
                 except (rexc.RedisError, OSError) as exc:
                     log.debug("reconnecting the liveness connection failed: %s", exc)
                     backoff = min(backoff * 2, 5.0)
+
+    async def wait_held(self, timeout: float = 10.0) -> bool:
+        """Whether the mark stands, waiting up to ``timeout`` while it is being remade."""
+        try:
+            await asyncio.wait_for(self.held.wait(), timeout)
+        except TimeoutError:
+            pass
+        return self.held.is_set()
 
     async def release(self) -> None:
         self.held.clear()

@@ -216,6 +216,8 @@ class Broker(Protocol):
         lease expiry rules. Call it before the owner's first claim: a claim records
         the mark with each job. False: this store can hold none here (lease expiry
         only). An owner whose mark another live process holds is refused (BrokerError).
+        Asked again while the mark is being remade (its connection broke), it waits
+        for it (10 s at most) and says whether it stands.
         """
         ...
 

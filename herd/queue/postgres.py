@@ -133,7 +133,7 @@ class PostgresBroker:
         job whose key no session holds any more. False when no session can be had
         (a transaction pooler and no direct URL): lease expiry only."""
         if owner in self._marks:
-            return True
+            return await self._marks[owner].wait_held()
         url = self._pool.session_url
         if url is None:
             if not self._warned_no_session:

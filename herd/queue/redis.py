@@ -202,7 +202,7 @@ class RedisBroker:
         CLIENT ID claims record for the owner's jobs (herd:{q}:owners): another
         worker's claim that finds that id gone from CLIENT LIST takes its jobs over."""
         if owner in self._marks:
-            return True
+            return await self._marks[owner].wait_held()
         mark = rdb.HeldConnection(self.url, owner)
         await mark.acquire()
         try:

@@ -150,3 +150,67 @@ async def test_a_mark_is_one_owners_and_dropped_when_its_worker_stops(broker, re
         assert await other.hold_liveness(worker.name) is True
     finally:
         await other.close()
+
+
+def _mark_holders(broker, url: str, owner: str) -> list[int]:
+    """The server's ids of the sessions (PostgreSQL) or clients (Redis) holding the mark."""
+    if broker.name == "postgres":
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted"
+                " AND ((classid::int8 << 32) | objid::int8) = hashtextextended(%s, 0)",
+                (owner,),
+            ).fetchall()
+        return [int(pid) for (pid,) in rows]
+    import redis
+
+    from herd.db.redis import mark_name
+
+    with redis.Redis.from_url(url, decode_responses=True) as client:
+        return [int(c["id"]) for c in client.client_list() if c["name"] == mark_name(owner)]
+
+
+def _drop(broker, url: str, holder: int) -> None:
+    if broker.name == "postgres":
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", (holder,))
+    else:
+        import redis
+
+        with redis.Redis.from_url(url) as client:
+            client.client_kill_filter(_id=holder)
+
+
+async def test_a_mark_whose_connection_the_server_dropped_is_taken_again(broker, request):
+    if _without_session(broker, request):
+        pytest.skip("no session to hold a mark in through PgBouncer without a direct URL")
+    url = request.getfixturevalue("pg_url") if broker.name == "postgres" else broker.url
+    assert await broker.hold_liveness("w-drop") is True
+    (first,) = _mark_holders(broker, url, "w-drop")
+    _drop(broker, url, first)
+
+    async def retaken():
+        holders = _mark_holders(broker, url, "w-drop")
+        return holders if holders and holders != [first] else None
+
+    (again,) = await eventually(retaken, timeout=10)
+    assert again != first
+    assert await broker.hold_liveness("w-drop") is True  # back, and in use for claims
+    # A job claimed now records the new mark (Redis: the new CLIENT ID, not the dropped
+    # one): it stands while the mark does, and once the mark goes, as when the process
+    # dies, the job is free at once, not after 30 s.
+    (r,) = await broker.enqueue([job(queue=QUEUE)])
+    (lease,) = await eventually(lambda: broker.claim([QUEUE], "w-drop", 1), timeout=5)
+    other = type(broker)(broker.url)
+    await other.open()
+    try:
+        assert await other.claim([QUEUE], "rescuer", 1) == []  # a new broker looks at once
+        await broker.release_liveness("w-drop")
+        (taken,) = await eventually(lambda: other.claim([QUEUE], "rescuer", 1), timeout=5)
+        assert taken.job_id == r.job_id and taken.token > lease.token
+    finally:
+        await other.close()
