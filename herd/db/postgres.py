@@ -480,7 +480,7 @@ class SessionLock:
                 )
             finally:
                 self.held.clear()
-            backoff = 0.1
+            backoff = 0.0  # at once: claimers may look for the lock meanwhile
             while True:
                 await asyncio.sleep(backoff)
                 try:
@@ -490,7 +490,7 @@ class SessionLock:
                     # Held: our old session may linger until the server notices it is
                     # gone; it keeps the mark meanwhile.
                     log.debug("retaking %r failed: %s", self.name, exc)
-                    backoff = min(backoff * 2, 5.0)
+                    backoff = min(max(0.1, backoff * 2), 5.0)
 
     async def wait_held(self, timeout: float = 10.0) -> bool:
         """Whether the mark stands, waiting up to ``timeout`` while it is being remade."""

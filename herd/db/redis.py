@@ -221,7 +221,7 @@ class HeldConnection:
             finally:
                 self.held.clear()
                 await client.aclose()
-            backoff = 0.1
+            backoff = 0.0  # at once: claimers may look for the mark meanwhile
             while True:
                 await asyncio.sleep(backoff)
                 try:
@@ -229,7 +229,7 @@ class HeldConnection:
                     break
                 except (rexc.RedisError, OSError) as exc:
                     log.debug("reconnecting the liveness connection failed: %s", exc)
-                    backoff = min(backoff * 2, 5.0)
+                    backoff = min(max(0.1, backoff * 2), 5.0)
 
     async def wait_held(self, timeout: float = 10.0) -> bool:
         """Whether the mark stands, waiting up to ``timeout`` while it is being remade."""

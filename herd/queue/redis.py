@@ -260,12 +260,22 @@ class RedisBroker:
                     exc,
                 )
                 return {}
-        alive = {(f"{c.get('id')}{run}", str(c.get("name"))) for c in found}
+            alive = {(f"{c.get('id')}{run}", str(c.get("name"))) for c in found}
+            gone = [
+                (queue, owner, cid)
+                for queue, marks in zip(queues, owners, strict=True)
+                for owner, cid in marks.items()
+                if cid.endswith(run) and (cid, rdb.mark_name(owner)) not in alive
+            ]
+            if gone:
+                # A mark remade since (its connection dropped, the process alive) has a
+                # new id that the owner records with its next heartbeat: its name says
+                # it is there. Rare (after a kill), so the full list is affordable.
+                names = {str(c.get("name")) for c in await self._redis.client_list(_type="normal")}
+                gone = [g for g in gone if rdb.mark_name(g[1]) not in names]
         dead: dict[str, list[str]] = {}
-        for queue, marks in zip(queues, owners, strict=True):
-            for owner, cid in marks.items():
-                if cid.endswith(run) and (cid, rdb.mark_name(owner)) not in alive:
-                    dead.setdefault(queue, []).extend((owner, cid))
+        for queue, owner, cid in gone:
+            dead.setdefault(queue, []).extend((owner, cid))
         return dead
 
     # -- producers
