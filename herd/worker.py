@@ -5,6 +5,9 @@ One asyncio loop per process runs four things:
     sleeps on LISTEN/NOTIFY (a hint) or a jittered poll (the safety net);
   * the heartbeat, which renews every lease this process holds in ONE
     statement per tick and cancels the task of any lease it could not renew;
+  * beside the leases, a liveness mark held by the job store on a connection of
+    its own (Broker.hold_liveness): when this process is killed the server drops
+    it, and other workers take its jobs over at once instead of after the lease;
   * the completer, which writes finished jobs' results in batches (group
     commit: whatever finished while the previous write was in flight);
   * one coroutine per running job. Sync task functions run in threads, so a
@@ -139,6 +142,9 @@ class Worker:
             self.concurrency,
         )
         try:
+            # Before the first claim: a claim records the mark with each job, and
+            # others take a job over at once when its owner's mark is gone.
+            await self.app.broker.hold_liveness(self.name)
             await self._claim_loop()
             await self._drain()
         finally:
@@ -146,6 +152,12 @@ class Worker:
                 loop.remove_signal_handler(sig)
             await aio.stop(*helpers)
             self._threads.shutdown(wait=False, cancel_futures=True)
+            # After the drain gave the jobs back: a mark dropped earlier would let
+            # others take over jobs still running here.
+            try:
+                await self.app.broker.release_liveness(self.name)
+            except BrokerError as exc:
+                log.warning("could not drop the liveness mark: %s", exc)
         log.info("worker %s stopped: %s", self.name, self.stats)
         return self.stats
 

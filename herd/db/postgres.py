@@ -332,6 +332,12 @@ class SharedPool:
             raise PoolClosed(f"{self.store} is not open")
         return self._shared.listener
 
+    @property
+    def session_url(self) -> str | None:
+        """Where session state (LISTEN, a session-level lock) can live: the direct URL,
+        else the pool's own URL when no pooler is in between, else nowhere (None)."""
+        return self.listener.url
+
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
         """A pooled connection (autocommit), as ``AsyncConnectionPool.connection()``."""
@@ -405,3 +411,100 @@ class SharedPool:
         with self.errors():
             async with self.pool.connection() as conn, conn.transaction():
                 yield conn
+
+
+class SessionLockHeld(BrokerError):
+    """Another session holds the lock: the name is in use by another live process."""
+
+
+class SessionLock:
+    """A session-level advisory lock on ``name``, held on a connection of its own.
+
+    The server drops a session's locks with the session, so the lock says whether
+    the process that took it still has its connection: a killed process loses it at
+    once (the kernel closes the socket), a frozen one keeps it (the socket stays
+    open). Others see it in pg_locks under :attr:`key` (``hashtextextended(name, 0)``,
+    computed by the server so every reader agrees). ``held`` is set while the lock
+    is ours; after the connection fails the lock is taken again in the background
+    (until then ``held`` is clear). Needs a session: a direct URL, never a pooler.
+    """
+
+    def __init__(self, url: str, name: str, *, store: str = "the job store") -> None:
+        self.url, self.name, self.store = url, name, store
+        self.key: int | None = None
+        self.held = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def acquire(self) -> None:
+        """Take the lock (SessionLockHeld if another session has it) and keep it."""
+        with translate_errors(self.url, store=self.store):
+            conn = await self._lock()
+        self._task = asyncio.create_task(self._keep(conn), name="herd-session-lock")
+
+    async def _lock(self) -> AsyncConnection[Any]:
+        conn = await AsyncConnection.connect(
+            self.url, **connect_kwargs(self.url, pooler=True), connect_timeout=10
+        )
+        try:
+            cur = await conn.execute(
+                "SELECT k, pg_try_advisory_lock(k) FROM hashtextextended(%s, 0) AS k",
+                (self.name,),
+            )
+            row = await cur.fetchone()
+        except BaseException:
+            await conn.close()
+            raise
+        if row is None or not row[1]:
+            await conn.close()
+            raise SessionLockHeld(
+                f"{self.name!r} is held by another live session of {mask(self.url)}:"
+                " worker ids must be unique per process"
+            )
+        self.key = int(row[0])
+        self.held.set()
+        return conn
+
+    async def _keep(self, conn: AsyncConnection[Any]) -> None:
+        while True:
+            try:
+                async with conn:
+                    # Nothing is LISTENed to: this only returns, raising, when the
+                    # connection breaks, which it notices without any polling.
+                    async for _ in conn.notifies():
+                        pass
+            except psycopg.Error as exc:
+                log.warning(
+                    "the connection holding %r broke (%s); taking it again",
+                    self.name,
+                    _first_line(exc),
+                )
+            finally:
+                self.held.clear()
+            backoff = 0.0  # at once: claimers may look for the lock meanwhile
+            while True:
+                await asyncio.sleep(backoff)
+                try:
+                    conn = await self._lock()
+                    break
+                except (psycopg.Error, SessionLockHeld) as exc:
+                    # Held: our old session may linger until the server notices it is
+                    # gone; it keeps the mark meanwhile.
+                    log.debug("retaking %r failed: %s", self.name, exc)
+                    backoff = min(max(0.1, backoff * 2), 5.0)
+
+    async def wait_held(self, timeout: float = 10.0) -> bool:
+        """Whether the mark stands, waiting up to ``timeout`` while it is being remade."""
+        try:
+            await asyncio.wait_for(self.held.wait(), timeout)
+        except TimeoutError:
+            pass
+        return self.held.is_set()
+
+    async def release(self) -> None:
+        """Let go: closing the session drops the lock."""
+        self.held.clear()
+        if self._task is not None:
+            from herd import aio
+
+            await aio.stop(self._task)
+            self._task = None

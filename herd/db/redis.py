@@ -11,6 +11,7 @@ named ``herd:<pid>`` (``CLIENT LIST`` shows whose it is).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import weakref
 from collections.abc import Iterator
@@ -20,9 +21,13 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis import exceptions as rexc
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from herd.errors import BrokerError, BrokerUnavailable, ConfigError
 from herd.masking import mask
+
+log = logging.getLogger("herd.db")
 
 SETTING = "HERD_REDIS_URL"
 WAIT = 30.0  # seconds a command waits for a free connection of a full pool
@@ -151,3 +156,93 @@ class SharedClient:
             pool.max_connections = max(shared.sizes)
         # A reopen starts on a pool of its own again.
         self.client.connection_pool = self._placeholder()
+
+
+def mark_name(owner: str) -> str:
+    """The client name of ``owner``'s liveness connection (names allow '!'..'~' only)."""
+    return "herd-live:" + "".join(c if "!" <= c <= "~" else "_" for c in owner)
+
+
+class HeldConnection:
+    """A connection of its own, named :func:`mark_name` (owner), kept open by a blocking
+    read that never returns: a liveness mark others see with ``CLIENT LIST ID``.
+
+    The server drops the connection when the process dies (the kernel closes the
+    socket); a frozen process keeps it (its socket stays open, and a blocked client
+    is exempt from the server's idle ``timeout``). :attr:`id` is the connection's
+    ``CLIENT ID`` with the server's run (``<id>@<run_id>``); ``held`` is set while
+    it is open. After a failure a new one is made in the background (a new id;
+    ``held`` clear meanwhile).
+    """
+
+    def __init__(self, url: str, owner: str, *, store: str = "the job store") -> None:
+        self.url, self.owner, self.store = url, owner, store
+        self.name = mark_name(owner)
+        self.id = ""
+        self.held = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def acquire(self) -> None:
+        with translate_errors(self.url, store=self.store):
+            client = await self._connect()
+        self._task = asyncio.create_task(self._keep(client), name="herd-held-connection")
+
+    async def _connect(self) -> aioredis.Redis:
+        try:
+            client = aioredis.Redis.from_url(
+                self.url,
+                single_connection_client=True,
+                decode_responses=True,
+                protocol=2,
+                client_name=self.name,
+                # redis-py would reconnect under the blocked read by itself, and the
+                # mark would go on under an id the server no longer knows.
+                retry=Retry(NoBackoff(), 0),
+            )
+        except ValueError as exc:
+            raise ConfigError(mask(f"the Redis URL {self.url} cannot be read: {exc}")) from None
+        try:
+            # The id with the server's run: ids start again from 1 after a restart.
+            run = (await client.info("server")).get("run_id", "")
+            self.id = f"{await client.client_id()}@{run}"
+        except BaseException:
+            await client.aclose()
+            raise
+        self.held.set()
+        return client
+
+    async def _keep(self, client: aioredis.Redis) -> None:
+        while True:
+            try:
+                # A key nobody pushes to: the read blocks until the connection breaks.
+                await client.blpop([f"herd:live:{self.name}"], timeout=0)
+            except (rexc.RedisError, OSError) as exc:
+                log.warning("the liveness connection of %s broke (%s)", self.owner, exc)
+            finally:
+                self.held.clear()
+                await client.aclose()
+            backoff = 0.0  # at once: claimers may look for the mark meanwhile
+            while True:
+                await asyncio.sleep(backoff)
+                try:
+                    client = await self._connect()
+                    break
+                except (rexc.RedisError, OSError) as exc:
+                    log.debug("reconnecting the liveness connection failed: %s", exc)
+                    backoff = min(max(0.1, backoff * 2), 5.0)
+
+    async def wait_held(self, timeout: float = 10.0) -> bool:
+        """Whether the mark stands, waiting up to ``timeout`` while it is being remade."""
+        try:
+            await asyncio.wait_for(self.held.wait(), timeout)
+        except TimeoutError:
+            pass
+        return self.held.is_set()
+
+    async def release(self) -> None:
+        self.held.clear()
+        if self._task is not None:
+            from herd import aio
+
+            await aio.stop(self._task)
+            self._task = None

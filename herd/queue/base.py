@@ -207,6 +207,24 @@ class Broker(Protocol):
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]: ...
 
     # -- workers
+    async def hold_liveness(self, owner: str) -> bool:
+        """Hold a liveness mark for ``owner`` (one worker process) until
+        :meth:`release_liveness`, or until this process's connection to the store dies.
+
+        A claim takes over at once a job whose owner's mark is gone (its process was
+        killed); while the mark stands (a frozen process keeps its connection) the
+        lease expiry rules. Call it before the owner's first claim: a claim records
+        the mark with each job. False: this store can hold none here (lease expiry
+        only). An owner whose mark another live process holds is refused (BrokerError).
+        Asked again while the mark is being remade (its connection broke), it waits
+        for it (10 s at most) and says whether it stands.
+        """
+        ...
+
+    async def release_liveness(self, owner: str) -> None:
+        """Drop ``owner``'s mark (graceful stop, after its jobs were given back)."""
+        ...
+
     async def claim(self, queues: Sequence[str], owner: str, limit: int) -> list[Lease]: ...
     async def renew_if_leased(self, leases: Sequence[Lease]) -> dict[int, datetime]:
         """Extend every lease still held; returns job_id -> new expiry for those renewed."""

@@ -20,7 +20,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
 from herd import aio
-from herd.db.postgres import SharedPool, migrate, translate_errors
+from herd.db.postgres import SessionLock, SharedPool, migrate, translate_errors
 from herd.errors import BrokerError, LeaseLost
 from herd.jsonvalue import dumps
 from herd.queue.base import (
@@ -44,6 +44,10 @@ from herd.queue.sql import queries
 log = logging.getLogger("herd.postgres")
 
 CHANNEL = "herd_jobs"
+# Seconds between one process's looks for jobs whose owner died (claim_orphans), per
+# queue: it reads pg_locks, the server's whole lock table, so not on every claim. A
+# killed worker's jobs run again within about this plus the claimers' poll interval.
+ORPHAN_CHECK = 0.5
 
 
 def _job(row: dict[str, Any]) -> Job:
@@ -107,6 +111,9 @@ class PostgresBroker:
             url, max_size=max(2, pool_size), store="the job store", direct_url=direct_url
         )
         self._rotation = 0
+        self._marks: dict[str, SessionLock] = {}
+        self._next_orphan_check: dict[str, float] = {}
+        self._warned_no_session = False
 
     # -- lifecycle
 
@@ -114,9 +121,42 @@ class PostgresBroker:
         await self._pool.open("herd.queue.sql" if self.auto_migrate else None)
 
     async def close(self) -> None:
+        for owner in list(self._marks):
+            await self.release_liveness(owner)
         if self._purging is not None:
             await aio.stop(self._purging)
         await self._pool.close()
+
+    async def hold_liveness(self, owner: str) -> bool:
+        """A session-level advisory lock on ``owner``, on a direct connection of its own:
+        claims record its key with each job, and another worker's claim takes over a
+        job whose key no session holds any more. False when no session can be had
+        (a transaction pooler and no direct URL): lease expiry only."""
+        if owner in self._marks:
+            return await self._marks[owner].wait_held()
+        url = self._pool.session_url
+        if url is None:
+            if not self._warned_no_session:
+                self._warned_no_session = True
+                log.warning(
+                    "the job store goes through a transaction pooler and no direct URL is set"
+                    " (HERD_DATABASE_DIRECT_URL): a killed worker's jobs run again only once"
+                    " their lease expires"
+                )
+            return False
+        mark = SessionLock(url, owner)
+        await mark.acquire()
+        self._marks[owner] = mark
+        return True
+
+    async def release_liveness(self, owner: str) -> None:
+        mark = self._marks.pop(owner, None)
+        if mark is not None:
+            await mark.release()
+
+    def _live_key(self, owner: str) -> int | None:
+        mark = self._marks.get(owner)
+        return mark.key if mark is not None and mark.held.is_set() else None
 
     async def migrate(self) -> list[int]:
         with translate_errors(self.url):
@@ -204,12 +244,24 @@ class PostgresBroker:
         if limit <= 0 or not queues:
             return leases
         self._rotation = (self._rotation + 1) % len(queues)
+        live = self._live_key(owner)
+        now = time.monotonic()
         for queue in [*queues[self._rotation :], *queues[: self._rotation]]:
             if len(leases) >= limit:
                 break
-            rows = await self._fetch_dicts(
-                "claim", {"queue": queue, "owner": owner, "limit": limit - len(leases)}
-            )
+            params = {"queue": queue, "owner": owner, "live": live}
+            rows = []
+            if now >= self._next_orphan_check.get(queue, 0.0):
+                # A dead worker's jobs first: they have waited longest.
+                self._next_orphan_check[queue] = now + ORPHAN_CHECK
+                rows = await self._fetch_dicts(
+                    "claim_orphans",
+                    {**params, "limit": limit - len(leases)},
+                )
+            if len(rows) < limit - len(leases):
+                rows += await self._fetch_dicts(
+                    "claim", {**params, "limit": limit - len(leases) - len(rows)}
+                )
             for row in rows:
                 if row.pop("status") != JobStatus.PROCESSING:
                     log.warning("job %s dead-lettered: its lease expired too often", row["job_id"])

@@ -11,6 +11,8 @@ in one Redis Cluster slot and each script touches one slot):
     herd:{q}:delayed       sorted set: job id by run_at (backoff, delays)
     herd:{q}:st:<status>   sorted sets of job ids by status (listing, stats)
     herd:{q}:dedup:<key>   the active job holding a dedup key
+    herd:{q}:owners        hash: worker -> CLIENT ID of its liveness connection
+    herd:{q}:owned:<owner> set: ids of the jobs that worker leased with its mark
     herd:{q}:dlq           stream: a record of every dead-lettering with its reason
     herd:{q}:tp:<minute>   hash: jobs succeeded / dead in that minute (epoch // 60), kept
                            throughput_ttl (HERD_THROUGHPUT_TTL, 2 days)
@@ -86,6 +88,10 @@ SCRIPTS = (
     "stats",
 )
 SWEEP_BATCH = 1000  # entries one sweep script call examines: bounds its time in Redis
+# Seconds between one process's looks (CLIENT LIST ID) for workers whose liveness
+# connection is gone: a killed worker's jobs run again within about this plus the
+# claimers' poll interval.
+ORPHAN_CHECK = 0.5
 # A stream consumer (one per worker process ever started) with nothing pending goes
 # after this long idle; a worker reading again is added back by XREADGROUP.
 CONSUMER_IDLE_MS = 3_600_000
@@ -151,6 +157,9 @@ class RedisBroker:
             n: self._redis.register_script(_lua(n, self.throughput_ttl)) for n in SCRIPTS
         }
         self._warned_aof = False
+        self._marks: dict[str, rdb.HeldConnection] = {}
+        self._next_orphan_check = 0.0
+        self._client_list_refused = False
 
     def _errors(self) -> AbstractContextManager[None]:
         return translate_redis_errors(self.url)
@@ -182,9 +191,92 @@ class RedisBroker:
             )
 
     async def close(self) -> None:
+        for owner in list(self._marks):
+            await self.release_liveness(owner)
         if self._sweeping is not None:
             await aio.stop(self._sweeping)
         await self._client.close()
+
+    async def hold_liveness(self, owner: str) -> bool:
+        """A connection of its own, named after ``owner`` and blocked on a read, whose
+        CLIENT ID claims record for the owner's jobs (herd:{q}:owners): another
+        worker's claim that finds that id gone from CLIENT LIST takes its jobs over."""
+        if owner in self._marks:
+            return await self._marks[owner].wait_held()
+        mark = rdb.HeldConnection(self.url, owner)
+        await mark.acquire()
+        try:
+            with self._errors():
+                clients = await self._redis.client_list(_type="normal")
+        except BrokerError:
+            clients = []  # CLIENT LIST refused: the check needs it, as takeovers do
+        if sum(c.get("name") == mark.name for c in clients) > 1:
+            await mark.release()
+            raise BrokerError(
+                f"worker id {owner!r} is in use by another live process on {mask_url(self.url)}:"
+                " worker ids must be unique per process"
+            )
+        self._marks[owner] = mark
+        return True
+
+    async def release_liveness(self, owner: str) -> None:
+        mark = self._marks.pop(owner, None)
+        if mark is not None:
+            await mark.release()
+
+    def _live_id(self, owner: str) -> str:
+        mark = self._marks.get(owner)
+        return mark.id if mark is not None and mark.held.is_set() else ""
+
+    async def _dead_owners(self, queues: Sequence[str]) -> dict[str, list[str]]:
+        """Per queue, the (owner, CLIENT ID) pairs, flat, of marks no longer connected;
+        at most every ORPHAN_CHECK seconds (two round trips: the owners of the queues,
+        then CLIENT LIST ID of theirs only, whatever else is connected)."""
+        now = time.monotonic()
+        if now < self._next_orphan_check or self._client_list_refused:
+            return {}
+        self._next_orphan_check = now + ORPHAN_CHECK
+        with self._errors():
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.info("server")
+            for queue in queues:
+                pipe.hgetall(prefix(queue) + "owners")
+            server, *owners = await pipe.execute()
+            # A mark recorded under another run of the server (before a restart, which
+            # dropped every connection, and whose ids new connections may reuse) says
+            # nothing until its worker's next heartbeat records the new one.
+            run = f"@{server.get('run_id', '')}"
+            ids = sorted({cid for marks in owners for cid in marks.values() if cid.endswith(run)})
+            if not ids:
+                return {}
+            try:
+                found = await self._redis.client_list(client_id=[i.split("@")[0] for i in ids])
+            except rexc.ResponseError as exc:
+                # ACLs or a managed server may forbid CLIENT LIST: lease expiry only.
+                self._client_list_refused = True
+                log.warning(
+                    "Redis refused CLIENT LIST (%s): a killed worker's jobs run again only"
+                    " once their lease expires",
+                    exc,
+                )
+                return {}
+            alive = {(f"{c.get('id')}{run}", str(c.get("name"))) for c in found}
+            gone = [
+                (queue, owner, cid)
+                for queue, marks in zip(queues, owners, strict=True)
+                for owner, cid in marks.items()
+                if cid.endswith(run) and (cid, rdb.mark_name(owner)) not in alive
+            ]
+            if gone:
+                # A mark remade since (its connection dropped, the process alive) has a
+                # new id that the owner records with its next heartbeat: its name says
+                # it is there. Rare (after a kill), so the full list is affordable.
+                names = {str(c.get("name")) for c in await self._redis.client_list(_type="normal")}
+                gone = [g for g in gone if rdb.mark_name(g[1]) not in names]
+        dead: dict[str, list[str]] = {}
+        for queue, owner, cid in gone:
+            dead.setdefault(queue, []).extend((owner, cid))
+        return dead
 
     # -- producers
 
@@ -242,13 +334,17 @@ class RedisBroker:
         if limit <= 0 or not queues:
             return []
         leases: list[Lease] = []
+        live = self._live_id(owner)
+        dead = await self._dead_owners(queues)
         # The starting queue rotates (as on PostgreSQL): a busy first queue must not
         # starve the others of a worker that serves several.
         self._rotation = (self._rotation + 1) % len(queues)
         for queue in [*queues[self._rotation :], *queues[: self._rotation]]:
             if len(leases) >= limit:
                 break
-            rows = await self._run("claim", queue, owner, limit - len(leases))
+            rows = await self._run(
+                "claim", queue, owner, limit - len(leases), live, *dead.get(queue, ())
+            )
             for job_id, token, expires, task, payload, attempts, stalls, max_att, ttl in rows:
                 leases.append(
                     Lease(
@@ -296,8 +392,18 @@ class RedisBroker:
             return list(await pipe.execute())
 
     async def renew_if_leased(self, leases: Sequence[Lease]) -> dict[int, datetime]:
+        by_owner: dict[tuple[str, str], list[Lease]] = defaultdict(list)
+        for lease in leases:
+            by_owner[(lease.queue, lease.owner)].append(lease)
+        calls = []
+        for (queue, owner), group in by_owner.items():
+            p = prefix(queue)
+            args: list[Any] = [p, owner, self._live_id(owner)]
+            for lease in group:
+                args += [lease.job_id, lease.token]
+            calls.append(([p + "meta"], args))
         out: dict[int, datetime] = {}
-        for reply in await self._per_queue("renew", leases):
+        for reply in await self._call_many("renew", calls) if calls else []:
             for job_id, expires in reply:
                 out[int(job_id)] = _ms(str(expires)) or datetime.now(UTC)
         return out

@@ -1,13 +1,17 @@
--- ARGV: prefix, owner, limit. Returns per leased job: {id, token, expires_ms, task, payload,
+-- ARGV: prefix, owner, limit, live (the CLIENT ID of the owner's liveness connection,
+-- '' for none), then dead owner / CLIENT ID pairs (marks found gone by the caller's
+-- CLIENT LIST). Returns per leased job: {id, token, expires_ms, task, payload,
 -- attempts, stalls, max_attempts, lease_seconds}.
--- Order: jobs whose lease expired (a stall: their worker died or froze), then
--- ready jobs by priority (highest stream first), FIFO within a priority.
-local owner, limit = ARGV[2], tonumber(ARGV[3])
+-- Order: jobs of dead owners and jobs whose lease expired (a stall: their worker
+-- died or froze), then ready jobs by priority (highest stream first), FIFO within
+-- a priority.
+local owner, limit, live = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local now = now_ms()
 local out = {}
 
 local function lease(id, old)
   local job = jkey(id)
+  if old == 'processing' then disown(id) end
   local token = redis.call('HINCRBY', job, 'token', 1)
   local ttl = math.floor(tonumber(redis.call('HGET', job, 'lease_seconds')) * 1000)
   redis.call('SET', lkey(id), token, 'PX', ttl)
@@ -15,6 +19,7 @@ local function lease(id, old)
   set_status(id, old, 'processing')
   redis.call('HSET', job, 'owner', owner, 'last_worker', owner, 'lease_expires_at', now + ttl)
   redis.call('HSETNX', job, 'started_at', now)
+  own(id, owner, live)
   local d = redis.call('HMGET', job, 'task', 'payload', 'attempts', 'stalls', 'max_attempts',
     'lease_seconds')
   out[#out + 1] = {id, token, now + ttl, d[1], d[2], d[3], d[4], d[5], d[6]}
@@ -26,23 +31,51 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'delayed', '-inf', now, 'LI
   push(id)
 end
 
+-- Jobs of owners whose liveness connection is gone (their process was killed), while
+-- their lease still runs. Only under the CLIENT ID the caller found dead: an owner
+-- that has reconnected since (a new id) keeps its jobs. Their lease key goes first,
+-- so that the expired-lease walk below leaves them alone.
+local function take_over(id, stream_owner, why)
+  local job = jkey(id)
+  local stalls = redis.call('HINCRBY', job, 'stalls', 1)
+  redis.call('HSET', job, 'last_error', why)
+  redis.call('ZREM', P .. 'leases', id)
+  if stalls > tonumber(redis.call('HGET', job, 'max_stalls')) then
+    dead(id, 'processing', 'max_stalls', now)
+  else
+    local entry, prio = unpack(redis.call('HMGET', job, 'entry', 'priority'))
+    if entry and entry ~= '' then
+      redis.call('XCLAIM', P .. 's:' .. prio, GROUP, stream_owner, 0, entry, 'JUSTID')
+    end
+    lease(id, 'processing')
+  end
+end
+
+for i = 5, #ARGV - 1, 2 do
+  local gone, gone_id = ARGV[i], ARGV[i + 1]
+  if #out >= limit then break end
+  if redis.call('HGET', P .. 'owners', gone) == gone_id then
+    local owned = P .. 'owned:' .. gone
+    for _, id in ipairs(redis.call('SRANDMEMBER', owned, limit - #out)) do
+      local job = jkey(id)
+      local status, held_by = unpack(redis.call('HMGET', job, 'status', 'owner'))
+      if status == 'processing' and held_by == gone and redis.call('EXISTS', lkey(id)) == 1 then
+        redis.call('DEL', lkey(id))
+        take_over(id, owner, 'worker ' .. gone .. ' died holding the lease')
+      else  -- a stale entry (the lease expired and went elsewhere): drop it
+        redis.call('SREM', owned, id)
+      end
+    end
+    if redis.call('SCARD', owned) == 0 then redis.call('HDEL', P .. 'owners', gone) end
+  end
+end
+
 -- Expired leases: the index says the time is up; the lease key must be gone too.
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', now, 'LIMIT', 0, limit)) do
+  if #out >= limit then break end
   if redis.call('EXISTS', lkey(id)) == 0 then
-    local job = jkey(id)
-    local stalls = redis.call('HINCRBY', job, 'stalls', 1)
-    local last = redis.call('HGET', job, 'owner')
-    redis.call('HSET', job, 'last_error', 'lease expired while held by ' .. (last or '?'))
-    redis.call('ZREM', P .. 'leases', id)
-    if stalls > tonumber(redis.call('HGET', job, 'max_stalls')) then
-      dead(id, 'processing', 'max_stalls', now)
-    else
-      local entry, prio = unpack(redis.call('HMGET', job, 'entry', 'priority'))
-      if entry and entry ~= '' then
-        redis.call('XCLAIM', P .. 's:' .. prio, GROUP, owner, 0, entry, 'JUSTID')
-      end
-      lease(id, 'processing')
-    end
+    local last = redis.call('HGET', jkey(id), 'owner')
+    take_over(id, owner, 'lease expired while held by ' .. (last or '?'))
   end
 end
 

@@ -46,7 +46,30 @@ local function ack(id)
   end
 end
 
+-- Liveness marks: herd:{q}:owners maps a worker (owner) to the CLIENT ID of the
+-- connection it holds open (herd.db.redis.HeldConnection), and herd:{q}:owned:<owner>
+-- holds the ids of its jobs, so that a claim finds a dead worker's jobs without a
+-- scan. A job leased without a mark (live '') is in neither.
+local function own(id, owner, live)
+  redis.call('HSET', jkey(id), 'live', live)
+  if live ~= '' then
+    redis.call('SADD', P .. 'owned:' .. owner, id)
+    redis.call('HSET', P .. 'owners', owner, live)
+  end
+end
+
+local function disown(id)
+  local owner, live = unpack(redis.call('HMGET', jkey(id), 'owner', 'live'))
+  if live and live ~= '' and owner and owner ~= '' then
+    local owned = P .. 'owned:' .. owner
+    redis.call('SREM', owned, id)
+    if redis.call('SCARD', owned) == 0 then redis.call('HDEL', P .. 'owners', owner) end
+    redis.call('HSET', jkey(id), 'live', '')
+  end
+end
+
 local function drop_lease(id)
+  disown(id)
   redis.call('DEL', lkey(id))
   redis.call('ZREM', P .. 'leases', id)
   redis.call('HSET', jkey(id), 'lease_expires_at', '')

@@ -59,8 +59,57 @@ UPDATE herd_jobs j SET
     finished_at      = CASE WHEN j.status = 'processing' AND j.stalls + 1 > j.max_stalls
                             THEN now() END,
     lease_owner      = %(owner)s,
+    lease_live       = %(live)s,
+    lease_live_at    = now(),
     lease_expires_at = now() + j.lease_seconds * interval '1 second',
     started_at       = coalesce(j.started_at, now()),
+    last_worker      = %(owner)s
+  FROM picked
+ WHERE j.id = picked.id
+RETURNING j.id AS job_id, j.lease_token AS token, j.task, j.queue, j.payload, j.attempts,
+          j.stalls, j.max_attempts, j.lease_seconds, j.lease_expires_at AS expires_at, j.status;
+
+-- name: claim_orphans
+-- Jobs whose lease still runs but whose owner's liveness mark is gone: the
+-- session-level advisory lock (key lease_live) its worker process held on a
+-- connection of its own, which the server drops with that connection (a killed
+-- process). A frozen process keeps its socket and its lock: its jobs wait for the
+-- lease expiry, through the claim above. A takeover counts a stall, as there.
+-- Candidates come from the statement's snapshot and are taken only under the token
+-- seen: a job claimed anew since, by a worker whose lock this look at pg_locks may
+-- have missed, is left alone. Runs now and then, not on every claim (pg_locks reads
+-- the server's whole lock table): the broker calls it every ORPHAN_CHECK seconds.
+WITH held AS MATERIALIZED (
+    SELECT (l.classid::int8 << 32) | l.objid::int8 AS key FROM pg_locks l
+     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+), orphans AS (
+    SELECT id, lease_token FROM herd_jobs
+     WHERE status = 'processing' AND queue = %(queue)s AND lease_expires_at >= now()
+       AND lease_live IS NOT NULL AND lease_live NOT IN (SELECT key FROM held)
+       -- A mark recorded before the server (re)started is gone with every session: its
+       -- worker may not have taken it again yet.
+       AND lease_live_at > pg_postmaster_start_time()
+     ORDER BY priority DESC, id
+     LIMIT %(limit)s
+), picked AS (
+    SELECT j.id FROM herd_jobs j
+      JOIN orphans o ON j.id = o.id AND j.lease_token = o.lease_token
+     WHERE j.status = 'processing'
+     ORDER BY j.id
+       FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE herd_jobs j SET
+    lease_token      = j.lease_token + 1,
+    stalls           = j.stalls + 1,
+    status           = CASE WHEN j.stalls + 1 > j.max_stalls THEN 'dead' ELSE 'processing' END,
+    dead_reason      = CASE WHEN j.stalls + 1 > j.max_stalls THEN 'max_stalls' END,
+    last_error       = 'worker ' || coalesce(j.lease_owner, '?') || ' died holding the lease',
+    finished_at      = CASE WHEN j.stalls + 1 > j.max_stalls THEN now() END,
+    lease_owner      = %(owner)s,
+    lease_live       = %(live)s,
+    lease_live_at    = now(),
+    lease_expires_at = now() + j.lease_seconds * interval '1 second',
     last_worker      = %(owner)s
   FROM picked
  WHERE j.id = picked.id
