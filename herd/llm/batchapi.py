@@ -519,7 +519,7 @@ async def settle_late(app: App, job: Job) -> None:
                 (Jsonb({"key": key, "source": "batch", **value}), job_id, key),
             )
             continue
-        job = await app.enqueue(
+        made = await app.enqueue(
             evaluate.TASK,
             {"batch": batch, "path": path, "doc": doc, "spec": spec_hash, "key": key},
             queue=QUEUE,
@@ -528,5 +528,5 @@ async def settle_late(app: App, job: Job) -> None:
         await rt.store.execute(
             "UPDATE herd_eval_items SET job_id = %s WHERE job_id = %s AND key = %s"
             " AND status <> 'done' AND status IN ('queued', 'parked')",
-            (job.job_id, job_id, key),
+            (made.job_id, job_id, key),
         )
