@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 GLOBAL_FAULT_REACH = 10.0
 _LOST = re.compile(r"job (\d+): lease lost \(([^)]*)\)")
 PID_FAULTS = ("kill", "stop", "term")
+NET_FAULTS = ("cut", "oneway", "slow", "isolate")  # chaos/netns.py: {hosts, pids, t, until}
 
 
 @dataclass
@@ -117,6 +118,9 @@ def _fault_windows(record: RunRecord) -> list[tuple[str, int | None, float, floa
             windows.append((kind, f["pid"], f["t"], float(f.get("until") or f["t"])))
         elif kind.endswith(("_restart", "_drop")):
             windows.append((kind, None, f["t"], float(f.get("until") or f["t"])))
+        elif kind in NET_FAULTS:  # a partition hits the workers on the hosts it cut off
+            for pid in f["pids"]:
+                windows.append((kind, pid, f["t"], float(f.get("until") or f["t"])))
     # A worker's own fault is the first explanation looked for, the job store's after.
     return sorted(windows, key=lambda w: w[1] is None)
 
@@ -377,7 +381,7 @@ def evaluate(seen: Observed, record: RunRecord, sim: dict[str, Any], run_dir: Pa
         if code != 0:
             report.violation(f"worker {pid} exited {code} on the drain's SIGTERM (expected 0)")
 
-    faults = Counter(f["kind"] for f in record.faults if f["kind"] not in ("cont",))
+    faults = Counter(f["kind"] for f in record.faults if f["kind"] not in ("cont", "heal"))
     fig["jobs"] = len(expected)
     fig["outcome"] = dict(statuses)
     fig["dead_reasons"] = dict(dead_reasons)

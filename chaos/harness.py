@@ -34,6 +34,7 @@ import httpx
 
 from chaos.backends import (
     ROOT,
+    NetnsPostgresBackend,
     PostgresBackend,
     RedisBackend,
     alive,
@@ -41,6 +42,7 @@ from chaos.backends import (
     pid_of_owner,
 )
 from chaos.checker import Report, check
+from chaos.netns import Host, Network
 from herd import App
 from herd.errors import BrokerError, HerdError
 from herd.llm import evaluate
@@ -49,7 +51,8 @@ from herd.queue.base import JobStatus
 
 log = logging.getLogger("chaos")
 
-FAULT_KINDS = ("kill", "stop", "term", "restart", "drop")
+NET_FAULTS = ("cut", "oneway", "slow", "isolate")  # with ChaosConfig.network only
+FAULT_KINDS = ("kill", "stop", "term", "restart", "drop", *NET_FAULTS)
 EVAL_LEAD = 0.6  # seconds a wave of evaluations goes in before the fault it is aimed at
 EVAL_SPEC = EvalSpec(
     model="sim-chaos-eval",
@@ -95,6 +98,13 @@ class ChaosConfig:
     run_dir: Path | None = None  # logs, side logs, records (default: a temporary folder)
     home: Path = ROOT / ".herd-test" / "chaos-home"  # the chaos run's own PostgreSQL
     database: str = "herd_chaos"  # its database on that server
+    # Partitions (chaos/netns.py): the job store and the workers on hosts of their own.
+    network: bool = False
+    hosts: int = 3  # worker hosts; the workers are spread over them
+    cut_seconds: float = 0.0  # how long a cut, a one-way cut or an isolation lasts; 0: lease + 2 s
+    slow_seconds: float = 0.0  # how long a host's link is slow; 0: lease + 2 s
+    slow_delay: float = 0.5  # the slow link's added latency per packet, seconds
+    slow_loss: float = 0.1  # and the share of its packets lost
 
 
 @dataclass
@@ -105,6 +115,7 @@ class _Proc:
     stopped_until: float | None = None  # monotonic time of the planned SIGCONT
     stop_event: dict[str, Any] | None = None  # its "until" becomes the actual SIGCONT time
     signalled: str | None = None  # "kill" / "term": its exit is expected
+    host: Host | None = None  # its network namespace (network runs)
     fault: dict[str, Any] | None = None  # the kill / term event, closed when it exits
 
     @property
@@ -140,7 +151,19 @@ class Harness:
         self.rng = random.Random(config.seed)
         self.dir = config.run_dir or Path(tempfile.mkdtemp(prefix=f"chaos-{config.backend}-"))
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.backend = make_backend(config.backend, config.home, self.dir, config.database)
+        self.net: Network | None = None
+        # Partitions scheduled to heal: (monotonic time, filters to remove, hosts, event)
+        self.heals: list[tuple[float, list[tuple[Host, int]], list[Host], dict[str, Any]]] = []
+        self.backend: PostgresBackend | RedisBackend
+        if config.network:
+            if config.backend != "postgres":
+                raise ValueError(f"backend {config.backend!r}: partition runs are postgres only")
+            self.net = Network(config.hosts, self.dir)
+            self.backend = NetnsPostgresBackend(
+                self.net.store.address, self.net.prefix(self.net.store), config.database
+            )
+        else:
+            self.backend = make_backend(config.backend, config.home, self.dir, config.database)
         self.procs: list[_Proc] = []
         self.seq = 0
         self.sim: subprocess.Popen[str] | None = None
@@ -175,9 +198,12 @@ class Harness:
         self, name: str, latency: tuple[float, float]
     ) -> tuple[subprocess.Popen[str], str]:
         low, high = latency
+        # On a network run the workers reach the simulators over the bridge (no fault
+        # is put on that path but the slow link, which delays everything a host sends).
+        host = self.net.gateway if self.net is not None else "127.0.0.1"
         with (self.dir / f"{name}.log").open("wb") as stderr:
             sim = subprocess.Popen(
-                [sys.executable, "-m", "herd.llm.simulator", "--port", "0",
+                [sys.executable, "-m", "herd.llm.simulator", "--port", "0", "--host", host,
                  "--latency", f"{low}:{high}", "--seed", str(self.cfg.seed)],
                 cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True,
                 env=dict(os.environ, PYTHONPATH=str(ROOT)),
@@ -205,19 +231,38 @@ class Harness:
             HERD_EVAL_LOCK_TTL=str(max(1, round(self.cfg.lease))),
             **self.backend.worker_env(),
         )
+        host = self._next_host()
+        # `ip netns exec` execs the command in place: the pid is the worker's own.
+        prefix = self.net.prefix(host) if self.net is not None and host is not None else []
         with logfile.open("wb") as stderr:  # the child keeps its own copy
             popen = subprocess.Popen(
-                [sys.executable, "-m", "herd", "worker", "chaos.app:app",
+                [*prefix, sys.executable, "-m", "herd", "worker", "chaos.app:app",
                  "--concurrency", str(self.cfg.concurrency), "--poll-interval", "0.2",
                  "--grace", str(self.cfg.grace)],
                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr,
             )  # fmt: skip
-        proc = _Proc(self.seq, popen, logfile)
+        proc = _Proc(self.seq, popen, logfile, host=host)
         self.procs.append(proc)
         self.record.worker_pids.append(proc.pid)
+        for _, _, hosts, event in self.heals:
+            if host in hosts:  # started on a host that is cut off now: cut off too
+                event["pids"].append(proc.pid)
         with (self.dir / "workers.jsonl").open("a") as fh:
-            fh.write(json.dumps({"seq": proc.seq, "pid": proc.pid, "log": logfile.name}) + "\n")
+            entry = {"seq": proc.seq, "pid": proc.pid, "log": logfile.name,
+                     "host": host.name if host else None}  # fmt: skip
+            fh.write(json.dumps(entry) + "\n")
         return proc
+
+    def _next_host(self) -> Host | None:
+        """The worker host with the fewest live workers (a replacement takes the place
+        of the one it replaces)."""
+        if self.net is None:
+            return None
+        load = {h.name: 0 for h in self.net.workers}
+        for p in self.procs:
+            if p.host is not None and p.popen.poll() is None and p.signalled is None:
+                load[p.host.name] += 1
+        return min(self.net.workers, key=lambda h: load[h.name])
 
     def _live(self) -> list[_Proc]:
         return [p for p in self.procs if p.popen.poll() is None and p.signalled is None]
@@ -295,8 +340,62 @@ class Harness:
         elif kind == "drop":
             event = self._fault(f"{self.backend.name}_drop")
             event["dropped"] = await asyncio.to_thread(self.backend.drop_connections)
+        elif kind in NET_FAULTS:
+            await self._partition(kind, broker)
         elif kind.startswith("eval:"):
             await self._submit_evals(int(kind.partition(":")[2]))
+
+    async def _partition(self, kind: str, broker: Any) -> None:
+        """Cut a worker host off the job store (both ways, or only the store's answers),
+        slow its link down, or cut every worker host off the store; healed later."""
+        net = self.net
+        if net is None:
+            raise ValueError(f"fault {kind!r} needs a network run (ChaosConfig.network)")
+        seconds = (self.cfg.slow_seconds if kind == "slow" else self.cfg.cut_seconds) or (
+            self.cfg.lease + 2.0
+        )
+        if kind == "isolate":
+            hosts = list(net.workers)
+        else:
+            proc = await self._pick_worker(broker)
+            candidates = [h for h in net.workers if kind != "slow" or h.pump is None]
+            if not candidates:
+                return
+            host = proc.host if proc is not None and proc.host in candidates else None
+            hosts = [host or self.rng.choice(candidates)]
+        handles: list[tuple[Host, int]] = []
+        for h in hosts:
+            if kind in ("cut", "isolate"):
+                handles += net.cut(h, net.store)
+            elif kind == "oneway":
+                # The worker's statements reach the store (its renewals commit there) but
+                # no answer comes back: the worker cannot tell its lease was renewed.
+                handles += net.drop(net.store, h)
+            else:
+                handles += await asyncio.to_thread(
+                    net.impair, h, self.cfg.slow_delay, self.cfg.slow_loss
+                )
+        pids = [p.pid for p in self.procs if p.host in hosts and p.popen.poll() is None]
+        extra = {"delay": self.cfg.slow_delay, "loss": self.cfg.slow_loss} if kind == "slow" else {}
+        event = self._fault(
+            kind, hosts=[h.name for h in hosts], pids=pids, until=time.time() + seconds, **extra
+        )
+        self.heals.append((time.monotonic() + seconds, handles, hosts, event))
+
+    def _heal_due(self, force: bool = False) -> None:
+        assert self.net is not None or not self.heals
+        now = time.monotonic()
+        for item in list(self.heals):
+            due, handles, hosts, event = item
+            if force or now >= due:
+                assert self.net is not None
+                self.net.heal(handles)
+                if event["kind"] == "slow":
+                    for h in hosts:
+                        self.net.stop_pump(h)
+                self.heals.remove(item)
+                event["until"] = time.time()
+                self._fault("heal", hosts=event["hosts"], of=event["kind"])
 
     def _continue_due(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -391,6 +490,16 @@ class Harness:
         return active == 0
 
     async def run(self) -> Report:
+        try:
+            if self.net is not None:
+                await asyncio.to_thread(self.net.open)
+            return await self._run()
+        finally:
+            # Also on Ctrl-C (the task is cancelled): no namespace, veth or pump is left.
+            if self.net is not None:
+                self.net.close()
+
+    async def _run(self) -> Report:
         from chaos.app import app as chaos_app
 
         self.record.started = time.time()
@@ -411,6 +520,7 @@ class Harness:
             log.info("chaos %s: %d jobs, faults %s", self.backend.name, self.cfg.jobs, plan)
             while plan or time.monotonic() - t0 < self.cfg.fault_phase:
                 self._continue_due()
+                self._heal_due()
                 self._reap_and_replace()
                 if plan and time.monotonic() - t0 >= plan[0][0]:
                     await self._inject(plan.pop(0)[1], broker)
@@ -418,6 +528,7 @@ class Harness:
                 await asyncio.sleep(0.1)
             # Drain: no more faults; every stopped worker continues; servers up.
             self._continue_due(force=True)
+            self._heal_due(force=True)
             await asyncio.to_thread(self.backend.ensure_running)
             await self._snapshot_leases(broker)
             drain_start = time.monotonic()

@@ -40,8 +40,7 @@ import socket
 import struct
 import subprocess
 import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger("chaos.netns")
@@ -163,8 +162,10 @@ class Host:
     ns: str
     address: str
     root_dev: str  # the veth end on the bridge
-    filters: dict[str, int] = field(default_factory=dict)  # what -> filter preference
     pump: subprocess.Popen[bytes] | None = None
+
+
+Handles = list[tuple[Host, int]]  # what a fault put on: (host, filter preference)
 
 
 class Network:
@@ -202,7 +203,9 @@ class Network:
         _run("ip", "link", "set", self.bridge, "up")
         for h in self.hosts:
             _run("ip", "netns", "add", h.ns)
-            _run("ip", "link", "add", h.root_dev, "type", "veth", "peer", "name", DEV, "netns", h.ns)
+            _run(
+                "ip", "link", "add", h.root_dev, "type", "veth", "peer", "name", DEV, "netns", h.ns
+            )
             _run("ip", "link", "set", h.root_dev, "master", self.bridge, "up")
             for step in (
                 ("ip", "link", "set", "lo", "up"),
@@ -227,33 +230,35 @@ class Network:
         if not self.opened:
             return
         for h in self.hosts:
-            self._stop_pump(h)
+            self.stop_pump(h)
             _kill_in(h.ns)
             _run("ip", "netns", "del", h.ns, check=False)
         _run("ip", "link", "del", self.bridge, check=False)
         self.opened = False
 
-    # -- faults
+    # -- faults: each returns its handles, (host, filter preference), for heal()
 
-    def _filter(self, host: Host, what: str, dst: str | None, target: str) -> None:
+    def _filter(self, host: Host, dst: str | None, target: str) -> Handles:
         self._pref += 1
         match = ["match", "ip", "dst", f"{dst}/32"] if dst else ["match", "u32", "0", "0"]
         self.exec(host, "tc", "filter", "add", "dev", DEV, "egress", "pref", str(self._pref),
                   "protocol", "ip", "u32", *match, "action", "mirred", "egress", "redirect",
                   "dev", target)  # fmt: skip
-        host.filters[what] = self._pref
+        return [(host, self._pref)]
 
-    def drop(self, src: Host, dst: Host | None = None) -> None:
+    def drop(self, src: Host, dst: Host | None = None) -> Handles:
         """Packets from ``src`` (to ``dst``, or to anyone) are silently dropped."""
-        self._filter(src, f"drop:{dst.name if dst else '*'}", dst.address if dst else None, HOLE)
+        return self._filter(src, dst.address if dst else None, HOLE)
 
-    def cut(self, a: Host, b: Host) -> None:
+    def cut(self, a: Host, b: Host) -> Handles:
         """Both directions between ``a`` and ``b``."""
-        self.drop(a, b)
-        self.drop(b, a)
+        return self.drop(a, b) + self.drop(b, a)
 
-    def impair(self, host: Host, delay: float, loss: float) -> None:
-        """Every packet ``host`` sends is delayed ``delay`` s, a share ``loss`` lost."""
+    def impair(self, host: Host, delay: float, loss: float) -> Handles:
+        """Every packet ``host`` sends is delayed ``delay`` s, a share ``loss`` lost
+        (until stop_pump)."""
+        if host.pump is not None:
+            raise RuntimeError(f"host {host.name} is already slowed down")
         self.exec(host, "ip", "tuntap", "add", "dev", TAP, "mode", "tap")
         self.exec(host, "ip", "link", "set", TAP, "up")
         with (self.run_dir / f"pump-{host.name}.log").open("ab") as err:
@@ -264,30 +269,24 @@ class Network:
             )  # fmt: skip
         assert host.pump.stdout is not None
         if host.pump.stdout.readline().strip() != b"ready":
+            self.stop_pump(host)
             raise RuntimeError(f"the delay pump did not start: see pump-{host.name}.log")
-        self._filter(host, "impair", None, TAP)
+        return self._filter(host, None, TAP)
 
-    def heal(self, host: Host) -> None:
-        """Remove every fault on ``host``'s egress."""
-        for pref in host.filters.values():
+    def heal(self, handles: Handles) -> None:
+        for host, pref in handles:
             self.exec(host, "tc", "filter", "del", "dev", DEV, "egress", "pref", str(pref))
-        host.filters.clear()
+
+    def stop_pump(self, host: Host) -> None:
         if host.pump is not None:
-            self._stop_pump(host)
+            if host.pump.poll() is None:
+                host.pump.terminate()
+                try:
+                    host.pump.wait(5)
+                except subprocess.TimeoutExpired:
+                    host.pump.kill()
+            host.pump = None
             _run("ip", "netns", "exec", host.ns, "ip", "link", "del", TAP, check=False)
-
-    def heal_all(self) -> None:
-        for h in self.hosts:
-            self.heal(h)
-
-    def _stop_pump(self, host: Host) -> None:
-        if host.pump is not None and host.pump.poll() is None:
-            host.pump.terminate()
-            try:
-                host.pump.wait(5)
-            except subprocess.TimeoutExpired:
-                host.pump.kill()
-        host.pump = None
 
 
 # -- the pump (runs inside a namespace)
