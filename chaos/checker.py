@@ -29,6 +29,13 @@ Guarantees checked (each failure is a violation; the run fails on any):
      rows) are exactly the calls the evaluations' own simulator billed; no call is
      left open; every document is done and every evaluation job succeeded; no key has
      'call' rows from two jobs (a repeated document is deduplicated or cached).
+  8. (network runs) a worker cut off from the job store (both ways, its answers only, or
+     with every other worker) ends the model calls it has running once its local lease
+     deadline passes: every call of a cut-off worker that overlaps a cut lasting past
+     the lease has ended (cancelled or answered) by the cut's start + the lease + a
+     heartbeat tick + 1 s; and nothing it writes after the cut heals is accepted from a
+     lease it lost: no fenced write of a cut-off worker landing after the heal carries a
+     token other than its job's final one.
 """
 
 from __future__ import annotations
@@ -133,6 +140,8 @@ class Observed:
     jobs: dict[int, Job]
     results: dict[int, int] = field(default_factory=dict)  # PostgreSQL: job -> fenced row token
     writes: list[tuple[int, int]] = field(default_factory=list)  # (job, token) in commit order
+    # PostgreSQL: every fenced write as (job, token, pid, commit time, epoch seconds)
+    writes_by: list[tuple[int, int, int, float]] = field(default_factory=list)
     lease_keys: dict[int, str] = field(default_factory=dict)  # Redis: job -> lease key's token
     # What stats() says, and a full count of the store itself: (queue, status) -> jobs
     stats: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -163,6 +172,12 @@ async def observe(
         seen.writes = [
             (int(r[0]), int(r[1]))
             for r in backend.fetch("SELECT job_id, token FROM chaos_writes ORDER BY id")
+        ]
+        seen.writes_by = [
+            (int(r[0]), int(r[1]), int(r[2]), float(r[3]))
+            for r in backend.fetch(
+                "SELECT job_id, token, pid, extract(epoch FROM at) FROM chaos_writes ORDER BY id"
+            )
         ]
     else:
         seen.lease_keys = backend.lease_keys()
@@ -414,10 +429,73 @@ def evaluate(seen: Observed, record: RunRecord, sim: dict[str, Any], run_dir: Pa
     fig["stats_match_full_count"] = seen.stats == seen.counted
     if seen.stats != seen.counted:
         report.violation(f"stats() says {seen.stats}, a full count {seen.counted}")
+    if any(f["kind"] in NET_FAULTS for f in record.faults):
+        _check_partitions(seen, record, sim, side, report)
     if record.eval_batch is not None:
         _check_ledger(seen, record, sim, report)
     fig["run_seconds"] = round((record.ended or time.time()) - record.started, 1)
     return report
+
+
+def _check_partitions(
+    seen: Observed,
+    record: RunRecord,
+    sim: dict[str, Any],
+    side: list[dict[str, Any]],
+    report: Report,
+) -> None:
+    """Guarantee 8: a cut-off worker gives up its calls at its local lease deadline, and
+    nothing it writes after the heal is accepted from a lease it lost."""
+    fig = report.figures
+    lease = float(record.config.get("lease", 0.0) or 0.0)
+    # The heartbeat looks at its deadline once per tick (a third of the lease); 1 s more
+    # for a loaded machine.
+    slack = lease / 3 + 1.0
+    calls: list[tuple[int, str, dict[str, Any]]] = []
+    for tag, recs in sim["calls"]["tags"].items():
+        pid = int(tag.split(":")[2])
+        calls += [(pid, tag, c) for c in recs]
+    final = {j.id: j.lease_token for j in seen.jobs.values()}
+    overlapping = cancelled = late = 0
+    after_heal_refused = after_heal_landed = 0
+    for f in record.faults:
+        if f["kind"] not in ("cut", "oneway", "isolate"):
+            continue
+        t0, t1 = float(f["t"]), float(f.get("until") or f["t"])
+        pids = set(f["pids"])
+        deadline = t0 + lease + slack
+        if t1 > deadline:
+            for pid, tag, c in calls:
+                end = c["end"] if c["end"] is not None else record.ended
+                if pid not in pids or c["start"] >= t1 or end <= t0:
+                    continue
+                overlapping += 1
+                if end > deadline:
+                    late += 1
+                    report.violation(
+                        f"worker {pid} cut off ({f['kind']}) at {t0:.1f} for {t1 - t0:.1f}s"
+                        f" kept its model call {tag} open {end - t0:.1f}s into the cut,"
+                        f" past its local lease deadline (lease {lease:g}s)"
+                    )
+                elif c["status"] is None:
+                    cancelled += 1
+        for e in side:
+            if e["event"] == "refused" and e.get("pid") in pids and e["t"] >= t1:
+                after_heal_refused += 1
+        for job_id, token, pid, at in seen.writes_by:
+            if pid in pids and at >= t1:
+                after_heal_landed += 1
+                if token != final.get(job_id):
+                    report.violation(
+                        f"job {job_id}: a write of cut-off worker {pid} landed after the heal"
+                        f" with token {token}, the job's final lease is {final.get(job_id)}"
+                    )
+    fig["partition_calls_overlapping_cuts"] = overlapping
+    fig["partition_calls_hung_up_by_deadline"] = cancelled
+    fig["partition_calls_past_deadline"] = late
+    fig["partition_writes_after_heal"] = (
+        f"{after_heal_refused} refused, {after_heal_landed} landed (their own live lease)"
+    )
 
 
 def _check_ledger(seen: Observed, record: RunRecord, sim: dict[str, Any], report: Report) -> None:

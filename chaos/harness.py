@@ -89,6 +89,9 @@ class ChaosConfig:
         default_factory=lambda: {"kill": 2, "stop": 1, "term": 1, "restart": 1, "drop": 1}
     )
     stop_seconds: float = 0.0  # how long a SIGSTOP lasts; 0: the lease plus 2 s
+    # > 0: one partition at a time, the next one at least this many seconds after the
+    # last heal (0: the faults come when drawn, overlapping or not)
+    fault_gap: float = 0.0
     down_seconds: float = 1.0  # how long a restarted server stays down
     drain_timeout: float = 120.0
     eval_docs: int = 36  # evaluation documents submitted (0: none)
@@ -101,7 +104,9 @@ class ChaosConfig:
     # Partitions (chaos/netns.py): the job store and the workers on hosts of their own.
     network: bool = False
     hosts: int = 3  # worker hosts; the workers are spread over them
-    cut_seconds: float = 0.0  # how long a cut, a one-way cut or an isolation lasts; 0: lease + 2 s
+    # How long a cut, a one-way cut or an isolation lasts; 0: past the workers' local
+    # lease deadline (lease + a heartbeat tick + 1 s) by 2 s, so the deadline is tested.
+    cut_seconds: float = 0.0
     slow_seconds: float = 0.0  # how long a host's link is slow; 0: lease + 2 s
     slow_delay: float = 0.5  # the slow link's added latency per packet, seconds
     slow_loss: float = 0.1  # and the share of its packets lost
@@ -153,6 +158,7 @@ class Harness:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.net: Network | None = None
         # Partitions scheduled to heal: (monotonic time, filters to remove, hosts, event)
+        self._last_heal = 0.0
         self.heals: list[tuple[float, list[tuple[Host, int]], list[Host], dict[str, Any]]] = []
         self.backend: PostgresBackend | RedisBackend
         if config.network:
@@ -253,6 +259,16 @@ class Harness:
             fh.write(json.dumps(entry) + "\n")
         return proc
 
+    async def _workers_ready(self, timeout: float = 90.0) -> None:
+        """Until every worker logged that it is serving its queues."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(b"queues " in p.log.read_bytes() for p in self.procs):
+                return
+            self._reap_and_replace()
+            await asyncio.sleep(0.1)
+        log.warning("not every worker started within %.0f s; the faults begin anyway", timeout)
+
     def _next_host(self) -> Host | None:
         """The worker host with the fewest live workers (a replacement takes the place
         of the one it replaces)."""
@@ -351,9 +367,11 @@ class Harness:
         net = self.net
         if net is None:
             raise ValueError(f"fault {kind!r} needs a network run (ChaosConfig.network)")
-        seconds = (self.cfg.slow_seconds if kind == "slow" else self.cfg.cut_seconds) or (
-            self.cfg.lease + 2.0
-        )
+        lease = self.cfg.lease
+        if kind == "slow":
+            seconds = self.cfg.slow_seconds or lease + 2.0
+        else:
+            seconds = self.cfg.cut_seconds or lease * 4 / 3 + 3.0
         if kind == "isolate":
             hosts = list(net.workers)
         else:
@@ -363,6 +381,8 @@ class Harness:
                 return
             host = proc.host if proc is not None and proc.host in candidates else None
             hosts = [host or self.rng.choice(candidates)]
+        if kind != "slow":
+            await self._aim_mid_call([p.pid for p in self.procs if p.host in hosts])
         handles: list[tuple[Host, int]] = []
         for h in hosts:
             if kind in ("cut", "isolate"):
@@ -382,6 +402,36 @@ class Harness:
         )
         self.heals.append((time.monotonic() + seconds, handles, hosts, event))
 
+    async def _aim_mid_call(self, pids: list[int], timeout: float = 5.0) -> None:
+        """Lengthen the simulator's calls until one of ``pids`` has a call in flight that
+        outlasts the cut's lease deadline (3 leases long): the cut must then end it."""
+        low, high = self.cfg.call_seconds
+        long = 3 * self.cfg.lease
+        async with httpx.AsyncClient(base_url=self.sim_url, timeout=10) as client:
+            await client.post("/_sim/config", json={"latency": f"{long}:{long}"})
+            since = time.time()
+            deadline = time.monotonic() + timeout
+            try:
+                while time.monotonic() < deadline:
+                    tags = (await client.get("/_sim/calls")).json()["tags"]
+                    if any(
+                        int(tag.split(":")[2]) in pids and c["end"] is None and c["start"] >= since
+                        for tag, calls in tags.items()
+                        for c in calls
+                    ):
+                        return
+                    self._continue_due()  # the schedule goes on meanwhile
+                    self._heal_due()
+                    await asyncio.sleep(0.1)
+                log.warning("no call of %s in flight to cut; cutting anyway", pids)
+            finally:
+                await client.post("/_sim/config", json={"latency": f"{low}:{high}"})
+
+    def _held_back(self) -> bool:
+        """With fault_gap: a partition is healing, or healed less than fault_gap ago."""
+        gap = self.cfg.fault_gap
+        return gap > 0 and (bool(self.heals) or time.monotonic() < self._last_heal + gap)
+
     def _heal_due(self, force: bool = False) -> None:
         assert self.net is not None or not self.heals
         now = time.monotonic()
@@ -394,6 +444,7 @@ class Harness:
                     for h in hosts:
                         self.net.stop_pump(h)
                 self.heals.remove(item)
+                self._last_heal = time.monotonic()
                 event["until"] = time.time()
                 self._fault("heal", hosts=event["hosts"], of=event["kind"])
 
@@ -511,18 +562,25 @@ class Harness:
         self.record.eval_batch = f"chaos-{self.cfg.seed}" if self.cfg.eval_docs else None
         try:
             await producer.open()
-            await self._enqueue(producer)
+            if self.net is None:
+                await self._enqueue(producer)
             broker = producer.broker
             for _ in range(self.cfg.workers):
                 self._spawn()
+            if self.net is not None:
+                # The jobs come once every worker is serving: a worker still importing
+                # cuts nothing, and one that claims jobs while the others start (two
+                # cores, three interpreters) can miss a 3 s lease with no fault at all.
+                await self._workers_ready()
+                await self._enqueue(producer)
             plan = self._plan_evals(self._schedule())
             t0 = time.monotonic()
             log.info("chaos %s: %d jobs, faults %s", self.backend.name, self.cfg.jobs, plan)
-            while plan or time.monotonic() - t0 < self.cfg.fault_phase:
+            while plan or self.heals or time.monotonic() - t0 < self.cfg.fault_phase:
                 self._continue_due()
                 self._heal_due()
                 self._reap_and_replace()
-                if plan and time.monotonic() - t0 >= plan[0][0]:
+                if plan and time.monotonic() - t0 >= plan[0][0] and not self._held_back():
                     await self._inject(plan.pop(0)[1], broker)
                     continue
                 await asyncio.sleep(0.1)
