@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         drain_timeout=max(120.0, seconds),
         network=args.partitions,
         hosts=args.hosts,
+        fault_gap=2.0 if args.partitions else 0.0,  # one partition at a time
     )
     report = asyncio.run(run_chaos(config))
     if args.json:

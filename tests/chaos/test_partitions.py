@@ -15,11 +15,14 @@ only where the kernel refuses network namespaces, veths, ifb, u32 or mirred.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
+from chaos.checker import evaluate
 from chaos.harness import ChaosConfig, run_chaos
 from chaos.netns import probe
+from tests.chaos.test_checker import T0, scenario
 
 JOBS = 150
 # The finding this run made on the day it was written (docs/chaos.md, "Partitions").
@@ -76,3 +79,43 @@ async def test_partitions_break_no_guarantee(netns: None, tmp_path) -> None:
     assert "equal" in f["eval_ledger_equals_bill"], f
     if late:
         pytest.xfail(f"{DEADLINE_FINDING}: {late[0]}")
+
+
+# The partition guarantee on hand-made outcomes (no namespaces needed): worker 11 is cut
+# off at T0 for 7 s with a 3 s lease, its call for job 1 in flight; worker 12 finishes
+# the job (token 2). Its local deadline: T0 + 3 + a tick (1 s) + 1 s.
+
+
+def cut_scenario(tmp_path: Path, call_end: float) -> tuple:
+    seen, record, sim, d = scenario(tmp_path)
+    record.config = {"lease": 3.0}
+    record.faults = [{"t": T0, "kind": "cut", "hosts": ["w1"], "pids": [11], "until": T0 + 7}]
+    sim["calls"]["tags"]["1:1:11"] = [{"start": T0 - 0.5, "end": call_end, "status": None}]
+    seen.writes_by = [(1, 2, 12, T0 + 6)]
+    return seen, record, sim, d
+
+
+def test_a_call_hung_up_by_the_local_deadline_passes(tmp_path: Path) -> None:
+    report = evaluate(*cut_scenario(tmp_path, call_end=T0 + 4.2))
+    assert report.ok, report.text()
+    assert report.figures["partition_calls_hung_up_by_deadline"] == 1
+    assert report.figures["cut_short_by"] == {"cut": 1}
+
+
+def test_a_call_kept_open_past_the_local_deadline_is_a_violation(tmp_path: Path) -> None:
+    report = evaluate(*cut_scenario(tmp_path, call_end=T0 + 6.5))
+    assert any("past its local lease deadline" in v for v in report.violations), report.text()
+    assert report.figures["partition_calls_past_deadline"] == 1
+
+
+def test_a_cut_shorter_than_the_deadline_asks_nothing(tmp_path: Path) -> None:
+    seen, record, sim, d = cut_scenario(tmp_path, call_end=T0 + 4.5)
+    record.faults[0]["until"] = T0 + 2.0  # healed before the deadline: the call may go on
+    assert evaluate(seen, record, sim, d).ok
+
+
+def test_a_stale_write_after_the_heal_is_a_violation(tmp_path: Path) -> None:
+    seen, record, sim, d = cut_scenario(tmp_path, call_end=T0 + 4.2)
+    seen.writes_by.append((1, 1, 11, T0 + 7.5))  # worker 11's old lease, after the heal
+    text = " | ".join(evaluate(seen, record, sim, d).violations)
+    assert "a write of cut-off worker 11 landed after the heal with token 1" in text
