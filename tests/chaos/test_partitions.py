@@ -118,4 +118,10 @@ def test_a_stale_write_after_the_heal_is_a_violation(tmp_path: Path) -> None:
     seen, record, sim, d = cut_scenario(tmp_path, call_end=T0 + 4.2)
     seen.writes_by.append((1, 1, 11, T0 + 7.5))  # worker 11's old lease, after the heal
     text = " | ".join(evaluate(seen, record, sim, d).violations)
-    assert "a write of cut-off worker 11 landed after the heal with token 1" in text
+    assert "a write of cut-off worker 11 (token 1) landed after the heal" in text
+
+
+def test_a_write_after_the_heal_on_a_lease_still_held_passes(tmp_path: Path) -> None:
+    seen, record, sim, d = cut_scenario(tmp_path, call_end=T0 + 4.2)
+    seen.writes_by.insert(0, (1, 1, 11, T0 + 4.8))  # before token 2 began (T0 + 5)
+    assert evaluate(seen, record, sim, d).ok
