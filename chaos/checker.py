@@ -499,7 +499,8 @@ def _check_partitions(
     fig["partition_calls_hung_up_by_deadline"] = cancelled
     fig["partition_calls_past_deadline"] = late
     fig["partition_writes_after_heal"] = (
-        f"{after_heal_refused} refused, {len(late_writes)} landed (on a lease still theirs)"
+        f"{after_heal_refused} refused, {len(late_writes)} accepted"
+        " (none after a newer attempt began)"
     )
 
 
