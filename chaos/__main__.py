@@ -1,4 +1,5 @@
-"""``python -m chaos --backend postgres|redis --workers 6 --jobs 2000 --minutes 5``."""
+"""``python -m chaos --backend postgres|redis --workers 6 --jobs 2000 --minutes 5``;
+``python -m chaos --partitions`` for network partitions (root; chaos/netns.py)."""
 
 from __future__ import annotations
 
@@ -22,19 +23,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lease", type=float, default=3.0, help="lease seconds of the jobs")
     p.add_argument(
         "--faults-per-minute",
-        default="kill=4,stop=2,term=2,restart=1,drop=1",
-        help="how many faults of each kind per minute of the fault phase",
+        default=None,
+        help="how many faults of each kind per minute of the fault phase"
+        " (default kill=4,stop=2,term=2,restart=1,drop=1)",
     )
     p.add_argument(
         "--eval-docs", type=int, default=120, help="evaluation documents (herd.eval; 0: none)"
     )
+    p.add_argument(
+        "--partitions",
+        action="store_true",
+        help="the job store and the workers in network namespaces of their own, and"
+        " network faults (default --faults-per-minute cut=1,oneway=1,slow=1,isolate=1)",
+    )
+    p.add_argument("--hosts", type=int, default=3, help="worker hosts of a partition run")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--run-dir", type=Path, default=None, help="keep logs and records here")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    rates = dict(item.split("=") for item in args.faults_per_minute.split(",") if item)
-    faults = {kind: max(1, round(float(n) * args.minutes)) for kind, n in rates.items()}
+    spec = args.faults_per_minute or (
+        "cut=1,oneway=1,slow=1,isolate=1"
+        if args.partitions
+        else "kill=4,stop=2,term=2,restart=1,drop=1"
+    )
+    try:
+        rates = {
+            k: float(n) for k, _, n in (item.partition("=") for item in spec.split(",") if item)
+        }
+    except ValueError:
+        p.error(f"--faults-per-minute {spec!r}: KIND=NUMBER,... (e.g. kill=4,stop=2)")
+    if args.partitions and args.backend != "postgres":
+        p.error("--partitions: the job store of a partition run is postgres (--backend postgres)")
+    faults = {kind: max(1, round(n * args.minutes)) for kind, n in rates.items()}
     seconds = args.minutes * 60
     # Jobs long enough that the work lasts about as long as the fault phase.
     slots = args.workers * args.concurrency
@@ -52,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         eval_docs=args.eval_docs,
         run_dir=args.run_dir,
         drain_timeout=max(120.0, seconds),
+        network=args.partitions,
+        hosts=args.hosts,
+        fault_gap=2.0 if args.partitions else 0.0,  # one partition at a time
     )
     report = asyncio.run(run_chaos(config))
     if args.json:

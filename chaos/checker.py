@@ -29,6 +29,13 @@ Guarantees checked (each failure is a violation; the run fails on any):
      rows) are exactly the calls the evaluations' own simulator billed; no call is
      left open; every document is done and every evaluation job succeeded; no key has
      'call' rows from two jobs (a repeated document is deduplicated or cached).
+  8. (network runs) a worker cut off from the job store (both ways, its answers only, or
+     with every other worker) ends the model calls it has running once its local lease
+     deadline passes: every call of a cut-off worker that overlaps a cut lasting past
+     the lease has ended (cancelled or answered) by the cut's start + the lease + a
+     heartbeat tick + 1 s; and nothing it writes after the cut heals is accepted from a
+     lease it lost: no fenced write of a cut-off worker landing after the heal comes
+     after a newer attempt of its job began.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ if TYPE_CHECKING:
 GLOBAL_FAULT_REACH = 10.0
 _LOST = re.compile(r"job (\d+): lease lost \(([^)]*)\)")
 PID_FAULTS = ("kill", "stop", "term")
+NET_FAULTS = ("cut", "oneway", "slow", "isolate")  # chaos/netns.py: {hosts, pids, t, until}
 
 
 @dataclass
@@ -117,6 +125,9 @@ def _fault_windows(record: RunRecord) -> list[tuple[str, int | None, float, floa
             windows.append((kind, f["pid"], f["t"], float(f.get("until") or f["t"])))
         elif kind.endswith(("_restart", "_drop")):
             windows.append((kind, None, f["t"], float(f.get("until") or f["t"])))
+        elif kind in NET_FAULTS:  # a partition hits the workers on the hosts it cut off
+            for pid in f["pids"]:
+                windows.append((kind, pid, f["t"], float(f.get("until") or f["t"])))
     # A worker's own fault is the first explanation looked for, the job store's after.
     return sorted(windows, key=lambda w: w[1] is None)
 
@@ -129,6 +140,8 @@ class Observed:
     jobs: dict[int, Job]
     results: dict[int, int] = field(default_factory=dict)  # PostgreSQL: job -> fenced row token
     writes: list[tuple[int, int]] = field(default_factory=list)  # (job, token) in commit order
+    # PostgreSQL: every fenced write as (job, token, pid, commit time, epoch seconds)
+    writes_by: list[tuple[int, int, int, float]] = field(default_factory=list)
     lease_keys: dict[int, str] = field(default_factory=dict)  # Redis: job -> lease key's token
     # What stats() says, and a full count of the store itself: (queue, status) -> jobs
     stats: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -159,6 +172,12 @@ async def observe(
         seen.writes = [
             (int(r[0]), int(r[1]))
             for r in backend.fetch("SELECT job_id, token FROM chaos_writes ORDER BY id")
+        ]
+        seen.writes_by = [
+            (int(r[0]), int(r[1]), int(r[2]), float(r[3]))
+            for r in backend.fetch(
+                "SELECT job_id, token, pid, extract(epoch FROM at) FROM chaos_writes ORDER BY id"
+            )
         ]
     else:
         seen.lease_keys = backend.lease_keys()
@@ -377,7 +396,7 @@ def evaluate(seen: Observed, record: RunRecord, sim: dict[str, Any], run_dir: Pa
         if code != 0:
             report.violation(f"worker {pid} exited {code} on the drain's SIGTERM (expected 0)")
 
-    faults = Counter(f["kind"] for f in record.faults if f["kind"] not in ("cont",))
+    faults = Counter(f["kind"] for f in record.faults if f["kind"] not in ("cont", "heal"))
     fig["jobs"] = len(expected)
     fig["outcome"] = dict(statuses)
     fig["dead_reasons"] = dict(dead_reasons)
@@ -410,10 +429,79 @@ def evaluate(seen: Observed, record: RunRecord, sim: dict[str, Any], run_dir: Pa
     fig["stats_match_full_count"] = seen.stats == seen.counted
     if seen.stats != seen.counted:
         report.violation(f"stats() says {seen.stats}, a full count {seen.counted}")
+    if any(f["kind"] in NET_FAULTS for f in record.faults):
+        _check_partitions(seen, record, sim, side, report)
     if record.eval_batch is not None:
         _check_ledger(seen, record, sim, report)
     fig["run_seconds"] = round((record.ended or time.time()) - record.started, 1)
     return report
+
+
+def _check_partitions(
+    seen: Observed,
+    record: RunRecord,
+    sim: dict[str, Any],
+    side: list[dict[str, Any]],
+    report: Report,
+) -> None:
+    """Guarantee 8: a cut-off worker gives up its calls at its local lease deadline, and
+    nothing it writes after the heal is accepted from a lease it lost."""
+    fig = report.figures
+    lease = float(record.config.get("lease", 0.0) or 0.0)
+    # The heartbeat looks at its deadline once per tick (a third of the lease); 1 s more
+    # for a loaded machine.
+    slack = lease / 3 + 1.0
+    calls: list[tuple[int, str, dict[str, Any]]] = []
+    for tag, recs in sim["calls"]["tags"].items():
+        pid = int(tag.split(":")[2])
+        calls += [(pid, tag, c) for c in recs]
+    overlapping = cancelled = late = 0
+    after_heal_refused = 0
+    late_writes: set[tuple[int, int, int, float]] = set()
+    for f in record.faults:
+        if f["kind"] not in ("cut", "oneway", "isolate"):
+            continue
+        t0, t1 = float(f["t"]), float(f.get("until") or f["t"])
+        pids = set(f["pids"])
+        deadline = t0 + lease + slack
+        if t1 > deadline:
+            for pid, tag, c in calls:
+                end = c["end"] if c["end"] is not None else record.ended
+                if pid not in pids or c["start"] >= t1 or end <= t0:
+                    continue
+                overlapping += 1
+                if end > deadline:
+                    late += 1
+                    report.violation(
+                        f"worker {pid} cut off ({f['kind']}) at {t0:.1f} for {t1 - t0:.1f}s"
+                        f" kept its model call {tag} open {end - t0:.1f}s into the cut,"
+                        f" past its local lease deadline (lease {lease:g}s)"
+                    )
+                elif c["status"] is None:
+                    cancelled += 1
+        for e in side:
+            if e["event"] == "refused" and e.get("pid") in pids and e["t"] >= t1:
+                after_heal_refused += 1
+        for job_id, token, pid, at in seen.writes_by:
+            if pid in pids and at >= t1:
+                late_writes.add((job_id, token, pid, at))
+    # A write from an older lease may land after the heal while that lease still holds
+    # (its completion refused later); it must not land once a newer attempt began.
+    began = {(e["job"], e["token"]): e["t"] for e in side if e["event"] == "start"}
+    for job_id, token, pid, at in sorted(late_writes):
+        newer = [t for (j, k), t in began.items() if j == job_id and k > token and t < at]
+        if newer:
+            report.violation(
+                f"job {job_id}: a write of cut-off worker {pid} (token {token}) landed after"
+                f" the heal, {at - min(newer):.1f}s after a newer attempt began"
+            )
+    fig["partition_calls_overlapping_cuts"] = overlapping
+    fig["partition_calls_hung_up_by_deadline"] = cancelled
+    fig["partition_calls_past_deadline"] = late
+    fig["partition_writes_after_heal"] = (
+        f"{after_heal_refused} refused, {len(late_writes)} accepted"
+        " (none after a newer attempt began)"
+    )
 
 
 def _check_ledger(seen: Observed, record: RunRecord, sim: dict[str, Any], report: Report) -> None:

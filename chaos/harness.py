@@ -34,6 +34,7 @@ import httpx
 
 from chaos.backends import (
     ROOT,
+    NetnsPostgresBackend,
     PostgresBackend,
     RedisBackend,
     alive,
@@ -41,6 +42,7 @@ from chaos.backends import (
     pid_of_owner,
 )
 from chaos.checker import Report, check
+from chaos.netns import Host, Network
 from herd import App
 from herd.errors import BrokerError, HerdError
 from herd.llm import evaluate
@@ -49,7 +51,8 @@ from herd.queue.base import JobStatus
 
 log = logging.getLogger("chaos")
 
-FAULT_KINDS = ("kill", "stop", "term", "restart", "drop")
+NET_FAULTS = ("cut", "oneway", "slow", "isolate")  # with ChaosConfig.network only
+FAULT_KINDS = ("kill", "stop", "term", "restart", "drop", *NET_FAULTS)
 EVAL_LEAD = 0.6  # seconds a wave of evaluations goes in before the fault it is aimed at
 EVAL_SPEC = EvalSpec(
     model="sim-chaos-eval",
@@ -86,6 +89,9 @@ class ChaosConfig:
         default_factory=lambda: {"kill": 2, "stop": 1, "term": 1, "restart": 1, "drop": 1}
     )
     stop_seconds: float = 0.0  # how long a SIGSTOP lasts; 0: the lease plus 2 s
+    # > 0: one partition at a time, the next one at least this many seconds after the
+    # last heal (0: the faults come when drawn, overlapping or not)
+    fault_gap: float = 0.0
     down_seconds: float = 1.0  # how long a restarted server stays down
     drain_timeout: float = 120.0
     eval_docs: int = 36  # evaluation documents submitted (0: none)
@@ -95,6 +101,15 @@ class ChaosConfig:
     run_dir: Path | None = None  # logs, side logs, records (default: a temporary folder)
     home: Path = ROOT / ".herd-test" / "chaos-home"  # the chaos run's own PostgreSQL
     database: str = "herd_chaos"  # its database on that server
+    # Partitions (chaos/netns.py): the job store and the workers on hosts of their own.
+    network: bool = False
+    hosts: int = 3  # worker hosts; the workers are spread over them
+    # How long a cut, a one-way cut or an isolation lasts; 0: past the workers' local
+    # lease deadline (lease + a heartbeat tick + 1 s) by 2 s, so the deadline is tested.
+    cut_seconds: float = 0.0
+    slow_seconds: float = 0.0  # how long a host's link is slow; 0: lease + 2 s
+    slow_delay: float = 0.5  # the slow link's added latency per packet, seconds
+    slow_loss: float = 0.1  # and the share of its packets lost
 
 
 @dataclass
@@ -105,6 +120,7 @@ class _Proc:
     stopped_until: float | None = None  # monotonic time of the planned SIGCONT
     stop_event: dict[str, Any] | None = None  # its "until" becomes the actual SIGCONT time
     signalled: str | None = None  # "kill" / "term": its exit is expected
+    host: Host | None = None  # its network namespace (network runs)
     fault: dict[str, Any] | None = None  # the kill / term event, closed when it exits
 
     @property
@@ -140,7 +156,20 @@ class Harness:
         self.rng = random.Random(config.seed)
         self.dir = config.run_dir or Path(tempfile.mkdtemp(prefix=f"chaos-{config.backend}-"))
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.backend = make_backend(config.backend, config.home, self.dir, config.database)
+        self.net: Network | None = None
+        # Partitions scheduled to heal: (monotonic time, filters to remove, hosts, event)
+        self._last_heal = 0.0
+        self.heals: list[tuple[float, list[tuple[Host, int]], list[Host], dict[str, Any]]] = []
+        self.backend: PostgresBackend | RedisBackend
+        if config.network:
+            if config.backend != "postgres":
+                raise ValueError(f"backend {config.backend!r}: partition runs are postgres only")
+            self.net = Network(config.hosts, self.dir)
+            self.backend = NetnsPostgresBackend(
+                self.net.store.address, self.net.prefix(self.net.store), config.database
+            )
+        else:
+            self.backend = make_backend(config.backend, config.home, self.dir, config.database)
         self.procs: list[_Proc] = []
         self.seq = 0
         self.sim: subprocess.Popen[str] | None = None
@@ -175,9 +204,12 @@ class Harness:
         self, name: str, latency: tuple[float, float]
     ) -> tuple[subprocess.Popen[str], str]:
         low, high = latency
+        # On a network run the workers reach the simulators over the bridge (no fault
+        # is put on that path but the slow link, which delays everything a host sends).
+        host = self.net.gateway if self.net is not None else "127.0.0.1"
         with (self.dir / f"{name}.log").open("wb") as stderr:
             sim = subprocess.Popen(
-                [sys.executable, "-m", "herd.llm.simulator", "--port", "0",
+                [sys.executable, "-m", "herd.llm.simulator", "--port", "0", "--host", host,
                  "--latency", f"{low}:{high}", "--seed", str(self.cfg.seed)],
                 cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True,
                 env=dict(os.environ, PYTHONPATH=str(ROOT)),
@@ -205,19 +237,48 @@ class Harness:
             HERD_EVAL_LOCK_TTL=str(max(1, round(self.cfg.lease))),
             **self.backend.worker_env(),
         )
+        host = self._next_host()
+        # `ip netns exec` execs the command in place: the pid is the worker's own.
+        prefix = self.net.prefix(host) if self.net is not None and host is not None else []
         with logfile.open("wb") as stderr:  # the child keeps its own copy
             popen = subprocess.Popen(
-                [sys.executable, "-m", "herd", "worker", "chaos.app:app",
+                [*prefix, sys.executable, "-m", "herd", "worker", "chaos.app:app",
                  "--concurrency", str(self.cfg.concurrency), "--poll-interval", "0.2",
                  "--grace", str(self.cfg.grace)],
                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr,
             )  # fmt: skip
-        proc = _Proc(self.seq, popen, logfile)
+        proc = _Proc(self.seq, popen, logfile, host=host)
         self.procs.append(proc)
         self.record.worker_pids.append(proc.pid)
+        for _, _, hosts, event in self.heals:
+            if host in hosts:  # started on a host that is cut off now: cut off too
+                event["pids"].append(proc.pid)
         with (self.dir / "workers.jsonl").open("a") as fh:
-            fh.write(json.dumps({"seq": proc.seq, "pid": proc.pid, "log": logfile.name}) + "\n")
+            entry = {"seq": proc.seq, "pid": proc.pid, "log": logfile.name,
+                     "host": host.name if host else None}  # fmt: skip
+            fh.write(json.dumps(entry) + "\n")
         return proc
+
+    async def _workers_ready(self, timeout: float = 90.0) -> None:
+        """Until every worker logged that it is serving its queues."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(b"queues " in p.log.read_bytes() for p in self.procs):
+                return
+            self._reap_and_replace()
+            await asyncio.sleep(0.1)
+        log.warning("not every worker started within %.0f s; the faults begin anyway", timeout)
+
+    def _next_host(self) -> Host | None:
+        """The worker host with the fewest live workers (a replacement takes the place
+        of the one it replaces)."""
+        if self.net is None:
+            return None
+        load = {h.name: 0 for h in self.net.workers}
+        for p in self.procs:
+            if p.host is not None and p.popen.poll() is None and p.signalled is None:
+                load[p.host.name] += 1
+        return min(self.net.workers, key=lambda h: load[h.name])
 
     def _live(self) -> list[_Proc]:
         return [p for p in self.procs if p.popen.poll() is None and p.signalled is None]
@@ -295,8 +356,97 @@ class Harness:
         elif kind == "drop":
             event = self._fault(f"{self.backend.name}_drop")
             event["dropped"] = await asyncio.to_thread(self.backend.drop_connections)
+        elif kind in NET_FAULTS:
+            await self._partition(kind, broker)
         elif kind.startswith("eval:"):
             await self._submit_evals(int(kind.partition(":")[2]))
+
+    async def _partition(self, kind: str, broker: Any) -> None:
+        """Cut a worker host off the job store (both ways, or only the store's answers),
+        slow its link down, or cut every worker host off the store; healed later."""
+        net = self.net
+        if net is None:
+            raise ValueError(f"fault {kind!r} needs a network run (ChaosConfig.network)")
+        lease = self.cfg.lease
+        if kind == "slow":
+            seconds = self.cfg.slow_seconds or lease + 2.0
+        else:
+            seconds = self.cfg.cut_seconds or lease * 4 / 3 + 3.0
+        if kind == "isolate":
+            hosts = list(net.workers)
+        else:
+            proc = await self._pick_worker(broker)
+            candidates = [h for h in net.workers if kind != "slow" or h.pump is None]
+            if not candidates:
+                return
+            host = proc.host if proc is not None and proc.host in candidates else None
+            hosts = [host or self.rng.choice(candidates)]
+        if kind != "slow":
+            await self._aim_mid_call([p.pid for p in self.procs if p.host in hosts])
+        handles: list[tuple[Host, int]] = []
+        for h in hosts:
+            if kind in ("cut", "isolate"):
+                handles += net.cut(h, net.store)
+            elif kind == "oneway":
+                # The worker's statements reach the store (its renewals commit there) but
+                # no answer comes back: the worker cannot tell its lease was renewed.
+                handles += net.drop(net.store, h)
+            else:
+                handles += await asyncio.to_thread(
+                    net.impair, h, self.cfg.slow_delay, self.cfg.slow_loss
+                )
+        pids = [p.pid for p in self.procs if p.host in hosts and p.popen.poll() is None]
+        extra = {"delay": self.cfg.slow_delay, "loss": self.cfg.slow_loss} if kind == "slow" else {}
+        event = self._fault(
+            kind, hosts=[h.name for h in hosts], pids=pids, until=time.time() + seconds, **extra
+        )
+        self.heals.append((time.monotonic() + seconds, handles, hosts, event))
+
+    async def _aim_mid_call(self, pids: list[int], timeout: float = 5.0) -> None:
+        """Lengthen the simulator's calls until one of ``pids`` has a call in flight that
+        outlasts the cut's lease deadline (3 leases long): the cut must then end it."""
+        low, high = self.cfg.call_seconds
+        long = 3 * self.cfg.lease
+        async with httpx.AsyncClient(base_url=self.sim_url, timeout=10) as client:
+            await client.post("/_sim/config", json={"latency": f"{long}:{long}"})
+            since = time.time()
+            deadline = time.monotonic() + timeout
+            try:
+                while time.monotonic() < deadline:
+                    tags = (await client.get("/_sim/calls")).json()["tags"]
+                    if any(
+                        int(tag.split(":")[2]) in pids and c["end"] is None and c["start"] >= since
+                        for tag, calls in tags.items()
+                        for c in calls
+                    ):
+                        return
+                    self._continue_due()  # the schedule goes on meanwhile
+                    self._heal_due()
+                    await asyncio.sleep(0.1)
+                log.warning("no call of %s in flight to cut; cutting anyway", pids)
+            finally:
+                await client.post("/_sim/config", json={"latency": f"{low}:{high}"})
+
+    def _held_back(self) -> bool:
+        """With fault_gap: a partition is healing, or healed less than fault_gap ago."""
+        gap = self.cfg.fault_gap
+        return gap > 0 and (bool(self.heals) or time.monotonic() < self._last_heal + gap)
+
+    def _heal_due(self, force: bool = False) -> None:
+        assert self.net is not None or not self.heals
+        now = time.monotonic()
+        for item in list(self.heals):
+            due, handles, hosts, event = item
+            if force or now >= due:
+                assert self.net is not None
+                self.net.heal(handles)
+                if event["kind"] == "slow":
+                    for h in hosts:
+                        self.net.stop_pump(h)
+                self.heals.remove(item)
+                self._last_heal = time.monotonic()
+                event["until"] = time.time()
+                self._fault("heal", hosts=event["hosts"], of=event["kind"])
 
     def _continue_due(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -391,6 +541,16 @@ class Harness:
         return active == 0
 
     async def run(self) -> Report:
+        try:
+            if self.net is not None:
+                await asyncio.to_thread(self.net.open)
+            return await self._run()
+        finally:
+            # Also on Ctrl-C (the task is cancelled): no namespace, veth or pump is left.
+            if self.net is not None:
+                self.net.close()
+
+    async def _run(self) -> Report:
         from chaos.app import app as chaos_app
 
         self.record.started = time.time()
@@ -402,22 +562,31 @@ class Harness:
         self.record.eval_batch = f"chaos-{self.cfg.seed}" if self.cfg.eval_docs else None
         try:
             await producer.open()
-            await self._enqueue(producer)
+            if self.net is None:
+                await self._enqueue(producer)
             broker = producer.broker
             for _ in range(self.cfg.workers):
                 self._spawn()
+            if self.net is not None:
+                # The jobs come once every worker is serving: a worker still importing
+                # cuts nothing, and one that claims jobs while the others start (two
+                # cores, three interpreters) can miss a 3 s lease with no fault at all.
+                await self._workers_ready()
+                await self._enqueue(producer)
             plan = self._plan_evals(self._schedule())
             t0 = time.monotonic()
             log.info("chaos %s: %d jobs, faults %s", self.backend.name, self.cfg.jobs, plan)
-            while plan or time.monotonic() - t0 < self.cfg.fault_phase:
+            while plan or self.heals or time.monotonic() - t0 < self.cfg.fault_phase:
                 self._continue_due()
+                self._heal_due()
                 self._reap_and_replace()
-                if plan and time.monotonic() - t0 >= plan[0][0]:
+                if plan and time.monotonic() - t0 >= plan[0][0] and not self._held_back():
                     await self._inject(plan.pop(0)[1], broker)
                     continue
                 await asyncio.sleep(0.1)
             # Drain: no more faults; every stopped worker continues; servers up.
             self._continue_due(force=True)
+            self._heal_due(force=True)
             await asyncio.to_thread(self.backend.ensure_running)
             await self._snapshot_leases(broker)
             drain_start = time.monotonic()
