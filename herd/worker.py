@@ -477,36 +477,57 @@ class Worker:
     # -- heartbeat
 
     async def _heartbeat(self) -> None:
-        while True:
-            running = list(self._running.values())
-            if not running:
-                await asyncio.sleep(min(1.0, self.poll_interval))
-                continue
-            tick = min(r.lease.lease_seconds for r in running) / 3
-            sent = time.monotonic()
-            try:
-                renewed = await self.app.broker.renew_if_leased([r.lease for r in running])
-            except BrokerError as exc:
-                log.error("heartbeat failed: %s", exc)
-                renewed = None
-            self.stats.heartbeats += 1
-            self.stats.renew_statements += 1
-            now = time.monotonic()
-            for r in running:
-                if r.task is None or r.task.done():
+        # A renewal runs as a task of its own and is waited for only until the earliest
+        # local deadline: cut off from the store (a partition drops packets, nothing
+        # answers and nothing fails), the request would otherwise block the check that
+        # cancels a job whose lease may be someone else's by now. No second renewal is
+        # sent while one is pending; a late answer counts from when it was sent.
+        pending: tuple[asyncio.Future[Any], float, set[int]] | None = None
+        try:
+            while True:
+                running = list(self._running.values())
+                if not running and pending is None:
+                    await asyncio.sleep(min(1.0, self.poll_interval))
                     continue
-                if renewed is not None and r.lease.job_id in renewed:
-                    r.deadline = sent + r.lease.lease_seconds
-                elif r.writing:
-                    continue  # still renewed while the write waits out an outage; never cut
-                elif renewed is not None or now > r.deadline:
-                    # Refused by the server, or unconfirmed past our own deadline:
-                    # another worker may hold it now, so stop paying for this run.
-                    self._lost(
-                        r, "renewal refused" if renewed is not None else "job store unreachable"
-                    )
-                    r.task.cancel()
-            await asyncio.sleep(max(0.05, tick - (time.monotonic() - sent)))
+                tick = min((r.lease.lease_seconds for r in running), default=1.0) / 3
+                now = time.monotonic()
+                if pending is None:
+                    leases = [r.lease for r in running]
+                    task = asyncio.ensure_future(self.app.broker.renew_if_leased(leases))
+                    pending = (task, now, {lease.job_id for lease in leases})
+                renewal, sent, covered = pending
+                until = min([now + tick, *(r.deadline for r in running)])
+                await asyncio.wait({renewal}, timeout=max(0.05, until - now))
+                renewed: dict[int, Any] | None = None
+                answered = renewal.done()
+                if answered:
+                    pending = None
+                    self.stats.heartbeats += 1
+                    self.stats.renew_statements += 1
+                    try:
+                        renewed = renewal.result()
+                    except BrokerError as exc:
+                        log.error("heartbeat failed: %s", exc)
+                now = time.monotonic()
+                for r in running:
+                    if r.task is None or r.task.done():
+                        continue
+                    mine = r.lease.job_id in covered
+                    if renewed is not None and mine and r.lease.job_id in renewed:
+                        r.deadline = sent + r.lease.lease_seconds
+                    elif r.writing:
+                        continue  # still renewed while the write waits out an outage; never cut
+                    elif (renewed is not None and mine) or now > r.deadline:
+                        # Refused by the server, or unconfirmed past our own deadline:
+                        # another worker may hold it now, so stop paying for this run.
+                        refused = renewed is not None and mine
+                        self._lost(r, "renewal refused" if refused else "job store unreachable")
+                        r.task.cancel()
+                if answered:
+                    await asyncio.sleep(max(0.05, tick - (time.monotonic() - sent)))
+        finally:
+            if pending is not None:
+                pending[0].cancel()
 
     # -- shutdown
 

@@ -26,10 +26,6 @@ from tests.chaos.test_checker import T0, scenario
 
 JOBS = 150
 # The finding this run made on the day it was written (docs/chaos.md, "Partitions").
-DEADLINE_FINDING = (
-    "herd's heartbeat awaits a renewal that a partition never answers, so a cut-off worker"
-    " does not look at its local lease deadline until the network heals"
-)
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +58,8 @@ async def test_partitions_break_no_guarantee(netns: None, tmp_path) -> None:
     report = await run_chaos(config)
     print(report.text())
     f = report.figures
-    late = [v for v in report.violations if "past its local lease deadline" in v]
-    others = [v for v in report.violations if v not in late]
-    assert not others, report.text()
+    # Among them: a cut-off worker's call ends by its local lease deadline.
+    assert report.ok, report.text()
 
     assert f["faults_injected"] == {"cut": 1, "oneway": 1, "slow": 1, "isolate": 1}, f
     assert sum(f["outcome"].values()) == JOBS
@@ -77,8 +72,6 @@ async def test_partitions_break_no_guarantee(netns: None, tmp_path) -> None:
     assert f["stats_match_full_count"] is True
     assert f["eval_documents"].startswith(f"{config.eval_docs}/{config.eval_docs} done"), f
     assert "equal" in f["eval_ledger_equals_bill"], f
-    if late:
-        pytest.xfail(f"{DEADLINE_FINDING}: {late[0]}")
 
 
 # The partition guarantee on hand-made outcomes (no namespaces needed): worker 11 is cut
