@@ -82,16 +82,22 @@ class RedisLocks(BaseLocks):
         if isinstance(redis, str):
             self._where = redis
             self._shared = rdb.SharedClient(redis, store="the lock store", max_size=pool_size)
-            self._redis: aioredis.Redis = self._shared.client
+            self._own: Any = None
             self._owns_client = True
+            # Through the shared client: on a cluster it swaps in a RedisCluster on open.
+            scripts: Any = self._shared
         else:
             kw = redis.connection_pool.connection_kwargs
             self._where = f"{kw.get('host', '?')}:{kw.get('port', '?')}"
-            self._redis = redis
+            self._own = scripts = redis
             self._owns_client = False
-        self._acquire_script = self._redis.register_script(_ACQUIRE)
-        self._renew_script = self._redis.register_script(_RENEW)
-        self._release_script = self._redis.register_script(_RELEASE)
+        self._acquire_script = scripts.register_script(_ACQUIRE)
+        self._renew_script = scripts.register_script(_RENEW)
+        self._release_script = scripts.register_script(_RELEASE)
+
+    @property
+    def _redis(self) -> Any:
+        return self._shared.client if self._shared is not None else self._own
 
     def _errors(self) -> AbstractContextManager[None]:
         return rdb.translate_errors(self._where, store="the lock store")
@@ -143,4 +149,4 @@ class RedisLocks(BaseLocks):
                     if name:
                         self._wake(name)
         finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await pubsub.aclose()
