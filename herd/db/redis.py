@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis import exceptions as rexc
@@ -230,6 +231,13 @@ class SharedClient:
         self.client = self._plain
 
 
+def node_url(url: str, host: str, port: int | str) -> str:
+    """``url`` (its credentials, database, options) for the cluster node ``host:port``."""
+    parts = urlsplit(url)
+    auth = parts.netloc.rpartition("@")[0]
+    return urlunsplit(parts._replace(netloc=f"{auth}@{host}:{port}" if auth else f"{host}:{port}"))
+
+
 def mark_name(owner: str) -> str:
     """The client name of ``owner``'s liveness connection (names allow '!'..'~' only)."""
     return "herd-live:" + "".join(c if "!" <= c <= "~" else "_" for c in owner)
@@ -247,9 +255,14 @@ class HeldConnection:
     ``held`` clear meanwhile).
     """
 
-    def __init__(self, url: str, owner: str, *, store: str = "the job store") -> None:
+    def __init__(
+        self, url: str, owner: str, *, store: str = "the job store", key: str | None = None
+    ) -> None:
+        """``key``: the key the read blocks on (default ``herd:live:<name>``); on a
+        cluster node, one of a slot that node serves, or the read is refused (MOVED)."""
         self.url, self.owner, self.store = url, owner, store
         self.name = mark_name(owner)
+        self.key = key or f"herd:live:{self.name}"
         self.id = ""
         self.held = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -287,7 +300,7 @@ class HeldConnection:
         while True:
             try:
                 # A key nobody pushes to: the read blocks until the connection breaks.
-                await client.blpop([f"herd:live:{self.name}"], timeout=0)
+                await client.blpop([self.key], timeout=0)
             except (rexc.RedisError, OSError) as exc:
                 log.warning("the liveness connection of %s broke (%s)", self.owner, exc)
             finally:

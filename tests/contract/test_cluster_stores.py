@@ -21,7 +21,7 @@ from herd.locks import RedisLocks
 from herd.locks.redis import lock_key
 from herd.queue.base import Completion, JobStatus
 from herd.queue.redis import RedisBroker, prefix
-from tests.helpers import job
+from tests.helpers import eventually, job
 
 
 def _spread(cluster: Any, key_of: Any, count: int = 3) -> list[str]:
@@ -140,3 +140,33 @@ def test_the_spread_names_really_lie_on_several_masters(cluster: Any) -> None:
     names = _spread(cluster, lambda q: prefix(q) + "meta")
     assert len({cluster.master_of(prefix(q) + "meta").port for q in names}) == 3
     assert len({key_slot((prefix(q) + "meta").encode()) for q in names}) == 3
+
+
+async def test_a_dead_workers_jobs_on_every_master_are_taken_over_at_once(cluster: Any) -> None:
+    queues = _spread(cluster, lambda q: prefix(q) + "meta")
+    gone, rescuer = RedisBroker(cluster.url), RedisBroker(cluster.nodes[1].url)
+    await gone.open()
+    await rescuer.open()
+    try:
+        # One mark on every master: each queue's jobs record the mark of their own node.
+        assert await gone.hold_liveness("w-gone") is True
+        await gone.enqueue([job(queue=q, lease_seconds=60) for q in queues])
+        held = await gone.claim(queues, "w-gone", 10)
+        assert len(held) == 3
+        # Its connections close as a killed process's would (the 60 s leases stand).
+        await gone.release_liveness("w-gone")
+        taken: list[Any] = []
+
+        async def rescued() -> bool:
+            taken.extend(await rescuer.claim(queues, "w-rescuer", 10))
+            return len(taken) == 3
+
+        await eventually(rescued, timeout=10, interval=0.05)
+        assert {ls.job_id for ls in taken} == {ls.job_id for ls in held}
+        assert all(ls.stalls == 1 for ls in taken)
+        for lease in taken:
+            j = await rescuer.get_job(lease.job_id)
+            assert j is not None and j.last_error == "worker w-gone died holding the lease"
+    finally:
+        await gone.close()
+        await rescuer.close()

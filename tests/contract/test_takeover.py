@@ -80,15 +80,7 @@ async def _running_in(broker, pid: int, lease_seconds: float):
     return await eventually(held, timeout=30)
 
 
-def _marks_held(broker) -> bool:
-    """A Redis Cluster holds no marks (docs/cluster.md): lease expiry only there."""
-    return not getattr(broker, "cluster", False)
-
-
 async def test_a_killed_workers_job_is_taken_over_long_before_its_lease_ends(broker, spawn):
-    if not _marks_held(broker):
-        assert await broker.hold_liveness("w1") is False
-        pytest.skip("no liveness marks on a Redis Cluster: lease expiry only")
     worker = spawn()
     held = await _running_in(broker, worker.pid, lease_seconds=30)
     worker.send_signal(signal.SIGKILL)
@@ -132,7 +124,7 @@ def _without_session(broker, request) -> bool:
 
 
 async def test_a_mark_is_one_owners_and_dropped_when_its_worker_stops(broker, request):
-    if _without_session(broker, request) or not _marks_held(broker):
+    if _without_session(broker, request):
         assert await broker.hold_liveness("w1") is False  # lease expiry only, and a warning
         return
     app = App(broker=broker)
@@ -194,8 +186,8 @@ def _drop(broker, url: str, holder: int) -> None:
 
 
 async def test_a_mark_whose_connection_the_server_dropped_is_taken_again(broker, request):
-    if _without_session(broker, request) or not _marks_held(broker):
-        pytest.skip("no session to hold a mark in (PgBouncer without a direct URL, a cluster)")
+    if _without_session(broker, request):
+        pytest.skip("no session to hold a mark in through PgBouncer without a direct URL")
     url = request.getfixturevalue("pg_url") if broker.name == "postgres" else broker.url
     assert await broker.hold_liveness("w-drop") is True
     (first,) = _mark_holders(broker, url, "w-drop")
