@@ -12,6 +12,7 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -73,7 +74,8 @@ def clean_pg(pg_url: str) -> str:
 
 # "pgbouncer": the PostgreSQL broker through PgBouncer in transaction mode, with
 # no direct URL (its LISTEN goes through the pooler too; the poll is what counts).
-BACKENDS = ["postgres", "redis", "pgbouncer"]
+# "redis-cluster": the Redis broker on a 3-master Redis Cluster, from a plain URL of one node.
+BACKENDS = ["postgres", "redis", "pgbouncer", "redis-cluster"]
 
 
 @pytest.fixture(scope="session")
@@ -117,6 +119,10 @@ async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
     elif request.param == "pgbouncer":
         truncate(request.getfixturevalue("pg_url"))
         b = PostgresBroker(request.getfixturevalue("pgbouncer_url"), pool_size=24)
+    elif request.param == "redis-cluster":
+        cluster = request.getfixturevalue("redis_cluster_server")
+        cluster.flush()
+        b = RedisBroker(cluster.url)
     else:
         url = request.getfixturevalue("redis_stack")
         flush_redis(url)
@@ -139,6 +145,25 @@ def redis_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Redis Cluster of 3 masters (tests/servers/redis_cluster.py) for the session."""
+    from tests.servers.redis_cluster import RedisCluster
+
+    cluster = RedisCluster(CACHE / "cache", tmp_path_factory.mktemp("redis-cluster"))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(redis_cluster_server: Any) -> str:
+    """A plain ``redis://`` URL of one node of the session's Redis Cluster."""
+    return str(redis_cluster_server.url)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

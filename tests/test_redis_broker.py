@@ -128,7 +128,8 @@ async def test_a_vanished_lease_key_is_recovered_by_reclaim(redis_app, redis_sta
     worker.stop()
     await run
     job = await redis_app.get_job(r.job_id)
-    assert runs == [1, 2] and job.result == 2 and job.stalls == 1
+    # Two leases, the second under a greater token (tokens start at the server's clock).
+    assert len(runs) == 2 and runs[0] < runs[1] and job.result == runs[1] and job.stalls == 1
     assert worker.stats.lost == 1
 
 
@@ -162,7 +163,8 @@ async def test_every_trace_of_a_succeeded_job_goes_with_its_hash(redis_stack):
         ids = await _run_to_success(broker, 50)
         (s,) = await broker.stats()
         assert s.counts == {JobStatus.SUCCEEDED: 50}
-        assert client.hlen("herd:jobq") == 50 and client.zcard("herd:{default}:st:succeeded") == 50
+        # No index outside the queue's slot: an id says its queue (herd.queue.redis).
+        assert not client.exists("herd:jobq") and client.zcard("herd:{default}:st:succeeded") == 50
         await eventually(lambda: _expired(broker, ids))
         # Expired but not yet swept: no longer counted all the same.
         assert client.zcard("herd:{default}:st:succeeded") == 50

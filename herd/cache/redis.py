@@ -6,8 +6,6 @@ import json
 import re
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from herd.cache.base import Entry
 from herd.db import redis as rdb
 from herd.jsonvalue import JSON, dumps
@@ -50,14 +48,26 @@ return redis.call('ZCARD', KEYS[1])
 """
 
 
+# The value and the clock of the server that holds it, in one round trip (a
+# pipeline of GET and TIME cannot run on a cluster: TIME names no key).
+_GET = """
+return {redis.call('GET', KEYS[1]), redis.call('TIME')}
+"""
+
+
 class RedisCacheStore:
     name = "redis"
 
     def __init__(self, url: str, *, pool_size: int = 4) -> None:
         self.url = url
         self._client = rdb.SharedClient(url, store="the cache", max_size=pool_size)
-        self._redis: aioredis.Redis = self._client.client
-        self._entries = self._redis.register_script(_ENTRIES)
+        self._entries = self._client.register_script(_ENTRIES)
+        self._get = self._client.register_script(_GET)
+
+    @property
+    def _redis(self) -> Any:
+        """The process's client for the URL: a ``RedisCluster`` on a cluster, once open."""
+        return self._client.client
 
     async def _do(self, coro: Any) -> Any:
         with rdb.translate_errors(self.url, store="the cache"):
@@ -96,10 +106,7 @@ class RedisCacheStore:
         await self._client.close()
 
     async def get(self, namespace: str, key: str, *, stale_for: float = 0.0) -> Entry | None:
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.get(_key(namespace, key))
-        pipe.time()
-        raw, (sec, usec) = await self._do(pipe.execute())
+        raw, (sec, usec) = await self._do(self._get(keys=[_key(namespace, key)]))
         if raw is None:
             return None
         doc = json.loads(raw)
@@ -153,7 +160,9 @@ class RedisCacheStore:
             for start in range(0, len(keys), 1000):
                 chunk = keys[start : start + 1000]
                 pipe = self._redis.pipeline(transaction=False)
-                pipe.unlink(*chunk)
+                # As one command: the keys share the namespace's slot, and a cluster
+                # pipeline's own unlink() would split them outside the pipeline.
+                pipe.execute_command("UNLINK", *chunk)
                 pipe.zrem(_expiry_key(ns), *[k[len(_key(ns, "")) :] for k in chunk])
                 removed += (await self._do(pipe.execute()))[0]
         return removed

@@ -6,6 +6,13 @@ store needs raw bytes: the semantic cache's vectors), reference-counted like
 :mod:`herd.db.postgres`: a burst waits for a connection instead of opening more,
 so a process holds at most the largest size asked per pool. Each connection is
 named ``herd:<pid>`` (``CLIENT LIST`` shows whose it is).
+
+A plain ``redis://`` URL of any node of a Redis Cluster is enough: ``open()`` asks
+the server (``INFO cluster``) and, where ``cluster_enabled:1``, the stores of the
+URL share one ``redis.asyncio.cluster.RedisCluster`` instead (it finds the other
+nodes with ``CLUSTER SLOTS`` and routes each command by its key's slot). Stores
+reach the client through :attr:`SharedClient.client` at call time, and run their
+scripts through :meth:`SharedClient.register_script`, so that the swap reaches them.
 """
 
 from __future__ import annotations
@@ -14,13 +21,15 @@ import asyncio
 import logging
 import os
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis import exceptions as rexc
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -73,6 +82,47 @@ class _Shared:
     pool: aioredis.ConnectionPool
     users: int = 0
     sizes: list[int] = field(default_factory=list)
+    # The process's cluster client for the URL, where the server is a cluster node.
+    cluster: RedisCluster | None = None
+
+
+async def is_cluster(client: aioredis.Redis) -> bool:
+    """Whether the server of ``client`` is a Redis Cluster node (``cluster_enabled:1``)."""
+    try:
+        info = await client.info("cluster")
+    except rexc.ResponseError:
+        return False  # INFO sections renamed or refused (a proxy): treat as one server
+    return str(info.get("cluster_enabled", "0")) == "1"
+
+
+def _cluster(url: str, *, decode: bool, size: int) -> RedisCluster:
+    try:
+        return RedisCluster.from_url(
+            url,
+            # Per node; a burst past it fails (redis-py's cluster nodes do not wait).
+            max_connections=max(size, 64),
+            decode_responses=decode,
+            protocol=2,
+            health_check_interval=30,
+            client_name=client_name(),
+        )
+    except ValueError as exc:
+        raise ConfigError(mask(f"the Redis URL {url} cannot be read: {exc}")) from None
+
+
+class Script:
+    """A Lua script of a store, run on whatever client the store's
+    :class:`SharedClient` holds now (a plain or a cluster one)."""
+
+    def __init__(self, owner: SharedClient, text: str) -> None:
+        self._owner = owner
+        self._script = owner.client.register_script(text)
+
+    async def __call__(
+        self, keys: Sequence[Any] = (), args: Sequence[Any] = (), client: Any = None
+    ) -> Any:
+        target = client if client is not None else self._owner.client
+        return await self._script(keys=list(keys), args=list(args), client=target)
 
 
 _REGISTRY: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, bool], _Shared]] = (
@@ -109,9 +159,18 @@ class SharedClient:
         # A client of its own until open() swaps in the shared pool: scripts
         # registered on it keep working (they call through this object). An
         # unreadable URL fails here, in the constructor, as it always did.
-        self.client: aioredis.Redis = aioredis.Redis(connection_pool=self._placeholder())
+        self._plain: aioredis.Redis = aioredis.Redis(connection_pool=self._placeholder())
+        self.client: Any = self._plain  # the RedisCluster after open() on a cluster
         self._shared: _Shared | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def cluster(self) -> bool:
+        """Whether the server is a Redis Cluster (known once open)."""
+        return isinstance(self.client, RedisCluster)
+
+    def register_script(self, text: str) -> Script:
+        return Script(self, text)
 
     def _placeholder(self) -> aioredis.BlockingConnectionPool:
         return _pool(self.url, decode=self.decode, size=self.max_size)
@@ -126,14 +185,25 @@ class SharedClient:
             key = (self.url, self.decode)
             shared = clients.get(key)
             if shared is None:
-                shared = clients[key] = _Shared(self.client.connection_pool)
+                shared = clients[key] = _Shared(self._plain.connection_pool)
+                try:
+                    with self.errors():
+                        if await is_cluster(self._plain):
+                            shared.cluster = _cluster(
+                                self.url, decode=self.decode, size=self.max_size
+                            )
+                except BaseException:
+                    del clients[key]
+                    await self._plain.connection_pool.disconnect()
+                    raise
             else:
-                await self.client.connection_pool.disconnect()
+                await self._plain.connection_pool.disconnect()
             shared.users += 1
             shared.sizes.append(self.max_size)
             shared.pool.max_connections = max(shared.pool.max_connections, self.max_size)
             # Share the pool, keep our own client object (its registered scripts).
-            self.client.connection_pool = shared.pool
+            self._plain.connection_pool = shared.pool
+            self.client = shared.cluster or self._plain
             self._shared, self._loop = shared, loop
         with self.errors():
             await self.client.ping()
@@ -141,7 +211,7 @@ class SharedClient:
     async def close(self) -> None:
         shared, loop = self._shared, self._loop
         if shared is None or loop is None:
-            await self.client.connection_pool.disconnect()
+            await self._plain.connection_pool.disconnect()
             return
         self._shared = self._loop = None
         shared.users -= 1
@@ -152,10 +222,20 @@ class SharedClient:
             if clients.get((self.url, self.decode)) is shared:
                 del clients[(self.url, self.decode)]
             await pool.disconnect()
+            if shared.cluster is not None:
+                await shared.cluster.aclose()
         else:
             pool.max_connections = max(shared.sizes)
         # A reopen starts on a pool of its own again.
-        self.client.connection_pool = self._placeholder()
+        self._plain.connection_pool = self._placeholder()
+        self.client = self._plain
+
+
+def node_url(url: str, host: str, port: int | str) -> str:
+    """``url`` (its credentials, database, options) for the cluster node ``host:port``."""
+    parts = urlsplit(url)
+    auth = parts.netloc.rpartition("@")[0]
+    return urlunsplit(parts._replace(netloc=f"{auth}@{host}:{port}" if auth else f"{host}:{port}"))
 
 
 def mark_name(owner: str) -> str:
@@ -175,9 +255,14 @@ class HeldConnection:
     ``held`` clear meanwhile).
     """
 
-    def __init__(self, url: str, owner: str, *, store: str = "the job store") -> None:
+    def __init__(
+        self, url: str, owner: str, *, store: str = "the job store", key: str | None = None
+    ) -> None:
+        """``key``: the key the read blocks on (default ``herd:live:<name>``); on a
+        cluster node, one of a slot that node serves, or the read is refused (MOVED)."""
         self.url, self.owner, self.store = url, owner, store
         self.name = mark_name(owner)
+        self.key = key or f"herd:live:{self.name}"
         self.id = ""
         self.held = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -215,7 +300,7 @@ class HeldConnection:
         while True:
             try:
                 # A key nobody pushes to: the read blocks until the connection breaks.
-                await client.blpop([f"herd:live:{self.name}"], timeout=0)
+                await client.blpop([self.key], timeout=0)
             except (rexc.RedisError, OSError) as exc:
                 log.warning("the liveness connection of %s broke (%s)", self.owner, exc)
             finally:

@@ -19,8 +19,6 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from herd.db import redis as rdb
 from herd.limits.base import (
     LIMIT_TTL,
@@ -215,11 +213,15 @@ class RedisLimiter:
         self.url = url
         self.ttl = ttl
         self._shared = rdb.SharedClient(url, store=STORE, max_size=pool_size)
-        self._redis: aioredis.Redis = self._shared.client
-        r = self._redis
+        r = self._shared  # scripts run on its client of the moment (a cluster's, once open)
         self._acquire, self._renew = r.register_script(_ACQUIRE), r.register_script(_RENEW)
         self._adjust, self._pause = r.register_script(_ADJUST), r.register_script(_PAUSE)
         self._note_wait, self._stats = r.register_script(_NOTE_WAIT), r.register_script(_STATS)
+
+    @property
+    def _redis(self) -> Any:
+        """The process's client for the URL: a ``RedisCluster`` on a cluster, once open."""
+        return self._shared.client
 
     def _errors(self) -> AbstractContextManager[None]:
         return rdb.translate_errors(self.url, store=STORE)

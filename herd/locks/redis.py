@@ -4,12 +4,14 @@ Layout, both keys under the hash tag ``{name}`` so they share a Redis Cluster sl
 and one script can touch both:
 
     herd:lock:{name}       the lock: SET <token> PX <ttl>; gone once expired or released
-    herd:lock:{name}:seq   INCR counter of the tokens; never expires, so tokens keep
-                           growing across holders and expiries
+    herd:lock:{name}:seq   the last token; never expires, so tokens keep growing across
+                           holders and expiries (and past a failover: the clock floor)
 
 The value is the bare token, so a lease's owner lives only on the client side.
-Tokens are only as durable as the data: a Redis that restarts without AOF, or a
-failover to a replica that missed the last writes, can hand out a token again.
+A token is at least the server's clock in microseconds, so a failover to a replica
+that missed the last acquisitions does not hand out a token again (as long as the
+nodes' clocks differ by less than the failover took); a lost acquisition itself
+is lost (the lock is free on the new master).
 """
 
 from __future__ import annotations
@@ -25,11 +27,17 @@ from herd.locks.base import BaseLocks, LockLease
 CHANNEL = "herd:locks:released"  # payload: the lock name; a hint for waiters
 
 # A token is never 0 (INCR starts at 1), so 0 says "held" in RESP2 and RESP3 alike.
+# A token is never below the server's clock in microseconds: after a failover that
+# lost the last acquisitions (asynchronous replication), the promoted replica still
+# hands out tokens past every one the old master gave (docs/cluster.md).
 _ACQUIRE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-local token = redis.call('INCR', KEYS[2])
+local t = redis.call('TIME')
+local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local token = string.format('%d', math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, floor))
+redis.call('SET', KEYS[2], token)
 redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
-return token
+return tonumber(token)
 """
 
 _RENEW = """
@@ -82,16 +90,22 @@ class RedisLocks(BaseLocks):
         if isinstance(redis, str):
             self._where = redis
             self._shared = rdb.SharedClient(redis, store="the lock store", max_size=pool_size)
-            self._redis: aioredis.Redis = self._shared.client
+            self._own: Any = None
             self._owns_client = True
+            # Through the shared client: on a cluster it swaps in a RedisCluster on open.
+            scripts: Any = self._shared
         else:
             kw = redis.connection_pool.connection_kwargs
             self._where = f"{kw.get('host', '?')}:{kw.get('port', '?')}"
-            self._redis = redis
+            self._own = scripts = redis
             self._owns_client = False
-        self._acquire_script = self._redis.register_script(_ACQUIRE)
-        self._renew_script = self._redis.register_script(_RENEW)
-        self._release_script = self._redis.register_script(_RELEASE)
+        self._acquire_script = scripts.register_script(_ACQUIRE)
+        self._renew_script = scripts.register_script(_RENEW)
+        self._release_script = scripts.register_script(_RELEASE)
+
+    @property
+    def _redis(self) -> Any:
+        return self._shared.client if self._shared is not None else self._own
 
     def _errors(self) -> AbstractContextManager[None]:
         return rdb.translate_errors(self._where, store="the lock store")
@@ -143,4 +157,4 @@ class RedisLocks(BaseLocks):
                     if name:
                         self._wake(name)
         finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await pubsub.aclose()

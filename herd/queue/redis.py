@@ -46,9 +46,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis import exceptions as rexc
-from redis.commands.core import AsyncScript
+from redis.crc import key_slot
 
 from herd import aio
 from herd.config import mask_url
@@ -86,7 +85,15 @@ SCRIPTS = (
     "sweep",
     "purge_dead",
     "stats",
+    "queue_number",
 )
+# A job id is its queue's own counter times 2**QUEUE_BITS plus the queue's number, so
+# that enqueueing touches the queue's slot only and an id says where its job is. Ids
+# stay below 2**53 (exact in JSON numbers) up to 2**33 jobs per queue.
+QUEUE_BITS = 20
+QUEUE_MASK = (1 << QUEUE_BITS) - 1
+# The queue numbers, in one slot of their own (written once per queue).
+QUEUE_KEYS = ["herd:{queues}:num", "herd:{queues}:name", "herd:{queues}:next"]
 SWEEP_BATCH = 1000  # entries one sweep script call examines: bounds its time in Redis
 # Seconds between one process's looks (CLIENT LIST ID) for workers whose liveness
 # connection is gone: a killed worker's jobs run again within about this plus the
@@ -152,14 +159,27 @@ class RedisBroker:
         self._rotation = 0
         self._sweeping: asyncio.Task[int] | None = None
         self._client = rdb.SharedClient(url, store="the job store", max_size=pool_size)
-        self._redis: aioredis.Redis = self._client.client
-        self._scripts: dict[str, AsyncScript] = {
-            n: self._redis.register_script(_lua(n, self.throughput_ttl)) for n in SCRIPTS
+        self._scripts: dict[str, rdb.Script] = {
+            n: self._client.register_script(_lua(n, self.throughput_ttl)) for n in SCRIPTS
         }
         self._warned_aof = False
-        self._marks: dict[str, rdb.HeldConnection] = {}
+        # owner -> server ("" for a single one, host:port of each master) -> its mark
+        self._marks: dict[str, dict[str, rdb.HeldConnection]] = {}
         self._next_orphan_check = 0.0
         self._client_list_refused = False
+        self._numbers: dict[str, tuple[int, int]] = {}
+        self._legacy = False
+        self._names: dict[int, str] = {}
+
+    @property
+    def cluster(self) -> bool:
+        """Whether the server is a Redis Cluster (known once open)."""
+        return self._client.cluster
+
+    @property
+    def _redis(self) -> Any:
+        """The process's client for the URL: a ``RedisCluster`` on a cluster, once open."""
+        return self._client.client
 
     def _errors(self) -> AbstractContextManager[None]:
         return translate_redis_errors(self.url)
@@ -175,6 +195,8 @@ class RedisBroker:
         await self._client.open()
         with self._errors():
             await self._check_persistence()
+            # Ids an older herd gave are found through its herd:jobq index only.
+            self._legacy = bool(await self._redis.exists("herd:jobq"))
 
     async def _check_persistence(self) -> None:
         """Without AOF, Redis forgets acknowledged jobs when it restarts: say so, once."""
@@ -200,57 +222,135 @@ class RedisBroker:
     async def hold_liveness(self, owner: str) -> bool:
         """A connection of its own, named after ``owner`` and blocked on a read, whose
         CLIENT ID claims record for the owner's jobs (herd:{q}:owners): another
-        worker's claim that finds that id gone from CLIENT LIST takes its jobs over."""
+        worker's claim that finds that id gone from CLIENT LIST takes its jobs over.
+        On a cluster, one on every master: a queue's mark and its CLIENT LIST are on
+        the node that serves the queue's slot."""
         if owner in self._marks:
-            return await self._marks[owner].wait_held()
-        mark = rdb.HeldConnection(self.url, owner)
+            held = [await m.wait_held() for m in self._marks[owner].values()]
+            return all(held)
+        marks: dict[str, rdb.HeldConnection] = {}
+        self._marks[owner] = marks
+        try:
+            for name, node in self._nodes():
+                await self._hold_on(owner, name, node)
+        except BaseException:
+            await self.release_liveness(owner)
+            raise
+        return True
+
+    def _nodes(self) -> list[tuple[str, Any]]:
+        """(name, node) of each server that serves queues: the one, or every master."""
+        if not self._client.cluster:
+            return [("", None)]
+        return [(n.name, n) for n in self._redis.get_primaries()]
+
+    def _node_of(self, queue: str) -> tuple[str, Any]:
+        if not self._client.cluster:
+            return "", None
+        node = self._redis.get_node_from_key(prefix(queue) + "meta")
+        return node.name, node
+
+    def _key_on(self, node: Any, owner: str) -> str:
+        """A key nobody writes whose slot ``node`` serves: the mark's read blocks on it."""
+        nodes = self._redis.nodes_manager
+        for n in range(100_000):
+            key = f"herd:live:{{{n}}}:{rdb.mark_name(owner)}"
+            if nodes.get_node_from_slot(key_slot(key.encode())).name == node.name:
+                return key
+        raise BrokerError(f"no slot of {node.name} found for the liveness mark of {owner!r}")
+
+    @staticmethod
+    def _on(node: Any) -> dict[str, Any]:
+        return {} if node is None else {"target_nodes": node}
+
+    async def _hold_on(self, owner: str, name: str, node: Any) -> None:
+        if node is None:
+            url, key = self.url, None
+        else:
+            url, key = rdb.node_url(self.url, node.host, node.port), self._key_on(node, owner)
+        mark = rdb.HeldConnection(url, owner, key=key)
         await mark.acquire()
         try:
             with self._errors():
-                clients = await self._redis.client_list(_type="normal")
+                clients = await self._redis.client_list(_type="normal", **self._on(node))
         except BrokerError:
             clients = []  # CLIENT LIST refused: the check needs it, as takeovers do
         if sum(c.get("name") == mark.name for c in clients) > 1:
             await mark.release()
             raise BrokerError(
-                f"worker id {owner!r} is in use by another live process on {mask_url(self.url)}:"
+                f"worker id {owner!r} is in use by another live process on {mask_url(url)}:"
                 " worker ids must be unique per process"
             )
-        self._marks[owner] = mark
-        return True
+        self._marks[owner][name] = mark
 
     async def release_liveness(self, owner: str) -> None:
-        mark = self._marks.pop(owner, None)
-        if mark is not None:
+        for mark in self._marks.pop(owner, {}).values():
             await mark.release()
 
-    def _live_id(self, owner: str) -> str:
-        mark = self._marks.get(owner)
-        return mark.id if mark is not None and mark.held.is_set() else ""
+    async def _live_id(self, owner: str, queue: str) -> str:
+        """The CLIENT ID of ``owner``'s mark on the server of ``queue``; a master that
+        has none yet (a replica promoted since) gets one now."""
+        marks = self._marks.get(owner)
+        if marks is None:
+            return ""
+        name, node = self._node_of(queue)
+        if name not in marks:
+            try:
+                await self._hold_on(owner, name, node)
+            except BrokerError as exc:
+                log.warning("no liveness mark on %s for %s: %s", name, owner, exc)
+                return ""
+        mark = marks[name]
+        return mark.id if mark.held.is_set() else ""
 
     async def _dead_owners(self, queues: Sequence[str]) -> dict[str, list[str]]:
         """Per queue, the (owner, CLIENT ID) pairs, flat, of marks no longer connected;
-        at most every ORPHAN_CHECK seconds (two round trips: the owners of the queues,
-        then CLIENT LIST ID of theirs only, whatever else is connected)."""
+        at most every ORPHAN_CHECK seconds (two round trips per server: the owners of
+        the queues, then CLIENT LIST ID of theirs only, whatever else is connected)."""
         now = time.monotonic()
         if now < self._next_orphan_check or self._client_list_refused:
             return {}
         self._next_orphan_check = now + ORPHAN_CHECK
-        with self._errors():
+        by_node: dict[str, tuple[Any, list[str]]] = {}
+        for queue in queues:
+            name, node = self._node_of(queue)
+            by_node.setdefault(name, (node, []))[1].append(queue)
+        dead: dict[str, list[str]] = {}
+        for node, group in by_node.values():
+            for queue, pairs in (await self._dead_on(node, group)).items():
+                dead.setdefault(queue, []).extend(pairs)
+        return dead
+
+    async def _owners_on(self, node: Any, queues: Sequence[str]) -> tuple[str, list[Any]]:
+        """The server's run id and each queue's owners hash, in one round trip on a
+        single server (a cluster pipeline carries no keyless INFO)."""
+        if node is None:
             pipe = self._redis.pipeline(transaction=False)
             pipe.info("server")
             for queue in queues:
                 pipe.hgetall(prefix(queue) + "owners")
             server, *owners = await pipe.execute()
+        else:
+            server = await self._redis.info("server", target_nodes=node)
+            owners = list(
+                await asyncio.gather(*(self._redis.hgetall(prefix(q) + "owners") for q in queues))
+            )
+        return str(server.get("run_id", "")), owners
+
+    async def _dead_on(self, node: Any, queues: Sequence[str]) -> dict[str, list[str]]:
+        with self._errors():
+            run_id, owners = await self._owners_on(node, queues)
             # A mark recorded under another run of the server (before a restart, which
             # dropped every connection, and whose ids new connections may reuse) says
             # nothing until its worker's next heartbeat records the new one.
-            run = f"@{server.get('run_id', '')}"
+            run = f"@{run_id}"
             ids = sorted({cid for marks in owners for cid in marks.values() if cid.endswith(run)})
             if not ids:
                 return {}
             try:
-                found = await self._redis.client_list(client_id=[i.split("@")[0] for i in ids])
+                found = await self._redis.client_list(
+                    client_id=[i.split("@")[0] for i in ids], **self._on(node)
+                )
             except rexc.ResponseError as exc:
                 # ACLs or a managed server may forbid CLIENT LIST: lease expiry only.
                 self._client_list_refused = True
@@ -271,7 +371,8 @@ class RedisBroker:
                 # A mark remade since (its connection dropped, the process alive) has a
                 # new id that the owner records with its next heartbeat: its name says
                 # it is there. Rare (after a kill), so the full list is affordable.
-                names = {str(c.get("name")) for c in await self._redis.client_list(_type="normal")}
+                listed = await self._redis.client_list(_type="normal", **self._on(node))
+                names = {str(c.get("name")) for c in listed}
                 gone = [g for g in gone if rdb.mark_name(g[1]) not in names]
         dead: dict[str, list[str]] = {}
         for queue, owner, cid in gone:
@@ -286,43 +387,66 @@ class RedisBroker:
         payloads = [payload_text(j) for j in jobs]
         for j in jobs:
             prefix(j.queue)
-        with self._errors():
-            last = await self._redis.incrby("herd:ids", len(jobs))
-        ids = list(range(last - len(jobs) + 1, last + 1))
         by_queue: dict[str, list[int]] = defaultdict(list)
         for i, j in enumerate(jobs):
             by_queue[j.queue].append(i)
-        with self._errors():
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.hset("herd:jobq", mapping={str(ids[i]): jobs[i].queue for i in range(len(jobs))})
-            pipe.sadd("herd:queues", *by_queue)
-            for queue, idx in by_queue.items():
-                args: list[Any] = [queue, len(idx)]
-                for i in idx:
-                    j = jobs[i]
-                    args += [
-                        ids[i],
-                        j.task,
-                        payloads[i],
-                        j.priority,
-                        j.dedup_key or "",
-                        int(max(0.0, j.delay) * 1000),
-                        j.lease_seconds,
-                        j.max_attempts,
-                        j.max_stalls,
-                    ]
-                p = prefix(queue)
-                await self._scripts["enqueue"](keys=[p + "meta"], args=[p, *args], client=pipe)
-            replies = await pipe.execute()
+        numbers = [await self._queue_number(queue) for queue in by_queue]
+        calls = []
+        for (queue, idx), (qnum, start) in zip(by_queue.items(), numbers, strict=True):
+            args: list[Any] = [queue, len(idx), qnum, start]
+            for i in idx:
+                j = jobs[i]
+                args += [
+                    j.task,
+                    payloads[i],
+                    j.priority,
+                    j.dedup_key or "",
+                    int(max(0.0, j.delay) * 1000),
+                    j.lease_seconds,
+                    j.max_attempts,
+                    j.max_stalls,
+                ]
+            p = prefix(queue)
+            calls.append(([p + "meta"], [p, *args]))
+        replies = await self._call_many("enqueue", calls)
         results: dict[int, EnqueueResult] = {}
-        for (_queue, idx), reply in zip(by_queue.items(), replies[2:], strict=True):
+        for idx, reply in zip(by_queue.values(), replies, strict=True):
             for i, (job_id, created) in zip(idx, reply, strict=True):
                 results[i] = EnqueueResult(int(job_id), bool(created))
-        unused = [str(ids[i]) for i, r in results.items() if not r.created]
-        if unused:  # ids drawn for duplicates that were not created
-            with self._errors():
-                await self._redis.hdel("herd:jobq", *unused)
         return [results[i] for i in range(len(jobs))]
+
+    async def _queue_number(self, queue: str) -> tuple[int, int]:
+        """The queue's number (the low bits of its job ids) and where its own id
+        counter starts, asked once per process: a number never changes."""
+        if queue not in self._numbers:
+            with self._errors():
+                number = int(await self._scripts["queue_number"](keys=QUEUE_KEYS, args=[queue]))
+                if number >= 1 << QUEUE_BITS:
+                    raise BrokerError(f"more than {(1 << QUEUE_BITS) - 1} queues on {self.url}")
+                await self._redis.sadd("herd:queues", queue)
+                # Past every id an older herd drew from its global counter.
+                legacy = int(await self._redis.get("herd:ids") or 0)
+            self._numbers[queue] = (number, (legacy >> QUEUE_BITS) + 1 if legacy else 0)
+            self._names[number] = queue
+        return self._numbers[queue]
+
+    async def _queue_names(self, job_ids: Sequence[int]) -> list[str | None]:
+        """The queue of each job id: its low bits are the queue's number, or, for an id
+        an older herd gave (from herd:ids), the herd:jobq index it wrote."""
+        unknown = sorted({i & QUEUE_MASK for i in job_ids} - set(self._names))
+        with self._errors():
+            if unknown:
+                names = await self._redis.hmget(QUEUE_KEYS[1], [str(n) for n in unknown])
+                for number, name in zip(unknown, names, strict=True):
+                    if name is not None:
+                        self._names[number] = _text(name)
+            legacy: list[Any] = [None] * len(job_ids)
+            if self._legacy:
+                legacy = await self._redis.hmget("herd:jobq", [str(i) for i in job_ids])
+        return [
+            _text(old) if old is not None else self._names.get(i & QUEUE_MASK)
+            for i, old in zip(job_ids, legacy, strict=True)
+        ]
 
     # -- workers
 
@@ -334,7 +458,7 @@ class RedisBroker:
         if limit <= 0 or not queues:
             return []
         leases: list[Lease] = []
-        live = self._live_id(owner)
+        live = {queue: await self._live_id(owner, queue) for queue in queues}
         dead = await self._dead_owners(queues)
         # The starting queue rotates (as on PostgreSQL): a busy first queue must not
         # starve the others of a worker that serves several.
@@ -343,7 +467,7 @@ class RedisBroker:
             if len(leases) >= limit:
                 break
             rows = await self._run(
-                "claim", queue, owner, limit - len(leases), live, *dead.get(queue, ())
+                "claim", queue, owner, limit - len(leases), live[queue], *dead.get(queue, ())
             )
             for job_id, token, expires, task, payload, attempts, stalls, max_att, ttl in rows:
                 leases.append(
@@ -386,6 +510,11 @@ class RedisBroker:
             if len(calls) == 1:
                 keys, args = calls[0]
                 return [await self._scripts[script](keys=keys, args=args)]
+            if self._client.cluster:
+                # The queues' slots may be on several nodes, and a cluster pipeline
+                # cannot load a script a node lacks (a promoted replica): one call each.
+                run = self._scripts[script]
+                return list(await asyncio.gather(*(run(keys=k, args=a) for k, a in calls)))
             pipe = self._redis.pipeline(transaction=False)
             for keys, args in calls:
                 await self._scripts[script](keys=keys, args=args, client=pipe)
@@ -398,7 +527,7 @@ class RedisBroker:
         calls = []
         for (queue, owner), group in by_owner.items():
             p = prefix(queue)
-            args: list[Any] = [p, owner, self._live_id(owner)]
+            args: list[Any] = [p, owner, await self._live_id(owner, queue)]
             for lease in group:
                 args += [lease.job_id, lease.token]
             calls.append(([p + "meta"], args))
@@ -452,12 +581,11 @@ class RedisBroker:
     async def reschedule(self, job_ids: Sequence[int], delay: float) -> list[int]:
         if not job_ids:
             return []
-        with self._errors():
-            queues = await self._redis.hmget("herd:jobq", [str(i) for i in job_ids])
+        queues = await self._queue_names(job_ids)
         by_queue: dict[str, list[int]] = defaultdict(list)
         for job_id, queue in zip(job_ids, queues, strict=True):
             if queue is not None:
-                by_queue[_text(queue)].append(job_id)
+                by_queue[queue].append(job_id)
         delay_ms = int(max(0.0, delay) * 1000)
         calls = [([prefix(q) + "meta"], [prefix(q), delay_ms, *ids]) for q, ids in by_queue.items()]
         replies = await self._call_many("reschedule", calls) if calls else []
@@ -467,14 +595,30 @@ class RedisBroker:
         """Block on the queues' streams until an entry is added (a hint) or timeout."""
         try:
             with self._errors():
-                streams: dict[str, str] = {}
-                for queue in queues:
-                    for prio in await self._redis.zrange(prefix(queue) + "prios", 0, -1):
-                        streams[f"{prefix(queue)}s:{_text(prio)}"] = "$"  # type: ignore[arg-type]
-                if not streams:
+                # One XREAD per queue on a cluster (each queue's slot on its own node),
+                # one for all on a single server.
+                per_queue = [
+                    {
+                        f"{prefix(queue)}s:{_text(prio)}": "$"
+                        for prio in await self._redis.zrange(prefix(queue) + "prios", 0, -1)
+                    }
+                    for queue in queues
+                ]
+                if not self._client.cluster:
+                    per_queue = [{k: v for streams in per_queue for k, v in streams.items()}]
+                block = max(1, int(timeout * 1000))
+                waits = [self._redis.xread(st, block=block) for st in per_queue if st]
+                if not waits:
                     await asyncio.sleep(timeout)
                     return
-                await self._redis.xread(streams, block=max(1, int(timeout * 1000)))  # type: ignore[arg-type]
+                if len(waits) == 1:
+                    await waits[0]
+                    return
+                tasks = [asyncio.ensure_future(w) for w in waits]
+                try:
+                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    await aio.stop(*tasks)
         except BrokerError as exc:
             log.debug("wait_for_jobs failed: %s", exc)
             await asyncio.sleep(min(timeout, 1.0))
@@ -482,9 +626,7 @@ class RedisBroker:
     # -- inspection and operations
 
     async def _queue_of(self, job_id: int) -> str | None:
-        with self._errors():
-            queue = await self._redis.hget("herd:jobq", str(job_id))
-        return str(queue) if queue is not None else None
+        return (await self._queue_names([job_id]))[0]
 
     async def _load(self, queue: str, ids: Sequence[int | str]) -> list[Job]:
         with self._errors():
@@ -504,8 +646,7 @@ class RedisBroker:
     async def get_jobs(self, job_ids: Sequence[int]) -> list[Job]:
         if not job_ids:
             return []
-        with self._errors():
-            queues = await self._redis.hmget("herd:jobq", [str(i) for i in job_ids])
+        queues = await self._queue_names(job_ids)
         by_queue: dict[str, list[int]] = {}
         for job_id, queue in zip(job_ids, queues, strict=True):
             if queue is not None:
@@ -610,8 +751,7 @@ class RedisBroker:
         if job_ids is None:
             targets = {q: ["*"] for q in await self._queues()}
         elif job_ids:
-            with self._errors():
-                queues = await self._redis.hmget("herd:jobq", [str(i) for i in job_ids])
+            queues = await self._queue_names(job_ids)
             # In id order, as for '*': of dead jobs sharing a free key, the oldest wins.
             for job_id, queue in sorted(zip(job_ids, queues, strict=True)):
                 if queue is not None:

@@ -9,15 +9,16 @@ import pytest
 
 from herd.limits import Limiter, PostgresLimiter, RedisLimiter
 
-BACKENDS = ["postgres", "redis"]
+BACKENDS = ["postgres", "redis", "redis-cluster"]
+_URLS = {"redis": "redis_stack", "redis-cluster": "redis_cluster", "postgres": "pg_url"}
 
 
 def url_for(request: pytest.FixtureRequest, kind: str) -> str:
-    return request.getfixturevalue("redis_stack" if kind == "redis" else "pg_url")
+    return str(request.getfixturevalue(_URLS[kind]))
 
 
 def make(kind: str, url: str) -> Limiter:
-    return RedisLimiter(url) if kind == "redis" else PostgresLimiter(url)
+    return PostgresLimiter(url) if kind == "postgres" else RedisLimiter(url)
 
 
 @pytest.fixture(params=BACKENDS)

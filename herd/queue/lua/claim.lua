@@ -12,7 +12,15 @@ local out = {}
 local function lease(id, old)
   local job = jkey(id)
   if old == 'processing' then disown(id) end
-  local token = redis.call('HINCRBY', job, 'token', 1)
+  -- A token is never below the server's clock in microseconds: a replica promoted
+  -- after a failover that lost the last claims (replication is asynchronous) still
+  -- hands out tokens past every one the old master gave, as long as the two clocks
+  -- differ by less than the failover took (seconds: cluster-node-timeout).
+  local t = redis.call('TIME')
+  local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local last = tonumber(redis.call('HGET', job, 'token')) or 0
+  local token = string.format('%d', math.max(last + 1, floor))
+  redis.call('HSET', job, 'token', token)
   local ttl = math.floor(tonumber(redis.call('HGET', job, 'lease_seconds')) * 1000)
   redis.call('SET', lkey(id), token, 'PX', ttl)
   redis.call('ZADD', P .. 'leases', now + ttl, id)
