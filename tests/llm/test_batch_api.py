@@ -198,7 +198,10 @@ async def test_expired_requests_go_once_through_the_synchronous_path(app, sim, t
     stats = sim.stats()
     assert stats["batches"]["created"] == 1 and stats["batch_billed"] == 0
     assert stats["billed"] == 3  # one synchronous call each
-    assert {src for _, src in await items(app)} == {"computed"}
+    # Computed, or read from the cache by a retry job that a poll re-run (its lease lost
+    # under load) enqueued after the first had answered: never a second call.
+    sources = {src for _, src in await items(app)}
+    assert "computed" in sources and sources <= {"computed", "hit"}, sources
     assert await calls(app) == 3
     rt = await evaluate.EvalRuntime.of(app)
     ((state, status),) = await rt.store.execute(
