@@ -33,7 +33,8 @@ simulator and, for herd, its own database:
 Dollars are the simulator's billed tokens at PRICES (gpt-5's list prices): uncached
 input, input read from its prompt cache, output, and batch input and output at the
 batch rates. The simulator, as OpenAI does, caches a prompt prefix of 1,024 tokens or
-more by itself, key or no key, Celery's calls included; it caches nothing in batches.
+more by itself, key or no key, Celery's calls included, and batch requests too (both
+providers stack the cache discount on the batch price).
 
 The provider's bill is the simulator's own counter of calls. The floor for any system
 is one call per unique canonical payload (herd's cache key: model, prompt, schema,
@@ -478,17 +479,24 @@ class Outcome:
 def billed_dollars(sim: dict[str, Any]) -> float:
     """US dollars at PRICES for what the simulator billed: synchronous input (the part
     read from its prompt cache at the cached rate, the part written at the write rate),
-    output, and the batches' input and output at the batch rates."""
+    output, and the batches' the same way at the batch rates (both providers apply the
+    prompt cache's discount on top of the batch price)."""
     p = PRICES
-    tokens_in, tokens_out = sim["billed_tokens"]["input"], sim["billed_tokens"]["output"]
-    read, written = int(sim.get("cached_input_tokens", 0)), int(sim.get("cache_write_tokens", 0))
     batch = sim.get("batch_tokens") or {"input": 0, "output": 0}
+    b_read, b_written = int(batch.get("cached_input", 0)), int(batch.get("cache_write", 0))
+    tokens_in, tokens_out = sim["billed_tokens"]["input"], sim["billed_tokens"]["output"]
+    # The simulator's prompt-cache counters cover batches too: the synchronous part.
+    read = int(sim.get("cached_input_tokens", 0)) - b_read
+    written = int(sim.get("cache_write_tokens", 0)) - b_written
+    scale = p["batch_input"] / p["input"]
     return (
         (tokens_in - read - written) * p["input"]
         + read * p["cached_input"]
         + written * p["cache_write"]
         + tokens_out * p["output"]
-        + batch["input"] * p["batch_input"]
+        + (batch["input"] - b_read - b_written) * p["batch_input"]
+        + b_read * p["cached_input"] * scale
+        + b_written * p["cache_write"] * scale
         + batch["output"] * p["batch_output"]
     ) / 1_000_000
 
@@ -922,15 +930,17 @@ def report(
     )
     for o in outcomes:
         tin, tout = o.sim["billed_tokens"]["input"], o.sim["billed_tokens"]["output"]
-        read = int(o.sim.get("cached_input_tokens", 0))
         batch = o.sim.get("batch_tokens") or {"input": 0, "output": 0}
+        b_read = int(batch.get("cached_input", 0))
+        read = int(o.sim.get("cached_input_tokens", 0)) - b_read
         led = o.ledger_dollars
         ledger = "" if led is None else f"; herd's ledger: answered calls ${led[0]:.3f}"
         if led is not None and o.cut_short:
             ledger += f" (+ ${led[1]:.3f} estimated for {o.cut_short} calls cut short)"
         print(
             f"  {o.system}: sync {tin - read:,} input + {read:,} cached input + {tout:,}"
-            f" output tokens; batch {batch['input']:,} input + {batch['output']:,} output"
+            f" output tokens; batch {batch['input'] - b_read:,} input + {b_read:,} cached"
+            f" input + {batch['output']:,} output"
             f" tokens -> ${o.dollars:.3f}{ledger}"
         )
     print()
@@ -1096,7 +1106,7 @@ def write_summary(
         f" {PRICES['input']:g}, cached input {PRICES['cached_input']:g}, output"
         f" {PRICES['output']:g}, batch {PRICES['batch_input']:g}/{PRICES['batch_output']:g});"
         " the simulator caches a 1,024+ token prefix for every OpenAI-style call, as OpenAI"
-        " does, Celery's included, and nothing in batches"
+        " does, Celery's included, and batch requests too (the discounts stack)"
         + (
             f" (here for {args.prompt_cache_ttl:g} s)"
             if args.prompt_cache_ttl

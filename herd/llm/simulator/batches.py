@@ -163,6 +163,7 @@ class BatchStore:
             self.created: dict[str, int] = {"openai": 0, "anthropic": 0}
             self.billed = 0
             self.billed_tokens = [0, 0]
+            self.cache_tokens = [0, 0]  # of batch_tokens' input: read from, written to the cache
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
@@ -182,6 +183,8 @@ class BatchStore:
                     "input": self.billed_tokens[0],
                     "output": self.billed_tokens[1],
                     "total": sum(self.billed_tokens),
+                    "cached_input": self.cache_tokens[0],
+                    "cache_write": self.cache_tokens[1],
                 },
             }
 
@@ -240,6 +243,8 @@ class BatchStore:
             # providers apply its discount on top of the batch price); keyless here, as
             # the batch does not keep the key it was created with.
             cache = self.state.cache_prompt(self.state.generation, api, None, model, body)
+            self.cache_tokens[0] += cache[0]
+            self.cache_tokens[1] += cache[1]
             payload = server.answer_payload(api, model, req, text, tokens, cache)
             return {"status": 200, "body": payload}
         if name == "rate_limit":
