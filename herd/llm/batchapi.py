@@ -229,7 +229,7 @@ async def in_flight(app: App, spec: EvalSpec, keys: list[str]) -> list[tuple[str
     )
     if not rows:
         return []
-    jobs = {j.id: j for j in await app.broker.get_jobs(sorted({job for _, job in rows}))}
+    jobs = {j.id: j for j in await evaluate.jobs_of(app, sorted({job for _, job in rows}))}
     return [(k, job) for k, job in rows if job in jobs and jobs[job].status.active]
 
 

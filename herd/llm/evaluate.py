@@ -49,7 +49,7 @@ from herd.llm.pricing import PriceTable
 from herd.llm.providers import Anthropic, OpenAICompatible, Provider, RetryPolicy, promptcache
 from herd.llm.providers.anthropic import DEFAULT_MAX_TOKENS
 from herd.locks import PostgresLocks, RedisLocks
-from herd.queue.base import EnqueueResult
+from herd.queue.base import EnqueueResult, Job
 from herd.tasks import JobContext
 
 TASK = "herd.eval"
@@ -1009,6 +1009,14 @@ async def set_budget(app: App, batch: str, budget: float | None) -> dict[str, An
     return {**found, "resumed": len(ids)}
 
 
+async def jobs_of(app: App, ids: list[int]) -> list[Job]:
+    """The jobs ``ids``, one round trip per thousand."""
+    jobs: list[Job] = []
+    for start in range(0, len(ids), 1000):
+        jobs += await app.broker.get_jobs(ids[start : start + 1000])
+    return jobs
+
+
 async def settle(app: App, batch: str | None) -> dict[str, int]:
     """Bring a batch's items (all batches: None) up to date with their jobs; count
     them by state.
@@ -1024,11 +1032,7 @@ async def settle(app: App, batch: str | None) -> dict[str, int]:
         {"b": batch},
     )
     counts = {"failed": 0, "running": 0}
-    ids = [job_id for (job_id,) in items]
-    jobs = []
-    for start in range(0, len(ids), 1000):  # one round trip per thousand jobs
-        jobs += await app.broker.get_jobs(ids[start : start + 1000])
-    for job in jobs:
+    for job in await jobs_of(app, [job_id for (job_id,) in items]):
         if job.task in BATCH_API_TASKS:
             if job.status == "succeeded":
                 from herd.llm.batchapi import settle_late  # batchapi imports this module
