@@ -1,4 +1,4 @@
-"""``python -m chaos --backend postgres|redis --workers 6 --jobs 2000 --minutes 5``;
+"""``python -m chaos --backend postgres|redis|redis-cluster --workers 6 --jobs 2000 --minutes 5``;
 ``python -m chaos --partitions`` for network partitions (root; chaos/netns.py)."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ import logging
 import sys
 from pathlib import Path
 
+from chaos.backends import BACKENDS
 from chaos.harness import ChaosConfig, run_chaos
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m chaos", description=__doc__)
-    p.add_argument("--backend", choices=("postgres", "redis"), default="postgres")
+    p.add_argument("--backend", choices=BACKENDS, default="postgres")
     p.add_argument("--workers", type=int, default=6)
     p.add_argument("--concurrency", type=int, default=4, help="jobs in flight per worker")
     p.add_argument("--jobs", type=int, default=2000)

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -220,6 +221,85 @@ class RedisBackend:
             client.close()
 
 
+class RedisClusterBackend(RedisBackend):
+    """A Redis Cluster of 3 masters (AOF, appendfsync always) for this run alone.
+
+    Workers and the producer get a plain URL of one node and find the cluster
+    themselves, as a user's would. A restart kills the master that serves the job
+    queue's slot (every key of a queue shares it, by its hash tag) and starts it again
+    on its port and data: no replica takes over, so the slot is down until it is back,
+    while the other masters' slots (the locks, the limiter) go on serving.
+    """
+
+    name = "redis-cluster"
+
+    def __init__(self, data_dir: Path, store: PostgresBackend) -> None:
+        from tests.servers.redis_cluster import RedisCluster
+
+        self.cluster = RedisCluster(
+            ROOT / ".herd-test" / "cache", data_dir, masters=3, appendonly=True,
+            appendfsync="always",
+        )  # fmt: skip
+        self.store = store
+        self.url = ""
+
+    def start(self) -> None:
+        self.store.start()
+        self.cluster.start()
+        self.url = self.cluster.url
+
+    def stop(self) -> None:
+        try:
+            self.cluster.stop()
+        finally:
+            self.store.stop()
+
+    def restart(self, down_seconds: float) -> None:
+        node = self.cluster.master_of("herd:{default}:job:0")  # the chaos.work queue's slot
+        node.kill()
+        time.sleep(down_seconds)
+        node.start()
+        self.cluster.wait_ok()
+
+    def ensure_running(self) -> None:
+        for node in self.cluster.nodes:
+            if node.pid is None:
+                node.start()
+        self.cluster.wait_ok()
+
+    def drop_connections(self) -> int:
+        dropped = 0
+        for node in self.cluster.masters_now():
+            with self.cluster.client(node) as client:
+                dropped += int(client.client_kill_filter(_type="normal", skipme=True))
+        return dropped
+
+    def _scan(self, match: str) -> Iterator[tuple[Any, str]]:
+        for node in self.cluster.masters_now():
+            with self.cluster.client(node) as client:
+                for key in client.scan_iter(match=match, count=1000):
+                    yield client, str(key)
+
+    def count_jobs(self) -> dict[tuple[str, str], int]:
+        out: dict[tuple[str, str], int] = {}
+        for client, key in self._scan("herd:*:job:*"):
+            queue, status = client.hmget(key, "queue", "status")
+            if status is not None:
+                out[(str(queue), str(status))] = out.get((str(queue), str(status)), 0) + 1
+        return out
+
+    def lease_keys(self) -> dict[int, str]:
+        out: dict[int, str] = {}
+        for client, key in self._scan("herd:*:lease:*"):
+            token = client.get(key)
+            if token is not None:
+                out[int(key.rsplit(":", 1)[1])] = str(token)
+        return out
+
+
+BACKENDS = ("postgres", "redis", "redis-cluster")
+
+
 def make_backend(
     name: str, home: Path, run_dir: Path, database: str = "herd_chaos"
 ) -> PostgresBackend | RedisBackend:
@@ -227,7 +307,9 @@ def make_backend(
         return PostgresBackend(home, database)
     if name == "redis":
         return RedisBackend(run_dir / "redis", PostgresBackend(home, f"{database}_evals"))
-    raise ValueError(f"unknown backend {name!r}: postgres or redis")
+    if name == "redis-cluster":
+        return RedisClusterBackend(run_dir / "cluster", PostgresBackend(home, f"{database}_evals"))
+    raise ValueError(f"unknown backend {name!r}: {', '.join(BACKENDS)}")
 
 
 def pid_of_owner(owner: str | None) -> int | None:

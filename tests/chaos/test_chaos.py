@@ -21,7 +21,7 @@ JOBS = 150
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("backend", ["postgres", "redis"])
+@pytest.mark.parametrize("backend", ["postgres", "redis", "redis-cluster"])
 async def test_a_chaos_run_breaks_no_guarantee(backend: str, tmp_path) -> None:
     config = ChaosConfig(
         backend=backend,

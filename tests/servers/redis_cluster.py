@@ -26,6 +26,7 @@ import random
 import socket
 import time
 from pathlib import Path
+from typing import Literal
 
 import redis
 
@@ -64,6 +65,7 @@ class RedisCluster:
         masters: int = 3,
         replicas: int = 0,
         appendonly: bool = False,
+        appendfsync: Literal["everysec", "always", "no"] = "everysec",
     ) -> None:
         if masters < 3:
             raise ValueError(f"a Redis Cluster needs at least 3 masters, not {masters}")
@@ -78,6 +80,7 @@ class RedisCluster:
                 self.data_dir / f"node{i}",
                 port=port,
                 appendonly=appendonly,
+                appendfsync=appendfsync,
                 modules=(),
                 extra_args=(
                     "--cluster-enabled", "yes",
@@ -162,6 +165,17 @@ class RedisCluster:
                 if int(first) <= slot <= int(last):
                     return next(n for n in self.nodes if n.port == int(port))
         raise RuntimeError(f"no node serves the slot of {key!r}")
+
+    def masters_now(self) -> list[RedisStackServer]:
+        """The running nodes that are masters now (a failover changes which)."""
+        out = []
+        for node in self.nodes:
+            if node.pid is None:
+                continue
+            with self.client(node) as c:
+                if c.info("replication").get("role") == "master":
+                    out.append(node)
+        return out
 
     def flush(self) -> None:
         for node in self.nodes:
