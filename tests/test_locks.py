@@ -93,6 +93,31 @@ async def test_a_held_lock_is_refused_until_released(backend: Backend, name: str
     assert await locks.release(b)
 
 
+async def test_an_owner_naming_the_work_takes_over_its_own_earlier_holding(
+    backend: Backend, name: str
+) -> None:
+    """A job re-run after its worker died takes the lock that run held, at once."""
+    locks, dead = backend.locks, backend.other()
+    async with dead:
+        first = await dead.acquire(name, ttl=0.6, owner="job:7")
+        assert first is not None
+        # Renewed past its first ttl: the owner is kept as long as the lock.
+        await asyncio.sleep(0.4)
+        assert await dead.renew(first)
+        await asyncio.sleep(0.4)
+        assert await dead.renew(first)
+    assert await locks.acquire(name, ttl=30, owner="job:7") is None  # not asked to
+    assert await locks.acquire(name, ttl=30, owner="job:8", take_over=True) is None
+    with pytest.raises(ValueError, match="take_over needs an owner"):
+        await locks.acquire(name, ttl=30, take_over=True)
+    async with locks.hold(name, ttl=30, owner="job:7", take_over=True) as again:
+        assert again.token > first.token and again.owner == "job:7"
+        assert not await locks.check(first) and not await locks.renew(first)
+        assert not await locks.release(first)
+        assert await locks.check(again)
+    assert await locks.acquire(name, ttl=1, owner="job:8") is not None  # released
+
+
 async def test_renew_keeps_the_lock_past_its_ttl(backend: Backend, name: str) -> None:
     locks = backend.locks
     lease = await locks.acquire(name, ttl=0.4)

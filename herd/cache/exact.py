@@ -86,7 +86,15 @@ class ExactCache:
         gap = -entry.delta * self.beta * math.log(1.0 - random.random())  # ln(U), U in (0, 1]
         return entry.now + gap >= entry.expires_at
 
-    async def get_or_compute(self, key: str, compute: Callable[[], Awaitable[JSON]]) -> Lookup:
+    async def get_or_compute(
+        self, key: str, compute: Callable[[], Awaitable[JSON]], *, owner: str | None = None
+    ) -> Lookup:
+        """The key's value: from the cache, else computed once across processes.
+
+        ``owner`` names the piece of work that computes (a job): the key's lock held
+        under the same owner, by an earlier run of that work that died, is taken over
+        at once instead of waited out for its ttl (``Locks.hold``'s ``take_over``).
+        """
         deadline = time.monotonic() + self.wait
         waited = False
         first = True
@@ -104,7 +112,9 @@ class ExactCache:
             if first:
                 await self.store.count({"misses": 1}, self.namespace)
                 first = False
-            done = await self._compute(key, compute, "computed", lookup_first=True, waited=waited)
+            done = await self._compute(
+                key, compute, "computed", lookup_first=True, waited=waited, owner=owner
+            )
             if done is not None:
                 return done
             waited = True
@@ -124,10 +134,14 @@ class ExactCache:
         *,
         lookup_first: bool,
         waited: bool = False,
+        owner: str | None = None,
     ) -> Lookup | None:
         """Compute under the key's lock; None if another caller holds it."""
+        hold = self.locks.hold(
+            self._lock_name(key), ttl=self.lock_ttl, owner=owner, take_over=owner is not None
+        )
         try:
-            async with self.locks.hold(self._lock_name(key), ttl=self.lock_ttl):
+            async with hold:
                 if lookup_first:  # it may have been stored while we were acquiring
                     entry = await self.store.get(self.namespace, key)
                     if entry is not None and entry.fresh:

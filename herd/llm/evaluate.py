@@ -833,7 +833,10 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         raise Fatal(f"invalid model output after one repair: {error2}; raw output: {second.text}")
 
     try:
-        found = await rt.cache.get_or_compute(key, compute)
+        # Owned by the job, not the process: a run that takes this job over from a
+        # worker that died mid-call takes its lock on the key at once, rather than
+        # waiting out the lock's ttl (HERD_EVAL_LOCK_TTL) for a holder that is gone.
+        found = await rt.cache.get_or_compute(key, compute, owner=f"herd-job:{ctx.job_id}")
     except BatchCancelled:
         await rt.store.execute(
             "UPDATE herd_eval_items SET status = 'cancelled', finished_at = now()"

@@ -51,9 +51,16 @@ class Locks(Protocol):
     """Fenced distributed locks; implemented by ``RedisLocks`` and ``PostgresLocks``."""
 
     async def acquire(
-        self, name: str, *, ttl: float, owner: str | None = None, wait: float = 0.0
+        self,
+        name: str,
+        *,
+        ttl: float,
+        owner: str | None = None,
+        wait: float = 0.0,
+        take_over: bool = False,
     ) -> LockLease | None:
-        """The lease, or None if someone else still holds the lock after ``wait`` seconds."""
+        """The lease, or None if someone else still holds the lock after ``wait`` seconds
+        (``take_over``: see ``hold``)."""
         ...
 
     async def renew(self, lease: LockLease) -> bool:
@@ -69,9 +76,21 @@ class Locks(Protocol):
         ...
 
     def hold(
-        self, name: str, *, ttl: float, wait: float = 0.0, owner: str | None = None
+        self,
+        name: str,
+        *,
+        ttl: float,
+        wait: float = 0.0,
+        owner: str | None = None,
+        take_over: bool = False,
     ) -> AbstractAsyncContextManager[LockLease]:
-        """Acquire, renew in the background, cancel the body if the lock is lost, release."""
+        """Acquire, renew in the background, cancel the body if the lock is lost, release.
+
+        ``take_over``: a lock that ``owner`` holds already is taken as if it had expired
+        (a new token, so the earlier holding's renewals and fenced writes are refused).
+        For an owner that names one piece of work whose earlier run is known to be over,
+        such as a job whose lease was taken over from a dead worker.
+        """
         ...
 
 
@@ -104,8 +123,11 @@ class BaseLocks(Locks, ABC):
     # -- what a backend supplies
 
     @abstractmethod
-    async def _try_acquire(self, name: str, ttl: float, owner: str) -> int | None:
-        """One atomic attempt: the new token, or None while the lock is held."""
+    async def _try_acquire(
+        self, name: str, ttl: float, owner: str, take_over: bool = False
+    ) -> int | None:
+        """One atomic attempt: the new token, or None while the lock is held (by
+        another owner than ``owner``, when ``take_over``)."""
 
     @abstractmethod
     async def renew(self, lease: LockLease) -> bool: ...
@@ -138,13 +160,27 @@ class BaseLocks(Locks, ABC):
     # -- the API
 
     async def acquire(
-        self, name: str, *, ttl: float, owner: str | None = None, wait: float = 0.0
+        self,
+        name: str,
+        *,
+        ttl: float,
+        owner: str | None = None,
+        wait: float = 0.0,
+        take_over: bool = False,
     ) -> LockLease | None:
-        lease, _ = await self._acquire(name, ttl, owner, wait)
+        if take_over and not owner:
+            raise ValueError("take_over needs an owner that names the work, not the process")
+        lease, _ = await self._acquire(name, ttl, owner, wait, take_over)
         return lease
 
     def hold(
-        self, name: str, *, ttl: float, wait: float = 0.0, owner: str | None = None
+        self,
+        name: str,
+        *,
+        ttl: float,
+        wait: float = 0.0,
+        owner: str | None = None,
+        take_over: bool = False,
     ) -> AbstractAsyncContextManager[LockLease]:
         """Hold the lock for the body of an ``async with``.
 
@@ -153,15 +189,17 @@ class BaseLocks(Locks, ABC):
         before the lease would expire, the task running the body is cancelled
         and LeaseLost is raised out of the ``async with``. An event loop that is
         blocked for longer than the ttl cannot renew at all: fence the writes
-        that matter with the lease's token as well.
+        that matter with the lease's token as well. ``take_over``: see ``Locks.hold``.
         """
         _validate(name, ttl, wait)
-        return _Hold(self, name, ttl, wait, owner or self.owner)
+        if take_over and not owner:
+            raise ValueError("take_over needs an owner that names the work, not the process")
+        return _Hold(self, name, ttl, wait, owner or self.owner, take_over)
 
     # -- waiting
 
     async def _acquire(
-        self, name: str, ttl: float, owner: str | None, wait: float
+        self, name: str, ttl: float, owner: str | None, wait: float, take_over: bool = False
     ) -> tuple[LockLease | None, float]:
         """The lease and the local time its winning attempt was sent (the earliest
         the server can have started its ttl, hence a safe base for renewals)."""
@@ -174,7 +212,7 @@ class BaseLocks(Locks, ABC):
             while True:
                 woken.clear()
                 sent = time.monotonic()
-                token = await self._try_acquire(name, ttl, owner)
+                token = await self._try_acquire(name, ttl, owner, take_over)
                 if token is not None:
                     return LockLease(name, token, owner, ttl), sent
                 left = deadline - time.monotonic()
@@ -238,9 +276,12 @@ class _Hold(AbstractAsyncContextManager[LockLease]):
     """``BaseLocks.hold()``. Cancels the body the way ``asyncio.timeout`` does, so an
     outside cancellation still surfaces as CancelledError, never as LeaseLost."""
 
-    def __init__(self, locks: BaseLocks, name: str, ttl: float, wait: float, owner: str) -> None:
+    def __init__(
+        self, locks: BaseLocks, name: str, ttl: float, wait: float, owner: str, take_over: bool
+    ) -> None:
         self._locks = locks
         self._name, self._ttl, self._wait, self._owner = name, ttl, wait, owner
+        self._take_over = take_over
         self._lease: LockLease | None = None
         self._lost: str | None = None
         self._cancelled = False
@@ -250,7 +291,9 @@ class _Hold(AbstractAsyncContextManager[LockLease]):
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("hold() must be used inside an asyncio task")
-        lease, sent = await self._locks._acquire(self._name, self._ttl, self._owner, self._wait)
+        lease, sent = await self._locks._acquire(
+            self._name, self._ttl, self._owner, self._wait, self._take_over
+        )
         if lease is None:
             raise LockNotAcquired(
                 f"lock {self._name!r} is held by someone else"

@@ -3,8 +3,8 @@
 A lock is a row of ``herd_locks`` (migration 0003) that is never deleted:
 release moves ``expires_at`` to -infinity, so the next holder's token is the
 last one plus one, across holders and expiries alike. A holder's lock is taken
-over only once ``expires_at <= now()``; renew, release and check all name the
-token and require ``expires_at > now()``.
+over only once ``expires_at <= now()``, or by its own owner with ``take_over``;
+renew, release and check all name the token and require ``expires_at > now()``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ INSERT INTO herd_locks AS l (name, token, owner, expires_at)
 VALUES (%(name)s, 1, %(owner)s, now() + %(ttl)s::float8 * interval '1 second')
 ON CONFLICT (name) DO UPDATE
    SET token = l.token + 1, owner = excluded.owner, expires_at = excluded.expires_at
- WHERE l.expires_at <= now()
+ WHERE l.expires_at <= now() OR (%(take_over)s AND l.owner = excluded.owner)
 RETURNING token
 """
 
@@ -124,8 +124,12 @@ class PostgresLocks(BaseLocks):
                 row: tuple[Any, ...] | None = await cur.fetchone()
                 return row
 
-    async def _try_acquire(self, name: str, ttl: float, owner: str) -> int | None:
-        row = await self._one(_ACQUIRE, {"name": name, "owner": owner, "ttl": ttl})
+    async def _try_acquire(
+        self, name: str, ttl: float, owner: str, take_over: bool = False
+    ) -> int | None:
+        row = await self._one(
+            _ACQUIRE, {"name": name, "owner": owner, "ttl": ttl, "take_over": take_over}
+        )
         return int(row[0]) if row else None
 
     async def renew(self, lease: LockLease) -> bool:

@@ -30,24 +30,29 @@ CHANNEL = "herd:locks:released"  # payload: the lock name; a hint for waiters
 # A token is never below the server's clock in microseconds: after a failover that
 # lost the last acquisitions (asynchronous replication), the promoted replica still
 # hands out tokens past every one the old master gave (docs/cluster.md).
+# KEYS: the lock (its token, PX ttl), the token sequence, the holder's owner (same PX).
 _ACQUIRE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if ARGV[3] ~= '1' or redis.call('GET', KEYS[3]) ~= ARGV[2] then return 0 end
+end
 local t = redis.call('TIME')
 local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local token = string.format('%d', math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, floor))
 redis.call('SET', KEYS[2], token)
 redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
+redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[1])
 return tonumber(token)
 """
 
 _RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 """
 
 _RELEASE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 """
@@ -61,6 +66,10 @@ def lock_key(name: str) -> str:
 
 def seq_key(name: str) -> str:
     return lock_key(name) + ":seq"
+
+
+def owner_key(name: str) -> str:
+    return lock_key(name) + ":owner"
 
 
 def _ms(seconds: float) -> int:
@@ -121,24 +130,29 @@ class RedisLocks(BaseLocks):
         if self._shared is not None:
             await self._shared.close()
 
-    async def _try_acquire(self, name: str, ttl: float, owner: str) -> int | None:
+    async def _try_acquire(
+        self, name: str, ttl: float, owner: str, take_over: bool = False
+    ) -> int | None:
         with self._errors():
             token = await self._acquire_script(
-                keys=[lock_key(name), seq_key(name)], args=[_ms(ttl)]
+                keys=[lock_key(name), seq_key(name), owner_key(name)],
+                args=[_ms(ttl), owner, "1" if take_over else "0"],
             )
         return int(token) or None
 
     async def renew(self, lease: LockLease) -> bool:
         with self._errors():
             done = await self._renew_script(
-                keys=[lock_key(lease.name)], args=[lease.token, _ms(lease.ttl)]
+                keys=[lock_key(lease.name), owner_key(lease.name)],
+                args=[lease.token, _ms(lease.ttl)],
             )
         return int(done) == 1
 
     async def release(self, lease: LockLease) -> bool:
         with self._errors():
             done = await self._release_script(
-                keys=[lock_key(lease.name)], args=[lease.token, CHANNEL, lease.name]
+                keys=[lock_key(lease.name), owner_key(lease.name)],
+                args=[lease.token, CHANNEL, lease.name],
             )
         return int(done) == 1
 

@@ -12,6 +12,7 @@ import pytest
 from herd import App, JobStatus, Worker
 from herd.llm import evaluate
 from herd.llm.evaluate import EvalSpec, enqueue_documents, reservation_tokens
+from herd.locks import PostgresLocks
 from tests.conftest import truncate
 from tests.helpers import eventually
 from tests.llm.conftest import clean_eval_tables
@@ -142,6 +143,24 @@ async def test_a_call_left_open_by_a_dead_run_is_closed_cut_short_by_the_next(ap
     assert calls == {"call": 1, "cut_short": 1}
     assert status["reserved"] < 1e-9 and status["spent"] == pytest.approx(spent)
     assert spent == pytest.approx(0.5 + status["ledger"]["call"]["cost"])
+
+
+async def test_a_job_taken_over_from_a_dead_run_takes_its_key_lock_at_once(app, sim, pg_url):
+    """The dead run held the key's singleflight lock (renewed up to its death, so its ttl
+    still runs): the job's next run takes it over instead of waiting the ttl out."""
+    (r,) = await enqueue_documents(app, SPEC, "taken", documents(1), budget=10.0)
+    rt = await evaluate.EvalRuntime.of(app)
+    key = (await app.get_job(r.job_id)).payload["key"]
+    dead = PostgresLocks(pg_url, auto_migrate=False)
+    async with dead:
+        held = await dead.acquire(rt.cache._lock_name(key), ttl=300, owner=f"herd-job:{r.job_id}")
+        assert held is not None
+        worker = Worker(app, queues=[evaluate.QUEUE], concurrency=1, poll_interval=0.05,
+                        stop_when_idle=True, install_signal_handlers=False)  # fmt: skip
+        await asyncio.wait_for(worker.run(), 30)  # the ttl is 300 s
+        assert (await evaluate.batch_status(app, "taken"))["done"] == 1
+        assert (await spend(app, "taken"))[1] == {"call": 1}
+        assert not await dead.check(held) and not await dead.release(held)
 
 
 def test_the_reservation_counts_the_max_tokens_asked_for():
