@@ -35,7 +35,13 @@ async def query_cache(app: App, embedder: Any) -> SemanticCache:
         async with app.state.setdefault("semantic.lock", asyncio.Lock()):
             cache = app.state.get(key)
             if cache is None:
-                cache = SemanticCache(store_for(app), embedder=embedder, name=QUERY_CACHE)
+                cache = SemanticCache(
+                    store_for(app),
+                    embedder=embedder,
+                    name=QUERY_CACHE,
+                    mode=app.settings.semantic_mode,
+                    error_bound=app.settings.semantic_error_bound,
+                )
                 await cache.open()
                 app.on_close(cache.close)
                 app.state[key] = cache
