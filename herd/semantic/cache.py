@@ -474,9 +474,10 @@ class SemanticCache:
                 self._pool, sim, agree, cand.verdicts, self.error_bound
             )
             if risk <= self.error_bound:
-                if req.recheck and req.probe is None:
-                    req.probe = (cand, sim, agree)
-                    self._buffer.count("rechecks")
+                if req.recheck:  # on every look of this request: singleflight looks twice
+                    if req.probe is None:
+                        req.probe = (cand, sim, agree)
+                        self._buffer.count("rechecks")
                     return None
                 req.agree = agree
                 return sim, cand
