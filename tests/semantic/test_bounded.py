@@ -173,3 +173,15 @@ def test_the_settings_choose_the_mode_and_bound():
             Settings.from_env({"HERD_SEMANTIC_ERROR_BOUND": bad})
     with pytest.raises(ConfigError, match="HERD_SEMANTIC_MODE"):
         Settings.from_env({"HERD_SEMANTIC_MODE": "vcache"})
+
+
+def test_a_retrieval_is_judged_by_its_first_chunk():
+    from herd.semantic.runtime import same_top_hit
+
+    def found(*ids: int, score: float = 0.9) -> dict:
+        return {"k": 10, "hits": [{"id": i, "score": score} for i in ids]}
+
+    assert same_top_hit(found(1, 2, 3), found(1, 3, 2, score=0.8))
+    assert not same_top_hit(found(1, 2), found(2, 1))
+    assert same_top_hit(found(), found())  # equal values agree, chunks or not
+    assert not same_top_hit({"other": 1}, {"other": 2})
