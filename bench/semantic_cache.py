@@ -215,13 +215,12 @@ async def run_pairs(url: str, home: Path) -> dict[str, Any]:
     return out
 
 
-async def run_external(url: str, home: Path) -> dict[str, Any]:
+async def run_external(url: str, home: Path, pairs: list[dict[str, Any]]) -> dict[str, Any]:
     """Hits per pair for each method on the external set (bounded: per seed, in order)."""
     import random
 
     from herd.rag.embedders import default_embedder
 
-    pairs = [json.loads(line) for line in EXTERNAL.read_text(encoding="utf-8").splitlines()]
     embedder = default_embedder(home)
     vecs = embedder.embed([p["cached"] for p in pairs] + [p["asked"] for p in pairs])
     cached, asked = vecs[: len(pairs)], vecs[len(pairs) :]
@@ -285,11 +284,10 @@ def external_table(ext: dict[str, Any]) -> tuple[list[str], dict[str, tuple[floa
     kinds = sorted({p["kind"] for p in pairs if p["label"] == "near_miss"})
     n_para = labels.count("paraphrase")
     by_kind = {k: [i for i, p in enumerate(pairs) if p["kind"] == k] for k in kinds}
-    head = f"{'':38} {'hit rate':>9} {'false hits':>11} " + " ".join(
-        f"{f'{k[:8]} ({len(by_kind[k])})':>14}" for k in kinds
-    )
+    head = f"{'':38} {'hit rate':>9} {'false hits':>11} {'served wrong':>13} {'per lookup':>12} "
+    head += " ".join(f"{f'{k[:8]} ({len(by_kind[k])})':>14}" for k in kinds)
     lines = [
-        f"external set: {len(pairs)} SICK pairs ({n_para} paraphrases,"
+        f"external set: {len(pairs)} pairs ({n_para} paraphrases,"
         f" {len(pairs) - n_para} near misses); false-hit rate per kind of near miss",
         head,
     ]
@@ -305,8 +303,15 @@ def external_table(ext: dict[str, Any]) -> tuple[list[str], dict[str, tuple[floa
         near = [i for i, lab in enumerate(labels) if lab == "near_miss"]
         hit, false = share(para), share(near)
         overall[f"{label}{part}"] = (hit, false)
+        right = sum(h for i in para for h in hits.get(i, []))
+        wrong = sum(h for i in near for h in hits.get(i, []))
+        lookups = sum(len(hits.get(i, [])) for i in range(len(pairs)))
+        served_wrong = wrong / (right + wrong) if right + wrong else 0.0
         per_kind = " ".join(f"{share(idx):>14.1%}" for idx in by_kind.values())
-        lines.append(f"{label + part:38} {hit:9.1%} {false:11.1%} {per_kind}")
+        lines.append(
+            f"{label + part:38} {hit:9.1%} {false:11.1%} {served_wrong:13.1%}"
+            f" {wrong / lookups:12.2%} {per_kind}"
+        )
 
     for label, hits in ext["fixed"].items():
         line(label, {i: [h] for i, h in enumerate(hits)}, "")
@@ -347,6 +352,9 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="2,000 entries, 200 lookups")
     parser.add_argument("--pairs-only", action="store_true", help="only the labelled sets")
+    parser.add_argument(
+        "--external", type=Path, default=EXTERNAL, help="the external labelled set (JSON lines)"
+    )
     parser.add_argument("--summary", type=Path, default=None, help="write the figures as JSON")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -403,7 +411,8 @@ def main() -> None:
                 ),
             ]
         pairs = asyncio.run(run_pairs(server.url, args.home))
-        ext = asyncio.run(run_external(server.url, args.home))
+        external = args.external.read_text(encoding="utf-8").splitlines()
+        ext = asyncio.run(run_external(server.url, args.home, [json.loads(x) for x in external]))
     finally:
         server.stop()
     labels = pairs["labels"]

@@ -1,6 +1,8 @@
 """Build ``semantic_pairs_sick.jsonl`` from the SICK corpus (see README.md here).
 
     python bench/data/make_sick_pairs.py PATH/TO/SICK.txt
+    python bench/data/make_sick_pairs.py SICK.txt --seed 7 \
+        --exclude bench/data/semantic_pairs_sick.jsonl --out /tmp/heldout.jsonl  # held out
 
 The labels are SICK's own; this script only selects pairs and names the kind of
 change a near miss makes (by which words differ), with a fixed seed.
@@ -8,11 +10,11 @@ change a near miss makes (by which words differ), with a fixed seed.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import random
 import re
-import sys
 from pathlib import Path
 
 SEED = 18
@@ -48,9 +50,20 @@ def kind(a: str, b: str) -> str:
 
 
 def main() -> None:
-    with Path(sys.argv[1]).open(encoding="utf-8") as f:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sick", type=Path)
+    parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--exclude", type=Path, help="a pairs file whose pairs to leave out")
+    args = parser.parse_args()
+    with args.sick.open(encoding="utf-8") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
-    rng = random.Random(SEED)
+    taken = set()
+    if args.exclude:
+        lines = args.exclude.read_text(encoding="utf-8").splitlines()
+        taken = {json.loads(line)["source"] for line in lines}
+    rows = [r for r in rows if f"sick:{r['pair_ID']}" not in taken]
+    rng = random.Random(args.seed)
     share, near = [], {}
     for r in rows:
         a, b = r["sentence_A"].strip(), r["sentence_B"].strip()
@@ -69,10 +82,10 @@ def main() -> None:
         many = len(pool) > NEAR_MISSES_PER_KIND
         chosen += rng.sample(pool, NEAR_MISSES_PER_KIND) if many else pool
     rng.shuffle(chosen)
-    with OUT.open("w", encoding="utf-8") as f:
+    with args.out.open("w", encoding="utf-8") as f:
         for pair in chosen:
             f.write(json.dumps(pair, ensure_ascii=False) + "\n")
-    print(f"{len(chosen)} pairs -> {OUT}")
+    print(f"{len(chosen)} pairs -> {args.out}")
 
 
 if __name__ == "__main__":
