@@ -316,6 +316,8 @@ class SemanticCache:
     ) -> SemanticHit:
         """A cached answer, or ``compute()``'s, computed once for concurrent identical misses."""
         req = await self._request(query, vector, tenant, collection, generation, threshold)
+        # Only here: a recheck needs the computation that alookup does not have.
+        req.recheck = self.bounded and self.recheck > 0 and self._random.random() < self.recheck
         token = _current.set(req)
         try:
             found = await self._policy.get_or_compute(req.key, compute)
@@ -402,7 +404,6 @@ class SemanticCache:
             vec,
             self.threshold if threshold is None else check_threshold(threshold),
         )
-        req.recheck = self.bounded and self.recheck > 0 and self._random.random() < self.recheck
         return req
 
     async def _find(self, req: _Request, *, stale_for: float) -> tuple[Candidate, float] | None:

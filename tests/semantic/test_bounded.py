@@ -129,6 +129,18 @@ async def test_recheck_computes_a_served_hit_and_judges_it(make_cache: MakeCache
     assert stats["rechecks"] == 1 and stats["verdicts_wrong"] == 1
 
 
+async def test_a_lookup_serves_what_is_within_the_bound_without_rechecks(
+    make_cache: MakeCache,
+):
+    # alookup computes nothing, so it has nothing to recheck against: it serves.
+    cache = await make_cache(mode="bounded", error_bound=0.05, recheck=1.0)
+    await cache.astore(Q, "A", vector=unit(0))
+    await trust_similarity(cache, 0.9, 40)
+    hit = await cache.alookup(asked(0), vector=near(0.9, 1))
+    assert hit is not None and hit.value == "A"
+    assert (await cache.astats())["rechecks"] == 0
+
+
 async def test_an_exact_repeat_is_served_before_anything_is_learned(make_cache: MakeCache):
     cache = await make_cache(mode="bounded", recheck=0.0)
     calls = 0
