@@ -197,3 +197,40 @@ def test_a_retrieval_is_judged_by_its_first_chunk():
     assert not same_top_hit(found(1, 2), found(2, 1))
     assert same_top_hit(found(), found())  # equal values agree, chunks or not
     assert not same_top_hit({"other": 1}, {"other": 2})
+
+
+async def test_the_store_keeps_an_entrys_newest_verdicts_and_forgets_them_with_its_value(
+    make_cache: MakeCache,
+):
+    from herd.semantic.bounded import KEPT
+
+    cache = await make_cache(mode="bounded")
+    entry = await cache.astore(Q, "A", vector=unit(0))
+    store = cache.backend
+    for i in range(KEPT + 3):
+        await store.judge(cache.name, entry, 0.8 + i / 100, i % 2 == 0, keep=KEPT)
+    await store.judge(cache.name, "no-such-entry", 0.9, True, keep=KEPT)  # stays gone
+
+    async def verdicts() -> list[tuple[float, bool]]:
+        _, found = await store.search(
+            cache.name, _scope(cache), unit(0), k=5, alive_at=cache.now(), floor=0.0
+        )
+        return [c.verdicts for c in found if c.id == entry][0]
+
+    kept = await verdicts()
+    assert len(kept) == KEPT
+    assert kept[-1] == (pytest.approx(0.8 + (KEPT + 2) / 100), True)  # newest last
+    assert kept[0] == (pytest.approx(0.8 + 3 / 100), False)
+    await cache.astore(Q, "A, recomputed", vector=unit(0))
+    assert await verdicts() == []
+    _, found = await store.search(
+        cache.name, _scope(cache), unit(0), k=5, alive_at=cache.now(), floor=0.0
+    )
+    assert len(found) == 1  # the verdict on a missing entry made none
+
+
+def _scope(cache: SemanticCache):
+    from herd.semantic.base import Scope
+
+    assert cache.embedder_id is not None
+    return Scope(cache.tenant, cache.embedder_id)

@@ -89,3 +89,9 @@ def test_query_in_the_bounded_mode_learns_before_it_serves(pg_url, herd_home, tm
         query(q)["hit"] for q in ("What is Jakarta's minimum wage?", "Jakarta's minimum wage?")
     ]
     assert True in served, served
+
+
+def test_a_bad_error_bound_is_a_one_line_usage_error():
+    bad = herd("config", HERD_SEMANTIC_ERROR_BOUND="2")
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stderr.strip().count("\n") == 0 and "HERD_SEMANTIC_ERROR_BOUND" in bad.stderr
