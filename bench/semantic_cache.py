@@ -14,8 +14,18 @@ fresh random vectors (misses). Then the labelled pairs of
 paraphrases and false-hit rate on near misses at the default threshold (0.95, RedisVL
 distance 0.05), herd with its near-miss guards on and off.
 
-``--quick``: 2,000 entries, 200 lookups (a smoke run). ``--summary PATH``: also write
-the figures as JSON for ``bench/report.py`` (see ``bench/_summary.py``).
+Then the external set, ``bench/data/semantic_pairs_sick.jsonl`` (581 pairs from SICK,
+see bench/data/README.md): herd's defaults, plain cosine at 0.95 (herd, guards off),
+RedisVL's defaults (distance 0.1, cosine 0.9), and herd's bounded mode at several
+error bounds. The bounded mode learns, so it runs as a stream: the pairs in a shuffled
+order (3 seeds), each cached side stored and the asked side looked up through
+``aget_or_compute``, whose computation answers the pair's answer (the cached one for a
+paraphrase, another for a near miss): what it learns comes only from those answers.
+Figures over the whole stream (learning included) and over its second half.
+
+``--quick``: 2,000 entries, 200 lookups (a smoke run). ``--pairs-only``: only the
+labelled sets. ``--summary PATH``: also write the figures as JSON for
+``bench/report.py`` (see ``bench/_summary.py``).
 """
 
 from __future__ import annotations
@@ -45,6 +55,9 @@ from herd.semantic import RedisSemanticStore, SemanticCache  # noqa: E402
 DIM = 384
 THRESHOLD = 0.95
 PAIRS = Path(__file__).resolve().parent / "data" / "semantic_pairs.jsonl"
+EXTERNAL = Path(__file__).resolve().parent / "data" / "semantic_pairs_sick.jsonl"
+BOUNDS = (0.02, 0.05, 0.1)
+SEEDS = (1, 2, 3)
 log = logging.getLogger("bench")
 
 
@@ -202,6 +215,120 @@ async def run_pairs(url: str, home: Path) -> dict[str, Any]:
     return out
 
 
+async def run_external(url: str, home: Path, pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Hits per pair for each method on the external set (bounded: per seed, in order)."""
+    import random
+
+    from herd.rag.embedders import default_embedder
+
+    embedder = default_embedder(home)
+    vecs = embedder.embed([p["cached"] for p in pairs] + [p["asked"] for p in pairs])
+    cached, asked = vecs[: len(pairs)], vecs[len(pairs) :]
+    flush(url)
+    out: dict[str, Any] = {"pairs": pairs, "fixed": {}, "bounded": {}}
+    for label, kw in (
+        ("herd defaults (guarded, 0.95)", {}),
+        ("cosine 0.95 (herd, guards off)", {"guards": False}),
+    ):
+        cache = SemanticCache(RedisSemanticStore(url), embedder=embedder, name="ext", **kw)
+        async with cache:
+            hits = []
+            for i, p in enumerate(pairs):
+                await cache.astore(p["cached"], i, vector=cached[i], tenant=f"{label}{i}")
+                hit = await cache.alookup(p["asked"], vector=asked[i], tenant=f"{label}{i}")
+                hits.append(hit is not None)
+        out["fixed"][label] = hits
+    rvl = redisvl_cache(url, "rvlext", 0.9)  # RedisVL's default distance_threshold, 0.1
+    rvl_hits = []
+    for i, p in enumerate(pairs):
+        await rvl.aclear()
+        await rvl.astore(prompt=p["cached"], response=str(i), vector=cached[i].tolist())
+        rvl_hits.append(bool(await rvl.acheck(vector=asked[i].tolist(), num_results=1)))
+    out["fixed"]["RedisVL defaults (distance 0.1)"] = rvl_hits
+    for bound in BOUNDS:
+        for seed in SEEDS:
+            flush(url)
+            order = list(range(len(pairs)))
+            random.Random(seed).shuffle(order)
+            cache = SemanticCache(
+                RedisSemanticStore(url),
+                embedder=embedder,
+                name="bounded",
+                mode="bounded",
+                error_bound=bound,
+            )
+            cache._random.seed(seed)  # the recheck draws: reproducible
+            served: list[tuple[int, bool]] = []  # (pair, served) in stream order
+            async with cache:
+                for i in order:
+                    p, tenant = pairs[i], f"p{i}"
+                    await cache.astore(p["cached"], i, vector=cached[i], tenant=tenant)
+                    truth = i if p["label"] == "paraphrase" else -1 - i
+
+                    async def compute(truth: int = truth) -> int:
+                        return truth
+
+                    found = await cache.aget_or_compute(
+                        p["asked"], compute, vector=asked[i], tenant=tenant
+                    )
+                    served.append((i, found.source == "hit"))
+            out["bounded"][(bound, seed)] = served
+            log.info("  bounded %.2f seed %d: done", bound, seed)
+    return out
+
+
+def external_table(ext: dict[str, Any]) -> tuple[list[str], dict[str, tuple[float, float]]]:
+    """The table's lines, and (hit rate, false-hit rate) per method over the whole set."""
+    pairs = ext["pairs"]
+    labels = [p["label"] for p in pairs]
+    kinds = sorted({p["kind"] for p in pairs if p["label"] == "near_miss"})
+    n_para = labels.count("paraphrase")
+    by_kind = {k: [i for i, p in enumerate(pairs) if p["kind"] == k] for k in kinds}
+    head = f"{'':38} {'hit rate':>9} {'false hits':>11} {'served wrong':>13} {'per lookup':>12} "
+    head += " ".join(f"{f'{k[:8]} ({len(by_kind[k])})':>14}" for k in kinds)
+    lines = [
+        f"external set: {len(pairs)} pairs ({n_para} paraphrases,"
+        f" {len(pairs) - n_para} near misses); false-hit rate per kind of near miss",
+        head,
+    ]
+    overall: dict[str, tuple[float, float]] = {}
+
+    def line(label: str, hits: dict[int, list[bool]], part: str) -> None:
+        # hits: pair -> its outcomes (one per seed where it was measured)
+        def share(idx: list[int]) -> float:
+            got = [h for i in idx for h in hits.get(i, [])]
+            return sum(got) / len(got) if got else float("nan")
+
+        para = [i for i, lab in enumerate(labels) if lab == "paraphrase"]
+        near = [i for i, lab in enumerate(labels) if lab == "near_miss"]
+        hit, false = share(para), share(near)
+        overall[f"{label}{part}"] = (hit, false)
+        right = sum(h for i in para for h in hits.get(i, []))
+        wrong = sum(h for i in near for h in hits.get(i, []))
+        lookups = sum(len(hits.get(i, [])) for i in range(len(pairs)))
+        served_wrong = wrong / (right + wrong) if right + wrong else 0.0
+        per_kind = " ".join(f"{share(idx):>14.1%}" for idx in by_kind.values())
+        lines.append(
+            f"{label + part:38} {hit:9.1%} {false:11.1%} {served_wrong:13.1%}"
+            f" {wrong / lookups:12.2%} {per_kind}"
+        )
+
+    for label, hits in ext["fixed"].items():
+        line(label, {i: [h] for i, h in enumerate(hits)}, "")
+    for bound in BOUNDS:
+        whole: dict[int, list[bool]] = {}
+        late: dict[int, list[bool]] = {}
+        for seed in SEEDS:
+            served = ext["bounded"][(bound, seed)]
+            for pos, (i, hit) in enumerate(served):
+                whole.setdefault(i, []).append(hit)
+                if pos >= len(served) // 2:
+                    late.setdefault(i, []).append(hit)
+        line(f"herd bounded, δ = {bound:g}", whole, "")
+        line(f"herd bounded, δ = {bound:g}", late, ", 2nd half")
+    return lines, overall
+
+
 def rates(hits: list[bool], labels: list[str]) -> tuple[float, float]:
     para = [h for h, lab in zip(hits, labels, strict=True) if lab == "paraphrase"]
     near = [h for h, lab in zip(hits, labels, strict=True) if lab == "near_miss"]
@@ -224,10 +351,16 @@ def main() -> None:
         help="HERD_HOME with the embedding model (built there if missing)",
     )
     parser.add_argument("--quick", action="store_true", help="2,000 entries, 200 lookups")
+    parser.add_argument("--pairs-only", action="store_true", help="only the labelled sets")
+    parser.add_argument(
+        "--external", type=Path, default=EXTERNAL, help="the external labelled set (JSON lines)"
+    )
     parser.add_argument("--summary", type=Path, default=None, help="write the figures as JSON")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     sizes = [2000] if args.quick else [int(s) for s in args.sizes.split(",") if s]
+    if args.pairs_only:
+        sizes = []
     queries = 200 if args.quick else args.queries
     rounds = 1 if args.quick else args.rounds
     try:
@@ -278,6 +411,8 @@ def main() -> None:
                 ),
             ]
         pairs = asyncio.run(run_pairs(server.url, args.home))
+        external = args.external.read_text(encoding="utf-8").splitlines()
+        ext = asyncio.run(run_external(server.url, args.home, [json.loads(x) for x in external]))
     finally:
         server.stop()
     labels = pairs["labels"]
@@ -311,6 +446,22 @@ def main() -> None:
         f"herd with guards off: hit rate {off[0]:.3f}, false-hit rate {off[1]:.3f}"
         f" ({n_para} paraphrases, {n_near} near misses, real default embedder)"
     )
+    lines, overall = external_table(ext)
+    print("\n" + "\n".join(lines))
+    herd_ext = overall["herd defaults (guarded, 0.95)"]
+    rvl_ext = overall["RedisVL defaults (distance 0.1)"]
+    rows += [
+        _summary.row("external set hit rate (defaults)", herd_ext[0], rvl_ext[0], "fraction",
+                     "higher"),
+        _summary.row("external set false-hit rate (defaults)", herd_ext[1], rvl_ext[1],
+                     "fraction", "lower"),
+    ]  # fmt: skip
+    for bound in BOUNDS:
+        hit, false = overall[f"herd bounded, δ = {bound:g}"]
+        notes.append(
+            f"external set, herd bounded δ={bound:g} (whole stream, {len(SEEDS)} seeds):"
+            f" hit rate {hit:.3f}, false-hit rate {false:.3f}"
+        )
     _summary.write(args.summary, "semantic_cache", "RedisVL", rows, notes)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field, fields, replace
@@ -102,6 +103,10 @@ class Settings:
     # one retry: "sync" (a synchronous call at the full price) or "batch" (a new provider
     # batch, half price, up to a day later). A second failure is dead-lettered.
     eval_batch_retry: str = "sync"
+    # The semantic query cache's policy: "guarded" (threshold and near-miss guards) or
+    # "bounded" (herd.semantic.bounded: learned, with at most this chance of a wrong hit).
+    semantic_mode: str = "guarded"
+    semantic_error_bound: float = 0.05
 
     def __post_init__(self) -> None:
         # Whatever prints an error later masks these verbatim, even where the URL's
@@ -150,6 +155,8 @@ class Settings:
             limits_path=Path(env["HERD_LIMITS"]).expanduser() if env.get("HERD_LIMITS") else None,
             limit_max_wait=_bytes(env, "HERD_LIMIT_MAX_WAIT", LIMIT_MAX_WAIT, unit="seconds"),
             eval_batch_retry=_choice(env, "HERD_EVAL_BATCH_RETRY", ("sync", "batch")),
+            semantic_mode=_choice(env, "HERD_SEMANTIC_MODE", ("guarded", "bounded")),
+            semantic_error_bound=_probability(env, "HERD_SEMANTIC_ERROR_BOUND", 0.05),
         )
 
     def override(self, **values: object) -> Settings:
@@ -207,6 +214,19 @@ def _choice(env: dict[str, str], name: str, choices: tuple[str, ...]) -> str:
     if raw not in choices:
         raise ConfigError(f"{name} must be one of {', '.join(choices)}, not {raw!r}")
     return raw
+
+
+def _probability(env: dict[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < 1:  # NaN fails too
+        raise ConfigError(f"{name} must be a probability between 0 and 1, not {raw!r}")
+    return value
 
 
 def _hosts(env: dict[str, str], name: str) -> tuple[str, ...]:

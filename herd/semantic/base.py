@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -73,6 +73,8 @@ class Candidate:
     delta: float
     created_at: float
     expires_at: float
+    # The bounded mode's verdicts on this entry's hits, oldest first: (similarity, right).
+    verdicts: list[tuple[float, bool]] = field(default_factory=list)
 
 
 class SemanticStore(Protocol):
@@ -117,6 +119,13 @@ class SemanticStore(Protocol):
         """Record last use (for eviction) and, for a sliding ttl, move expiries:
         ``expires`` maps an id to its new expiry and its stale window; ``now`` is
         the time of the move."""
+        ...
+
+    async def judge(
+        self, cache: str, entry_id: str, similarity: float, correct: bool, *, keep: int
+    ) -> None:
+        """Append a verdict to an entry's (keeping the newest ``keep``); a gone entry is
+        left gone."""
         ...
 
     async def clear(self, cache: str | None = None, collection: str | None = None) -> int: ...

@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import hashlib
 import math
+import random
 import time
 import unicodedata
 from collections.abc import Awaitable, Callable
@@ -37,6 +38,7 @@ from herd.errors import ConfigError
 from herd.jsonvalue import JSON
 from herd.locks.base import BaseLocks
 from herd.portal import Portal
+from herd.semantic import bounded
 from herd.semantic import stats as figures
 from herd.semantic.base import (
     NEVER,
@@ -55,6 +57,7 @@ Source = Literal["hit", "waited", "computed", "stale", "early"]
 # the threshold cannot reach it in float64, so it is not even decoded.
 FLOAT32_SLACK = 1e-4
 FLUSH_EVERY = 1.0  # seconds between flushes of figures and last-use times to the backend
+POOL_EVERY = 10.0  # seconds between reads of the bounded mode's pooled verdicts
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,8 @@ class SemanticHit:
     source: Source  # as ExactCache's Lookup: hit, waited, computed, stale or early
     created_at: float
     expires_at: float | None  # server time; None: never
+    entry: str | None = None  # the cached entry that answered (for ``areport``)
+    guards_agree: bool = True  # whether the near-miss guards agreed (bounded mode: a feature)
 
 
 @dataclass
@@ -76,6 +81,11 @@ class _Request:
     threshold: float
     found: tuple[Candidate, float] | None = None
     observed: bool = False
+    agree: bool = True  # the guards' verdict on ``found``
+    recheck: bool = False  # bounded mode: compute even if a hit is served, and compare
+    # bounded mode: the nearest candidate not served (or rechecked), whose answer the
+    # computation will judge: (candidate, similarity, guards agree)
+    probe: tuple[Candidate, float, bool] | None = None
 
     # Computed on first use: a miss by similarity alone never needs either.
     @functools.cached_property
@@ -114,8 +124,12 @@ class SemanticCache:
         locks: BaseLocks | None = None,
         name: str = "default",
         tenant: str = "default",
-        threshold: float = 0.95,
+        threshold: float | None = None,
         guards: bool = True,
+        mode: str = "guarded",
+        error_bound: float = 0.05,
+        recheck: float = 0.05,
+        same: Callable[[JSON, JSON], bool] | None = None,
         k: int = 5,
         ttl: float | None = 3600.0,
         sliding: bool = False,
@@ -132,13 +146,29 @@ class SemanticCache:
         embedder_id, dim: taken from the embedder unless given.
         name: the cache's name; max_entries bounds each name (least recently used go first).
         tenant: the default tenant of lookups and stores.
-        threshold: the least cosine similarity of a hit, in [0, 1].
-        guards: require the near-miss guards to agree (negation, numbers, names, scope).
+        threshold: the least cosine similarity of a hit, in [0, 1] (default 0.95; in
+            the bounded mode, the least similarity considered, default 0.8).
+        guards: require the near-miss guards to agree (negation, numbers, names, scope,
+            relation words, word order); in the bounded mode their verdict is a feature.
+        mode: "guarded" (a fixed threshold and the guards) or "bounded" (herd.semantic.
+            bounded: serve a neighbour only while the learned chance that its answer
+            is wrong is at most ``error_bound``).
+        error_bound: δ of the bounded mode, a probability in (0, 1).
+        recheck: bounded mode: the share of served hits that ``aget_or_compute``
+            computes anyway to check them (the caller gets the fresh answer).
+        same: bounded mode: whether two answers agree (default ==), for its checks.
         k: candidates fetched per lookup; the best one that passes the guards answers.
         ttl: seconds an entry is fresh (None: until evicted); sliding: a hit renews it.
         xfetch_beta, stale_while_revalidate, lock_ttl, wait: as ExactCache.
         clock: epoch seconds (for tests); default: the server's clock.
         """
+        self.mode = bounded.check_mode(mode)
+        self.bounded = self.mode == "bounded"
+        self.error_bound = bounded.check_bound(error_bound)
+        self.recheck = bounded.check_recheck(recheck)
+        self.same = same or (lambda a, b: a == b)
+        if threshold is None:
+            threshold = bounded.BOUNDED_FLOOR if self.bounded else 0.95
         self.threshold = check_threshold(threshold)
         if not (isinstance(k, int) and 1 <= k <= 100):
             raise ConfigError(f"k must be an integer from 1 to 100, not {k!r}")
@@ -175,6 +205,9 @@ class SemanticCache:
         self._flushed = time.monotonic()
         self._flushing = False
         self._portal: Portal | None = None
+        self._pool = bounded.Pool()
+        self._pool_read = -math.inf
+        self._random = random.Random()
         self._opened = False
         self._opening = asyncio.Lock()
 
@@ -187,6 +220,8 @@ class SemanticCache:
         if self._clock is None:
             self._offset = await self.backend.server_time() - time.time()
         self._opened = True
+        if self.bounded:
+            await self._read_pool()
         return self
 
     async def _ensure_open(self) -> None:
@@ -281,6 +316,8 @@ class SemanticCache:
     ) -> SemanticHit:
         """A cached answer, or ``compute()``'s, computed once for concurrent identical misses."""
         req = await self._request(query, vector, tenant, collection, generation, threshold)
+        # Only here: a recheck needs the computation that alookup does not have.
+        req.recheck = self.bounded and self.recheck > 0 and self._random.random() < self.recheck
         token = _current.set(req)
         try:
             found = await self._policy.get_or_compute(req.key, compute)
@@ -292,6 +329,13 @@ class SemanticCache:
             expires = now + self.ttl if self.ttl is not None else None
             return SemanticHit(found.value, 1.0, query, found.source, now, expires)
         return self._hit(req, req.found, found.source, value=found.value)
+
+    async def areport(self, hit: SemanticHit, *, correct: bool) -> None:
+        """Tell the bounded mode whether a hit it served was right (any mode records it)."""
+        if hit.entry is None:
+            raise ConfigError("report on a hit served from the cache, not a computed answer")
+        await self._ensure_open()
+        await self._judge(hit.entry, hit.similarity, hit.guards_agree, correct)
 
     async def aclear(self, *, collection: str | None = None, all_caches: bool = False) -> int:
         await self._ensure_open()
@@ -323,6 +367,9 @@ class SemanticCache:
         result: SemanticHit = self._sync(self.aget_or_compute(query, run, **kw))
         return result
 
+    def report(self, hit: SemanticHit, *, correct: bool) -> None:
+        self._sync(self.areport(hit, correct=correct))
+
     def clear(self, **kw: Any) -> int:
         result: int = self._sync(self.aclear(**kw))
         return result
@@ -350,13 +397,14 @@ class SemanticCache:
         vec = as_vector(vector, self.dim)
         assert self.embedder_id is not None
         scope = Scope(tenant or self.tenant, self.embedder_id, collection, str(generation))
-        return _Request(
+        req = _Request(
             self.name,
             scope,
             query,
             vec,
             self.threshold if threshold is None else check_threshold(threshold),
         )
+        return req
 
     async def _find(self, req: _Request, *, stale_for: float) -> tuple[Candidate, float] | None:
         started = time.perf_counter()
@@ -384,16 +432,22 @@ class SemanticCache:
             top = min(max(top, 0.0), 1.0)  # the index's float32 can overshoot 1 by an ulp
             self._buffer.observe("sim", figures.SIMILARITY_BUCKETS, top, 1_000_000)
         above = [(s, c) for s, c in scored if s >= req.threshold]
-        passing = [
-            (s, c)
-            for s, c in above
-            if not self.guards or req.guard.agrees(Signature.from_json(c.guard))
-        ]
-        if above and not passing:
-            self._buffer.count("guard_rejections")
-        if not passing:
-            return None
-        sim, best = passing[0]
+        if self.bounded:
+            chosen = await self._bounded_choice(req, above)
+            if chosen is None:
+                return None
+            sim, best = chosen
+        else:
+            passing = [
+                (s, c)
+                for s, c in above
+                if not self.guards or req.guard.agrees(Signature.from_json(c.guard))
+            ]
+            if above and not passing:
+                self._buffer.count("guard_rejections")
+            if not passing:
+                return None
+            sim, best = passing[0]
         self._used[best.id] = now
         if self.sliding and best.expires_at > now:
             assert self.ttl is not None
@@ -404,6 +458,52 @@ class SemanticCache:
             best = dataclasses.replace(best, expires_at=moved)
         req.found = (best, sim)
         return req.found
+
+    async def _bounded_choice(
+        self, req: _Request, above: list[tuple[float, Candidate]]
+    ) -> tuple[float, Candidate] | None:
+        """The first candidate whose chance of a wrong answer is within the bound; the
+        nearest one not served becomes the request's probe, judged by the computation."""
+        if time.monotonic() - self._pool_read >= POOL_EVERY:
+            await self._read_pool()
+        for sim, cand in above:
+            if cand.id == req.key:  # the same query: an exact hit, not a guess
+                req.agree = True
+                return sim, cand
+            agree = req.guard.agrees(Signature.from_json(cand.guard))
+            risk = bounded.error_probability(
+                self._pool, sim, agree, cand.verdicts, self.error_bound
+            )
+            if risk <= self.error_bound:
+                if req.recheck:  # on every look of this request: singleflight looks twice
+                    if req.probe is None:
+                        req.probe = (cand, sim, agree)
+                        self._buffer.count("rechecks")
+                    return None
+                req.agree = agree
+                return sim, cand
+            if req.probe is None:
+                req.probe = (cand, sim, agree)
+        return None
+
+    async def _judge(self, entry: str, sim: float, agree: bool, correct: bool) -> None:
+        await self.backend.judge(self.name, entry, sim, correct, keep=bounded.KEPT)
+        self._pool.add(agree, sim, correct)
+        self._buffer.add(bounded.counter(agree, sim, correct))
+        self._buffer.count("verdicts_right" if correct else "verdicts_wrong")
+
+    async def _judge_probe(self, req: _Request, value: JSON) -> None:
+        if req.probe is None:
+            return
+        cand, sim, agree = req.probe
+        req.probe = None
+        await self._judge(cand.id, sim, agree, bool(self.same(value, cand.value)))
+
+    async def _read_pool(self) -> None:
+        self._pool_read = time.monotonic()
+        await self.flush()
+        raw = (await self.backend.read_stats()).get(self.name, {})
+        self._pool = bounded.Pool.from_figures(raw)
 
     async def _put(self, req: _Request, value: JSON, *, delta: float) -> None:
         now = self.now()
@@ -440,6 +540,8 @@ class SemanticCache:
             source,
             best.created_at,
             None if best.expires_at >= NEVER else best.expires_at,
+            best.id,
+            req.agree,
         )
 
     async def _maybe_flush(self) -> None:
@@ -502,6 +604,7 @@ class _Bridge:
     ) -> None:
         req = _current.get()
         req.found = None  # what answers now is this computation, not an earlier match
+        await self.cache._judge_probe(req, value)
         await self.cache._put(req, value, delta=delta)
 
     async def delete(self, namespace: str, key: str) -> None:

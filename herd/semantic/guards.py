@@ -36,6 +36,13 @@ SCOPE = frozenset(
     always sometimes majority minority entire whole single sole except
     semua setiap hanya beberapa pertama terakhir seluruh sebagian kecuali""")
 )
+# Where or when, relative to something: "jumping onto the wall" and "off the wall",
+# "before the flood" and "after" it. Not "in", "on", "at": rewordings move them about.
+RELATIONS = frozenset(
+    _words("""off out into onto inside outside under over above below beneath behind front
+    top bottom up down near far away toward towards through past across along around
+    beside before after sebelum sesudah setelah atas bawah luar depan belakang""")
+)
 MONTHS = {
     name: n
     for n, names in enumerate(
@@ -96,6 +103,9 @@ COMMON = frozenset(
     atau dalam pada untuk dari ke ini itu jelaskan sebutkan tolong menurut""")
 )
 
+# Not content for the order check: what a rewording adds, drops or moves freely.
+_FUNCTION = COMMON | SCOPE | NEGATIONS | RELATIONS | frozenset(_words("being one ones"))
+
 
 @dataclass(frozen=True)
 class Signature:
@@ -106,6 +116,8 @@ class Signature:
     entities: tuple[str, ...]
     scope: tuple[str, ...]
     words: tuple[str, ...]  # every lowercased word, so an entity may match in lower case
+    relations: tuple[str, ...] | None = None  # sorted, repeats kept; None: an older entry's
+    content: tuple[str, ...] | None = None  # the other words, in order (who did what to whom)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -114,6 +126,8 @@ class Signature:
             "ent": list(self.entities),
             "scope": list(self.scope),
             "words": list(self.words),
+            "rel": None if self.relations is None else list(self.relations),
+            "seq": None if self.content is None else list(self.content),
         }
 
     @classmethod
@@ -124,6 +138,8 @@ class Signature:
             tuple(doc["ent"]),
             tuple(doc["scope"]),
             tuple(doc["words"]),
+            None if doc.get("rel") is None else tuple(doc["rel"]),
+            None if doc.get("seq") is None else tuple(doc["seq"]),
         )
 
     def agrees(self, other: Signature) -> bool:
@@ -135,7 +151,29 @@ class Signature:
         # A name must appear in the other query, capitalised or not: "what did god
         # say" and "What did God say" are one question, "Moses" and "Aaron" are not.
         mine, theirs = set(self.words), set(other.words)
-        return all(e in theirs for e in self.entities) and all(e in mine for e in other.entities)
+        if not (all(e in theirs for e in self.entities) and all(e in mine for e in other.entities)):
+            return False
+        if None not in (self.relations, other.relations) and self.relations != other.relations:
+            return False
+        if self.content is not None and other.content is not None:
+            return not _swapped(self.content, other.content)
+        return True
+
+
+def _swapped(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """The same words in an order that exchanges roles: "the dog is teasing the monkey"
+    and "the monkey is teasing the dog". Moving one phrase ("In Jakarta, what is the
+    minimum wage?") keeps the roles, so that is no swap."""
+    if a == b or sorted(a) != sorted(b) or len(a) > 40:
+        return False
+    n = len(a)
+    for i in range(n):
+        for j in range(i + 1, n + 1):
+            rest = a[:i] + a[j:]
+            for k in range(len(rest) + 1):
+                if rest[:k] + a[i:j] + rest[k:] == b:
+                    return False
+    return True
 
 
 def _roman(token: str) -> int | None:
@@ -155,6 +193,8 @@ def signature(query: str) -> Signature:
     entities: set[str] = set()
     scope: set[str] = set()
     words: set[str] = set()
+    relations: list[str] = []
+    content: list[str] = []
     start = True  # at the start of a sentence
     tokens = _TOKEN.findall(text)
     for i, token in enumerate(tokens):
@@ -170,8 +210,13 @@ def signature(query: str) -> Signature:
             negations += 1
         if low in SCOPE:
             scope.add(low)
+        if low in RELATIONS:
+            relations.append(low)
         words.add(low)
-        number = None if _pronoun_one(tokens, i, low) else _number(token, low, start)
+        pronoun = _pronoun_one(tokens, i, low)
+        number = None if pronoun else _number(token, low, start)
+        if number is None and not pronoun and low not in _FUNCTION:
+            content.append(low)
         if number is not None:
             numbers.add(number)
         elif token[:1].isupper() and low not in COMMON | SCOPE | NEGATIONS:
@@ -185,6 +230,8 @@ def signature(query: str) -> Signature:
         tuple(sorted(entities)),
         tuple(sorted(scope)),
         tuple(sorted(words)),
+        tuple(sorted(relations)),
+        tuple(content),
     )
 
 

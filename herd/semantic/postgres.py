@@ -25,7 +25,7 @@ _INDEX_LOCK = 0x68657264_5345  # 'herdSE': one index builder at a time
 
 _SEARCH = """
 SELECT id, query, guard, value, vec, delta, created_at, expires_at,
-       1 - (vec::vector({dim}) <=> %(v)s::vector({dim}))
+       1 - (vec::vector({dim}) <=> %(v)s::vector({dim})), verdicts
   FROM herd_semantic
  WHERE cache = %(cache)s AND dim = {dim} AND tenant = %(tenant)s AND embedder = %(embedder)s
    AND collection = %(collection)s AND generation = %(generation)s
@@ -45,7 +45,7 @@ ON CONFLICT (cache, id) DO UPDATE
    SET query = excluded.query, guard = excluded.guard, value = excluded.value,
        vec = excluded.vec, delta = excluded.delta, created_at = excluded.created_at,
        expires_at = excluded.expires_at, keep_until = excluded.keep_until,
-       last_used = excluded.last_used
+       last_used = excluded.last_used, verdicts = '[]'
 RETURNING xmax = 0
 """
 
@@ -77,6 +77,16 @@ UPDATE herd_semantic s
   FROM unnest(%(ids)s::text[], %(at)s::float8[], %(expires)s::float8[], %(keep)s::float8[])
        AS u(id, at, expires, keep)
  WHERE s.cache = %(cache)s AND s.id = u.id
+"""
+
+# The newest ``keep`` verdicts, oldest first.
+_JUDGE = """
+UPDATE herd_semantic
+   SET verdicts = (SELECT coalesce(jsonb_agg(v ORDER BY o), '[]'::jsonb)
+                     FROM (SELECT v, o FROM jsonb_array_elements(verdicts || %(new)s)
+                                  WITH ORDINALITY AS t(v, o)
+                            ORDER BY o DESC LIMIT %(keep)s) AS newest)
+ WHERE cache = %(cache)s AND id = %(id)s
 """
 
 _COUNT = """
@@ -168,6 +178,7 @@ class PostgresSemanticStore:
                 delta=float(r[5]),
                 created_at=float(r[6]),
                 expires_at=float(r[7]),
+                verdicts=[(float(sim), bool(ok)) for sim, ok in r[9]],
             )
             for r in rows
             if float(r[8]) >= floor
@@ -246,6 +257,12 @@ class PostgresSemanticStore:
                 "keep": [moved[i][0] + moved[i][1] if i in moved else None for i in ids],
             },
         )
+
+    async def judge(
+        self, cache: str, entry_id: str, similarity: float, correct: bool, *, keep: int
+    ) -> None:
+        new = Jsonb([[similarity, 1 if correct else 0]])
+        await self._exec(_JUDGE, {"cache": cache, "id": entry_id, "new": new, "keep": keep})
 
     async def clear(self, cache: str | None = None, collection: str | None = None) -> int:
         with translate_errors(self.url):

@@ -37,7 +37,9 @@ from herd.semantic.base import NEVER, Candidate, NewEntry, Scope, Vector
 NAMES = "herd:semantic:names"
 PLAN_TTL = 5.0  # seconds a scope's search plan is trusted (see _plan)
 MIN_EF, MAX_EF = 20, 256
-_RETURN = ("dist", "query", "guard", "value", "vec", "delta", "created_at", "expires_at")
+_RETURN = (
+    "dist", "query", "guard", "value", "vec", "delta", "created_at", "expires_at", "verdicts"
+)  # fmt: skip
 
 # Upsert, then evict the least recently used past the bound. Popped members whose
 # hash already expired by itself delete nothing and are not counted.
@@ -56,6 +58,18 @@ if over > 0 then
   for i = 1, #old, 2 do evicted = evicted + redis.call('DEL', old[i]) end
 end
 return evicted
+"""
+
+# Append a verdict, keep the newest ARGV[2]; an entry gone (evicted, expired) stays gone.
+_JUDGE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local kept = cjson.decode(redis.call('HGET', KEYS[1], 'verdicts') or '[]')
+table.insert(kept, cjson.decode(ARGV[1]))
+local keep = tonumber(ARGV[2])
+local out = {}
+for i = math.max(1, #kept - keep + 1), #kept do table.insert(out, kept[i]) end
+redis.call('HSET', KEYS[1], 'verdicts', cjson.encode(out))
+return 1
 """
 
 # ARGV: now, then per key: last use, new expiry (or ''), pexpire ms (or ''). Only
@@ -120,6 +134,7 @@ class RedisSemanticStore:
         self._creating = asyncio.Lock()
         self._put = self._redis.register_script(_PUT)
         self._touch = self._redis.register_script(_TOUCH)
+        self._judge = self._redis.register_script(_JUDGE)
         self._indexes: set[tuple[str, int]] = set()
         self._plans: dict[tuple[str, str], tuple[float, str]] = {}
 
@@ -235,6 +250,9 @@ class RedisSemanticStore:
                 delta=float(f[b"delta"]),
                 created_at=float(f[b"created_at"]),
                 expires_at=float(f[b"expires_at"]),
+                verdicts=[
+                    (float(at), bool(ok)) for at, ok in loads(f.get(b"verdicts", b"[]").decode())
+                ],
             )
             for sim, key, f in near
             if sim >= floor
@@ -292,6 +310,7 @@ class RedisSemanticStore:
             "delta": repr(entry.delta),
             "created_at": repr(entry.created_at),
             "expires_at": repr(entry.expires_at),
+            "verdicts": "[]",  # a new value: the verdicts on the old one do not hold for it
         }
         pexpire = (
             0
@@ -321,6 +340,14 @@ class RedisSemanticStore:
             ms = str(max(1, int((new[0] + new[1] - now) * 1000))) if new else ""
             args += [repr(at), repr(new[0]) if new else "", ms]
         await self._do(self._touch(keys=[*keys, _lru(cache)], args=args))
+
+    async def judge(
+        self, cache: str, entry_id: str, similarity: float, correct: bool, *, keep: int
+    ) -> None:
+        await self._ensure_index(cache)
+        verdict = dumps([similarity, 1 if correct else 0])
+        key = _prefix(cache, self.dim) + entry_id
+        await self._do(self._judge(keys=[key], args=[verdict, keep]))
 
     async def clear(self, cache: str | None = None, collection: str | None = None) -> int:
         caches = [cache] if cache else [_s(c) for c in await self._do(self._redis.smembers(NAMES))]

@@ -35,12 +35,30 @@ async def query_cache(app: App, embedder: Any) -> SemanticCache:
         async with app.state.setdefault("semantic.lock", asyncio.Lock()):
             cache = app.state.get(key)
             if cache is None:
-                cache = SemanticCache(store_for(app), embedder=embedder, name=QUERY_CACHE)
+                cache = SemanticCache(
+                    store_for(app),
+                    embedder=embedder,
+                    name=QUERY_CACHE,
+                    mode=app.settings.semantic_mode,
+                    error_bound=app.settings.semantic_error_bound,
+                    same=same_top_hit,
+                )
                 await cache.open()
                 app.on_close(cache.close)
                 app.state[key] = cache
     assert isinstance(cache, SemanticCache)
     return cache
+
+
+def same_top_hit(a: Any, b: Any) -> bool:
+    """The bounded mode's check of a cached retrieval: the same first chunk (scores and
+    the tail of the ranking move with the wording, the answer a reader gets does not)."""
+
+    def top(value: Any) -> Any:
+        hits = value.get("hits") if isinstance(value, dict) else None
+        return hits[0].get("id") if hits and isinstance(hits[0], dict) else None
+
+    return a == b or (top(a) is not None and top(a) == top(b))
 
 
 async def _stats_store(app: App) -> SemanticStore:

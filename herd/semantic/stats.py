@@ -29,6 +29,9 @@ COUNTERS = (
     "stale",
     "early_refresh",
     "errors",
+    "rechecks",  # bounded mode: a hit computed anyway, to check it
+    "verdicts_right",  # bounded mode: verdicts on hits served or considered
+    "verdicts_wrong",
 )
 
 
@@ -42,6 +45,11 @@ class Buffer:
     def count(self, name: str, n: int = 1) -> None:
         with self.lock:
             self.amounts[f"c:{name}"] = self.amounts.get(f"c:{name}", 0) + n
+
+    def add(self, name: str, n: int = 1) -> None:
+        """A raw figure, such as a pooled verdict counter (herd.semantic.bounded)."""
+        with self.lock:
+            self.amounts[name] = self.amounts.get(name, 0) + n
 
     def observe(self, prefix: str, buckets: tuple[float, ...], value: float, scale: int) -> None:
         i = bisect.bisect_left(buckets, value)

@@ -54,3 +54,44 @@ def test_query_says_when_the_answer_came_from_the_semantic_cache(pg_url, herd_ho
     cleared = herd("cache", "clear", "--collection", collection, url=pg_url, **env)
     assert cleared.returncode == 0 and "removed 0 exact and 2 semantic" in cleared.stdout
     assert query("What's the minimum wage in Jakarta?")["cache"]["hit"] is False
+
+
+def test_query_in_the_bounded_mode_learns_before_it_serves(pg_url, herd_home, tmp_path):
+    corpus = tmp_path / "wages.txt"
+    corpus.write_text(
+        "Overtime is paid at one and a half times the hourly wage.\n\n"
+        "The minimum wage in Jakarta is set each year by the governor.\n",
+        encoding="utf-8",
+    )
+    collection = f"bounded{uuid.uuid4().hex[:6]}"
+    env = {
+        "HERD_HOME": str(herd_home),
+        "HERD_SEMANTIC_MODE": "bounded",
+        "HERD_SEMANTIC_ERROR_BOUND": "0.4",
+    }
+    r = herd("ingest", str(corpus), "--collection", collection, "--format", "paragraph",
+             url=pg_url, **env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+
+    def query(text: str) -> dict:
+        r = herd("query", text, "--collection", collection, "-k", "1", "--json",
+                 url=pg_url, **env)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["cache"]
+
+    assert query("What is the minimum wage in Jakarta?")["hit"] is False
+    # Nothing learned yet: the rewording is retrieved again (and found to agree on the
+    # first chunk), where the guarded mode serves it (see the test above).
+    assert query("What's the minimum wage in Jakarta?")["hit"] is False
+    # Learned: served. A served hit is rechecked 1 time in 20 (computed, not a hit), so
+    # a second rewording is asked before the test calls it a failure.
+    served = [
+        query(q)["hit"] for q in ("What is Jakarta's minimum wage?", "Jakarta's minimum wage?")
+    ]
+    assert True in served, served
+
+
+def test_a_bad_error_bound_is_a_one_line_usage_error():
+    bad = herd("config", HERD_SEMANTIC_ERROR_BOUND="2")
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stderr.strip().count("\n") == 0 and "HERD_SEMANTIC_ERROR_BOUND" in bad.stderr
