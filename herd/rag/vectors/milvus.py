@@ -128,13 +128,13 @@ class MilvusVectors(_Threaded):
                     limit=k,
                     anns_field="embedding",
                     search_params={"metric_type": "COSINE", "params": {"ef": max(ef, k)}},
-                    output_fields=[],
+                    output_fields=["chunk_id"],
                 )
             except self.error:
                 if not self.client.has_collection(space.name):
                     raise _gone(space) from None
                 raise
-            return [(str(h["id"]), float(h["distance"])) for h in found[0]]
+            return [(str(h["chunk_id"]), float(h["distance"])) for h in found[0]]
 
         return await self._call(search)
 

@@ -158,11 +158,15 @@ class QdrantVectors(_Threaded):
                 query=np.asarray(vector, dtype=np.float32).tolist(),
                 limit=k,
                 with_payload=["chunk_id"],
-                search_params=self.m.SearchParams(hnsw_ef=max(ef, k)),
+                # Local mode searches exactly and warns at any search parameter.
+                search_params=self._params(ef, k),
             ).points
             return [(str(p.payload["chunk_id"]), float(p.score)) for p in found if p.payload]
 
         return await self._call(query)
+
+    def _params(self, ef: int, k: int) -> Any:
+        return None if self.url.host is None else self.m.SearchParams(hnsw_ef=max(ef, k))
 
     async def delete(self, space: Space, chunk_ids: Sequence[str]) -> None:
         if chunk_ids:
