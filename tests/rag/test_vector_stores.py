@@ -24,6 +24,7 @@ from herd.rag.corpora import kjv_lines
 from herd.rag.ingest import RagRuntime, plan_and_apply
 from herd.rag.query import answer
 from herd.rag.store import GenerationGone, IndexError_, RagStore
+from herd.rag.vectors.qdrant import alias
 
 STORES = ["pgvector", "milvus", "qdrant", "qdrant+edge"]
 DIM = 8
@@ -183,3 +184,40 @@ async def test_ingest_and_query_answer_from_the_store(kind, pg_url, herd_home, t
             cache=False, mode="dense",
         )  # fmt: skip
         assert found[0].hits[0]["id"] == "kjv/genesis/1/1"
+
+    # Another process configured for pgvector still reads the generation where it was
+    # built, and would index the collection anew (in its own store) rather than mix.
+    other = App(database_url=pg_url)
+    other.settings = other.settings.override(home=herd_home)
+    other.include(builtin_tasks)
+    async with other:
+        again = await answer(
+            other, name, ["In the beginning God created the heaven and the earth"], 1,
+            cache=False, mode="dense",
+        )  # fmt: skip
+        assert again[0].hits[0]["id"] == "kjv/genesis/1/1"
+        plan = await plan_and_apply(other, [tmp_path / "kjv.txt"], name, apply=False)
+        assert plan.new_generation and plan.to_embed == len(GENESIS_1_3)
+
+
+def aliased(store: RagStore, collection: str) -> str:
+    """The collection the store's alias for ``collection`` names, asked of the store itself."""
+    client, name = store.vectors().client, alias(collection)
+    if store.vector_url.scheme == "milvus":
+        return client.describe_alias(name)["collection_name"]
+    return {a.alias_name: a.collection_name for a in client.get_aliases().aliases}[name]
+
+
+@pytest.mark.parametrize("kind", ["milvus", "qdrant"])
+async def test_the_alias_follows_each_swap(kind, pg_url, tmp_path):
+    store = RagStore(pg_url, vector_url=store_url(kind, tmp_path))
+    await store.open()
+    try:
+        name = f"c{uuid.uuid4().hex[:8]}"
+        for tag in ("1", "2"):
+            gen = await new_generation(store, name, {"a": "h"}, tag)
+            await write(store, gen, [("a", "h", unit(0), "a")], 1)
+            await store.swap(gen)
+            assert aliased(store, name) == gen.space.name
+    finally:
+        await store.close()
