@@ -64,9 +64,11 @@ class MilvusVectors(_Threaded):
                 metric_type="COSINE",
                 params={"M": 16, "efConstruction": 64},  # pgvector's defaults
             )
-            self.client.create_collection(
-                space.name, schema=schema, index_params=index, consistency_level="Strong"
-            )
+            self.client.create_collection(space.name, schema=schema, consistency_level="Strong")
+            # Not waited for: the wait asks the server for a timestamp, which Milvus Lite
+            # does not serve (it logs a traceback); a server builds it on sealed segments.
+            self.client.create_index(space.name, index, sync=False)
+            self.client.load_collection(space.name)
 
         await self._call(create)
 
