@@ -8,6 +8,8 @@ PostgreSQL, on Genesis 1-3.
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import uuid
 from pathlib import Path
 
@@ -87,6 +89,41 @@ async def test_upsert_then_search_ranks_by_cosine_and_reports_what_is_embedded(s
     assert [m[0] for m in await store.missing(gen)] == ["c"]
     inventory = await store.vectors(gen.store).inventory(gen.space)
     assert inventory == {"a": "h1", "b": "h1"}
+
+
+READER = """
+import asyncio, sys
+import numpy as np
+from herd.rag.store import RagStore
+
+async def main(pg, url, name, dim):
+    store = RagStore(pg, vector_url=url)
+    await store.open()
+    live = await store.live(name)
+    query = np.zeros(int(dim), dtype=np.float32)
+    query[1] = 1.0
+    print(" ".join(h.chunk_id for h in await store.search(live, query, 2)))
+    await store.close()
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def test_another_process_answers_from_what_was_written(store, pg_url):
+    name = f"c{uuid.uuid4().hex[:8]}"
+    gen = await new_generation(store, name, {"a": "h", "b": "h"}, "1")
+    await write(store, gen, [("a", "h", unit(0), "a"), ("b", "h", unit(1), "b")], 1)
+    await store.build_index(gen)
+    await store.swap(gen)
+    await store.close()  # an embedded engine is one process's at a time
+    url = store.vector_url.location
+    reader = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", READER, pg_url, url, name, str(DIM),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(reader.communicate(), 60)
+    assert reader.returncode == 0, err.decode()[-2000:]
+    assert out.decode().split() == ["b", "a"]
 
 
 async def test_a_write_with_an_older_token_leaves_the_newer_vector(store):

@@ -20,14 +20,16 @@ acknowledged before it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
 from herd.rag.vectors import Row, Space, StoreUrl, VectorStoreError
 from herd.rag.vectors.qdrant import SCROLL, _gone, _Threaded, alias
 
+T = TypeVar("T")
 MAX_ID = 65_535  # Milvus's longest VARCHAR; chunk ids are far shorter
 
 
@@ -39,12 +41,28 @@ class MilvusVectors(_Threaded):
         from pymilvus import DataType, MilvusClient, MilvusException
 
         self.url, self.types, self.error = url, DataType, MilvusException
+        self._loaded: set[str] = set()
         if url.host is None:
             assert url.path is not None
             self.client = MilvusClient(uri=url.path)
         else:
             token = f"{url.user or ''}:{url.password}" if url.password else ""
             self.client = MilvusClient(uri=f"http://{url.host}:{url.port}", token=token)
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        try:
+            return await super()._call(fn, *args, **kwargs)
+        except self.error as exc:
+            raise VectorStoreError(f"Milvus at {self.url.location}: {exc.message}") from None
+
+    def _ready(self, space: Space) -> None:
+        """Load the collection once per process: a collection another process (or an
+        earlier run of Milvus Lite) wrote is released, and refuses reads until loaded."""
+        if space.name not in self._loaded:
+            if not self.client.has_collection(space.name):
+                raise _gone(space)
+            self.client.load_collection(space.name)
+            self._loaded.add(space.name)
 
     async def create(self, conn: Any, space: Space) -> None:
         t = self.types
@@ -77,6 +95,7 @@ class MilvusVectors(_Threaded):
             return 0
 
         def upsert() -> int:
+            self._ready(space)
             stored = self.client.get(
                 space.name, ids=[r.chunk_id for r in rows], output_fields=["chunk_id", "token"]
             )
@@ -106,6 +125,7 @@ class MilvusVectors(_Threaded):
 
     async def inventory(self, space: Space) -> dict[str, str]:
         def scan() -> dict[str, str]:
+            self._ready(space)
             out: dict[str, str] = {}
             it = self.client.query_iterator(
                 space.name, batch_size=SCROLL, output_fields=["chunk_id", "hash"]
@@ -123,6 +143,7 @@ class MilvusVectors(_Threaded):
         self, space: Space, vector: np.ndarray, k: int, ef: int
     ) -> list[tuple[str, float]]:
         def search() -> list[tuple[str, float]]:
+            self._ready(space)
             try:
                 found = self.client.search(
                     space.name,
@@ -142,26 +163,37 @@ class MilvusVectors(_Threaded):
 
     async def delete(self, space: Space, chunk_ids: Sequence[str]) -> None:
         if chunk_ids:
-            await self._call(self.client.delete, space.name, ids=list(chunk_ids))
+
+            def delete() -> None:
+                self._ready(space)
+                self.client.delete(space.name, ids=list(chunk_ids))
+
+            await self._call(delete)
 
     async def publish(self, space: Space) -> None:
         name = alias(space.collection)
 
         def move() -> None:
-            if name in self.client.list_aliases(space.name).get("aliases", []):
-                return
-            try:
+            if name in self.client.list_aliases().get("aliases", []):
                 self.client.alter_alias(space.name, name)  # atomic: old or new, never none
-            except self.error:
+            else:
                 self.client.create_alias(space.name, name)  # the collection's first
 
         await self._call(move)
 
     async def drop(self, space: Space) -> None:
+        self._loaded.discard(space.name)
         await self._call(self.client.drop_collection, space.name)
 
     async def close(self) -> None:
         await self._call(self.client.close)
+        if self.url.host is None:
+            # Milvus Lite's server (and its lock on the file) outlives the client until
+            # the process exits unless released: another process could not open it.
+            from milvus_lite.server_manager import server_manager_instance
+
+            assert self.url.path is not None
+            await asyncio.to_thread(server_manager_instance.release_server, self.url.path)
 
 
 def open_store(url: StoreUrl, catalogue: Any) -> MilvusVectors:
