@@ -26,7 +26,7 @@ from herd.rag.corpora import kjv_lines
 from herd.rag.ingest import RagRuntime, plan_and_apply
 from herd.rag.query import answer
 from herd.rag.store import GenerationGone, IndexError_, RagStore
-from herd.rag.vectors.qdrant import alias
+from herd.rag.vectors.engine import alias
 
 STORES = ["pgvector", "milvus", "qdrant", "qdrant+edge"]
 DIM = 8

@@ -22,18 +22,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from herd.rag.vectors import Row, Space, StoreUrl, VectorStoreError
-from herd.rag.vectors.qdrant import SCROLL, _gone, _Threaded, alias
+from herd.rag.vectors.engine import SCROLL, T, Threaded, alias, gone
 
-T = TypeVar("T")
 MAX_ID = 65_535  # Milvus's longest VARCHAR; chunk ids are far shorter
 
 
-class MilvusVectors(_Threaded):
+class MilvusVectors(Threaded):
     joins_transaction = False
 
     def __init__(self, url: StoreUrl) -> None:
@@ -60,7 +59,7 @@ class MilvusVectors(_Threaded):
         earlier run of Milvus Lite) wrote is released, and refuses reads until loaded."""
         if space.name not in self._loaded:
             if not self.client.has_collection(space.name):
-                raise _gone(space)
+                raise gone(space)
             self.client.load_collection(space.name)
             self._loaded.add(space.name)
 
@@ -155,7 +154,7 @@ class MilvusVectors(_Threaded):
                 )
             except self.error:
                 if not self.client.has_collection(space.name):
-                    raise _gone(space) from None
+                    raise gone(space) from None
                 raise
             return [(str(h["chunk_id"]), float(h["distance"])) for h in found[0]]
 

@@ -21,62 +21,27 @@ persists each write to its folder.
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import re
 import shutil
-import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from herd.rag.vectors import Row, Space, StoreUrl, VectorStoreError
-
-T = TypeVar("T")
-SCROLL = 1_000
+from herd.rag.vectors.engine import SCROLL, Threaded, alias, gone
 
 
 def point_id(chunk_id: str) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"herd:{chunk_id}"))
 
 
-def alias(collection: str) -> str:
-    """A name Qdrant and Milvus both accept, readable, and unique per collection."""
-    readable = re.sub(r"[^A-Za-z0-9_]", "_", collection)[:48]
-    return f"herd_{readable}_{hashlib.sha256(collection.encode()).hexdigest()[:8]}"
-
-
 def payload(row: Row, token: int) -> dict[str, Any]:
     return {"chunk_id": row.chunk_id, "hash": row.hash, "token": token}
 
 
-class _Threaded:
-    """Sync clients called off the event loop, one call at a time (local engines are
-    not safe to share between threads)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-
-    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        def locked() -> T:
-            with self._lock:
-                return fn(*args, **kwargs)
-
-        return await asyncio.to_thread(locked)
-
-
-def _gone(space: Space) -> Exception:
-    from herd.rag.store import GenerationGone
-
-    return GenerationGone(
-        f"generation {space.id} of {space.collection!r} was swapped out and dropped"
-    )
-
-
-class QdrantVectors(_Threaded):
+class QdrantVectors(Threaded):
     joins_transaction = False
 
     def __init__(self, url: StoreUrl) -> None:
@@ -152,7 +117,7 @@ class QdrantVectors(_Threaded):
     ) -> list[tuple[str, float]]:
         def query() -> list[tuple[str, float]]:
             if not self.client.collection_exists(space.name):
-                raise _gone(space)
+                raise gone(space)
             found = self.client.query_points(
                 space.name,
                 query=np.asarray(vector, dtype=np.float32).tolist(),
@@ -200,7 +165,7 @@ class QdrantVectors(_Threaded):
         await self._call(self.client.close)
 
 
-class EdgeVectors(_Threaded):
+class EdgeVectors(Threaded):
     """qdrant-edge: a shard per generation in ``<path>/herd_g<id>``, opened once per process."""
 
     joins_transaction = False
@@ -227,7 +192,7 @@ class EdgeVectors(_Threaded):
             )
             shard = qe.EdgeShard.create(str(path), config)
         else:
-            raise _gone(space)
+            raise gone(space)
         self._shards[space.id] = shard
         return shard
 
