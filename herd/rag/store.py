@@ -320,6 +320,9 @@ class RagStore:
 
     async def swap(self, gen: Generation) -> None:
         """Make ``gen`` live after checking it covers every chunk at its current hash."""
+        store = self.vectors(gen.store)
+        if not store.joins_transaction:
+            await self._check_store(store, gen)
         async with self.connection() as conn, conn.transaction():
             await conn.execute(
                 "SELECT 1 FROM herd_collections WHERE name = %s FOR UPDATE", (gen.collection,)
@@ -342,9 +345,6 @@ class RagStore:
                     f"generation {gen.id} of {gen.collection!r} does not match its chunks"
                     f" ({vectors} vectors for {chunks} chunks); not swapping"
                 )
-            store = self.vectors(gen.store)
-            if not store.joins_transaction:
-                await self._check_store(conn, store, gen)
             await conn.execute(
                 "UPDATE herd_generations SET status = 'retired', retired_at = now()"
                 " WHERE collection = %s AND status = 'live'",
@@ -361,19 +361,26 @@ class RagStore:
         # After the commit: other readers of the alias move when herd's queries do.
         await self.vectors(gen.store).publish(gen.space)
 
-    async def _check_store(self, conn: Any, store: VectorStore, gen: Generation) -> None:
-        """The store holds a vector at every chunk's current hash; what else it holds (a
-        chunk deleted after a crash between the catalogue's commit and the store's
-        delete) is removed."""
-        cur = await conn.execute(sql.SQL("SELECT chunk_id, hash FROM {}").format(gen.table))
-        expected = dict(await cur.fetchall())
+    async def _check_store(self, store: VectorStore, gen: Generation) -> None:
+        """The store holds a vector at every catalogue row's hash. A row whose vector is
+        not there (a store that lost writes it had acknowledged, or changed behind herd's
+        back) is deleted, so the chunk counts as missing and the next run embeds it
+        again; what else the store holds (a chunk deleted after a crash between the
+        catalogue's commit and the store's delete) is removed."""
+        rows = await self.fetch(sql.SQL("SELECT chunk_id, hash FROM {}").format(gen.table))
+        expected = {a: b for a, b in rows}
         held = await store.inventory(gen.space)
         wrong = [c for c, h in expected.items() if held.get(c) != h]
         if wrong:
+            async with self.connection() as conn:
+                await conn.execute(
+                    sql.SQL("DELETE FROM {} WHERE chunk_id = ANY(%s)").format(gen.table),
+                    (wrong,),
+                )
             raise IndexError_(
                 f"generation {gen.id} of {gen.collection!r}: the vector store {gen.store} lacks"
                 f" {len(wrong)} of its {len(expected)} vectors at their hash (first:"
-                f" {wrong[0]!r}); not swapping, re-run herd ingest"
+                f" {wrong[0]!r}); not swapping: re-run herd ingest to embed them again"
             )
         await store.delete(gen.space, [c for c in held if c not in expected])
 
