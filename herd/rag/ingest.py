@@ -11,7 +11,10 @@ job waits until nothing is missing, removes the chunks the run no longer saw
 Re-running resumes: what was upserted (at its hash) is never embedded again.
 
 A generation records its embedder (``embedder``: the id; ``embedder_spec``: how to
-build it again, see ``herd.rag.embedders.spec``) and its text-search ``language``.
+build it again, see ``herd.rag.embedders.spec``), its text-search ``language`` and,
+when not pgvector, its vector store (``vectors``: ``HERD_VECTOR_URL``'s location,
+part of the fingerprint, so pointing a collection at another store re-indexes it
+into a new generation there and swaps it in).
 A re-run keeps both unless told otherwise; another ``--embedder`` than the
 collection's is refused unless the run asks for a new generation.
 """
@@ -41,6 +44,7 @@ from herd.rag.chunkers import FORMATS, ChunkError, chunk_file, format_of, get_ch
 from herd.rag.embedders import spec as specs
 from herd.rag.embedders.onnx import default_embedder_like
 from herd.rag.store import Generation, RagStore
+from herd.rag.vectors import DEFAULT as DEFAULT_STORE
 from herd.tasks import JobContext
 
 log = logging.getLogger("herd.rag")
@@ -76,11 +80,16 @@ class Plan:
 
 
 def fingerprint(
-    embedder: Embedder, options: dict[str, Any], *, language: str = "english", spec: str = "default"
+    embedder: Embedder,
+    options: dict[str, Any],
+    *,
+    language: str = "english",
+    spec: str = "default",
+    vectors: str = DEFAULT_STORE,
 ) -> tuple[str, dict[str, Any]]:
     """What a generation's vectors and lexemes depend on: the embedder, every chunker's
-    version and the text-search language. The spec (how to build the embedder) is
-    recorded, not hashed: a model folder that moves is still the same model."""
+    version, the text-search language and the vector store. The spec (how to build the
+    embedder) is recorded, not hashed: a model folder that moves is still the same model."""
     settings: dict[str, Any] = {
         "embedder": embedder.id,
         "dim": embedder.dim,
@@ -88,6 +97,8 @@ def fingerprint(
         "options": options,
         "language": language,
     }
+    if vectors != DEFAULT_STORE:  # absent for pgvector: its generations keep their keys
+        settings["vectors"] = vectors
     key = hashlib.sha256(canonical(settings).encode()).hexdigest()[:32]
     return key, {**settings, "embedder_spec": spec}
 
@@ -180,7 +191,8 @@ class RagRuntime:
                 runtime = app.state.get("rag")
                 if runtime is None:
                     url = app.database_url()
-                    store, locks = RagStore(url), PostgresLocks(url)
+                    store = RagStore(url, vector_url=app.settings.vector_url)
+                    locks = PostgresLocks(url)
                     await store.open()
                     await locks.open()
                     injected = app.state.get("rag.embedder")
@@ -236,7 +248,9 @@ async def plan_and_apply(
     own = live.settings.get("embedder") if live is not None else None
     chosen = await rt.embedder_for(spec, own)
     lang = await _choose_language(rt.store, live, language, places, fmt)
-    key, settings = fingerprint(chosen, {}, language=lang, spec=spec)
+    key, settings = fingerprint(
+        chosen, {}, language=lang, spec=spec, vectors=rt.store.vector_url.location
+    )
     files = list(places)
     order = {f: i for i, f in enumerate(files)}
     chunk_format = None if fmt == "auto" else fmt
@@ -551,11 +565,11 @@ async def embed_batch(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any
         if ctx.app.broker.name == "postgres":
             async with ctx.fenced_transaction() as conn:
                 await rt.locks.assert_held(conn, lock)
-                await rt.store.upsert_vectors(conn, gen, rows)
+                await rt.store.upsert_vectors(conn, gen, rows, lock.token)
         else:
             async with rt.store.connection() as conn, conn.transaction():
                 await rt.locks.assert_held(conn, lock)
-                await rt.store.upsert_vectors(conn, gen, rows)
+                await rt.store.upsert_vectors(conn, gen, rows, lock.token)
     return {"embedded": len(rows)}
 
 
@@ -601,6 +615,11 @@ async def finalize(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             "UPDATE herd_ingest_runs SET status = 'done', finished_at = now() WHERE id = %s",
             (payload["run"],),
         )
+    if gone:
+        # A store outside the catalogue after its commit; a crash in between leaves
+        # vectors without chunks, which searches skip and the next swap removes.
+        for active in await rt.store.active(gen.collection):
+            await rt.store.delete_vectors(active, gone)
     swapped = False
     if gen.status == "building":
         await rt.store.build_index(gen)

@@ -1,7 +1,11 @@
-"""pgvector storage for corpora: source chunks, index generations, vectors, queries.
+"""The corpus catalogue in PostgreSQL: source chunks, index generations, queries.
 
-A generation's vectors live in a table of their own, ``herd_vectors_<id>``, with
-a fixed dimension and an HNSW index (cosine), built once its vectors are loaded.
+A generation's chunks live in a table of their own, ``herd_vectors_<id>`` (chunk
+id, hash, lexemes), and its dense vectors in the vector store it was built in
+(``herd.rag.vectors``: pgvector, a column of that same table with an HNSW index
+built once the vectors are loaded, by default; Milvus or Qdrant). A row of that
+table says the chunk's vector was written at that hash: for a store outside
+PostgreSQL the row is written after the vector, in the job's fenced transaction.
 Re-indexing with another embedder or chunker builds a new generation beside the
 live one; ``swap`` checks it (count and a checksum over the chunk hashes) and
 points the collection at it in one UPDATE, so queries move from the old index to
@@ -23,7 +27,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import psycopg
@@ -35,6 +39,8 @@ from psycopg.types.json import Jsonb
 
 from herd.db import postgres as pgdb
 from herd.errors import HerdError
+from herd.rag import vectors as stores
+from herd.rag.vectors import Row, Space, StoreUrl, VectorStore
 
 
 def translate_errors(url: str) -> AbstractContextManager[None]:
@@ -67,6 +73,15 @@ class Generation:
         """The text-search configuration of its lexemes (older generations: english)."""
         return str(self.settings.get("language") or "english")
 
+    @property
+    def store(self) -> str:
+        """The location of the vector store it was built in (older generations: pgvector)."""
+        return str(self.settings.get("vectors") or stores.DEFAULT)
+
+    @property
+    def space(self) -> Space:
+        return Space(self.id, self.collection, self.dim, self.language)
+
 
 @dataclass(frozen=True)
 class Hit:
@@ -78,12 +93,19 @@ class Hit:
 
 
 class RagStore:
-    def __init__(self, url: str, *, pool_size: int = 4) -> None:
+    def __init__(
+        self, url: str, *, pool_size: int = 4, vector_url: StoreUrl | str | None = None
+    ) -> None:
         self.url = url
         self.pool = pgdb.SharedPool(
             url, max_size=pool_size, store="the corpus index", adapt=self._adapt
         )
         self._vector_info: TypeInfo | None = None
+        # Where new generations put their vectors (HERD_VECTOR_URL).
+        self.vector_url = (
+            vector_url if isinstance(vector_url, StoreUrl) else stores.parse(vector_url)
+        )
+        self._stores: dict[str, VectorStore] = {}
 
     async def open(self) -> None:
         await self.pool.open("herd.rag.sql")
@@ -96,7 +118,17 @@ class RagStore:
             register_vector_info(conn, self._vector_info)
 
     async def close(self) -> None:
+        for store in self._stores.values():
+            await store.close()
+        self._stores.clear()
         await self.pool.close()
+
+    def vectors(self, location: str | None = None) -> VectorStore:
+        """The vector store at ``location`` (default: the configured one), opened once."""
+        where = location or self.vector_url.location
+        if where not in self._stores:
+            self._stores[where] = stores.open_store(stores.resolve(where, self.vector_url), self)
+        return self._stores[where]
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
@@ -118,6 +150,14 @@ class RagStore:
             (collection,),
         )
         return rows[0] if rows else None
+
+    async def active(self, collection: str) -> list[Generation]:
+        """The collection's generations that are live or being built."""
+        return await self._generations(
+            "SELECT * FROM herd_generations WHERE collection = %s AND status <> 'retired'"
+            " ORDER BY id",
+            (collection,),
+        )
 
     async def generation(self, gen_id: int) -> Generation:
         rows = await self._generations("SELECT * FROM herd_generations WHERE id = %s", (gen_id,))
@@ -170,8 +210,8 @@ class RagStore:
             await conn.execute(
                 sql.SQL(
                     "CREATE TABLE {} (chunk_id text PRIMARY KEY, hash text NOT NULL,"
-                    " embedding vector({}) NOT NULL, lexemes tsvector NOT NULL)"
-                ).format(gen.table, sql.Literal(dim))
+                    " lexemes tsvector NOT NULL)"
+                ).format(gen.table)
             )
             # Unlike HNSW, a GIN index takes single inserts cheaply (its pending list).
             await conn.execute(
@@ -179,34 +219,13 @@ class RagStore:
                     sql.Identifier(f"herd_vectors_{gen.id}_lexemes"), gen.table
                 )
             )
-            # No HNSW index yet: building the graph once over the loaded vectors (in
-            # ``build_index``, before the swap) costs a fraction of maintaining it
-            # through tens of thousands of single inserts, CPU the embedder needs.
+            # The store's space last: a failure there rolls the catalogue back.
+            await self.vectors(gen.store).create(conn, gen.space)
         return gen, True
 
-    async def build_index(self, gen: Generation) -> bool:
-        """Give a generation its HNSW index if it has none yet; True if built now."""
-        async with self.connection() as conn, conn.transaction():
-            # Self-conflicting lock: two finalizers never build the same index twice.
-            await conn.execute(
-                sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(gen.table)
-            )
-            cur = await conn.execute(
-                "SELECT 1 FROM pg_indexes WHERE schemaname = current_schema()"
-                " AND tablename = %s AND indexdef LIKE '%%USING hnsw%%'",
-                (f"herd_vectors_{gen.id}",),
-            )
-            if await cur.fetchone():
-                return False
-            # The graph of a large corpus outgrows the default 64 MB and the build
-            # then slows down by an order of magnitude.
-            await conn.execute("SET LOCAL maintenance_work_mem = '512MB'")
-            await conn.execute(
-                sql.SQL("CREATE INDEX {} ON {} USING hnsw (embedding vector_cosine_ops)").format(
-                    sql.Identifier(f"herd_vectors_{gen.id}_hnsw"), gen.table
-                )
-            )
-            return True
+    async def build_index(self, gen: Generation) -> None:
+        """Index a loaded generation in its store (pgvector: the HNSW graph), before the swap."""
+        await self.vectors(gen.store).prepare(gen.space)
 
     # -- vectors
 
@@ -215,31 +234,31 @@ class RagStore:
         conn: AsyncConnection[Any],
         gen: Generation,
         rows: Sequence[tuple[str, str, np.ndarray, str]],
+        token: int = 0,
     ) -> None:
-        """(chunk_id, hash, vector, text) rows, within the caller's (fenced) transaction."""
+        """(chunk_id, hash, vector, text) rows, within the caller's (fenced) transaction.
+
+        ``token``: the fencing token of the writer (the partition lock's), which a
+        store outside PostgreSQL keeps with each vector to refuse older writers.
+        """
         if not rows:
             return
-        # The caller's connection (the broker's, for a fenced transaction) does not
-        # know pgvector's type: teach this cursor alone, with the type looked up
-        # once, so vectors travel in binary (formatting and parsing them as text
-        # costs the CPU the embedder needs).
-        cur = conn.cursor()
-        register_vector_info(cast(Any, cur), await self._vector_type())  # a cursor adapts too
-        await cur.execute(
+        store = self.vectors(gen.store)
+        await store.upsert(conn, gen.space, [Row(*r) for r in rows], token)
+        if store.joins_transaction:
+            return
+        await conn.execute(
             sql.SQL(
-                "INSERT INTO {} (chunk_id, hash, embedding, lexemes) SELECT i, h, e,"
-                " to_tsvector({}::regconfig, t) FROM unnest(%s::text[], %s::text[],"
-                " %b::vector[], %s::text[]) AS r(i, h, e, t) ON CONFLICT (chunk_id) DO UPDATE"
-                " SET hash = excluded.hash, embedding = excluded.embedding,"
+                "INSERT INTO {} (chunk_id, hash, lexemes) SELECT i, h, to_tsvector({}::regconfig,"
+                " t) FROM unnest(%s::text[], %s::text[], %s::text[]) AS r(i, h, t)"
+                " ON CONFLICT (chunk_id) DO UPDATE SET hash = excluded.hash,"
                 " lexemes = excluded.lexemes"
             ).format(gen.table, sql.Literal(gen.language)),
-            (
-                [r[0] for r in rows],
-                [r[1] for r in rows],
-                [np.asarray(r[2], dtype=np.float32) for r in rows],
-                [r[3] for r in rows],
-            ),
+            ([r[0] for r in rows], [r[1] for r in rows], [r[3] for r in rows]),
         )
+
+    async def vector_type(self) -> TypeInfo:
+        return await self._vector_type()
 
     async def _vector_type(self) -> TypeInfo:
         if self._vector_info is None:
@@ -301,6 +320,9 @@ class RagStore:
 
     async def swap(self, gen: Generation) -> None:
         """Make ``gen`` live after checking it covers every chunk at its current hash."""
+        store = self.vectors(gen.store)
+        if not store.joins_transaction:
+            await self._check_store(store, gen)
         async with self.connection() as conn, conn.transaction():
             await conn.execute(
                 "SELECT 1 FROM herd_collections WHERE name = %s FOR UPDATE", (gen.collection,)
@@ -336,6 +358,31 @@ class RagStore:
                 "UPDATE herd_collections SET live_generation = %s WHERE name = %s",
                 (gen.id, gen.collection),
             )
+        # After the commit: other readers of the alias move when herd's queries do.
+        await self.vectors(gen.store).publish(gen.space)
+
+    async def _check_store(self, store: VectorStore, gen: Generation) -> None:
+        """The store holds a vector at every catalogue row's hash. A row whose vector is
+        not there (a store that lost writes it had acknowledged, or changed behind herd's
+        back) is deleted, so the chunk counts as missing and the next run embeds it
+        again; what else the store holds (a chunk deleted after a crash between the
+        catalogue's commit and the store's delete) is removed."""
+        rows = await self.fetch(sql.SQL("SELECT chunk_id, hash FROM {}").format(gen.table))
+        expected = {a: b for a, b in rows}
+        held = await store.inventory(gen.space)
+        wrong = [c for c, h in expected.items() if held.get(c) != h]
+        if wrong:
+            async with self.connection() as conn:
+                await conn.execute(
+                    sql.SQL("DELETE FROM {} WHERE chunk_id = ANY(%s)").format(gen.table),
+                    (wrong,),
+                )
+            raise IndexError_(
+                f"generation {gen.id} of {gen.collection!r}: the vector store {gen.store} lacks"
+                f" {len(wrong)} of its {len(expected)} vectors at their hash (first:"
+                f" {wrong[0]!r}); not swapping: re-run herd ingest to embed them again"
+            )
+        await store.delete(gen.space, [c for c in held if c not in expected])
 
     async def drop_retired(self, grace: float) -> list[int]:
         """Drop the vector tables of generations retired ``grace`` seconds ago or more.
@@ -344,12 +391,15 @@ class RagStore:
         A query still reading a table holds the DROP back until it is done.
         """
         dropped = []
-        for (gen_id,) in await self.fetch(
-            "SELECT id FROM herd_generations WHERE status = 'retired' AND dropped_at IS NULL"
+        for gen in await self._generations(
+            "SELECT * FROM herd_generations WHERE status = 'retired' AND dropped_at IS NULL"
             " AND (retired_at IS NULL OR retired_at <= now() - make_interval(secs => %s))"
             " ORDER BY id",
             (grace,),
         ):
+            gen_id = gen.id
+            # The store's space first: a crash after it leaves the catalogue to retry.
+            await self.vectors(gen.store).drop(gen.space)
             async with self.connection() as conn, conn.transaction():
                 await conn.execute(
                     sql.SQL("DROP TABLE IF EXISTS {}").format(
@@ -367,25 +417,22 @@ class RagStore:
     async def search(
         self, gen: Generation, vector: np.ndarray, k: int, *, ef_search: int = 64
     ) -> list[Hit]:
-        async with self.connection() as conn, conn.transaction():
-            await conn.execute(
-                sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(max(ef_search, k)))
-            )
-            try:
-                cur = await conn.execute(
-                    sql.SQL(
-                        "SELECT v.chunk_id, c.breadcrumb, c.text, 1 - (v.embedding <=> %(q)s),"
-                        " c.metadata FROM (SELECT chunk_id, embedding FROM {} ORDER BY embedding"
-                        " <=> %(q)s LIMIT %(k)s) v JOIN herd_chunks c ON c.collection = %(c)s"
-                        " AND c.chunk_id = v.chunk_id ORDER BY v.embedding <=> %(q)s"
-                    ).format(gen.table),
-                    {"q": vector, "k": k, "c": gen.collection},
-                )
-            except psycopg.errors.UndefinedTable:
-                raise GenerationGone(
-                    f"generation {gen.id} of {gen.collection!r} was swapped out and dropped"
-                ) from None
-            return [Hit(a, b, t, float(s), m) for a, b, t, s, m in await cur.fetchall()]
+        """The k chunks nearest ``vector`` by cosine, from the generation's store."""
+        found = await self.vectors(gen.store).search(gen.space, vector, k, ef_search)
+        if not found:
+            return []
+        rows = await self.fetch(
+            "SELECT c.chunk_id, c.breadcrumb, c.text, c.metadata FROM herd_chunks c"
+            " JOIN unnest(%s::text[]) AS i(id) ON c.chunk_id = i.id WHERE c.collection = %s",
+            ([c for c, _ in found], gen.collection),
+        )
+        chunks = {a: (b, t, m) for a, b, t, m in rows}
+        # A vector whose chunk was deleted since (see _check_store) is no answer.
+        return [Hit(c, *chunks[c][:2], score, chunks[c][2]) for c, score in found if c in chunks]
+
+    async def delete_vectors(self, gen: Generation, chunk_ids: Sequence[str]) -> None:
+        """Remove chunks' vectors from a store outside the catalogue (after its commit)."""
+        await self.vectors(gen.store).delete(gen.space, chunk_ids)
 
     async def search_lexical(self, gen: Generation, text: str, k: int) -> list[Hit]:
         """The k chunks that best match the words of ``text``, by BM25 (k1 1.2, b 0.75).
