@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from herd.queue.base import MAX_TRACE_CONTEXT_BYTES, EnqueueResult, Lease, NewJob
 
 if TYPE_CHECKING:
-    from herd.llm.completion import Completion
+    from herd.llm.completion import Completion, Usage
+    from herd.llm.pricing import Price
 
 try:
     from opentelemetry import context as _context
@@ -280,13 +281,33 @@ def model_served(provider: str, model: str, lookup_source: str) -> None:
     singleflight wait): no tokens, no cost, ``herd.cache.source`` says where from.
     Answers that herd computed have their provider calls' spans already."""
     source = SERVED_BY.get(lookup_source)
-    if not ENABLED or source is None:
+    if ENABLED and source is not None:
+        attrs = {**_genai(provider, model), "herd.cache.source": source, "herd.cost_usd": 0.0}
+        _instant(model, attrs)
+
+
+def model_batch(provider: str, model: str, usages: Sequence[Usage], *, price: Price | None) -> None:
+    """A ``chat {model}`` span for the answers of one provider batch (the Batch API) as
+    they are filed: their tokens and cost summed, ``herd.cache.source`` "batch". The
+    provider ran the batch for hours, in no process of ours: the span has no duration."""
+    if not ENABLED or not usages:
         return
+    attrs = {
+        **_genai(provider, model),
+        "herd.cache.source": "batch",
+        "herd.batch.requests": len(usages),
+        "gen_ai.usage.input_tokens": sum(u.input_tokens for u in usages),
+        "gen_ai.usage.output_tokens": sum(u.output_tokens for u in usages),
+        "herd.usage.cached_input_tokens": sum(u.cached_input_tokens for u in usages),
+    }
+    if price is not None:
+        attrs["herd.cost_usd"] = sum(price.batch_cost(u) for u in usages)
+    _instant(model, attrs)
+
+
+def _instant(model: str, attrs: dict[str, Any]) -> None:
     now = time.time_ns()
     span = _tracer().start_span(
-        f"chat {model}",
-        kind=_trace.SpanKind.INTERNAL,
-        start_time=now,
-        attributes={**_genai(provider, model), "herd.cache.source": source, "herd.cost_usd": 0.0},
+        f"chat {model}", kind=_trace.SpanKind.INTERNAL, start_time=now, attributes=attrs
     )
     span.end(end_time=now)

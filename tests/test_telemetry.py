@@ -6,6 +6,7 @@ for its own tests only (a tracer provider is set once per process).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -19,10 +20,11 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from herd import App, Fatal, Worker, telemetry
 from herd.errors import LeaseLost
-from herd.llm import evaluate
+from herd.llm import batchapi, evaluate
 from herd.llm.evaluate import EvalSpec, submit
 from herd.queue.redis import RedisBroker
 from tests.conftest import ROOT, flush_redis, truncate
+from tests.helpers import eventually
 from tests.llm.conftest import clean_eval_tables, sim, sim_server  # noqa: F401
 
 
@@ -223,6 +225,45 @@ async def test_model_call_spans_carry_tokens_cost_and_cache_source(eval_app, spa
     assert a["herd.cost_usd"] == pytest.approx(float(ledger_cost))
     assert served.attributes["herd.cost_usd"] == 0.0
     assert "gen_ai.usage.input_tokens" not in served.attributes
+
+
+async def test_a_provider_batch_files_one_span_with_its_tokens_and_cost(
+    eval_app,
+    sim,  # noqa: F811
+    spans,
+    tmp_path,
+):
+    sim.configure(batch_latency=0.2)
+    for name in (batchapi.SUBMIT_TASK, batchapi.POLL_TASK):
+        fn = batchapi.batch_submit if name == batchapi.SUBMIT_TASK else batchapi.batch_poll
+        eval_app.task(name=name, queue=batchapi.QUEUE)(fn)
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i in range(2):
+        (folder / f"p{i}.txt").write_text(f"Paper {i}.")
+    await submit(eval_app, [folder], SPEC, batch="b", batch_api=True)
+    worker = Worker(eval_app, queues=[batchapi.QUEUE], poll_interval=0.05,
+                    install_signal_handlers=False)  # fmt: skip
+    running = asyncio.create_task(worker.run())
+
+    async def filed():
+        return named(spans, "chat ")
+
+    try:
+        await eventually(filed, timeout=30)
+    finally:
+        worker.stop()
+        await running
+    (span,) = named(spans, "chat sim-otel")
+    a = span.attributes
+    assert a["herd.cache.source"] == "batch" and a["herd.batch.requests"] == 2
+    rt = await evaluate.EvalRuntime.of(eval_app)
+    ((i, o, cost),) = await rt.store.execute(
+        "SELECT sum(input_tokens), sum(output_tokens), sum(cost) FROM herd_eval_ledger"
+        " WHERE kind = 'call'"
+    )
+    assert (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"]) == (i, o)
+    assert a["herd.cost_usd"] == pytest.approx(float(cost))
 
 
 # -- without the package
