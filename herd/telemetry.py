@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from herd.queue.base import MAX_TRACE_CONTEXT_BYTES, EnqueueResult, Lease, NewJob
@@ -50,9 +51,15 @@ def enabled() -> bool:
     return ENABLED
 
 
+def _recording() -> bool:
+    """Whether a tracer provider (an SDK) is set: with the API alone, no span is made
+    and only a context that came with a job is passed on."""
+    return not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider)
+
+
+@cache
 def _tracer() -> Any:
-    # Asked each time, not kept: a provider set after herd's import must be used, and
-    # the API caches the proxy's tracer itself.
+    # Asked once a provider is set (_recording), which the API lets be set only once.
     from herd._version import __version__
 
     return _trace.get_tracer("herd", __version__)
@@ -90,45 +97,71 @@ def _messaging(queue: str) -> dict[str, Any]:
 
 
 class Sending:
-    """An enqueue's span: ``jobs`` carry its context; ``sent`` names the ids given."""
+    """A PRODUCER ``send`` span around one enqueue round trip (a batch of jobs), its
+    context injected into every job of ``jobs`` that carries none yet; ``sent``
+    names the id given to a single job. A no-op without the package."""
 
-    def __init__(self, jobs: Sequence[NewJob], span: Any = None) -> None:
+    def __init__(self, jobs: Sequence[NewJob]) -> None:
         self.jobs = jobs
-        self._span = span
+        self._span: Any = None
+        self._token: Any = None
+
+    def __enter__(self) -> Sending:
+        if not ENABLED or not self.jobs:
+            return self
+        if _recording():
+            self._span = _tracer().start_span(
+                f"send {_destination(self.jobs)}",
+                kind=_trace.SpanKind.PRODUCER,
+                attributes=self._attributes(),
+            )
+            self._token = _context.attach(_trace.set_span_in_context(self._span))
+        elif not _trace.get_current_span().get_span_context().is_valid:
+            return self  # no span and none to pass on (the common case without an SDK)
+        carrier: dict[str, str] = {}
+        _propagate().inject(carrier)
+        stored = _bounded(carrier)
+        if stored is not None:
+            self.jobs = [
+                j if j.trace_context is not None else replace(j, trace_context=stored)
+                for j in self.jobs
+            ]
+        return self
+
+    def _attributes(self) -> dict[str, Any]:
+        attrs = {
+            **_messaging(_destination(self.jobs)),
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "enqueue",
+            "herd.job.task": self.jobs[0].task,
+        }
+        if len(self.jobs) > 1:
+            attrs["messaging.batch.message_count"] = len(self.jobs)
+        return attrs
 
     def sent(self, results: Sequence[EnqueueResult]) -> None:
         if self._span is not None and len(results) == 1:
             self._span.set_attribute("messaging.message.id", str(results[0].job_id))
 
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if self._span is None:
+            return
+        _context.detach(self._token)
+        if exc is not None:
+            self._span.record_exception(exc)
+            self._span.set_status(_trace.Status(_trace.StatusCode.ERROR, str(exc)[:1000]))
+        self._span.end()
 
-@contextmanager
-def sending(jobs: Sequence[NewJob]) -> Iterator[Sending]:
-    """A PRODUCER ``send`` span around one enqueue round trip (a batch of jobs), its
-    context injected into every job that carries none yet."""
-    if not ENABLED or not jobs:
-        yield Sending(jobs)
-        return
-    queues = sorted({j.queue for j in jobs})
-    attrs = {
-        **_messaging(queues[0] if len(queues) == 1 else ",".join(queues)),
-        "messaging.operation.type": "send",
-        "messaging.operation.name": "enqueue",
-        "herd.job.task": jobs[0].task,
-    }
-    if len(jobs) > 1:
-        attrs["messaging.batch.message_count"] = len(jobs)
-    with _tracer().start_as_current_span(
-        f"send {attrs['messaging.destination.name']}",
-        kind=_trace.SpanKind.PRODUCER,
-        attributes=attrs,
-    ) as span:
-        carrier: dict[str, str] = {}
-        _propagate().inject(carrier)
-        stored = _bounded(carrier)
-        if stored is not None:
-            jobs = [j if j.trace_context is not None else replace(j, trace_context=stored)
-                    for j in jobs]  # fmt: skip
-        yield Sending(jobs, span if span.is_recording() else None)
+
+def sending(jobs: Sequence[NewJob]) -> Sending:
+    return Sending(jobs)
+
+
+def _destination(jobs: Sequence[NewJob]) -> str:
+    queue = jobs[0].queue
+    if all(j.queue == queue for j in jobs):
+        return queue
+    return ",".join(sorted({j.queue for j in jobs}))
 
 
 def _extract(carrier: dict[str, str] | None) -> Any:
@@ -139,7 +172,7 @@ def claimed(queues: Sequence[str], owner: str, started: int, leases: Sequence[Le
     """A CLIENT ``receive`` span for one claim round trip that brought jobs (an idle
     worker's empty polls are not recorded), linked to each job's creation context.
     ``started``: time.time_ns() before the claim was sent."""
-    if not ENABLED or not leases:
+    if not ENABLED or not leases or not _recording():
         return
     links = []
     for lease in leases:
@@ -170,12 +203,16 @@ class Run:
 
     def __init__(self, lease: Lease, worker: str) -> None:
         self._span: Any = None
+        self._parent: Any = None
         self._token: Any = None
         if not ENABLED:
             return
+        self._parent = _extract(lease.trace_context)
+        if not _recording():
+            return  # the job's context is still passed on to what the task enqueues
         self._span = _tracer().start_span(
             f"process {lease.queue}",
-            context=_extract(lease.trace_context),
+            context=self._parent,
             kind=_trace.SpanKind.CONSUMER,
             attributes={
                 **_messaging(lease.queue),
@@ -190,17 +227,18 @@ class Run:
                 "herd.lease.token": lease.token,
             },
         )
-        if not self._span.is_recording():
-            self._span = None
 
     def __enter__(self) -> Run:
         if self._span is not None:
             self._token = _context.attach(_trace.set_span_in_context(self._span))
+        elif self._parent is not None:
+            self._token = _context.attach(self._parent)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._span is not None:
+        if self._token is not None:
             _context.detach(self._token)
+        if self._span is not None:
             self._span.end()
 
     def failed(self, error: str, exc: BaseException | None = None) -> None:
@@ -265,7 +303,7 @@ class ModelCall:
 def model_call(provider: str, model: str, source: str = "provider") -> Iterator[ModelCall]:
     """A CLIENT ``chat {model}`` span around one call to the provider; an exception
     leaving it marks the span ERROR."""
-    if not ENABLED:
+    if not ENABLED or not _recording():
         yield ModelCall()
         return
     with _tracer().start_as_current_span(
@@ -281,7 +319,7 @@ def model_served(provider: str, model: str, lookup_source: str) -> None:
     singleflight wait): no tokens, no cost, ``herd.cache.source`` says where from.
     Answers that herd computed have their provider calls' spans already."""
     source = SERVED_BY.get(lookup_source)
-    if ENABLED and source is not None:
+    if ENABLED and source is not None and _recording():
         attrs = {**_genai(provider, model), "herd.cache.source": source, "herd.cost_usd": 0.0}
         _instant(model, attrs)
 
@@ -290,7 +328,7 @@ def model_batch(provider: str, model: str, usages: Sequence[Usage], *, price: Pr
     """A ``chat {model}`` span for the answers of one provider batch (the Batch API) as
     they are filed: their tokens and cost summed, ``herd.cache.source`` "batch". The
     provider ran the batch for hours, in no process of ours: the span has no duration."""
-    if not ENABLED or not usages:
+    if not ENABLED or not usages or not _recording():
         return
     attrs = {
         **_genai(provider, model),
