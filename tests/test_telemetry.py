@@ -300,3 +300,50 @@ def test_without_opentelemetry_jobs_run_and_telemetry_is_off(clean_pg):
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "42", "None", "False"]
     assert telemetry.enabled()  # here, with the package
+
+
+def test_with_the_api_alone_a_jobs_context_is_passed_on_and_none_is_made(clean_pg):
+    # No tracer provider is set in this process (the API's default): no span is made,
+    # so a job enqueued outside any trace carries nothing; a job that came with a
+    # context (from a producer with an SDK) passes it on to what its task enqueues.
+    script = textwrap.dedent(
+        """
+        import asyncio, sys
+        from herd import App, Worker
+        from herd.queue.base import NewJob
+
+        PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+        async def main():
+            async with App(database_url=sys.argv[1]) as app:
+                children = []
+
+                @app.task(name="parent")
+                async def parent(payload, ctx):
+                    children.append((await ctx.app.enqueue("child")).job_id)
+
+                app.task(name="child")(lambda payload: None)
+                plain = await app.enqueue("child")
+                await app.broker.enqueue(
+                    [NewJob("parent", None, trace_context={"traceparent": PARENT})]
+                )
+                await Worker(app, poll_interval=0.05, stop_when_idle=True,
+                             install_signal_handlers=False).run()
+                print((await app.get_job(plain.job_id)).trace_context)
+                print((await app.get_job(children[0])).trace_context["traceparent"])
+
+        asyncio.run(main())
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, clean_pg],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 0, out.stderr
+    plain, child = out.stdout.split()
+    assert plain == "None"
+    assert child.split("-")[1] == "0af7651916cd43dd8448eb211c80319c"
