@@ -6,8 +6,9 @@ were not installed), ``api`` is a default install (the API, which FastAPI brings
 no SDK: the API's no-op tracer answers), ``sdk`` sets the SDK's tracer provider with
 no exporter (every span recorded, then dropped). Each enqueues N no-op jobs one
 ``enqueue`` call at a time (a send span each) and drains them with a worker (a
-process span each, a receive span per claim). Prints jobs/s per mode and the ratio
-to ``off``, then the per-job cost of the span helpers alone.
+process span each, a receive span per claim). Prints jobs/s per mode, the CPU time
+the process spent per job (steadier than rates on a shared machine) and the ratio of
+each to ``off``, then the per-job cost of the span helpers alone (send + run).
 
     python bench/telemetry_overhead.py [--jobs 3000] [--rounds 3] [--modes off,api,sdk]
 """
@@ -46,6 +47,7 @@ ROUND = textwrap.dedent(
         app = App(database_url=url)
         app.task(name="noop")(lambda payload: None)
         async with app:
+            cpu = time.process_time()
             t0 = time.perf_counter()
             for i in range(jobs):
                 await app.enqueue("noop", {"i": i})
@@ -56,9 +58,10 @@ ROUND = textwrap.dedent(
             stats = await worker.run()
             drain = time.perf_counter() - t0
             assert stats.succeeded == jobs, stats
-        return jobs / enq, jobs / drain
+            cpu_us = (time.process_time() - cpu) / jobs * 1e6
+        return jobs / enq, jobs / drain, cpu_us
 
-    enq, drain = asyncio.run(main())
+    enq, drain, cpu_us = asyncio.run(main())
     lease = Lease(1, 1, "noop", "default", {}, 0, 0, 3, 30.0, datetime.now(UTC), "w")
     new = [NewJob("noop", {})]
 
@@ -70,7 +73,7 @@ ROUND = textwrap.dedent(
 
     n = 20000
     per_job_us = min(timeit.repeat(helpers, number=n, repeat=3)) / n * 1e6
-    print(json.dumps({"enqueue": enq, "drain": drain, "helpers_us": per_job_us,
+    print(json.dumps({"enqueue": enq, "drain": drain, "cpu_us": cpu_us, "helpers_us": per_job_us,
                       "enabled": telemetry.enabled()}))
     """
 )
@@ -108,16 +111,20 @@ def main() -> None:
     finally:
         server.release()
         shutil.rmtree(home, ignore_errors=True)
-    base = {k: statistics.median(r[k] for r in runs[modes[0]]) for k in ("enqueue", "drain")}
+    keys = ("enqueue", "drain", "cpu_us")
+    base = {k: statistics.median(r[k] for r in runs[modes[0]]) for k in keys}
     print(f"{args.jobs} jobs, {args.rounds} rounds, medians; ratio to {modes[0]!r}")
-    print(f"{'mode':<6}{'enqueue/s':>12}{'ratio':>8}{'drain/s':>12}{'ratio':>8}{'helpers':>14}")
+    print(
+        f"{'mode':<6}{'enqueue/s':>11}{'ratio':>7}{'drain/s':>10}{'ratio':>7}"
+        f"{'CPU/job':>12}{'ratio':>7}{'helpers/job':>14}"
+    )
     for mode in modes:
-        enq = statistics.median(r["enqueue"] for r in runs[mode])
-        drain = statistics.median(r["drain"] for r in runs[mode])
+        enq, drain, cpu = (statistics.median(r[k] for r in runs[mode]) for k in keys)
         us = statistics.median(r["helpers_us"] for r in runs[mode])
         print(
-            f"{mode:<6}{enq:>12.0f}{enq / base['enqueue']:>8.3f}"
-            f"{drain:>12.0f}{drain / base['drain']:>8.3f}{us:>11.2f} µs"
+            f"{mode:<6}{enq:>11.0f}{enq / base['enqueue']:>7.3f}"
+            f"{drain:>10.0f}{drain / base['drain']:>7.3f}"
+            f"{cpu:>9.0f} µs{cpu / base['cpu_us']:>7.3f}{us:>11.2f} µs"
         )
 
 

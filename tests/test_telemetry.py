@@ -77,11 +77,13 @@ def named(spans, prefix: str) -> list[ReadableSpan]:
 
 
 async def test_a_request_trace_continues_in_the_worker(app, spans):
-    @app.task(name="greet")
-    async def greet(payload):
-        return f"hello {payload['who']}"
-
     tracer = trace.get_tracer("test")
+
+    @app.task(name="greet")
+    def greet(payload):  # sync: it runs in a thread, in its run's context still
+        with tracer.start_as_current_span("inside the task"):
+            return f"hello {payload['who']}"
+
     with tracer.start_as_current_span("POST /jobs", kind=SpanKind.SERVER) as request:
         r = await app.enqueue("greet", {"who": "ada"})
     stored = await app.get_job(r.job_id)
@@ -97,6 +99,8 @@ async def test_a_request_trace_continues_in_the_worker(app, spans):
     assert send.kind == SpanKind.PRODUCER and send.parent.span_id == request.context.span_id
     assert run.kind == SpanKind.CONSUMER and run.context.trace_id == trace_id
     assert run.parent.span_id == send.context.span_id
+    (inside,) = named(spans, "inside the task")
+    assert inside.parent.span_id == run.context.span_id
     job = await app.get_job(r.job_id)
     assert dict(run.attributes) == {
         "messaging.system": "herd",
