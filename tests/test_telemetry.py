@@ -1,7 +1,7 @@
 """OpenTelemetry: a request's trace continues in the worker through the job, on each broker.
 
-Spans go to the SDK's in-memory exporter, through a processor this module turns on
-for its own tests only (a tracer provider is set once per process).
+Spans are collected by the SDK's tracer provider, set for each test that asks for
+``spans`` and taken away after it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.util._once import Once
 
 from herd import App, Fatal, Worker, telemetry
 from herd.errors import LeaseLost
@@ -43,15 +44,23 @@ COLLECT = Collect()
 
 @pytest.fixture
 def spans():
-    if not isinstance(trace.get_tracer_provider(), TracerProvider):
-        provider = TracerProvider()
-        provider.add_span_processor(COLLECT)
-        trace.set_tracer_provider(provider)
+    """The SDK's tracer provider, set for the test and taken away after it, as
+    OpenTelemetry's own test utilities do (the API lets a process set one once): the
+    rest of the suite runs as a default install does, with the API alone."""
+    assert not isinstance(trace.get_tracer_provider(), TracerProvider)
+    provider = TracerProvider()
+    provider.add_span_processor(COLLECT)
+    trace.set_tracer_provider(provider)
     COLLECT.spans.clear()
     COLLECT.on = True
-    yield COLLECT.spans
-    COLLECT.on = False
-    COLLECT.spans.clear()
+    try:
+        yield COLLECT.spans
+    finally:
+        COLLECT.on = False
+        COLLECT.spans.clear()
+        trace._TRACER_PROVIDER_SET_ONCE = Once()
+        trace._TRACER_PROVIDER = None
+        telemetry._tracer.cache_clear()
 
 
 @pytest.fixture(params=["postgres", "redis"])
