@@ -191,7 +191,7 @@ def claimed(queues: Sequence[str], owner: str, started: int, leases: Sequence[Le
             "messaging.operation.type": "receive",
             "messaging.operation.name": "claim",
             "messaging.batch.message_count": len(leases),
-            "messaging.consumer.group.name": owner,
+            "messaging.client.id": owner,
         },
     )
     span.end()
@@ -219,7 +219,7 @@ class Run:
                 "messaging.operation.type": "process",
                 "messaging.operation.name": "run",
                 "messaging.message.id": str(lease.job_id),
-                "messaging.consumer.group.name": worker,
+                "messaging.client.id": worker,
                 "herd.job.task": lease.task,
                 # The run this is: errors so far plus one, as max_attempts counts them.
                 "herd.job.attempt": lease.attempts + 1,

@@ -117,7 +117,7 @@ async def test_a_request_trace_continues_in_the_worker(app, spans):
         "messaging.operation.type": "process",
         "messaging.operation.name": "run",
         "messaging.message.id": str(r.job_id),
-        "messaging.consumer.group.name": job.last_worker,
+        "messaging.client.id": job.last_worker,
         "herd.job.task": "greet",
         "herd.job.attempt": 1,
         "herd.job.stalls": 0,
