@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, overload
 
+from herd import telemetry
 from herd.config import Settings, pool_size
 from herd.errors import BrokerUnavailable, ConfigError, HerdError, InvalidInput, JobNotFound
 from herd.jsonvalue import JSON, check, check_text
@@ -303,8 +304,10 @@ class App:
         job = self._new_job(
             task, payload, queue=queue, priority=priority, dedup_key=dedup_key, delay=delay
         )
-        (result,) = await self.broker.enqueue([job])
-        return result
+        with telemetry.sending([job]) as send:
+            results = await self.broker.enqueue(send.jobs)
+            send.sent(results)
+        return results[0]
 
     async def enqueue_many(
         self,
@@ -337,7 +340,8 @@ class App:
         ]
         out: list[EnqueueResult] = []
         for start in range(0, len(jobs), batch_size):
-            out += await self.broker.enqueue(jobs[start : start + batch_size])
+            with telemetry.sending(jobs[start : start + batch_size]) as send:
+                out += await self.broker.enqueue(send.jobs)
         return out
 
     # -- inspection

@@ -17,6 +17,7 @@ One asyncio loop per process runs four things:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import random
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from herd import aio
+from herd import aio, telemetry
 from herd.app import App
 from herd.errors import (
     BrokerError,
@@ -55,6 +56,7 @@ class _Running:
     lease: Lease
     ctx: JobContext
     deadline: float  # monotonic time after which we must assume the lease is gone
+    span: telemetry.Run
     task: asyncio.Task[None] | None = None
     lost: bool = False
     releasing: bool = False
@@ -172,7 +174,9 @@ class Worker:
                 await self._until(self._slot_freed.wait(), None)
                 continue
             try:
+                sent = time.time_ns()
                 leases = await self.app.broker.claim(self.queues, self.name, free)
+                telemetry.claimed(self.queues, self.name, sent, leases)
             except BrokerError as exc:  # unreachable, or failing: either way, back off
                 failures += 1
                 delay = min(30.0, 0.5 * 2 ** min(failures, 6)) * random.uniform(0.8, 1.2)
@@ -228,7 +232,12 @@ class Worker:
         ctx = JobContext(lease=lease, app=self.app, worker_id=self.name)
         # The lease was granted at most "now" by the server; counting from the
         # moment we received it keeps our local deadline on the safe side.
-        running = _Running(lease, ctx, deadline=time.monotonic() + lease.lease_seconds)
+        running = _Running(
+            lease,
+            ctx,
+            deadline=time.monotonic() + lease.lease_seconds,
+            span=telemetry.Run(lease, self.name),
+        )
         ctx.confirm = partial(self._confirm, running)
         self._running[lease.job_id] = running
         running.task = asyncio.create_task(self._execute(running), name=f"herd-job-{lease.job_id}")
@@ -240,6 +249,10 @@ class Worker:
     # -- running one job
 
     async def _execute(self, running: _Running) -> None:
+        with running.span:  # the task's own spans (model calls) are its children
+            await self._run(running)
+
+    async def _run(self, running: _Running) -> None:
         lease = running.lease
         try:
             task = self.app.tasks.get(lease.task)
@@ -261,7 +274,10 @@ class Worker:
                     task,
                     lease.payload,
                     running.ctx,
-                    lambda fn, *a, **kw: loop.run_in_executor(self._threads, partial(fn, *a, **kw)),
+                    # In this job's context: a sync task's spans are children of its run's.
+                    lambda fn, *a, **kw: loop.run_in_executor(
+                        self._threads, contextvars.copy_context().run, partial(fn, *a, **kw)
+                    ),
                 )
             except asyncio.CancelledError:
                 if running.lost or running.releasing:
@@ -308,6 +324,7 @@ class Worker:
                 )
                 return
             if await self._complete(running, result):
+                running.span.outcome("succeeded")
                 self.stats.succeeded += 1
         finally:
             self._finished(running)
@@ -322,6 +339,7 @@ class Worker:
         reason: DeadReason | None = None,
     ) -> Failure:
         task = self.app.tasks[running.lease.task]
+        running.span.failed(f"{type(exc).__name__}: {exc}", exc)
         delay = retry_in if retry_in is not None else task.backoff.delay(running.lease.attempts + 1)
         return Failure(
             running.lease,
@@ -336,6 +354,7 @@ class Worker:
     def _lost(self, running: _Running, why: str) -> None:
         if not running.lost:
             running.lost = True
+            running.span.lease_lost(why)
             running.ctx.cancelled.set()
             self.stats.lost += 1
             log.warning(
@@ -347,7 +366,11 @@ class Worker:
     async def _fail(self, running: _Running, failure: Failure, *, asked: bool = False) -> None:
         """Record a failure; ``asked``: the task raised Retry, the normal way to wait."""
         running.writing = True
+        if not failure.traceback:  # no exception: an unknown task, a result not storable
+            running.span.failed(failure.error)
         status = await self._write(running, lambda: self.app.broker.fail_if_leased(failure))
+        if status is not None:
+            running.span.outcome("dead" if status == JobStatus.DEAD else "retry")
         if status is None:
             self.stats.refused += 1
             self._lost(running, "failure write refused")
@@ -379,6 +402,7 @@ class Worker:
             running, lambda: self.app.broker.release_if_leased([lease], delay=after)
         )
         if released:
+            running.span.outcome("snoozed")
             self.stats.snoozed += 1
             log.info("job %d (%s) snoozed for %.1fs", lease.job_id, lease.task, after)
         elif released is not None:

@@ -41,6 +41,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from herd import telemetry
 from herd.app import App
 from herd.errors import Fatal, InvalidInput, Retry, Snooze
 from herd.jsonvalue import canonical, check, check_text
@@ -437,6 +438,7 @@ async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]
             " updated_at = now() WHERE handle = %s",
             (found.status, handle),
         )
+    telemetry.model_batch(spec.provider, spec.model, [u for _, u in billed], price=price)
     return {"handle": handle, "provider_batch": batch_id, "status": found.status,
             "answered": len(good), "fallback": len(fallback)}  # fmt: skip
 

@@ -29,6 +29,7 @@ import jsonschema
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
+from herd import telemetry
 from herd.app import App
 from herd.cache import ExactCache, PostgresCacheStore, RedisCacheStore, canonical_key
 from herd.cache.keys import normalize_document
@@ -787,34 +788,37 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         except OverBudget:
             assert batch is not None
             raise await _park(ctx.app, rt.store, batch, ctx.job_id) from None
-        try:
-            done = await provider.complete(
-                spec.system, user, schema=spec.schema, params=spec.params
-            )
-        except asyncio.CancelledError:
-            # The lease was lost (or the worker stops) mid-call: the request is aborted,
-            # but its input was already paid for. Estimated, since no usage came back.
-            await asyncio.shield(rt.store.close_call(call_id, "lost", cost=priced(estimate)))
-            raise
-        except RateLimited as exc:
-            await rt.store.close_call(call_id, None)  # refused before generating: not billed
-            if limit:
+        with telemetry.model_call(spec.provider, spec.model) as span:
+            try:
+                done = await provider.complete(
+                    spec.system, user, schema=spec.schema, params=spec.params
+                )
+            except asyncio.CancelledError:
+                # The lease was lost (or the worker stops) mid-call: the request is
+                # aborted, but its input was already paid for. Estimated: no usage came.
+                await asyncio.shield(rt.store.close_call(call_id, "lost", cost=priced(estimate)))
                 raise
-            # Capacity, not the job, is at fault: it is handed back with no attempt counted.
-            raise Snooze(str(exc), after=_pause_for(exc) * (1 + random.random())) from None
-        except ProviderError as exc:
-            kind = _sent_kind(exc)
-            await rt.store.close_call(call_id, kind, cost=priced(estimate) if kind else None)
-            raise
-        except BaseException:
-            await rt.store.close_call(call_id, "failed", cost=priced(estimate))
-            raise
+            except RateLimited as exc:
+                await rt.store.close_call(call_id, None)  # refused before generating: not billed
+                if limit:
+                    raise
+                # Capacity, not the job, is at fault: handed back with no attempt counted.
+                raise Snooze(str(exc), after=_pause_for(exc) * (1 + random.random())) from None
+            except ProviderError as exc:
+                kind = _sent_kind(exc)
+                await rt.store.close_call(call_id, kind, cost=priced(estimate) if kind else None)
+                raise
+            except BaseException:
+                await rt.store.close_call(call_id, "failed", cost=priced(estimate))
+                raise
+            cost = rt.prices.cost_of(spec.model, done.usage, spec.provider)
+            span.answered(done, cost)
         await rt.store.close_call(
             call_id,
             "call",
             i=done.usage.input_tokens,
             o=done.usage.output_tokens,
-            cost=rt.prices.cost_of(spec.model, done.usage, spec.provider),
+            cost=cost,
             cached=done.usage.cached_input_tokens,
             written=done.usage.cache_write_tokens,
             provider_saved=None if price is None else price.cache_saved(done.usage),
@@ -844,6 +848,7 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             (ctx.job_id,),
         )
         return {"key": key, "path": payload.get("path"), "cancelled": True}
+    telemetry.model_served(spec.provider, spec.model, found.source)
     if found.source in ("hit", "waited", "stale"):
         kind = "singleflight" if found.source == "waited" else "cache"
         await rt.store.record(

@@ -14,13 +14,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from herd.jsonvalue import JSON, dumps
+from herd.errors import InvalidInput
+from herd.jsonvalue import JSON, dumps, loads
 
 # What a job's fields may hold, checked at enqueue (App) and by the API's models. A
 # priority names a Redis stream and a PostgreSQL integer; names and keys are indexed.
 MAX_NAME_LENGTH = 200  # task and queue names
 MAX_DEDUP_KEY_LENGTH = 1000
 MIN_PRIORITY, MAX_PRIORITY = -1_000_000, 1_000_000
+# A job's trace context (its W3C traceparent is 55 bytes, a tracestate at most 512):
+# keys and values together, so a carrier cannot grow a job's every read.
+MAX_TRACE_CONTEXT_BYTES = 2048
 
 
 class JobStatus(enum.StrEnum):
@@ -53,6 +57,9 @@ class NewJob:
     lease_seconds: float = 30.0
     max_attempts: int = 3
     max_stalls: int = 3
+    # The context the job was enqueued in (herd.telemetry): a propagator's carrier,
+    # e.g. {"traceparent": ..., "tracestate": ...}; its run continues that trace.
+    trace_context: dict[str, str] | None = None
     # The payload as stored, when the producer (App) has checked and serialized it
     # already: a 300,000-job enqueue then serializes each payload once, not twice.
     payload_json: str | None = field(default=None, repr=False, compare=False)
@@ -63,6 +70,30 @@ def payload_text(job: NewJob) -> str:
     if job.payload_json is not None:
         return job.payload_json
     return dumps(job.payload, what=f"payload of {job.task!r}")
+
+
+def trace_text(job: NewJob) -> str | None:
+    """What a broker stores for the job's trace context (None: none)."""
+    carrier = job.trace_context
+    if not carrier:
+        return None
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in carrier.items()):
+        raise InvalidInput("trace_context must map strings to strings", field="trace_context")
+    size = sum(len(k) + len(v) for k, v in carrier.items())
+    if size > MAX_TRACE_CONTEXT_BYTES:
+        raise InvalidInput(
+            f"trace_context is {size} characters; the limit is {MAX_TRACE_CONTEXT_BYTES}",
+            field="trace_context",
+        )
+    return dumps(carrier, what="trace_context")
+
+
+def trace_of(text: str | None) -> dict[str, str] | None:
+    """The trace context as a broker stored it (JSON text, or NULL/'' for none)."""
+    if not text:
+        return None
+    value = loads(text)
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else None
 
 
 @dataclass(frozen=True)
@@ -90,6 +121,7 @@ class Job:
     last_traceback: str | None
     dead_reason: str | None
     last_worker: str | None
+    trace_context: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +160,7 @@ class Lease:
     lease_seconds: float
     expires_at: datetime  # server time
     owner: str
+    trace_context: dict[str, str] | None = None  # as enqueued (NewJob.trace_context)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,8 @@ from herd.queue.base import (
     Throughput,
     payload_text,
     purge_period,
+    trace_of,
+    trace_text,
 )
 from herd.queue.sql import queries
 
@@ -75,6 +77,7 @@ def _job(row: dict[str, Any]) -> Job:
         last_traceback=row["last_traceback"],
         dead_reason=row["dead_reason"],
         last_worker=row["last_worker"],
+        trace_context=trace_of(row.get("trace_context")),
     )
 
 
@@ -191,6 +194,7 @@ class PostgresBroker:
             "lease_seconds": [float(j.lease_seconds) for j in jobs],
             "max_attempts": [j.max_attempts for j in jobs],
             "max_stalls": [j.max_stalls for j in jobs],
+            "trace_context": [trace_text(j) for j in jobs],
         }
         with translate_errors(self.url):
             async with self._pool.connection() as conn, conn.transaction():
@@ -266,7 +270,8 @@ class PostgresBroker:
                 if row.pop("status") != JobStatus.PROCESSING:
                     log.warning("job %s dead-lettered: its lease expired too often", row["job_id"])
                     continue
-                leases.append(Lease(**row, owner=owner))
+                trace = trace_of(row.pop("trace_context"))
+                leases.append(Lease(**row, owner=owner, trace_context=trace))
         return leases
 
     async def purge_finished(self, older_than: float | None = None, *, batch: int = 5000) -> int:

@@ -69,6 +69,8 @@ from herd.queue.base import (
     Throughput,
     payload_text,
     purge_period,
+    trace_of,
+    trace_text,
 )
 
 log = logging.getLogger("herd.redis")
@@ -405,6 +407,7 @@ class RedisBroker:
                     j.lease_seconds,
                     j.max_attempts,
                     j.max_stalls,
+                    trace_text(j) or "",
                 ]
             p = prefix(queue)
             calls.append(([p + "meta"], [p, *args]))
@@ -469,7 +472,7 @@ class RedisBroker:
             rows = await self._run(
                 "claim", queue, owner, limit - len(leases), live[queue], *dead.get(queue, ())
             )
-            for job_id, token, expires, task, payload, attempts, stalls, max_att, ttl in rows:
+            for job_id, token, expires, task, payload, attempts, stalls, most, ttl, trace in rows:
                 leases.append(
                     Lease(
                         job_id=int(job_id),
@@ -479,10 +482,11 @@ class RedisBroker:
                         payload=loads(payload),
                         attempts=int(attempts),
                         stalls=int(stalls),
-                        max_attempts=int(max_att),
+                        max_attempts=int(most),
                         lease_seconds=float(ttl),
                         expires_at=_ms(str(expires)) or datetime.now(UTC),
                         owner=owner,
+                        trace_context=trace_of(trace),
                     )
                 )
         return leases
@@ -858,4 +862,5 @@ def _job(h: dict[str, str]) -> Job:
         last_traceback=opt("last_traceback"),
         dead_reason=opt("dead_reason"),
         last_worker=opt("last_worker"),
+        trace_context=trace_of(opt("trace")),
     )

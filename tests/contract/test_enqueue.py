@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from herd.errors import NotJSONSerializable
-from herd.queue.base import Completion, JobStatus
+from herd.errors import InvalidInput, NotJSONSerializable
+from herd.queue.base import MAX_TRACE_CONTEXT_BYTES, Completion, JobStatus
 from tests.helpers import job
 
 
@@ -59,3 +59,26 @@ async def test_non_json_payload_is_refused_and_nothing_is_enqueued(broker, paylo
 async def test_dedup_keys_are_scoped_to_their_queue(broker):
     a, b = await broker.enqueue([job(queue="q1", dedup_key="k"), job(queue="q2", dedup_key="k")])
     assert a.created and b.created and a.job_id != b.job_id
+
+
+async def test_trace_context_round_trips_to_the_job_and_its_lease(broker):
+    carrier = {
+        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "tracestate": "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7",
+    }
+    traced, plain = await broker.enqueue([job(trace_context=carrier), job()])
+    assert (await broker.get_job(traced.job_id)).trace_context == carrier
+    assert (await broker.get_job(plain.job_id)).trace_context is None
+    leases = {lease.job_id: lease for lease in await broker.claim(["default"], "w1", 2)}
+    assert leases[traced.job_id].trace_context == carrier
+    assert leases[plain.job_id].trace_context is None
+
+
+@pytest.mark.parametrize(
+    "carrier", [{"traceparent": "x" * (MAX_TRACE_CONTEXT_BYTES + 1)}, {"traceparent": 1}]
+)
+async def test_a_bad_trace_context_is_refused_and_nothing_is_enqueued(broker, carrier):
+    with pytest.raises(InvalidInput) as refused:
+        await broker.enqueue([job(), job(trace_context=carrier)])
+    assert refused.value.field == "trace_context"
+    assert await broker.list_jobs() == []

@@ -1,5 +1,6 @@
 -- ARGV: prefix, queue, count, queue number, first counter value, then per job: task
 --       payload priority dedup_key delay_ms lease_seconds max_attempts max_stalls
+--       trace_context ('' for none)
 -- Returns per job: {id, created 0/1}. A job's id is the queue's own counter (ids, in
 -- this queue's slot: no key of another slot is needed) times 2^20 plus the queue's
 -- number, which says where get_job finds it. The counter starts past the ids an
@@ -9,7 +10,7 @@ if redis.call('EXISTS', P .. 'ids') == 0 then redis.call('SET', P .. 'ids', ARGV
 local now = now_ms()
 local out = {}
 for j = 0, n - 1 do
-  local b = 6 + j * 8
+  local b = 6 + j * 9
   local task, payload, prio, dedup = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local delay = tonumber(ARGV[b + 4])
   local holder = false
@@ -28,6 +29,7 @@ for j = 0, n - 1 do
       'status', 'pending', 'priority', prio, 'dedup_key', dedup, 'attempts', 0, 'stalls', 0,
       'lease_seconds', ARGV[b + 5], 'max_attempts', ARGV[b + 6], 'max_stalls', ARGV[b + 7],
       'token', 0, 'run_at', now + delay, 'created_at', now, 'entry', '')
+    if ARGV[b + 8] ~= '' then redis.call('HSET', jkey(id), 'trace', ARGV[b + 8]) end
     redis.call('ZADD', P .. 'st:pending', id, id)
     if delay > 0 then
       redis.call('ZADD', P .. 'delayed', now + delay, id)

@@ -4,14 +4,15 @@
 
 -- name: enqueue
 INSERT INTO herd_jobs (queue, task, payload, priority, dedup_key, run_at,
-                       lease_seconds, max_attempts, max_stalls)
+                       lease_seconds, max_attempts, max_stalls, trace_context)
 SELECT n.queue, n.task, n.payload::jsonb, n.priority, n.dedup_key,
-       now() + n.delay * interval '1 second', n.lease_seconds, n.max_attempts, n.max_stalls
+       now() + n.delay * interval '1 second', n.lease_seconds, n.max_attempts, n.max_stalls,
+       n.trace_context
   FROM unnest(%(queue)s::text[], %(task)s::text[], %(payload)s::text[], %(priority)s::int[],
               %(dedup_key)s::text[], %(delay)s::float8[], %(lease_seconds)s::float8[],
-              %(max_attempts)s::int[], %(max_stalls)s::int[])
+              %(max_attempts)s::int[], %(max_stalls)s::int[], %(trace_context)s::text[])
        WITH ORDINALITY AS n(queue, task, payload, priority, dedup_key, delay, lease_seconds,
-                            max_attempts, max_stalls, ord)
+                            max_attempts, max_stalls, trace_context, ord)
  ORDER BY n.ord
 ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('pending', 'processing')
 DO NOTHING
@@ -67,7 +68,8 @@ UPDATE herd_jobs j SET
   FROM picked
  WHERE j.id = picked.id
 RETURNING j.id AS job_id, j.lease_token AS token, j.task, j.queue, j.payload, j.attempts,
-          j.stalls, j.max_attempts, j.lease_seconds, j.lease_expires_at AS expires_at, j.status;
+          j.stalls, j.max_attempts, j.lease_seconds, j.lease_expires_at AS expires_at, j.status,
+          j.trace_context;
 
 -- name: claim_orphans
 -- Jobs whose lease still runs but whose owner's liveness mark is gone: the
@@ -114,7 +116,8 @@ UPDATE herd_jobs j SET
   FROM picked
  WHERE j.id = picked.id
 RETURNING j.id AS job_id, j.lease_token AS token, j.task, j.queue, j.payload, j.attempts,
-          j.stalls, j.max_attempts, j.lease_seconds, j.lease_expires_at AS expires_at, j.status;
+          j.stalls, j.max_attempts, j.lease_seconds, j.lease_expires_at AS expires_at, j.status,
+          j.trace_context;
 
 -- name: renew
 WITH held AS (
