@@ -5,8 +5,8 @@ from __future__ import annotations
 import inspect
 import random
 import threading
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -108,13 +108,33 @@ class JobContext:
     def payload(self) -> JSON:
         return self.lease.payload
 
-    def fenced_transaction(self) -> AbstractAsyncContextManager[AsyncConnection[Any]]:
-        """A database transaction that commits only while this job's lease is held."""
+    def fenced_transaction(
+        self,
+        elsewhere: Callable[[], AbstractAsyncContextManager[AsyncConnection[Any]]] | None = None,
+    ) -> AbstractAsyncContextManager[AsyncConnection[Any]]:
+        """A database transaction that commits only while this job's lease is held.
+
+        On a broker that keeps its jobs in SQL (PostgreSQL) it is the broker's own
+        transaction, whose commit checks the lease. On another broker (Redis) nothing
+        can join the lease and the write: ``elsewhere`` opens the caller's transaction
+        once the lease is checked, so a write lands only from a run that held its lease
+        a moment before (the fencing of the job's own result does the rest).
+        """
         fenced = getattr(self.app.broker, "fenced_transaction", None)
-        if fenced is None:
+        if fenced is not None:
+            result: AbstractAsyncContextManager[AsyncConnection[Any]] = fenced(self.lease)
+            return result
+        if elsewhere is None:
             raise NotImplementedError(f"the {self.app.broker.name} broker has no SQL transactions")
-        result: AbstractAsyncContextManager[AsyncConnection[Any]] = fenced(self.lease)
-        return result
+        opened = elsewhere
+
+        @asynccontextmanager
+        async def checked() -> AsyncIterator[AsyncConnection[Any]]:
+            await self.check_lease()
+            async with opened() as conn:
+                yield conn
+
+        return checked()
 
 
 async def call_task(

@@ -629,16 +629,7 @@ REPAIR = (
 def fenced(ctx: JobContext, store: EvalStore) -> AbstractAsyncContextManager[AsyncConnection[Any]]:
     """A transaction that commits only while the job's lease holds: the broker's own on
     PostgreSQL; on another broker, the evaluation store's after a lease check."""
-    if ctx.app.broker.name == "postgres":
-        return ctx.fenced_transaction()
-
-    @asynccontextmanager
-    async def checked() -> Any:
-        await ctx.check_lease()
-        async with store.transaction() as conn:
-            yield conn
-
-    return checked()
+    return ctx.fenced_transaction(store.transaction)
 
 
 def _sent_kind(exc: ProviderError) -> str | None:
@@ -865,12 +856,8 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         "UPDATE herd_eval_items SET status = 'done', source = %s, result = %s,"
         " finished_at = now() WHERE job_id = %s AND status <> 'done'"
     )
-    params = (found.source, Jsonb(result), ctx.job_id)
-    if ctx.app.broker.name == "postgres":  # fenced: lands only while this job's lease holds
-        async with ctx.fenced_transaction() as conn:
-            await conn.execute(item, params)
-    else:
-        await rt.store.execute(item, params)
+    async with fenced(ctx, rt.store) as conn:  # lands only while this job's lease holds
+        await conn.execute(item, (found.source, Jsonb(result), ctx.job_id))
     return result
 
 

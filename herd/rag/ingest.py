@@ -561,15 +561,12 @@ async def embed_batch(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any
     # The partition lock covers the write, not the embedding: jobs of one book then
     # embed side by side, and only their upserts take turns.
     lock_name = f"rag/{gen.collection}/{gen.id}/{payload['part']}"
-    async with rt.locks.hold(lock_name, ttl=30, wait=300) as lock:
-        if ctx.app.broker.name == "postgres":
-            async with ctx.fenced_transaction() as conn:
-                await rt.locks.assert_held(conn, lock)
-                await rt.store.upsert_vectors(conn, gen, rows, lock.token)
-        else:
-            async with rt.store.connection() as conn, conn.transaction():
-                await rt.locks.assert_held(conn, lock)
-                await rt.store.upsert_vectors(conn, gen, rows, lock.token)
+    async with (
+        rt.locks.hold(lock_name, ttl=30, wait=300) as lock,
+        ctx.fenced_transaction(rt.store.transaction) as conn,
+    ):
+        await rt.locks.assert_held(conn, lock)
+        await rt.store.upsert_vectors(conn, gen, rows, lock.token)
     return {"embedded": len(rows)}
 
 

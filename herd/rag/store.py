@@ -136,6 +136,11 @@ class RagStore:
             async with self.pool.connection() as conn:
                 yield conn
 
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection[Any]]:
+        async with self.connection() as conn, conn.transaction():
+            yield conn
+
     async def fetch(self, query: Any, params: Any = None) -> list[tuple[Any, ...]]:
         async with self.connection() as conn:
             cur = await conn.execute(query, params)
