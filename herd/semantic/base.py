@@ -12,12 +12,15 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from herd.jsonvalue import JSON
+
+if TYPE_CHECKING:
+    from herd.locks.base import BaseLocks
 
 Vector = npt.NDArray[np.float32]
 NEVER = 1e18  # the expiry of an entry without a ttl: a number, so that range filters work
@@ -86,6 +89,10 @@ class SemanticStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+    def locks(self) -> BaseLocks:
+        """Fenced locks on the same server, for the cache's singleflight."""
+        ...
 
     async def server_time(self) -> float:
         """The server's clock, epoch seconds."""

@@ -179,7 +179,7 @@ class SemanticCache:
         if sliding and ttl is None:
             raise ConfigError("a sliding ttl needs a ttl")
         self.backend = store_for_url(backend) if isinstance(backend, str) else backend
-        self.locks = locks if locks is not None else _locks(self.backend)
+        self.locks = locks if locks is not None else self.backend.locks()
         self.embedder = embedder
         self.embedder_id = embedder_id or (embedder.id if embedder is not None else None)
         self.dim = dim or (embedder.dim if embedder is not None else None)
@@ -631,14 +631,3 @@ def store_for_url(url: str) -> SemanticStore:
 
         return PostgresSemanticStore(url)
     raise ConfigError(f"a semantic cache lives on redis:// or postgresql://, not {url[:20]!r}")
-
-
-def _locks(store: SemanticStore) -> BaseLocks:
-    url: str = getattr(store, "url", "")
-    if store.name == "redis":
-        from herd.locks.redis import RedisLocks
-
-        return RedisLocks(url)
-    from herd.locks.postgres import PostgresLocks
-
-    return PostgresLocks(url)

@@ -19,6 +19,7 @@ from psycopg.types.json import Jsonb
 
 from herd.db import postgres as pgdb
 from herd.jsonvalue import dumps
+from herd.locks.base import BaseLocks
 from herd.semantic.base import Candidate, NewEntry, Scope, Vector, as_vector
 
 _INDEX_LOCK = 0x68657264_5345  # 'herdSE': one index builder at a time
@@ -118,6 +119,11 @@ class PostgresSemanticStore:
         )
         self._vector_info: TypeInfo | None = None
         self._search: sql.Composable = sql.SQL("")
+
+    def locks(self) -> BaseLocks:
+        from herd.locks.postgres import PostgresLocks
+
+        return PostgresLocks(self.url)
 
     async def open(self, dim: int | None) -> None:
         self.dim = dim or 0

@@ -32,6 +32,7 @@ from herd.config import mask_url
 from herd.db import redis as rdb
 from herd.errors import BrokerError, ConfigError
 from herd.jsonvalue import dumps, loads
+from herd.locks.base import BaseLocks
 from herd.semantic.base import NEVER, Candidate, NewEntry, Scope, Vector
 
 NAMES = "herd:semantic:names"
@@ -141,6 +142,11 @@ class RedisSemanticStore:
     async def _do(self, coro: Any) -> Any:
         with rdb.translate_errors(self.url, store="the semantic cache"):
             return await coro
+
+    def locks(self) -> BaseLocks:
+        from herd.locks.redis import RedisLocks
+
+        return RedisLocks(self.url)
 
     async def open(self, dim: int | None) -> None:
         self.dim = dim or 0
