@@ -31,12 +31,13 @@ from psycopg.types.json import Jsonb
 
 from herd import telemetry
 from herd.app import App
-from herd.cache import ExactCache, PostgresCacheStore, RedisCacheStore, canonical_key
+from herd.cache import ExactCache, canonical_key
 from herd.cache.keys import normalize_document
 from herd.cache.retention import PURGE_EVERY, Periodic, in_batches
+from herd.cache.stores import cache_stores
 from herd.config import EVAL_MAX_TOKENS, EVAL_TTL, LEDGER_TTL, Settings
 from herd.db import postgres as pgdb
-from herd.errors import BatchNotFound, ConfigError, Fatal, InvalidInput, Snooze
+from herd.errors import BatchNotFound, Fatal, InvalidInput, Snooze
 from herd.jsonvalue import JSON, canonical, check, check_text
 from herd.limits import CapacityTimeout, Limit, Limiter, LimitsFile, for_broker, hold, scope_name
 from herd.limits import load as load_limits
@@ -49,7 +50,6 @@ from herd.llm.params import check_params
 from herd.llm.pricing import PriceTable
 from herd.llm.providers import Anthropic, OpenAICompatible, Provider, RetryPolicy, promptcache
 from herd.llm.providers.anthropic import DEFAULT_MAX_TOKENS
-from herd.locks import PostgresLocks, RedisLocks
 from herd.queue.base import EnqueueResult, Job
 from herd.tasks import JobContext
 
@@ -507,19 +507,12 @@ class EvalRuntime:
     @classmethod
     async def _open(cls, app: App) -> EvalRuntime:
         url = app.database_url()
-        if app.settings.cache == "redis" and not app.settings.redis_url:
-            raise ConfigError("HERD_CACHE=redis needs HERD_REDIS_URL")
+        cache_store, locks = cache_stores(app.settings, database_url=url)
         prices = PriceTable.default()
         if os.environ.get("HERD_PRICES"):  # a JSON file of per-model prices
             prices = prices.merged(PriceTable.from_file(os.environ["HERD_PRICES"]))
         settings = app.settings
         store = EvalStore(url, ledger_ttl=settings.ledger_ttl, eval_ttl=settings.eval_ttl)
-        if app.settings.cache == "redis":
-            assert app.settings.redis_url
-            cache_store: Any = RedisCacheStore(app.settings.redis_url)
-            locks: Any = RedisLocks(app.settings.redis_url)
-        else:
-            cache_store, locks = PostgresCacheStore(url), PostgresLocks(url)
         limits_file = load_limits(settings.limits_path) if settings.limits_path else None
         try:
             limiter: Limiter | None = for_broker(app.broker.name, getattr(app.broker, "url", ""))
@@ -551,7 +544,8 @@ class EvalRuntime:
         try:
             # Each part is closed with the app once open: one that fails to open
             # must not leave the others' pools behind.
-            for part in (store, cache_store, locks, *([limiter] if limiter else [])):
+            parts: list[Any] = [store, cache_store, locks, *([limiter] if limiter else [])]
+            for part in parts:
                 await part.open()
                 opened.append(part)
         except BaseException:

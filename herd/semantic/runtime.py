@@ -10,7 +10,7 @@ import asyncio
 from typing import Any
 
 from herd.app import App
-from herd.errors import ConfigError
+from herd.cache.stores import cache_url
 from herd.semantic.base import SemanticStore
 from herd.semantic.cache import SemanticCache, store_for_url
 
@@ -18,11 +18,7 @@ QUERY_CACHE = "rag"  # the name of the cache in front of `herd query`
 
 
 def store_for(app: App) -> SemanticStore:
-    if app.settings.cache == "redis":
-        if not app.settings.redis_url:
-            raise ConfigError("HERD_CACHE=redis needs HERD_REDIS_URL")
-        return store_for_url(app.settings.redis_url)
-    return store_for_url(app.database_url())
+    return store_for_url(cache_url(app.settings, app.database_url))
 
 
 async def query_cache(app: App, embedder: Any) -> SemanticCache:
