@@ -499,6 +499,30 @@ def demo(
         raise typer.Exit(1)
 
 
+# The root options that take a value: the word after one is not a command.
+_VALUED = frozenset({"--database-url", "--home", "--broker", "--redis-url"})
+
+
+def _command_of(argv: list[str]) -> str | None:
+    after_option = False
+    for arg in argv:
+        if after_option:
+            after_option = False
+        elif arg in _VALUED:
+            after_option = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
+def _core_commands() -> set[str]:
+    names = {c.name or (c.callback.__name__ if c.callback else "") for c in cli.registered_commands}
+    return {n.replace("_", "-") for n in names} | {g.name or "" for g in cli.registered_groups}
+
+
 def main() -> None:
-    _add_feature_commands()
+    # The evaluation, corpus and server commands import much of herd (about a second
+    # of a CLI call): only a call that may need them, or lists them, pays for it.
+    if _command_of(sys.argv[1:]) not in _core_commands():
+        _add_feature_commands()
     cli()
