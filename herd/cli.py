@@ -58,18 +58,28 @@ cli.add_typer(jobs_cli, name="jobs")
 cli.add_typer(dlq_cli, name="dlq")
 
 
-def _add_feature_commands() -> None:
+def _add_feature_commands(command: str | None = None) -> None:
+    """The commands of the evaluation, corpus and server modules: ``command``'s alone,
+    when it is one of them, else all (for help, or an unknown command's suggestions)."""
     # Imported here: the feature modules import this one for its helpers.
-    from herd.api.cli import serve, status
-    from herd.llm.cli import cache_cli, eval_cli
-    from herd.rag.cli import ingest, query
+    if command in (None, "eval", "cache") or command not in _FEATURES:
+        from herd.llm.cli import cache_cli, eval_cli
 
-    cli.add_typer(eval_cli, name="eval")
-    cli.add_typer(cache_cli, name="cache")
-    cli.command()(ingest)
-    cli.command()(query)
-    cli.command()(serve)
-    cli.command()(status)
+        cli.add_typer(eval_cli, name="eval")
+        cli.add_typer(cache_cli, name="cache")
+    if command in (None, "ingest", "query") or command not in _FEATURES:
+        from herd.rag.cli import ingest, query
+
+        cli.command()(ingest)
+        cli.command()(query)
+    if command in (None, "serve", "status") or command not in _FEATURES:
+        from herd.api.cli import serve, status
+
+        cli.command()(serve)
+        cli.command()(status)
+
+
+_FEATURES = frozenset({"eval", "cache", "ingest", "query", "serve", "status"})
 
 
 def _print_version(value: bool) -> None:
@@ -523,6 +533,7 @@ def _core_commands() -> set[str]:
 def main() -> None:
     # The evaluation, corpus and server commands import much of herd (about a second
     # of a CLI call): only a call that may need them, or lists them, pays for it.
-    if _command_of(sys.argv[1:]) not in _core_commands():
-        _add_feature_commands()
+    command = _command_of(sys.argv[1:])
+    if command not in _core_commands():
+        _add_feature_commands(command)
     cli()
