@@ -15,6 +15,7 @@ import herd
 from herd.rag.embedders import optimize
 
 ROOT = Path(__file__).resolve().parent.parent
+OPTIONAL_FOLDERS = ("herd/integrations/", "herd/rag/embedders/")
 
 
 def _dist(requirement: str) -> str:
@@ -74,14 +75,15 @@ def test_every_module_herd_imports_is_a_declared_dependency():
         if module in sys.stdlib_module_names or module in {"herd", "__future__"}:
             continue
         dists = {_dist(d) for d in by_module.get(module, [module])}
-        # An integration (herd/integrations/NAME.py) may import what its extra NAME
-        # declares, and only it: nothing on a default path may.
-        integrations = {Path(f).stem for f in files if f.startswith("herd/integrations/")}
+        # An integration (herd/integrations/NAME.py) or an optional embedder
+        # (herd/rag/embedders/NAME.py) may import what its extra NAME declares, and only
+        # it: nothing on a default path may.
+        integrations = {Path(f).stem for f in files if f.startswith(OPTIONAL_FOLDERS)}
         in_extras = len(integrations) == len(files) and all(
             dists & extras.get(name, set()) for name in integrations
         )
         if not dists & wanted and not in_extras:
-            outside = [f for f in files if not f.startswith("herd/integrations/")]
+            outside = [f for f in files if not f.startswith(OPTIONAL_FOLDERS)]
             undeclared[module] = (sorted(dists), (outside or files)[0])
     assert not undeclared, f"imported but not in [project].dependencies: {undeclared}"
 
