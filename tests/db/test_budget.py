@@ -1,4 +1,4 @@
-"""The connection budget in the README holds: a real Worker at concurrency N, with
+"""The connection budget of docs/connections.md holds: a real Worker at concurrency N, with
 the evaluation runtime's ledger, exact cache and locks in use, never holds more
 PostgreSQL connections (pg_stat_activity, by application_name ``herd:<pid>``) or
 Redis connections (CLIENT LIST, by name) than documented."""
@@ -21,7 +21,7 @@ N = 6
 
 
 def budget(kind: str, concurrency: int) -> tuple[int, int]:
-    """(PostgreSQL, Redis) connections of a worker, as README's table says."""
+    """(PostgreSQL, Redis) connections of a worker, as docs/connections.md's table says."""
     pool = concurrency + PG_POOL_SPARE
     if kind == "postgres":
         # The pool, one LISTEN connection for jobs and locks, the liveness mark's session.

@@ -311,7 +311,7 @@ def test_exported_from_herd():
 
 
 def test_a_cache_used_without_opening_opens_itself(backend_url, embedder):
-    # The README's first example: no `with`, the real embedder, sync calls.
+    # docs/usage.md's semantic cache example: no `with`, the real embedder, sync calls.
     cache = SemanticCache(backend_url[1], embedder=embedder, name="readme")
     try:
         cache.store("Which sins are forgiven?", {"hits": ["kjv/matthew/12/31"]}, collection="kjv")
