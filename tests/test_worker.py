@@ -72,7 +72,9 @@ async def test_lost_lease_cancels_the_task_and_writes_nothing(app, clean_pg):
         return "worker result"
 
     r = await app.enqueue("long")
-    worker, run = start(app)
+    # One slot, busy with the job: the worker cannot claim the job back itself between
+    # the expiry below and the thief's claim (it raced the thief with free slots).
+    worker, run = start(app, concurrency=1)
     await asyncio.wait_for(started.wait(), 10)
     # Another worker takes the job over (as after a network partition).
     with psycopg.connect(clean_pg, autocommit=True) as conn:
