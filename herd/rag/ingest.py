@@ -42,7 +42,7 @@ from herd.locks import PostgresLocks
 from herd.queue.base import JobStatus
 from herd.rag.chunkers import FORMATS, ChunkError, chunk_file, format_of, get_chunker, place_of
 from herd.rag.embedders import spec as specs
-from herd.rag.embedders.onnx import default_embedder_like
+from herd.rag.embedders.onnx import OnnxEmbedder, default_embedder_like
 from herd.rag.store import Generation, RagStore
 from herd.rag.vectors import DEFAULT as DEFAULT_STORE
 from herd.tasks import JobContext
@@ -173,14 +173,16 @@ class RagRuntime:
                     built: Embedder = await asyncio.to_thread(specs.build, spec, self.home)
                     self._embedders[spec] = built
         found = self._embedders[spec]
-        if spec != specs.DEFAULT or recorded in (None, found.id) or self._make_default is None:
+        if spec != specs.DEFAULT or recorded in (None, found.id):
+            return found
+        if not isinstance(found, OnnxEmbedder):  # one a test injected: nothing to pick
             return found
         key = f"{spec}@{recorded}"
         if key not in self._embedders:
             async with self._building:
                 if key not in self._embedders:
                     self._embedders[key] = await asyncio.to_thread(
-                        default_embedder_like, recorded, self.home
+                        functools.partial(default_embedder_like, recorded, self.home, first=found)
                     )
         return self._embedders[key]
 
@@ -244,8 +246,9 @@ async def plan_and_apply(
     live = await rt.store.live(collection)
     places, folders, skipped = _expand(paths)
     spec = await _choose_embedder(collection, live, embedder, new_generation)
-    own = live.settings.get("embedder") if live is not None else None
-    chosen = await rt.embedder_for(spec, own)
+    # The live generation's model, when this run keeps its spec (see embedder_for).
+    same = live is not None and str(live.settings.get("embedder_spec") or specs.DEFAULT) == spec
+    chosen = await rt.embedder_for(spec, live.settings.get("embedder") if same and live else None)
     lang = await _choose_language(rt.store, live, language, places, fmt)
     key, settings = fingerprint(
         chosen, {}, language=lang, spec=spec, vectors=rt.store.vector_url.location

@@ -301,20 +301,28 @@ def default_embedder(
 
 
 def default_embedder_like(
-    recorded: str | None, home: Path | str | None = None, **options: Any
+    recorded: str | None,
+    home: Path | str | None = None,
+    *,
+    first: OnnxEmbedder | None = None,
+    **options: Any,
 ) -> OnnxEmbedder:
     """The default embedder whose id is ``recorded`` (a generation's), if one is.
 
     The fast and the shipped model give different ids, and the device picks between
     them: an index built on a GPU (the shipped file) must be queried and extended with
     the shipped file on a CPU too, and one built on a CPU with the fast model on a GPU.
+    ``first``: the default embedder the caller has already built (not built again, and
+    never closed here).
     """
-    first = default_embedder(home, **options)
+    built = first is None
+    first = first or default_embedder(home, **options)
     if recorded is None or first.id == recorded:
         return first
     other = default_embedder(home, **options, fast=first.name.endswith("/int8"))
     if other.id == recorded:
-        first.close()
+        if built:
+            first.close()
         return other
     other.close()
     return first
