@@ -179,10 +179,14 @@ def test_rrf_counts_ranks_and_weighted_counts_scaled_scores():
     # RRF: a is 1st and 3rd, c 3rd and 1st: a tie broken by id; b and d once each.
     assert [h.chunk_id for h in fuse(dense, lexical, "rrf")] == ["a", "c", "b", "d"]
     # Weighted: b's cosine is near the top of its list, d's BM25 near the top of its
-    # list; c is top of one list and bottom of the other, as a is.
+    # list; c is top of one list and bottom of the other, as a is. Lexical weighs 0.6,
+    # so c (top of BM25) outranks a (top of cosine), and d outranks b.
     fused = fuse(dense, lexical, "weighted")
     scores = {h.chunk_id: round(h.score, 3) for h in fused}
-    assert scores == {"a": 0.5, "b": 0.494, "c": 0.5, "d": 0.483}
+    assert scores == {"a": 0.4, "b": 0.395, "c": 0.6, "d": 0.579}
+    assert [h.chunk_id for h in fused] == ["c", "d", "a", "b"]
+    half = fuse(dense, lexical, "weighted", dense_weight=0.5)
+    assert {h.chunk_id: round(h.score, 3) for h in half}["a"] == 0.5
     assert fuse([], lexical, "weighted")[0].chunk_id == "c"
 
 

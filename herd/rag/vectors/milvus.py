@@ -21,6 +21,7 @@ acknowledged before it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,6 +31,14 @@ from herd.rag.vectors import Row, Space, StoreUrl, VectorStoreError
 from herd.rag.vectors.engine import SCROLL, T, Threaded, alias, gone
 
 MAX_ID = 65_535  # Milvus's longest VARCHAR; chunk ids are far shorter
+_NO_SESSION_TS = "failed to get mvccTs"
+
+
+def _lite_has_no_session_ts(record: logging.LogRecord) -> bool:
+    """Milvus Lite serves no session timestamp, so every query_iterator (the inventory's
+    scan) warned that it falls back to the client's clock: right for one process's
+    file, and a warning a user of ``herd ingest`` could do nothing about."""
+    return _NO_SESSION_TS not in record.getMessage()
 
 
 class MilvusVectors(Threaded):
@@ -43,6 +52,9 @@ class MilvusVectors(Threaded):
         self._loaded: set[str] = set()
         if url.host is None:
             assert url.path is not None
+            logger = logging.getLogger("pymilvus.client.iterator.query_iterator")
+            if _lite_has_no_session_ts not in logger.filters:
+                logger.addFilter(_lite_has_no_session_ts)
             self.client = MilvusClient(uri=url.path)
         else:
             token = f"{url.user or ''}:{url.password}" if url.password else ""

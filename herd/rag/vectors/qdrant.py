@@ -22,6 +22,8 @@ persists each write to its folder.
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -165,6 +167,15 @@ class QdrantVectors(Threaded):
         await self._call(self.client.close)
 
 
+_OPTIMIZE = (
+    "import sys, qdrant_edge as qe\n"
+    "shard = qe.EdgeShard.load(sys.argv[1])\n"
+    "shard.optimize()\n"
+    "shard.flush()\n"
+    "shard.close()\n"
+)
+
+
 class EdgeVectors(Threaded):
     """qdrant-edge: a shard per generation in ``<path>/herd_g<id>``, opened once per process."""
 
@@ -220,9 +231,23 @@ class EdgeVectors(Threaded):
 
     async def prepare(self, space: Space) -> None:
         def optimize() -> None:
-            shard = self._shard(space)
-            shard.optimize()  # merges segments and builds the HNSW graph
-            shard.flush()
+            # optimize() (merging segments, building the HNSW graph) holds the GIL for
+            # its whole run, over a minute for the KJV on a busy machine: in this process
+            # it would stop the event loop, so the finalize job's heartbeats, and the job
+            # lost its lease and ran again. A child process builds it instead; the shard
+            # is closed here meanwhile (its folder is one process's), reopened on next use.
+            shard = self._shards.pop(space.id, None)
+            if shard is not None:
+                shard.close()
+            path = self.root / space.name
+            if not path.exists():
+                raise gone(space)
+            done = subprocess.run(
+                [sys.executable, "-c", _OPTIMIZE, str(path)], capture_output=True, text=True
+            )
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                raise VectorStoreError(f"qdrant-edge at {path}: optimize failed: {last}")
 
         await self._call(optimize)
 
