@@ -227,6 +227,19 @@ def test_a_ledger_that_differs_from_the_bill_is_a_violation(tmp_path):
     assert "2 billed by the provider" in text
 
 
+def test_a_ledger_above_the_bill_only_by_calls_cancelled_mid_send_passes(tmp_path):
+    seen, record, sim, d = with_evaluations(tmp_path)
+    # One call closed "lost": cancelled before the provider began generating it.
+    seen.ledger["lost"] = seen.ledger_rows["lost"] = 1
+    report = evaluate(seen, record, sim, d)
+    assert report.ok, report.text()
+    figure = report.figures["eval_ledger_equals_bill"]
+    assert "4 in the ledger, 3 billed (1 hung up): equal but for 1 of the 1 calls" in figure
+    sim["eval"]["stats"]["billed"] = 2  # one more call above the bill than were lost
+    text = " | ".join(evaluate(seen, record, sim, d).violations)
+    assert "ledger != bill: 4 calls in the ledger (call 2, lost 1, failed 0, cut_short 1)" in text
+
+
 def test_open_calls_summary_drift_undone_documents_and_keys_called_twice_are_violations(
     tmp_path,
 ):

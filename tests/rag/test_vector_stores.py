@@ -275,21 +275,23 @@ async def test_building_edge_s_index_leaves_the_event_loop_running(tmp_path):
     from herd.rag.vectors import Row, Space, open_store, parse
 
     edge = open_store(parse(f"qdrant+edge://{tmp_path}/edge"), None)
-    space, rng = Space(1, "big", 256), np.random.default_rng(0)
-    await edge.create(None, space)
-    for at in range(0, 10_000, 2_000):
-        block = rng.standard_normal((2_000, 256)).astype(np.float32)
-        rows = [Row(f"c{at + i}", "h", v, "") for i, v in enumerate(block)]
-        await edge.upsert(None, space, rows, 1)
-    gaps, building = [], asyncio.create_task(edge.prepare(space))
-    last = asyncio.get_running_loop().time()
-    while not building.done():
-        await asyncio.sleep(0.02)
-        now = asyncio.get_running_loop().time()
-        gaps.append(now - last)
-        last = now
-    await building
-    assert max(gaps) < 1.0, f"the loop stalled {max(gaps):.1f} s"
-    found = await edge.search(space, block[7], 1, 64)  # the shard reopens after its build
-    assert found[0][0] == "c8007"
-    await edge.close()
+    try:
+        space, rng = Space(1, "big", 256), np.random.default_rng(0)
+        await edge.create(None, space)
+        for at in range(0, 10_000, 2_000):
+            block = rng.standard_normal((2_000, 256)).astype(np.float32)
+            rows = [Row(f"c{at + i}", "h", v, "") for i, v in enumerate(block)]
+            await edge.upsert(None, space, rows, 1)
+        gaps, building = [], asyncio.create_task(edge.prepare(space))
+        last = asyncio.get_running_loop().time()
+        while not building.done():
+            await asyncio.sleep(0.02)
+            now = asyncio.get_running_loop().time()
+            gaps.append(now - last)
+            last = now
+        await building
+        assert max(gaps) < 1.0, f"the loop stalled {max(gaps):.1f} s"
+        found = await edge.search(space, block[7], 1, 64)  # the shard reopens after its build
+        assert found[0][0] == "c8007"
+    finally:
+        await edge.close()
