@@ -27,8 +27,8 @@ Guarantees checked (each failure is a violation; the run fails on any):
   7. the evaluations' cost ledger equals the provider's bill: its calls that reached
      the provider (call + lost + failed + cut_short, in the summary, which equals the
      rows) are the calls the evaluations' own simulator billed, never fewer, and more
-     only by calls closed ``lost`` (cancelled mid-send: whether the provider saw the
-     request, the worker cannot tell, so it counts it); no call is
+     only by calls closed ``cut_short`` or ``lost`` (cut off mid-call: whether the
+     provider saw the request nobody can tell, so the ledger counts it); no call is
      left open; every document is done and every evaluation job succeeded; no key has
      'call' rows from two jobs (a repeated document is deduplicated or cached).
   8. (network runs) a worker cut off from the job store (both ways, its answers only, or
@@ -533,10 +533,11 @@ def _check_ledger(seen: Observed, record: RunRecord, sim: dict[str, Any], report
     # "billed": requests that began generating (a client that hung up included); a
     # simulator without that counter bills every call it received.
     billed = int(stats.get("billed", stats["calls"]))
-    # A call closed "lost" was cancelled mid-send (its lease lost): the worker cannot
-    # tell whether the provider saw it, so the ledger counts it. Such calls may stand
-    # above the bill; nothing else may, and the ledger may never fall short of it.
-    lost = seen.ledger.get("lost", 0)
+    # A call closed "cut_short" (its worker killed or frozen) or "lost" (its lease lost,
+    # the request cancelled) may have been stopped before the provider saw it: nobody
+    # can tell, so the ledger counts it. Such calls may stand above the bill; nothing
+    # else may, and the ledger may never fall short of it.
+    lost = seen.ledger.get("lost", 0) + seen.ledger.get("cut_short", 0)
     if not billed <= paid <= billed + lost:
         report.violation(
             f"ledger != bill: {paid} calls in the ledger {_paid(seen.ledger)},"
@@ -556,7 +557,7 @@ def _check_ledger(seen: Observed, record: RunRecord, sim: dict[str, Any], report
     if paid == billed:
         verdict = "equal"
     elif billed < paid <= billed + lost:
-        verdict = f"equal but for {paid - billed} of the {lost} calls cancelled mid-send"
+        verdict = f"equal but for {paid - billed} of the {lost} calls cut off mid-call"
     else:
         verdict = "DIFFERENT"
     fig["eval_ledger_equals_bill"] = (

@@ -222,20 +222,23 @@ def test_a_ledger_that_differs_from_the_bill_is_a_violation(tmp_path):
     assert "ledger != bill: 3 calls in the ledger (call 2, lost 0, failed 0, cut_short 1)" in text
     assert "4 billed by the provider" in text
     del sim["eval"]["stats"]["billed"]  # a simulator without the counter: its calls
-    sim["eval"]["stats"]["calls"] = 2
+    sim["eval"]["stats"]["calls"] = 1  # 3 in the ledger, 1 of them cut short: 2 over
     text = " | ".join(evaluate(seen, record, sim, d).violations)
-    assert "2 billed by the provider" in text
+    assert "1 billed by the provider" in text
 
 
-def test_a_ledger_above_the_bill_only_by_calls_cancelled_mid_send_passes(tmp_path):
+def test_a_ledger_above_the_bill_only_by_calls_cut_off_mid_call_passes(tmp_path):
     seen, record, sim, d = with_evaluations(tmp_path)
-    # One call closed "lost": cancelled before the provider began generating it.
+    # One call closed "lost" (cancelled) that the provider never began generating, and
+    # the scenario's cut_short call (its worker killed) that it did.
     seen.ledger["lost"] = seen.ledger_rows["lost"] = 1
     report = evaluate(seen, record, sim, d)
     assert report.ok, report.text()
     figure = report.figures["eval_ledger_equals_bill"]
-    assert "4 in the ledger, 3 billed (1 hung up): equal but for 1 of the 1 calls" in figure
-    sim["eval"]["stats"]["billed"] = 2  # one more call above the bill than were lost
+    assert "4 in the ledger, 3 billed (1 hung up): equal but for 1 of the 2 calls" in figure
+    sim["eval"]["stats"]["billed"] = 2  # the killed worker's call never arrived either
+    assert evaluate(seen, record, sim, d).ok
+    sim["eval"]["stats"]["billed"] = 1  # one more call above the bill than were cut off
     text = " | ".join(evaluate(seen, record, sim, d).violations)
     assert "ledger != bill: 4 calls in the ledger (call 2, lost 1, failed 0, cut_short 1)" in text
 
