@@ -538,7 +538,8 @@ def _check_ledger(seen: Observed, record: RunRecord, sim: dict[str, Any], report
     # can tell, so the ledger counts it. Such calls may stand above the bill; nothing
     # else may, and the ledger may never fall short of it.
     lost = seen.ledger.get("lost", 0) + seen.ledger.get("cut_short", 0)
-    if not billed <= paid <= billed + lost:
+    within = billed <= paid <= billed + lost
+    if not within:
         report.violation(
             f"ledger != bill: {paid} calls in the ledger {_paid(seen.ledger)},"
             f" {billed} billed by the provider"
@@ -556,7 +557,7 @@ def _check_ledger(seen: Observed, record: RunRecord, sim: dict[str, Any], report
     fig["eval_calls_hit_by_faults"] = hit
     if paid == billed:
         verdict = "equal"
-    elif billed < paid <= billed + lost:
+    elif within:
         verdict = f"equal but for {paid - billed} of the {lost} calls cut off mid-call"
     else:
         verdict = "DIFFERENT"

@@ -54,5 +54,5 @@ async def test_a_chaos_run_breaks_no_guarantee(backend: str, tmp_path) -> None:
     assert f["stats_match_full_count"] is True
     # The evaluations: all done, the ledger equal to the bill, and faults landed mid-call.
     assert f["eval_documents"].startswith(f"{config.eval_docs}/{config.eval_docs} done"), f
-    assert "equal" in f["eval_ledger_equals_bill"], f  # or equal but for lost calls
+    assert "equal" in f["eval_ledger_equals_bill"], f  # or "equal but for" calls cut off
     assert f["eval_calls_hit_by_faults"] >= 1, f

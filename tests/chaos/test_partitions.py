@@ -71,7 +71,7 @@ async def test_partitions_break_no_guarantee(netns: None, tmp_path) -> None:
     assert sum(f["cut_short_by"].get(k, 0) for k in ("cut", "oneway", "isolate")) >= 1, f
     assert f["stats_match_full_count"] is True
     assert f["eval_documents"].startswith(f"{config.eval_docs}/{config.eval_docs} done"), f
-    assert "equal" in f["eval_ledger_equals_bill"], f  # or equal but for lost calls
+    assert "equal" in f["eval_ledger_equals_bill"], f  # or "equal but for" calls cut off
 
 
 # The partition guarantee on hand-made outcomes (no namespaces needed): worker 11 is cut
