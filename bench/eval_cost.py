@@ -88,8 +88,8 @@ if str(REPO) not in sys.path:
 
 from herd.cache.keys import normalize_document  # noqa: E402
 from herd.llm.documents import read_document  # noqa: E402
-from herd.llm.evaluate import EvalSpec  # noqa: E402
-from herd.llm.ledger import PAID  # noqa: E402
+from herd.llm.eval import EvalSpec  # noqa: E402
+from herd.llm.eval.ledger import PAID  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _summary  # noqa: E402

@@ -31,7 +31,7 @@ import httpx
 
 from herd import App, JobContext
 from herd.errors import LeaseLost
-from herd.llm import evaluate
+from herd.llm import eval as evaluate
 from herd.tasks import Backoff
 
 LEASE_SECONDS = float(os.environ.get("CHAOS_LEASE", "3.0"))
@@ -132,4 +132,4 @@ async def poison(payload: dict[str, Any], ctx: JobContext) -> None:
 
 
 app.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=LEASE_SECONDS, max_attempts=10,
-         max_stalls=10, backoff=Backoff(base=0.2, cap=2.0))(evaluate.evaluate)  # fmt: skip
+         max_stalls=10, backoff=Backoff(base=0.2, cap=2.0))(evaluate.task.evaluate)  # fmt: skip

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaos.backends import PostgresBackend, RedisBackend, alive, pid_of_owner
-from herd.llm.ledger import PAID
+from herd.llm.eval.ledger import PAID
 from herd.queue.base import Broker, Job, JobStatus
 
 if TYPE_CHECKING:

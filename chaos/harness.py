@@ -45,8 +45,8 @@ from chaos.checker import Report, check
 from chaos.netns import Host, Network
 from herd import App
 from herd.errors import BrokerError, HerdError
-from herd.llm import evaluate
-from herd.llm.evaluate import EvalSpec, enqueue_documents, settle
+from herd.llm import eval as evaluate
+from herd.llm.eval import EvalSpec, enqueue_documents, settle
 from herd.queue.base import JobStatus
 
 log = logging.getLogger("chaos")

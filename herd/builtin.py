@@ -7,7 +7,7 @@ import hashlib
 from herd.app import App
 from herd.errors import Retry
 from herd.jsonvalue import JSON
-from herd.llm import batchapi, evaluate
+from herd.llm.eval import batchapi, spec, task
 from herd.rag import ingest
 from herd.tasks import JobContext
 
@@ -22,15 +22,13 @@ tasks.task(name=ingest.FINALIZE_TASK, queue=ingest.QUEUE, lease_seconds=60, max_
 )
 
 # LLM evaluations: 30 s leases renewed while the provider call runs (30-120 s).
-tasks.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=30, max_attempts=3)(
-    evaluate.evaluate
-)
+tasks.task(name=spec.TASK, queue=spec.QUEUE, lease_seconds=30, max_attempts=3)(task.evaluate)
 # Batch API: the submit job records its handle before anything leaves; the poll job
 # hands itself back until the provider batch ends (many attempts: a snooze counts none).
-tasks.task(name=batchapi.SUBMIT_TASK, queue=batchapi.QUEUE, lease_seconds=60, max_attempts=5)(
+tasks.task(name=spec.SUBMIT_TASK, queue=spec.QUEUE, lease_seconds=60, max_attempts=5)(
     batchapi.batch_submit
 )
-tasks.task(name=batchapi.POLL_TASK, queue=batchapi.QUEUE, lease_seconds=120, max_attempts=5)(
+tasks.task(name=spec.POLL_TASK, queue=spec.QUEUE, lease_seconds=120, max_attempts=5)(
     batchapi.batch_poll
 )
 

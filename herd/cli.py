@@ -63,7 +63,8 @@ def _add_feature_commands(command: str | None = None) -> None:
     when it is one of them, else all (for help, or an unknown command's suggestions)."""
     # Imported here: the feature modules import this one for its helpers.
     if command in (None, "eval", "cache") or command not in _FEATURES:
-        from herd.llm.cli import cache_cli, eval_cli
+        from herd.cache.cli import cache_cli
+        from herd.llm.cli import eval_cli
 
         cli.add_typer(eval_cli, name="eval")
         cli.add_typer(cache_cli, name="cache")

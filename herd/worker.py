@@ -287,7 +287,7 @@ class Worker:
                 self._lost(running, "the task's fenced write was refused")
                 return
             except Snooze as exc:
-                await self._snooze(running, exc.after)
+                await self._snooze(running, exc.after, str(exc))
                 return
             except Retry as exc:
                 failure = self._failure(running, exc, retry_in=exc.after)
@@ -394,8 +394,9 @@ class Worker:
                 failure.error,
             )
 
-    async def _snooze(self, running: _Running, after: float) -> None:
-        """Hand the job back, due in ``after`` seconds; attempts and stalls unchanged."""
+    async def _snooze(self, running: _Running, after: float, why: str = "") -> None:
+        """Hand the job back, due in ``after`` seconds; attempts and stalls unchanged.
+        ``why``: the task's reason (a parked batch, a limit), logged with the delay."""
         running.writing = True
         lease = running.lease
         released = await self._write(
@@ -404,7 +405,10 @@ class Worker:
         if released:
             running.span.outcome("snoozed")
             self.stats.snoozed += 1
-            log.info("job %d (%s) snoozed for %.1fs", lease.job_id, lease.task, after)
+            log.info(
+                "job %d (%s) snoozed for %.1fs%s", lease.job_id, lease.task, after,
+                f": {why}" if why else "",
+            )  # fmt: skip
         elif released is not None:
             self.stats.refused += 1
             self._lost(running, "snooze refused")

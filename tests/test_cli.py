@@ -225,7 +225,7 @@ def test_eval_lock_ttl_is_a_setting_in_force_and_the_evaluations_lock_uses_it(pg
 
     from herd import App
     from herd.config import Settings
-    from herd.llm.evaluate import EvalRuntime
+    from herd.llm.eval import EvalRuntime
 
     async def lock_ttl() -> float:
         settings = Settings.from_env({"HERD_EVAL_LOCK_TTL": "3", "HERD_DATABASE_URL": pg_url})

@@ -21,8 +21,8 @@ from opentelemetry.util._once import Once
 
 from herd import App, Fatal, Worker, telemetry
 from herd.errors import LeaseLost
-from herd.llm import batchapi, evaluate
-from herd.llm.evaluate import EvalSpec, submit
+from herd.llm import eval as evaluate
+from herd.llm.eval import EvalSpec, batchapi, submit
 from herd.queue.redis import RedisBroker
 from tests.conftest import ROOT, flush_redis, truncate
 from tests.helpers import eventually
@@ -206,7 +206,7 @@ async def eval_app(pg_url, sim, monkeypatch, tmp_path):  # noqa: F811
     truncate(pg_url)
     clean_eval_tables(pg_url)
     the_app = App(database_url=pg_url)
-    the_app.task(name=evaluate.TASK, queue=evaluate.QUEUE)(evaluate.evaluate)
+    the_app.task(name=evaluate.TASK, queue=evaluate.QUEUE)(evaluate.task.evaluate)
     async with the_app:
         yield the_app
 
@@ -233,7 +233,7 @@ async def test_model_call_spans_carry_tokens_cost_and_cache_source(eval_app, spa
     assert a["herd.cost_usd"] == pytest.approx(expected)
     rt = await evaluate.EvalRuntime.of(eval_app)
     ((ledger_cost,),) = await rt.store.execute(
-        "SELECT cost FROM herd_eval_ledger WHERE kind = 'call'"
+        "SELECT cost::float8 FROM herd_eval_ledger WHERE kind = 'call'"
     )
     assert a["herd.cost_usd"] == pytest.approx(float(ledger_cost))
     assert served.attributes["herd.cost_usd"] == 0.0
@@ -247,15 +247,15 @@ async def test_a_provider_batch_files_one_span_with_its_tokens_and_cost(
     tmp_path,
 ):
     sim.configure(batch_latency=0.2)
-    for name in (batchapi.SUBMIT_TASK, batchapi.POLL_TASK):
-        fn = batchapi.batch_submit if name == batchapi.SUBMIT_TASK else batchapi.batch_poll
-        eval_app.task(name=name, queue=batchapi.QUEUE)(fn)
+    for name in (evaluate.spec.SUBMIT_TASK, evaluate.spec.POLL_TASK):
+        fn = batchapi.batch_submit if name == evaluate.spec.SUBMIT_TASK else batchapi.batch_poll
+        eval_app.task(name=name, queue=evaluate.QUEUE)(fn)
     folder = tmp_path / "docs"
     folder.mkdir()
     for i in range(2):
         (folder / f"p{i}.txt").write_text(f"Paper {i}.")
     await submit(eval_app, [folder], SPEC, batch="b", batch_api=True)
-    worker = Worker(eval_app, queues=[batchapi.QUEUE], poll_interval=0.05,
+    worker = Worker(eval_app, queues=[evaluate.QUEUE], poll_interval=0.05,
                     install_signal_handlers=False)  # fmt: skip
     running = asyncio.create_task(worker.run())
 
@@ -272,7 +272,7 @@ async def test_a_provider_batch_files_one_span_with_its_tokens_and_cost(
     assert a["herd.cache.source"] == "batch" and a["herd.batch.requests"] == 2
     rt = await evaluate.EvalRuntime.of(eval_app)
     ((i, o, cost),) = await rt.store.execute(
-        "SELECT sum(input_tokens), sum(output_tokens), sum(cost) FROM herd_eval_ledger"
+        "SELECT sum(input_tokens), sum(output_tokens), sum(cost)::float8 FROM herd_eval_ledger"
         " WHERE kind = 'call'"
     )
     assert (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"]) == (i, o)

@@ -3,103 +3,120 @@
 
 from __future__ import annotations
 
-import uuid
-from typing import Annotated
+from datetime import datetime
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, status
+from fastapi import APIRouter, Path, Query, status
 
 from herd.api.deps import HerdApp
 from herd.api.models import (
     BatchName,
+    BatchPage,
     BudgetIn,
     BudgetOut,
     CancelOut,
     EvalIn,
     EvalOut,
     EvalStatusOut,
+    ResultPage,
 )
-from herd.app import App
-from herd.cache.keys import normalize_document
-from herd.llm import batchapi, cancel, evaluate
-from herd.llm.evaluate import EvalSpec, enqueue_documents
+from herd.errors import InvalidInput
+from herd.llm import eval as evals
+from herd.llm.eval import results
 
 router = APIRouter(tags=["evaluations"])
-
-
-async def submit_texts(
-    app: App,
-    spec: EvalSpec,
-    documents: dict[str, str],
-    *,
-    batch: str | None,
-    priority: int,
-    budget: float | None = None,
-    limits: dict[str, int] | None = None,
-    batch_api: bool = False,
-) -> EvalOut:
-    """One evaluation job per document (name -> text), stored as ``herd eval submit``
-    stores them, so ``herd eval status`` and ``results`` see API batches alike."""
-    name = batch or f"eval-{uuid.uuid4().hex[:8]}"
-    items = [(path, normalize_document(text)) for path, text in documents.items()]
-    if batch_api:
-        batchapi.check_provider(spec)
-        batchapi.check_unlimited(budget, limits)
-        results = await batchapi.enqueue_batch_documents(app, spec, name, items, priority=priority)
-    else:
-        results = await enqueue_documents(
-            app, spec, name, items, priority=priority, budget=budget, limits=limits
-        )
-    created = sum(r.created for r in results)
-    return EvalOut(
-        batch=name,
-        queued=created,
-        deduplicated=len(results) - created,
-        job_ids=[r.job_id for r in results],
-    )
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such batch"}}
 
 
 @router.post("/evals", status_code=status.HTTP_201_CREATED)
 async def submit(body: EvalIn, app: HerdApp) -> EvalOut:
-    """Enqueue one evaluation per document; `herd worker` processes run them."""
-    spec = EvalSpec(
+    """Enqueue one evaluation per document; `herd worker` processes run them. Refused
+    (422) before anything is enqueued: an invalid schema, a provider key that is not
+    set, an unpriced model with a budget."""
+    spec = evals.EvalSpec(
         model=body.model,
         system=body.system,
         schema=body.json_schema,
         provider=body.provider,
         params=body.params,
     )
-    docs = {d.name: d.text for d in body.documents}
     given = {"rpm": body.rpm, "tpm": body.tpm, "max_concurrent": body.max_concurrent}
     limits = {k: v for k, v in given.items() if v is not None} or None
-    return await submit_texts(
-        app,
-        spec,
-        docs,
-        batch=body.batch,
-        priority=body.priority,
-        budget=body.budget,
-        limits=limits,
-        batch_api=body.batch_api,
+    report = await evals.submit_texts(
+        app, spec, {d.name: d.text for d in body.documents}, batch=body.batch,
+        priority=body.priority, budget=body.budget, limits=limits, batch_api=body.batch_api,
+    )  # fmt: skip
+    return EvalOut(batch=report.batch, queued=report.queued,
+                   deduplicated=report.deduplicated, job_ids=report.job_ids)  # fmt: skip
+
+
+def _cursor(value: str | None) -> tuple[datetime, str] | None:
+    """A page cursor: the created time and name of the last batch seen."""
+    if value is None:
+        return None
+    when, sep, name = value.partition("|")
+    try:
+        if not sep:
+            raise ValueError(value)
+        return datetime.fromisoformat(when), name
+    except ValueError:
+        raise InvalidInput("before: not a cursor this API gave", field="before") from None
+
+
+@router.get("/evals")
+async def list_batches(
+    app: HerdApp,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    before: Annotated[str | None, Query(max_length=300)] = None,
+) -> BatchPage:
+    """The batches, newest first, a page at a time (``before``: the ``next`` of the
+    page before)."""
+    found = await evals.list_batches(app, limit=limit, before=_cursor(before))
+    nxt = f"{found[-1]['created_at']}|{found[-1]['batch']}" if len(found) == limit else None
+    return BatchPage.model_validate({"batches": found, "next": nxt})
+
+
+@router.get("/evals/{batch}", responses=NOT_FOUND)
+async def batch_status(batch: Annotated[BatchName, Path()], app: HerdApp) -> EvalStatusOut:
+    """Progress of a batch, why it waits and what resumes it, failed documents by path,
+    and its cost ledger (calls made and avoided)."""
+    found = await evals.batch_status(app, batch)
+    return EvalStatusOut.model_validate(found.to_json())
+
+
+@router.get("/evals/{batch}/results", responses=NOT_FOUND)
+async def batch_results(
+    batch: Annotated[BatchName, Path()],
+    app: HerdApp,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    after: Annotated[str | None, Query(max_length=1000)] = None,
+) -> ResultPage:
+    """One row per document by path, dead ones with their error; ``after``: the ``next``
+    of the page before."""
+    rows = [r async for r in results.rows(app, batch, after=after, limit=limit)]
+    return ResultPage.model_validate(
+        {"results": rows, "next": rows[-1]["path"] if len(rows) == limit else None}
     )
 
 
-@router.get("/evals/{batch}")
-async def batch_status(batch: Annotated[BatchName, Path()], app: HerdApp) -> EvalStatusOut:
-    """Progress of a batch and its cost ledger (calls made and avoided)."""
-    return EvalStatusOut.model_validate(await evaluate.batch_status(app, batch))
-
-
-@router.post("/evals/{batch}/budget", responses={404: {"description": "no such batch"}})
+@router.post("/evals/{batch}/budget", responses=NOT_FOUND)
 async def set_budget(
     batch: Annotated[BatchName, Path()], body: BudgetIn, app: HerdApp
 ) -> BudgetOut:
     """Raise or lower a batch's budget; a parked batch with room again resumes."""
-    found = await evaluate.set_budget(app, batch, body.budget)
+    found = await evals.set_budget(app, batch, body.budget)
     return BudgetOut.model_validate({"batch": batch, **found})
 
 
-@router.post("/evals/{batch}/cancel", responses={404: {"description": "no such batch"}})
+@router.post("/evals/{batch}/resume", responses=NOT_FOUND)
+async def resume_batch(batch: Annotated[BatchName, Path()], app: HerdApp) -> BudgetOut:
+    """Continue a batch parked because the provider refused its key or model."""
+    found = await evals.resume(app, batch)
+    return BudgetOut.model_validate(found)
+
+
+@router.post("/evals/{batch}/cancel", responses=NOT_FOUND)
 async def cancel_batch(batch: Annotated[BatchName, Path()], app: HerdApp) -> CancelOut:
     """Stop a batch: no more calls for it, its provider batches cancelled; answers
     already paid for are kept."""
-    return CancelOut.model_validate(await cancel.cancel(app, batch))
+    return CancelOut.model_validate(await evals.cancel(app, batch))

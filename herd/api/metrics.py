@@ -71,9 +71,11 @@ class HerdCollector(Collector):
         dead = GaugeMetricFamily(
             "herd_jobs_dead_lettered", "Jobs in the dead-letter queue.", labels=["queue"]
         )
-        done = CounterMetricFamily(
-            "herd_jobs_completed",
-            "Jobs that succeeded (while their rows are kept).",
+        # A gauge, not a counter: succeeded rows go after HERD_FINISHED_TTL, and a
+        # counter must never fall.
+        done = GaugeMetricFamily(
+            "herd_jobs_succeeded_retained",
+            "Succeeded jobs whose rows are still kept (HERD_FINISHED_TTL).",
             labels=["queue"],
         )
         for q in r.queues:

@@ -18,6 +18,7 @@ from pydantic import (
 
 from herd.errors import InvalidInput
 from herd.jsonvalue import check, text_problem
+from herd.llm.providers import registry
 from herd.queue.base import (
     MAX_DEDUP_KEY_LENGTH,
     MAX_NAME_LENGTH,
@@ -283,6 +284,8 @@ class OverviewOut(BaseModel):
     problems: list[str]  # sections that could not be read, and why
 
 
+# The providers the registry knows: the API's schema lists the same as the CLI.
+PROVIDER_PATTERN = "^(" + "|".join(registry.names()) + ")$"
 BatchName = Annotated[SafeText, Field(min_length=1, max_length=200)]
 
 
@@ -303,7 +306,7 @@ class EvalIn(Strict):
     system: Annotated[SafeText, Field(min_length=1)]
     documents: Annotated[list[Document], Field(min_length=1, max_length=10_000)]
     json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
-    provider: Annotated[str, Field(pattern=r"^(openai|anthropic)$")] = "openai"
+    provider: Annotated[str, Field(pattern=PROVIDER_PATTERN)] = "openai"
     params: dict[str, Any] = Field(default_factory=dict)
     batch: BatchName | None = None
     priority: Annotated[int, Field(ge=-1_000_000, le=1_000_000)] = 0
@@ -342,21 +345,77 @@ class ProviderCacheOut(BaseModel):
     saved: float | None = None  # USD: full input price minus the cost; None: not priced
 
 
+class FailureOut(BaseModel):
+    path: str
+    job: int
+    error: str
+
+
 class EvalStatusOut(BaseModel):
     batch: str | None
+    created_at: str | None = None
     documents: int
     done: int
-    failed: int
+    dead: int = 0
+    failed: int  # dead, and lost (their job gone)
     running: int
+    queued: int = 0
     parked_items: int = 0
     cancelled_items: int = 0
     budget: float | None = None
     spent: float | None = None
     reserved: float | None = None
-    parked: str | None = None  # why the batch waits ('budget') or 'cancelled'
+    estimated: float | None = None  # calls cut off mid-call, charged at their worst case
+    unpriced: list[str] = []  # models without a price: their cost is unknown, not $0
+    parked: str | None = None  # why the batch waits: budget, refused, or cancelled
+    parked_reason: str | None = None
+    next: str | None = None  # the command that gets it going again
+    rate: float | None = None  # documents answered per second, over the last minute
+    eta: float | None = None  # seconds
     limits: dict[str, int] = {}
+    limit_usage: list[dict[str, Any]] = []
+    waited_for_limits: float = 0.0
     ledger: dict[str, dict[str, Any]]
     provider_cache: ProviderCacheOut = ProviderCacheOut()
+    failures: list[FailureOut] = []
+
+
+class BatchOut(BaseModel):
+    batch: str
+    created_at: str
+    documents: int
+    done: int
+    parked_items: int
+    cancelled_items: int
+    budget: float | None
+    spent: float | None
+    parked: str | None
+    parked_reason: str | None
+    next: str | None
+
+
+class BatchPage(BaseModel):
+    batches: list[BatchOut]
+    next: str | None  # the cursor of the next page (older batches), None at the end
+
+
+class ResultOut(BaseModel):
+    path: str
+    status: str  # done, dead, lost, queued, running, parked, cancelled
+    model: str | None
+    source: str | None  # call, cache, dedup, batch
+    input_tokens: int
+    cached_input_tokens: int
+    output_tokens: int
+    cost: float | None
+    seconds: float | None
+    error: str | None
+    output: Any = None
+
+
+class ResultPage(BaseModel):
+    results: list[ResultOut]
+    next: str | None  # the path to pass as ?after= for the next page
 
 
 class BudgetOut(BaseModel):

@@ -30,7 +30,7 @@ CacheStats = dict[str, dict[str, Any]]
 
 
 async def _exact_cache(app: App) -> CacheStats:
-    from herd.llm.evaluate import EvalRuntime
+    from herd.llm.eval import EvalRuntime
 
     return await (await EvalRuntime.of(app)).cache.store.stats()
 
@@ -87,7 +87,7 @@ async def ledger(app: App) -> list[LedgerRow]:
     poll, and the totals outlive the rows purged after HERD_LEDGER_TTL. Money saved is
     estimated per key: a call avoided would have cost what one computation of its key
     cost."""
-    from herd.llm.evaluate import EvalRuntime
+    from herd.llm.eval import EvalRuntime
 
     found = await (await EvalRuntime.of(app)).store.totals()
     return [
@@ -111,7 +111,7 @@ async def ledger(app: App) -> list[LedgerRow]:
 async def limits(app: App) -> list[LimitOut]:
     """Each fleet-wide provider limit with its use, waits and 429s: one read of the
     limits' own rows or keys, O(limits) on every poll."""
-    from herd.llm.evaluate import EvalRuntime
+    from herd.llm.eval import EvalRuntime
 
     limiter = (await EvalRuntime.of(app)).limiter
     if limiter is None:

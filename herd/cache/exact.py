@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from herd.cache.base import CacheStore, Entry
-from herd.errors import LockNotAcquired, SingleflightTimeout
+from herd.errors import LockNotAcquired, SingleflightTimeout, Snooze
 from herd.jsonvalue import JSON
 from herd.locks.base import BaseLocks
 
@@ -97,7 +97,10 @@ class ExactCache:
         """
         deadline = time.monotonic() + self.wait
         waited = False
-        first = True
+        # A miss is counted with the lookup's outcome, not before it: a computation that
+        # hands its job back (Snooze: a parked batch, a limit) was neither a miss nor an
+        # error, and its next run looks again.
+        missed = False
         while True:
             entry = await self.store.get(self.namespace, key, stale_for=self.swr)
             if entry is not None and entry.fresh:
@@ -105,16 +108,17 @@ class ExactCache:
                     early = await self._compute(key, compute, "early", lookup_first=False)
                     if early is not None:
                         return early
-                return await self._counted(Lookup(entry.value, "waited" if waited else "hit"))
+                return await self._counted(
+                    Lookup(entry.value, "waited" if waited else "hit"), missed=missed
+                )
             if entry is not None:  # expired, inside the stale-while-revalidate window
                 self._refresh_in_background(key, compute)
-                return await self._counted(Lookup(entry.value, "stale"))
-            if first:
-                await self.store.count({"misses": 1}, self.namespace)
-                first = False
+                return await self._counted(Lookup(entry.value, "stale"), missed=missed)
+            missed = True
             done = await self._compute(
-                key, compute, "computed", lookup_first=True, waited=waited, owner=owner
-            )
+                key, compute, "computed", lookup_first=True, waited=waited, owner=owner,
+                missed=True,
+            )  # fmt: skip
             if done is not None:
                 return done
             waited = True
@@ -135,6 +139,7 @@ class ExactCache:
         lookup_first: bool,
         waited: bool = False,
         owner: str | None = None,
+        missed: bool = False,
     ) -> Lookup | None:
         """Compute under the key's lock; None if another caller holds it."""
         hold = self.locks.hold(
@@ -146,20 +151,23 @@ class ExactCache:
                     entry = await self.store.get(self.namespace, key)
                     if entry is not None and entry.fresh:
                         return await self._counted(
-                            Lookup(entry.value, "waited" if waited else "hit")
+                            Lookup(entry.value, "waited" if waited else "hit"), missed=missed
                         )
                 started = time.monotonic()
                 try:
                     value = await compute()
+                except Snooze:
+                    raise
                 except Exception:
-                    await self.store.count({"errors": 1}, self.namespace)
+                    counted = {"errors": 1, **({"misses": 1} if missed else {})}
+                    await self.store.count(counted, self.namespace)
                     raise
                 await self.put(key, value, delta=time.monotonic() - started)
-                return await self._counted(Lookup(value, source))
+                return await self._counted(Lookup(value, source), missed=missed)
         except LockNotAcquired:
             return None
 
-    async def _counted(self, lookup: Lookup) -> Lookup:
+    async def _counted(self, lookup: Lookup, *, missed: bool = False) -> Lookup:
         name = {
             "hit": "hits",
             "waited": "waited",
@@ -167,7 +175,7 @@ class ExactCache:
             "stale": "stale",
             "early": "early_refresh",
         }[lookup.source]
-        await self.store.count({name: 1}, self.namespace)
+        await self.store.count({name: 1, **({"misses": 1} if missed else {})}, self.namespace)
         return lookup
 
     def _refresh_in_background(self, key: str, compute: Callable[[], Awaitable[JSON]]) -> None:

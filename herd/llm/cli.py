@@ -1,47 +1,80 @@
-"""`herd eval …` and `herd cache …`: submit evaluations, watch their progress and cost."""
+"""`herd eval …`: submit a batch of documents, follow it, read it back, steer it."""
 
 from __future__ import annotations
 
-import csv
 import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from herd import console
 from herd.app import App
 from herd.errors import InvalidInput
-from herd.llm import batchapi
-from herd.llm.cancel import cancel
-from herd.llm.evaluate import (
-    QUEUE,
+from herd.llm import follow
+from herd.llm.eval import (
     EvalRuntime,
     EvalSpec,
     batch_status,
-    check_budget,
+    cancel,
+    check_submission,
+    list_batches,
+    resume,
     set_budget,
-    settle,
     submit,
 )
+from herd.llm.eval import results as export
+from herd.llm.eval.money import dollars
+from herd.llm.eval.spec import QUEUE
+from herd.llm.eval.status import BatchStatus
+from herd.llm.providers import registry
+from herd.worker import Worker
 
 eval_cli = typer.Typer(no_args_is_help=True, help="LLM evaluations of documents.")
-cache_cli = typer.Typer(
-    no_args_is_help=True, help="The exact result cache and the semantic query cache."
-)
 
 
-def _read_json_file(path: Path, what: str) -> Any:
+def _usage(message: str, hint: str | None = None) -> typer.BadParameter:
+    return typer.BadParameter(message, param_hint=hint)
+
+
+def _read_json(path: Path, what: str) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise typer.BadParameter(f"{path}: {exc}", param_hint=what) from None
+        raise _usage(f"{path}: {exc}", what) from None
 
 
-@eval_cli.command("submit")
+def _params(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise _usage(f"not JSON: {exc}", "--params") from None
+    if not isinstance(value, dict):
+        raise _usage("must be a JSON object", "--params")
+    return value
+
+
+def _run(ctx: typer.Context, work: Any) -> Any:
+    """console.run, with a refusal of the input (InvalidInput) as a usage error: one
+    line, exit 2, nothing enqueued."""
+    opts = console.opts(ctx)
+
+    async def guarded(app: App) -> Any:
+        try:
+            return await work(app)
+        except InvalidInput as exc:
+            return exc
+
+    found = console.run(opts, guarded)
+    if isinstance(found, InvalidInput):
+        console.err.print(f"herd: error: {found}", soft_wrap=True)
+        raise typer.Exit(follow.USAGE)
+    return found
+
+
+@eval_cli.command("submit", epilog=follow.EXIT_CODES)
 def eval_submit(
     ctx: typer.Context,
     paths: Annotated[list[Path], typer.Argument(help="Documents or folders (.txt .md .pdf).")],
@@ -49,14 +82,17 @@ def eval_submit(
     model: Annotated[str, typer.Option(help="Model name as the provider knows it.")],
     schema: Annotated[Path | None, typer.Option(help="JSON Schema file for the answer.")] = None,
     provider: Annotated[
-        str, typer.Option(help="openai (any compatible server) or anthropic")
+        str,
+        typer.Option(help=f"One of {', '.join(registry.names())} (openai: any compatible server)."),
     ] = "openai",
     params: Annotated[
-        str, typer.Option(help='Request parameters as JSON, e.g. {"temperature":0}')
+        str, typer.Option(help='Request parameters as JSON, e.g. {"temperature":0}.')
     ] = "{}",
-    priority: Annotated[int, typer.Option()] = 0,
+    priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
     batch: Annotated[str | None, typer.Option(help="Batch name [default: generated].")] = None,
-    wait: Annotated[bool, typer.Option(help="Run workers here until the batch is done.")] = False,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Run workers here and follow this batch to its end.")
+    ] = False,
     concurrency: Annotated[int, typer.Option(min=1, help="Workers' concurrency with --wait.")] = 8,
     budget: Annotated[
         float | None,
@@ -74,155 +110,205 @@ def eval_submit(
             help="Through the provider's Batch API: half the price, answers within 24 h.",
         ),
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
 ) -> None:
     """Enqueue one evaluation per document (identical ones are evaluated once)."""
-    try:
-        check_budget(budget, "--budget")
-    except InvalidInput as exc:
-        raise typer.BadParameter(str(exc), param_hint="--budget") from None
     given = {"rpm": rpm, "tpm": tpm, "max_concurrent": max_concurrent}
     limits = {k: v for k, v in given.items() if v is not None} or None
-    if provider not in ("openai", "anthropic"):
-        raise typer.BadParameter("use openai or anthropic", param_hint="--provider")
     try:
         system = prompt.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise typer.BadParameter(f"{prompt}: {exc}", param_hint="--prompt") from None
+        raise _usage(f"{prompt}: {exc}", "--prompt") from None
     opts = console.opts(ctx)
     try:
         spec = EvalSpec(
             model=model,
             system=system,
-            schema=_read_json_file(schema, "--schema") if schema else None,
+            schema=_read_json(schema, "--schema") if schema else None,
             provider=provider,
-            params=_read_json_file_text(params),
+            params=_params(params),
         )
-        spec.check(opts.settings)
+        # Checked here too, so a mistake is a usage error before the store is opened.
+        check_submission(spec, opts.settings, budget=budget, limits=limits,
+                         batch_api=batch_api, batch=batch)  # fmt: skip
+        missing = [p for p in paths if not p.exists()]
+        if missing:
+            raise InvalidInput(f"{missing[0]}: no such file or directory", field="paths")
     except InvalidInput as exc:
-        raise typer.BadParameter(str(exc), param_hint="--params") from None
-    if batch_api:
-        try:
-            batchapi.check_provider(spec)
-            batchapi.check_unlimited(budget, limits)
-        except InvalidInput as exc:
-            raise typer.BadParameter(str(exc), param_hint="--batch-api") from None
+        hint = {"schema": "--schema", "params": "--params", "budget": "--budget",
+                "provider": "--provider", "batch_api": "--batch-api",
+                "paths": "PATHS"}.get(exc.field or "")  # fmt: skip
+        raise _usage(str(exc), hint) from None
 
-    async def work(app: App) -> Any:
-        from herd.builtin import tasks as builtin_tasks
-        from herd.worker import Worker
+    async def work(app: App) -> tuple[Any, int, BatchStatus | None]:
+        from herd.builtin import tasks as builtin_tasks  # the worker's tasks, for --wait
 
         app.include(builtin_tasks)
-        with Progress(
-            TextColumn("submitting"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            console=console.err,
-            transient=True,
-        ) as bar:
-            task = bar.add_task("submit", total=None)
-            report = await submit(
-                app,
-                paths,
-                spec,
-                batch=batch,
-                priority=priority,
-                progress=lambda n: bar.update(task, completed=n),
-                budget=budget,
-                limits=limits,
-                batch_api=batch_api,
-            )
+
+        def read(n: int, total: int) -> None:
+            if not as_json:
+                console.err.print(f"submitting: {n}/{total} documents read", soft_wrap=True)
+
+        report = await submit(app, paths, spec, batch=batch, priority=priority, progress=read,
+                              budget=budget, limits=limits, batch_api=batch_api)  # fmt: skip
         console.err.print(
-            f"batch {report.batch}: {report.queued} queued, {report.deduplicated} already queued,"
-            f" {len(report.errors)} unreadable",
+            f"batch {report.batch}: {report.queued} queued, {report.deduplicated} already"
+            f" queued or answered, {len(report.errors)} unreadable",
             soft_wrap=True,
-            highlight=False,
         )
         for error in report.errors:
-            console.err.print(f"  skipped: {error}", soft_wrap=True, highlight=False, markup=False)
-        if wait and report.job_ids:
-            await Worker(
-                app, queues=[QUEUE], concurrency=concurrency, stop_when_idle=True, poll_interval=0.2
-            ).run()
-        return report, (await batch_status(app, report.batch) if wait else None)
-
-    report, status = console.run(opts, work)
-    if as_json:
-        console.print_json(
-            {
-                "batch": report.batch,
-                "queued": report.queued,
-                "deduplicated": report.deduplicated,
-                "errors": report.errors,
-                "status": status,
-            }
+            console.err.print(f"  skipped: {error}", soft_wrap=True)
+        if not wait:
+            return report, 1 if report.errors else 0, None
+        worker = Worker(app, queues=[QUEUE], concurrency=concurrency, poll_interval=0.2,
+                        install_signal_handlers=False, grace_period=10.0)  # fmt: skip
+        code, status = await follow.follow(
+            app, report.batch, console.err, run_workers=worker.run, stop_workers=worker.stop
         )
+        if report.errors and code == follow.ALL_ANSWERED:
+            code = follow.SOME_DEAD
+        return report, code, status
+
+    report, code, status = _run(ctx, work)
+    if as_json:
+        console.print_json({"batch": report.batch, "queued": report.queued,
+                            "deduplicated": report.deduplicated, "errors": report.errors,
+                            "status": status.to_json() if status else None})  # fmt: skip
     else:
         console.out.print(f"batch {report.batch}")
         if status:
             _print_status(status)
-    if report.errors or (status and status["failed"]):
-        raise typer.Exit(1)
+    raise typer.Exit(code)
 
 
-def _read_json_file_text(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise typer.BadParameter(f"not JSON: {exc}", param_hint="--params") from None
-    if not isinstance(value, dict):
-        raise typer.BadParameter("must be a JSON object", param_hint="--params")
-    return value
+@eval_cli.command("wait", epilog=follow.EXIT_CODES)
+def eval_wait(
+    ctx: typer.Context,
+    batch: Annotated[str, typer.Argument(help="The batch to follow.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the end status as JSON.")] = False,
+) -> None:
+    """Follow a batch (workers elsewhere run it) until it is answered, dead or parked."""
+
+    async def work(app: App) -> tuple[int, BatchStatus]:
+        return await follow.follow(app, batch, console.err)
+
+    code, status = console.run(console.opts(ctx), work)
+    if as_json:
+        console.print_json(status.to_json())
+    else:
+        _print_status(status)
+    raise typer.Exit(code)
 
 
-def _print_status(status: dict[str, Any]) -> None:
-    led = status["ledger"]
+@eval_cli.command("list")
+def eval_list(
+    ctx: typer.Context,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="Batches to show.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines, one per batch.")] = False,
+) -> None:
+    """The batches, newest first: documents answered, spend, and whether parked."""
+    found = console.run(console.opts(ctx), lambda app: list_batches(app, limit=limit))
+    if as_json:
+        for b in found:
+            console.print_json(b)
+        return
+    if not found:
+        console.err.print("no batches yet: `herd eval submit` makes one")
+        return
+    table = Table(box=None, pad_edge=False)
+    for col in ("batch", "created", "answered", "spent", "state"):
+        table.add_column(col, justify="right" if col in ("answered", "spent") else "left",
+                         overflow="fold")  # fmt: skip
+    for b in found:
+        state = b["parked"] or ("done" if b["done"] + b["cancelled_items"] >= b["documents"]
+                                else "running")  # fmt: skip
+        spent = dollars(b["spent"]) + (f" / {dollars(b['budget'])}" if b["budget"] is not None
+                                      else "")  # fmt: skip
+        table.add_row(b["batch"], b["created_at"][:19].replace("T", " "),
+                      f"{b['done']}/{b['documents']}", spent, state)  # fmt: skip
+    console.out.print(table)
 
-    def n(kind: str, field: str = "n") -> Any:
-        return led.get(kind, {}).get(field) or 0
 
-    console.out.print(
-        f"{status['done']}/{status['documents']} done, {status['running']} running,"
-        f" {status['failed']} failed (dead-lettered), {status.get('parked_items', 0)} parked"
-        + (f", {status['cancelled_items']} cancelled" if status.get("cancelled_items") else ""),
-        highlight=False,
-    )
-    if status.get("spent") is not None:
-        budget = status["budget"]
+@eval_cli.command("status")
+def eval_status(
+    ctx: typer.Context,
+    batch: Annotated[str | None, typer.Argument(help="One batch [default: all].")] = None,
+    batch_opt: Annotated[
+        str | None, typer.Option("--batch", help="The same, as an option.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
+) -> None:
+    """Progress, failures, spend and the cost ledger (calls made and avoided)."""
+    name = batch or batch_opt
+    status = console.run(console.opts(ctx), lambda app: batch_status(app, name))
+    if as_json:
+        console.print_json(status.to_json())
+    else:
+        _print_status(status)
+
+
+@eval_cli.command("show")
+def eval_show(
+    ctx: typer.Context,
+    batch: Annotated[str, typer.Argument(help="The batch.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
+) -> None:
+    """One batch: progress, why it waits and what to run, failed documents by path."""
+    status = console.run(console.opts(ctx), lambda app: batch_status(app, batch))
+    if as_json:
+        console.print_json(status.to_json())
+        return
+    _print_status(status)
+    if status.failures:
+        table = Table(title="failed documents", title_justify="left", box=None)
+        table.add_column("path", overflow="fold")
+        table.add_column("error", overflow="fold")
+        for f in status.failures:
+            table.add_row(f["path"], console.short(f["error"], 200))
+        console.out.print(table)
+
+
+def _print_status(status: BatchStatus) -> None:
+    console.out.print(follow.summary(status), soft_wrap=True)
+    for line in follow.parked_lines(status):
+        console.out.print(line, soft_wrap=True)
+    if status.budget is not None or status.spent:
+        parts = [
+            f"budget {dollars(status.budget, unpriced='none')}",
+            f"spent {dollars(status.spent)}",
+            f"reserved {dollars(status.reserved)}",
+        ]
+        if status.estimated:
+            parts.append(f"of which {dollars(status.estimated)} estimated (calls cut off"
+                         " mid-call, at their worst case)")  # fmt: skip
+        console.out.print(", ".join(parts), soft_wrap=True)
+    if status.unpriced:
         console.out.print(
-            f"budget {'none' if budget is None else f'${budget:.4f}'},"
-            f" spent ${status['spent']:.4f}, reserved ${status['reserved']:.4f}"
-            + (f", parked ({status['parked']})" if status["parked"] else ""),
-            highlight=False,
+            f"unpriced models: {', '.join(status.unpriced)} (add them to"
+            " HERD_PRICES); their calls are counted, not priced",
+            soft_wrap=True,
         )
-    if status.get("limits"):
+    if status.limits:
         console.out.print(
-            "limits " + ", ".join(f"{k} {v}" for k, v in sorted(status["limits"].items())),
-            highlight=False,
+            "batch limits " + ", ".join(f"{k} {v}" for k, v in sorted(status.limits.items()))
         )
-    if status.get("limit_usage"):
-        use = Table(title="provider limits (fleet-wide)", title_justify="left")
-        for col in ("scope", "requests", "tokens", "in flight", "waits", "waited", "429s"):
-            use.add_column(col, justify="left" if col == "scope" else "right")
-        for u in status["limit_usage"]:
+    if status.limit_usage:
+        use = Table(title="provider limits (fleet-wide)", title_justify="left", box=None)
+        for col in ("scope", "requests", "tokens", "in flight", "waited", "429s"):
+            use.add_column(col, justify="left" if col == "scope" else "right", overflow="fold")
+        for u in status.limit_usage:
             lim = u["limit"]
 
             def of(now: float, name: str, lim: dict[str, Any] = lim) -> str:
-                return f"{now:,.0f} / {lim[name]:,}" if lim.get(name) else f"{now:,.0f}"
+                return f"{now:,.0f}/{lim[name]:,}" if lim.get(name) else f"{now:,.0f}"
 
             paused = f" (paused {u['paused_for']:.1f} s)" if u["paused_for"] else ""
-            use.add_row(
-                u["scope"] + paused,
-                of(u["requests_now"], "rpm"),
-                of(u["tokens_now"], "tpm"),
-                of(u["in_flight"], "max_concurrent"),
-                f"{u['waits']:,}",
-                f"{u['wait_seconds']:.1f} s",
-                f"{u['rate_limited']:,}",
-            )
+            use.add_row(u["scope"] + paused, of(u["requests_now"], "rpm"),
+                        of(u["tokens_now"], "tpm"), of(u["in_flight"], "max_concurrent"),
+                        f"{u['wait_seconds']:.1f} s", f"{u['rate_limited']:,}")  # fmt: skip
         console.out.print(use)
-    table = Table(title="cost ledger", title_justify="left")
+    led = status.ledger
+    table = Table(title="cost ledger", title_justify="left", box=None)
     for col in ("", "calls", "tokens in", "tokens out", "cost"):
         table.add_column(col, justify="right" if col else "left")
     for kind, label in (
@@ -234,39 +320,27 @@ def _print_status(status: dict[str, Any]) -> None:
         ("singleflight", "avoided: singleflight"),
         ("dedup", "avoided: dedup"),
     ):
-        cost = led.get(kind, {}).get("cost")
-        table.add_row(
-            label,
-            str(n(kind)),
-            f"{n(kind, 'input_tokens'):,}",
-            f"{n(kind, 'output_tokens'):,}",
-            f"${cost:.4f}" if cost else "",
-        )
-    console.out.print(table)
-    pc = status.get("provider_cache") or {}
+        row = led.get(kind)
+        if row is None:
+            continue
+        paid = kind in ("call", "lost", "failed", "cut_short")
+        cost = dollars(row["cost"]) if paid else ""
+        if kind in ("lost", "failed", "cut_short") and row["cost"] is not None:
+            cost += " (estimate)"
+        table.add_row(label, f"{row['n']:,}", f"{row['input_tokens']:,}",
+                      f"{row['output_tokens']:,}", cost)  # fmt: skip
+    if led:
+        console.out.print(table)
+    pc = status.provider_cache
     if pc.get("cached_input_tokens") or pc.get("cache_write_tokens"):
         saved = pc.get("saved")
         console.out.print(
             f"provider cache: {pc['cached_input_tokens']:,} input tokens read from it,"
             f" {pc['cache_write_tokens']:,} written"
-            + (f", ${saved:.4f} saved" if saved is not None else "")
+            + (f", {dollars(saved)} saved" if saved is not None else "")
             + " (apart from herd's cache)",
-            highlight=False,
+            soft_wrap=True,
         )
-
-
-@eval_cli.command("status")
-def eval_status(
-    ctx: typer.Context,
-    batch: Annotated[str | None, typer.Option(help="One batch [default: all].")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
-) -> None:
-    """Progress, failures and the cost ledger (calls made and avoided)."""
-    status = console.run(console.opts(ctx), lambda app: batch_status(app, batch))
-    if as_json:
-        console.print_json(status)
-    else:
-        _print_status(status)
 
 
 @eval_cli.command("budget")
@@ -274,30 +348,41 @@ def eval_budget(
     ctx: typer.Context,
     batch: Annotated[str, typer.Argument(help="The batch.")],
     usd: Annotated[float, typer.Argument(help="The new budget in USD.")],
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
 ) -> None:
     """Raise or lower a batch's budget; a parked batch with room again resumes."""
-    try:
-        check_budget(usd, "USD")
-    except InvalidInput as exc:
-        raise typer.BadParameter(str(exc), param_hint="USD") from None
-    found = console.run(console.opts(ctx), lambda app: set_budget(app, batch, usd))
+    found = _run(ctx, lambda app: set_budget(app, batch, usd))
     if as_json:
         console.print_json({"batch": batch, **found})
-    else:
-        console.out.print(
-            f"batch {batch}: budget ${usd:.4f}, spent ${found['spent']:.4f},"
-            f" {found['resumed']} jobs resumed"
-            + (f", parked ({found['parked']})" if found["parked"] else ""),
-            highlight=False,
-        )
+        return
+    console.out.print(
+        f"batch {batch}: budget {dollars(usd)}, spent {dollars(found['spent'])},"
+        f" {found['resumed']} jobs resumed"
+        + (f", still parked ({found['parked']})" if found["parked"] else ""),
+        soft_wrap=True,
+    )
+
+
+@eval_cli.command("resume")
+def eval_resume(
+    ctx: typer.Context,
+    batch: Annotated[str, typer.Argument(help="The batch.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
+) -> None:
+    """Continue a batch parked because the provider refused its key or model (once
+    fixed), or for its budget."""
+    found = _run(ctx, lambda app: resume(app, batch))
+    if as_json:
+        console.print_json(found)
+        return
+    console.out.print(f"batch {batch}: {found['resumed']} jobs resumed", soft_wrap=True)
 
 
 @eval_cli.command("cancel")
 def eval_cancel(
     ctx: typer.Context,
     batch: Annotated[str, typer.Argument(help="The batch.")],
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
 ) -> None:
     """Stop a batch: no more calls for it, its provider batches cancelled; answers
     already paid for are kept."""
@@ -308,146 +393,68 @@ def eval_cancel(
     console.out.print(
         f"batch {batch}: {found['cancelled_items']} items cancelled,"
         f" {len(found['provider_batches'])} provider batches asked to stop",
-        highlight=False,
+        soft_wrap=True,
     )
     for f in found["provider_cancel_failed"]:
         console.err.print(
             f"provider batch {f['provider_batch']}: cancel failed ({f['error']});"
             " its poll job asks again",
-            highlight=False,
+            soft_wrap=True,
         )
 
 
 @eval_cli.command("results")
 def eval_results(
     ctx: typer.Context,
-    batch: Annotated[str | None, typer.Option(help="One batch [default: all].")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="jsonl or csv")] = "jsonl",
+    batch: Annotated[str | None, typer.Argument(help="The batch.")] = None,
+    batch_opt: Annotated[
+        str | None, typer.Option("--batch", help="The same, as an option.")
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", help="jsonl, csv or parquet.")] = "jsonl",
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write to this file [parquet: needed].")
+    ] = None,
 ) -> None:
-    """The evaluations that are done, one per document."""
-    if fmt not in ("jsonl", "csv"):
-        raise typer.BadParameter("use jsonl or csv", param_hint="--format")
+    """One row per document, dead ones included with their error: path, status, model,
+    source, tokens, cost, seconds, and the answer (a column per schema field in csv)."""
+    name = batch or batch_opt
+    if name is None:
+        raise _usage("name the batch (`herd eval list` shows them)", "BATCH")
+    if fmt not in ("jsonl", "csv", "parquet"):
+        raise _usage("use jsonl, csv or parquet", "--format")
+    if fmt == "parquet" and output is None:
+        raise _usage("parquet is written to a file: give --output FILE", "--output")
 
-    async def work(app: App) -> list[tuple[Any, ...]]:
+    async def work(app: App) -> int:
         rt = await EvalRuntime.of(app)
-        await settle(app, batch)
-        return await rt.store.execute(
-            "SELECT batch, path, source, result FROM herd_eval_items WHERE status = 'done'"
-            " AND (%(b)s::text IS NULL OR batch = %(b)s) ORDER BY batch, path",
-            {"b": batch},
+        found = await rt.store.execute("batch_schema", {"b": name})
+        fields = export.fields_of(found[0][0] if found else None)
+        sink = output.open("w", encoding="utf-8", newline="") if output and fmt != "parquet" \
+            else sys.stdout  # fmt: skip
+        table: list[dict[str, Any]] = []
+        writer = export.write_csv_header(sink, fields) if fmt == "csv" else None
+        n = 0
+        async for row in export.rows(app, name):
+            n += 1
+            if fmt == "jsonl":
+                export.write_jsonl(sink, row)
+            elif writer is not None:
+                writer.writerow(export.csv_row(row, fields))
+            else:
+                table.append(row)
+        if fmt == "parquet":
+            assert output is not None
+            export.write_parquet(str(output), table, fields)
+        if sink is not sys.stdout:
+            sink.close()
+        return n
+
+    try:
+        n = console.run(console.opts(ctx), work)
+    except ImportError:
+        console.err.print(
+            "herd: error: --format parquet needs pyarrow: pip install 'herd[parquet]'"
         )
-
-    rows = console.run(console.opts(ctx), work)
-    if fmt == "jsonl":
-        for b, path, source, result in rows:
-            sys.stdout.write(
-                json.dumps(
-                    {"batch": b, "path": path, "source": source, "output": result.get("output")},
-                    ensure_ascii=False,
-                )
-                + "\n"
-            )
-        return
-    writer = csv.writer(sys.stdout)
-    writer.writerow(["batch", "path", "source", "output"])
-    for b, path, source, result in rows:
-        writer.writerow([b, path, source, json.dumps(result.get("output"), ensure_ascii=False)])
-
-
-@cache_cli.command("stats")
-def cache_stats(
-    ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] = False
-) -> None:
-    """Entries, hits, misses and computations of the exact and the semantic cache."""
-
-    async def work(app: App) -> dict[str, Any]:
-        from herd.semantic.runtime import backend_stats
-
-        return {
-            "exact": await (await EvalRuntime.of(app)).cache.store.stats(),
-            "semantic": await backend_stats(app),
-        }
-
-    stats = console.run(console.opts(ctx), work)
-    if as_json:
-        console.print_json(stats)
-        return
-    cols = ("entries", "hits", "misses", "computed", "waited", "stale", "early_refresh", "errors")
-    table = Table(title="exact cache", title_justify="left")
-    table.add_column("namespace")
-    for col in cols:
-        table.add_column(col, justify="right")
-    for ns, counters in sorted(stats["exact"].items()):
-        table.add_row(ns, *[str(counters.get(c, 0)) for c in cols])
-    console.out.print(table)
-    _print_semantic_stats(stats["semantic"])
-
-
-def _print_semantic_stats(stats: dict[str, dict[str, Any]]) -> None:
-    cols = ("entries", "hits", "misses", "hit_rate", "guard_rejections", "lock_waits",
-            "stampedes_suppressed", "stale", "evictions", "p50 lookup")  # fmt: skip
-    table = Table(title="semantic cache", title_justify="left")
-    table.add_column("cache")
-    for col in cols:
-        table.add_column(col.replace("_", " "), justify="right")
-    for name, figures in stats.items():
-        cells = [
-            f"{figures['hit_rate']:.1%}" if c == "hit_rate" else str(figures.get(c, 0))
-            for c in cols[:-1]
-        ]
-        table.add_row(name, *cells, _quantile(figures["lookup_seconds"], 0.5))
-    console.out.print(table)
-    for name, figures in stats.items():
-        sims = figures["nearest_similarity"]
-        if not sims["count"]:
-            continue
-        below, shown = 0, []
-        for le, n in sims["buckets"].items():
-            if n > below:
-                shown.append(f"≤{le}: {n - below}")
-            below = n
-        console.out.print(f"{name}: nearest similarity  " + "  ".join(shown), highlight=False)
-
-
-def _quantile(hist: dict[str, Any], q: float) -> str:
-    """The bucket bound under which a share ``q`` of the observations fall."""
-    if not hist["count"]:
-        return "-"
-    for le, n in hist["buckets"].items():
-        if n >= q * hist["count"]:
-            return "> 1 s" if le == "+Inf" else f"≤ {float(le) * 1000:g} ms"
-    return "-"
-
-
-@cache_cli.command("clear")
-def cache_clear(
-    ctx: typer.Context,
-    namespace: Annotated[
-        str | None, typer.Option(help="One exact-cache namespace [default: all].")
-    ] = None,
-    collection: Annotated[
-        str | None,
-        typer.Option(help="Only the semantic cache's answers about this collection."),
-    ] = None,
-    which: Annotated[str, typer.Option(help="exact, semantic or both")] = "both",
-) -> None:
-    """Remove cached results (the next request for them computes again)."""
-    if which not in ("exact", "semantic", "both"):
-        raise typer.BadParameter("use exact, semantic or both", param_hint="--which")
-    if collection is not None:
-        which = "semantic"  # the exact cache does not know collections
-
-    async def work(app: App) -> tuple[int, int]:
-        from herd.semantic.runtime import backend_clear
-
-        exact = semantic = 0
-        if which in ("exact", "both"):
-            exact = await (await EvalRuntime.of(app)).cache.store.clear(namespace)
-        if which in ("semantic", "both"):
-            semantic = await backend_clear(app, name=None, collection=collection)
-        return exact, semantic
-
-    exact, semantic = console.run(console.opts(ctx), work)
-    console.out.print(
-        f"removed {exact} exact and {semantic} semantic cache entries", highlight=False
-    )
+        raise typer.Exit(follow.USAGE) from None
+    if output is not None:
+        console.err.print(f"wrote {n} rows to {output}")

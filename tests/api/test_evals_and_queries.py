@@ -9,7 +9,7 @@ import pytest
 
 from herd.builtin import tasks as builtin_tasks
 from herd.errors import InvalidInput
-from herd.llm.evaluate import EvalSpec, enqueue_documents
+from herd.llm.eval import EvalSpec, enqueue_documents
 from herd.rag.ingest import plan_and_apply
 from herd.rag.query import answer
 from tests.rag.test_ingest import drain

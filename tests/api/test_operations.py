@@ -9,7 +9,7 @@ from herd.api import create_app
 from herd.app import App
 from herd.cache import ExactCache
 from herd.config import Settings
-from herd.llm.evaluate import EvalRuntime
+from herd.llm.eval import EvalRuntime
 from herd.queue.base import Completion
 from tests.api.conftest import client_of
 from tests.api.test_jobs import dead_job
@@ -45,7 +45,7 @@ async def test_metrics_parse_and_count_queues_caches_and_the_ledger(any_client, 
     assert m[("herd_queue_jobs", (("queue", "a"), ("status", "pending")))] == 2
     assert m[("herd_queue_ready", (("queue", "a"),))] == 2
     assert m[("herd_jobs_running", (("queue", "b"),))] == 1
-    assert m[("herd_jobs_completed_total", (("queue", "b"),))] == 1
+    assert m[("herd_jobs_succeeded_retained", (("queue", "b"),))] == 1
     assert m[("herd_jobs_dead_lettered", (("queue", "c"),))] == 1
     ns = (("cache", "exact"), ("namespace", "eval"))
     assert m[("herd_cache_hits_total", ns)] == 1 and m[("herd_cache_misses_total", ns)] == 1

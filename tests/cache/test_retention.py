@@ -9,7 +9,7 @@ import redis
 from herd import App
 from herd.cache import PostgresCacheStore, RedisCacheStore
 from herd.config import Settings
-from herd.llm.evaluate import EvalRuntime
+from herd.llm.eval import EvalRuntime
 from tests.conftest import flush_redis
 from tests.helpers import eventually
 

@@ -14,7 +14,7 @@ import redis
 
 from herd import App
 from herd.config import PG_POOL_SPARE, Settings
-from herd.llm.evaluate import EvalRuntime
+from herd.llm.eval import EvalRuntime
 from herd.worker import Worker
 
 N = 6

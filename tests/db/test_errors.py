@@ -6,7 +6,7 @@ import pytest
 
 from herd.cache import PostgresCacheStore, RedisCacheStore
 from herd.errors import BrokerUnavailable
-from herd.llm.evaluate import EvalStore
+from herd.llm.eval import EvalStore
 from herd.locks import PostgresLocks, RedisLocks
 from herd.queue.postgres import PostgresBroker
 from herd.queue.redis import RedisBroker

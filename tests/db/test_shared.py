@@ -10,7 +10,7 @@ import psycopg
 import redis
 
 from herd.cache import PostgresCacheStore, RedisCacheStore
-from herd.llm.evaluate import EvalStore
+from herd.llm.eval import EvalStore
 from herd.locks import PostgresLocks, RedisLocks
 from herd.queue.postgres import PostgresBroker
 from herd.queue.redis import RedisBroker

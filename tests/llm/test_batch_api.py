@@ -15,11 +15,12 @@ import psycopg
 import pytest
 
 from herd import App, Worker
-from herd.llm import batchapi, evaluate
+from herd.llm import eval as evaluate
 from herd.llm.errors import ProviderError
-from herd.llm.evaluate import EvalSpec, submit
+from herd.llm.eval import EvalSpec, batchapi, submit
 from herd.llm.providers.anthropic_batch import CLOCK_SKEW
 from herd.llm.providers.batch import Found
+from tests.apps.batch_crash import CRASH_POINTS
 from tests.conftest import truncate
 from tests.helpers import eventually
 from tests.llm.conftest import SECRET, Sim, clean_eval_tables
@@ -46,12 +47,12 @@ async def app(pg_url, sim, monkeypatch):
     the_app = App(database_url=pg_url)
     # Short leases: a killed submitter's job is taken over within a second.
     the_app.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=1.0, max_attempts=2)(
-        evaluate.evaluate
+        evaluate.task.evaluate
     )
-    the_app.task(name=batchapi.SUBMIT_TASK, queue=batchapi.QUEUE, lease_seconds=1.0)(
+    the_app.task(name=evaluate.spec.SUBMIT_TASK, queue=evaluate.QUEUE, lease_seconds=1.0)(
         batchapi.batch_submit
     )
-    the_app.task(name=batchapi.POLL_TASK, queue=batchapi.QUEUE, lease_seconds=5.0)(
+    the_app.task(name=evaluate.spec.POLL_TASK, queue=evaluate.QUEUE, lease_seconds=5.0)(
         batchapi.batch_poll
     )
     async with the_app:
@@ -119,7 +120,7 @@ async def test_a_batch_goes_to_the_batch_api_once_and_fans_out_at_the_batch_pric
     assert await calls(app) == 5
     rt = await evaluate.EvalRuntime.of(app)
     ((cost, i, o),) = await rt.store.execute(
-        "SELECT sum(cost), sum(input_tokens), sum(output_tokens) FROM herd_eval_ledger"
+        "SELECT sum(cost)::float8, sum(input_tokens), sum(output_tokens) FROM herd_eval_ledger"
         " WHERE kind = 'call'"
     )
     assert cost == pytest.approx((int(i) * 1.0 + int(o) * 4.0) / 1e6)  # half of 2.0 and 8.0
@@ -156,14 +157,14 @@ def _worker(pg_url: str, sim: Sim, log: Path, crash_at: str | None) -> subproces
     if crash_at:
         env["HERD_TEST_CRASH_AT"] = crash_at
     return subprocess.Popen(
-        [sys.executable, "-m", "herd", "worker", "--queue", evaluate.QUEUE,
-         "--poll-interval", "0.1", "--concurrency", "2", "--grace", "5"],
+        [sys.executable, "-m", "herd", "worker", "tests.apps.batch_crash:app",
+         "--queue", evaluate.QUEUE, "--poll-interval", "0.1", "--concurrency", "2", "--grace", "5"],
         env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log.open("wb"),
     )  # fmt: skip
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("step", batchapi.CRASH_POINTS)
+@pytest.mark.parametrize("step", CRASH_POINTS)
 async def test_a_submitter_killed_at_each_step_makes_one_provider_batch(
     app, sim, pg_url, tmp_path, step
 ):
@@ -223,7 +224,7 @@ async def test_the_http_api_takes_batch_api_and_refuses_what_it_cannot_keep(app,
         r = await c.post("/evals", json={**body, "batch": "api"})
         assert r.status_code == 201, r.text
     (job,) = await app.list_jobs()
-    assert job.task == batchapi.SUBMIT_TASK
+    assert job.task == evaluate.spec.SUBMIT_TASK
 
 
 def test_the_cli_refuses_batch_api_with_a_budget_as_a_usage_error(tmp_path):
@@ -289,7 +290,7 @@ async def test_an_anthropic_batch_goes_to_message_batches_once_at_the_batch_pric
     assert await calls(app) == 4
     rt = await evaluate.EvalRuntime.of(app)
     ((cost, i, o),) = await rt.store.execute(
-        "SELECT sum(cost), sum(input_tokens), sum(output_tokens) FROM herd_eval_ledger"
+        "SELECT sum(cost)::float8, sum(input_tokens), sum(output_tokens) FROM herd_eval_ledger"
         " WHERE kind = 'call'"
     )
     assert cost == pytest.approx((int(i) * 1.0 + int(o) * 4.0) / 1e6)  # half of 2.0 and 8.0

@@ -10,8 +10,8 @@ import hashlib
 import psycopg
 
 from herd import App, Worker
-from herd.llm import batchapi, evaluate
-from herd.llm.evaluate import EvalRuntime
+from herd.llm import eval as evaluate
+from herd.llm.eval import EvalRuntime
 from tests.helpers import eventually
 from tests.llm.test_batch_api import SPEC, all_done, app  # noqa: F401 - the fixture
 
@@ -26,9 +26,9 @@ async def test_a_submit_job_run_before_its_items_are_stored_is_retried(app: App,
     await rt.store.put_spec(SPEC)
     await rt.store.put_documents({doc: TEXT})
     job = await app.enqueue(
-        batchapi.SUBMIT_TASK,
+        evaluate.spec.SUBMIT_TASK,
         {"batch": "b1", "spec": SPEC.hash, "chunk": "c1", "keys": [key]},
-        queue=batchapi.QUEUE,
+        queue=evaluate.QUEUE,
     )
     worker = Worker(app, queues=[evaluate.QUEUE], concurrency=2, poll_interval=0.05,
                     install_signal_handlers=False)  # fmt: skip

@@ -9,9 +9,8 @@ import pytest
 
 from herd import App, Worker
 from herd.errors import BatchNotFound, InvalidInput
-from herd.llm import evaluate
-from herd.llm.cancel import cancel
-from herd.llm.evaluate import submit
+from herd.llm import eval as evaluate
+from herd.llm.eval import cancel, submit
 from tests.helpers import eventually
 from tests.llm.test_batch_api import ANTH_SPEC, SPEC, calls, docs, items
 from tests.llm.test_batch_api import anthropic_env as anthropic_env  # noqa: F401
@@ -78,7 +77,7 @@ async def test_a_cancelled_batch_makes_no_call_and_takes_no_more_documents(app, 
         await eventually(lambda: idle(app), timeout=20, interval=0.1)
     assert sim.stats()["billed"] == 0 and await calls(app) == 0
     assert await statuses(app) == {"cancelled": 6}
-    status = await evaluate.batch_status(app, "c")
+    status = (await evaluate.batch_status(app, "c")).to_json()
     assert (status["cancelled_items"], status["parked"], status["done"]) == (6, "cancelled", 0)
     # Raising the budget does not bring a cancelled batch back, nor does a new submission.
     assert (await evaluate.set_budget(app, "c", 20.0))["resumed"] == 0
@@ -186,7 +185,7 @@ async def test_with_batch_retry_a_second_failure_is_dead_lettered_with_the_provi
         dead = await app.dead_letters()
         assert all("expired" in (j.last_error or "") for j in dead), [j.last_error for j in dead]
         assert sim.stats()["batches"]["created"] == 2 and sim.stats()["billed"] == 0
-        assert (await evaluate.batch_status(app, "d"))["failed"] == 2
+        assert ((await evaluate.batch_status(app, "d")).to_json())["failed"] == 2
         # Requeued by hand, it goes once through the synchronous path.
         await app.requeue([dead[0].id])
         await eventually(stats_show(sim, lambda s: s["billed"] == 1), timeout=20)
@@ -212,5 +211,5 @@ async def test_a_later_submission_joins_the_keys_already_in_a_provider_batch(app
     # The four keys in flight were not sent again: the second batch carries one request.
     assert stats["batches"]["created"] == 2 and stats["batch_billed"] == 5
     assert stats["billed"] == 0
-    status = await evaluate.batch_status(app, "w2")
+    status = (await evaluate.batch_status(app, "w2")).to_json()
     assert status["done"] == 5 and status["documents"] == 5

@@ -10,8 +10,9 @@ import json
 import pytest
 
 from herd import App, JobStatus, Worker
-from herd.llm import evaluate
-from herd.llm.evaluate import EvalSpec, enqueue_documents, reservation_tokens
+from herd.llm import eval as evaluate
+from herd.llm.eval import EvalSpec, enqueue_documents
+from herd.llm.eval.spec import reservation_tokens
 from herd.locks import PostgresLocks
 from tests.conftest import truncate
 from tests.helpers import eventually
@@ -41,7 +42,7 @@ async def app(pg_url, sim, monkeypatch, tmp_path):
     clean_eval_tables(pg_url)
     the_app = App(database_url=pg_url)
     the_app.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=5.0, max_attempts=2)(
-        evaluate.evaluate
+        evaluate.task.evaluate
     )
     async with the_app:
         yield the_app
@@ -60,7 +61,7 @@ def worst_case(text: str) -> float:
 async def spend(app: App, batch: str) -> tuple[float, dict[str, int]]:
     rt = await evaluate.EvalRuntime.of(app)
     rows = await rt.store.execute(
-        "SELECT kind, count(*), coalesce(sum(cost), 0) FROM herd_eval_ledger"
+        "SELECT kind, count(*), coalesce(sum(cost), 0)::float8 FROM herd_eval_ledger"
         " WHERE batch = %s AND kind IN ('call', 'lost', 'failed', 'cut_short') GROUP BY kind",
         (batch,),
     )
@@ -79,7 +80,7 @@ async def test_spend_stays_within_budget_plus_in_flight_reservations_then_resume
     try:
 
         async def parked():
-            s = await evaluate.batch_status(app, "capped")
+            s = (await evaluate.batch_status(app, "capped")).to_json()
             settled = s["running"] == 0 and s["reserved"] < 1e-9
             return s if s["parked"] == "budget" and settled and s["parked_items"] else None
 
@@ -100,7 +101,7 @@ async def test_spend_stays_within_budget_plus_in_flight_reservations_then_resume
         assert raised["parked"] is None and raised["resumed"] > 0
 
         async def finished():
-            s = await evaluate.batch_status(app, "capped")
+            s = (await evaluate.batch_status(app, "capped")).to_json()
             return s if s["done"] == 40 else None
 
         final = await eventually(finished, timeout=90)
@@ -128,14 +129,14 @@ async def test_a_call_left_open_by_a_dead_run_is_closed_cut_short_by_the_next(ap
     rt = await evaluate.EvalRuntime.of(app)
     # What a worker SIGKILLed mid-call leaves: its call opened, its reservation held.
     async with rt.store.transaction() as conn:
-        await conn.execute(evaluate.ledger.RESERVE, {"b": "killed", "w": 0.5})
+        await conn.execute(evaluate.ledger.Q["ledger_reserve"], {"b": "killed", "w": 0.5})
         await evaluate.ledger.open_call(conn, {"batch": "killed", "job": r.job_id, "key": "k",
                                                "model": SPEC.model, "provider": "openai",
                                                "i": 12, "w": 0.5})  # fmt: skip
     assert (await rt.store.batch("killed"))["reserved"] == 0.5
     await Worker(app, queues=[evaluate.QUEUE], concurrency=1, poll_interval=0.05,
                  stop_when_idle=True, install_signal_handlers=False).run()  # fmt: skip
-    status = await evaluate.batch_status(app, "killed")
+    status = (await evaluate.batch_status(app, "killed")).to_json()
     assert status["done"] == 1
     assert status["ledger"]["cut_short"]["n"] == 1
     assert status["ledger"]["cut_short"]["input_tokens"] == 12
@@ -158,7 +159,7 @@ async def test_a_job_taken_over_from_a_dead_run_takes_its_key_lock_at_once(app, 
         worker = Worker(app, queues=[evaluate.QUEUE], concurrency=1, poll_interval=0.05,
                         stop_when_idle=True, install_signal_handlers=False)  # fmt: skip
         await asyncio.wait_for(worker.run(), 30)  # the ttl is 300 s
-        assert (await evaluate.batch_status(app, "taken"))["done"] == 1
+        assert ((await evaluate.batch_status(app, "taken")).to_json())["done"] == 1
         assert (await spend(app, "taken"))[1] == {"call": 1}
         assert not await dead.check(held) and not await dead.release(held)
 

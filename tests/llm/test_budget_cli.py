@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from herd import App, Worker
-from herd.llm import evaluate
+from herd.llm import eval as evaluate
 from tests.conftest import truncate
 from tests.helpers import eventually
 from tests.llm.conftest import clean_eval_tables
@@ -102,7 +102,7 @@ async def test_raising_the_budget_of_a_parked_batch_resumes_it(files, url, sim, 
     r = submit(files, url, batch, "--budget", "0")  # no call fits: the first job parks it
     assert r.returncode == 0, r.stderr
     app = App(database_url=url)
-    app.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=5.0)(evaluate.evaluate)
+    app.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=5.0)(evaluate.task.evaluate)
     async with app:
 
         async def run_until(probe):  # type: ignore[no-untyped-def]
@@ -116,7 +116,7 @@ async def test_raising_the_budget_of_a_parked_batch_resumes_it(files, url, sim, 
                 await run
 
         async def parked():  # type: ignore[no-untyped-def]
-            s = await evaluate.batch_status(app, batch)
+            s = (await evaluate.batch_status(app, batch)).to_json()
             return s if s["parked"] == "budget" and s["parked_items"] == 3 else None
 
         await run_until(parked)
@@ -130,7 +130,7 @@ async def test_raising_the_budget_of_a_parked_batch_resumes_it(files, url, sim, 
         assert s["budget"] == 1.0 and s["parked"] is None and s["parked_items"] == 0
 
         async def finished():  # type: ignore[no-untyped-def]
-            s = await evaluate.batch_status(app, batch)
+            s = (await evaluate.batch_status(app, batch)).to_json()
             return s if s["done"] == 3 else None
 
         final = await run_until(finished)

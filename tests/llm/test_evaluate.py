@@ -10,8 +10,8 @@ import pytest
 from herd import App, JobStatus, Worker
 from herd.config import EVAL_MAX_TOKENS, Settings
 from herd.errors import HerdError, InvalidInput
-from herd.llm import evaluate
-from herd.llm.evaluate import EvalRuntime, EvalSpec, submit
+from herd.llm import eval as evaluate
+from herd.llm.eval import EvalRuntime, EvalSpec, submit
 from tests.conftest import truncate
 from tests.helpers import eventually
 from tests.llm.conftest import clean_eval_tables
@@ -34,7 +34,7 @@ async def app(pg_url, sim, monkeypatch):
     the_app = App(database_url=pg_url)
     # The built-in task with a short lease, so that losing it is quick to show.
     the_app.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=1.0, max_attempts=2)(
-        evaluate.evaluate
+        evaluate.task.evaluate
     )
     async with the_app:
         yield the_app
@@ -145,7 +145,7 @@ async def test_losing_the_lease_mid_call_aborts_the_request_and_writes_nothing(
 
 
 async def test_a_document_deduplicated_onto_a_finished_job_is_settled_from_it(app, sim, tmp_path):
-    from herd.llm.evaluate import batch_status
+    from herd.llm.eval import batch_status
 
     doc = tmp_path / "a.txt"
     doc.write_text("A paper.")
@@ -157,7 +157,7 @@ async def test_a_document_deduplicated_onto_a_finished_job_is_settled_from_it(ap
         "INSERT INTO herd_eval_items (batch, path, key, job_id) VALUES ('late', 'b.txt', 'k', %s)",
         (report.job_ids[0],),
     )
-    status = await batch_status(app, "late")
+    status = (await batch_status(app, "late")).to_json()
     assert (status["documents"], status["done"]) == (1, 1)
     ((result,),) = await rt.store.execute("SELECT result FROM herd_eval_items WHERE batch = 'late'")
     assert set(result["output"]) == {"score", "summary"}

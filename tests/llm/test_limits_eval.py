@@ -15,9 +15,9 @@ from herd import App, JobStatus, Worker, console
 from herd.api import metrics, overview
 from herd.limits import scope_name
 from herd.limits.base import key_id
-from herd.llm import evaluate
+from herd.llm import eval as evaluate
 from herd.llm.cli import _print_status
-from herd.llm.evaluate import EvalSpec, enqueue_documents
+from herd.llm.eval import EvalSpec, enqueue_documents
 from tests.conftest import truncate
 from tests.helpers import eventually
 from tests.llm.conftest import clean_eval_tables
@@ -64,7 +64,7 @@ async def worker_app(url: str) -> AsyncIterator[App]:
     """An app of its own: its own limiter and gates, as a worker on another machine has."""
     app = App(database_url=url)
     app.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=5.0, max_attempts=1)(
-        evaluate.evaluate
+        evaluate.task.evaluate
     )
     async with app:
         yield app
@@ -104,7 +104,7 @@ async def test_two_workers_share_one_limit_and_the_provider_never_refuses(limite
         jobs = await a.broker.list_jobs(status=JobStatus.SUCCEEDED)
         assert len(jobs) == 12 and all(j.attempts == 0 for j in jobs)
         # Seen in `herd eval status`: the batch's limit, its use and its waits.
-        status = await evaluate.batch_status(a, "rate")
+        status = (await evaluate.batch_status(a, "rate")).to_json()
         (usage,) = status["limit_usage"]
         assert usage["limit"]["rpm"] == 4 and usage["requests"] == 12 and usage["waits"] >= 1
         with console.out.capture() as shown:
@@ -174,5 +174,5 @@ async def test_a_call_larger_than_its_token_limit_is_dead_lettered_at_once_unsen
 
 
 async def _done(app: App, batch: str, n: int) -> dict[str, object] | None:
-    status = await evaluate.batch_status(app, batch)
+    status = (await evaluate.batch_status(app, batch)).to_json()
     return status if status["done"] + status["failed"] == n else None

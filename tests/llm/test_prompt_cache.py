@@ -15,9 +15,9 @@ import pytest
 
 from herd import App, Worker
 from herd.errors import ConfigError, InvalidInput
-from herd.llm import evaluate
+from herd.llm import eval as evaluate
 from herd.llm.completion import Usage
-from herd.llm.evaluate import EvalSpec, submit
+from herd.llm.eval import EvalSpec, submit
 from herd.llm.pricing import Price, PriceTable
 from herd.llm.providers import Anthropic, OpenAICompatible
 from herd.llm.providers.promptcache import prefix_key
@@ -160,7 +160,7 @@ async def app(pg_url, sim, monkeypatch):
     truncate(pg_url)
     clean_eval_tables(pg_url)
     the_app = App(database_url=pg_url)
-    the_app.task(name=evaluate.TASK, queue=evaluate.QUEUE)(evaluate.evaluate)
+    the_app.task(name=evaluate.TASK, queue=evaluate.QUEUE)(evaluate.task.evaluate)
     async with the_app:
         yield the_app
 
@@ -178,7 +178,7 @@ async def test_the_ledger_status_and_metrics_show_the_provider_cache(app, pg_url
                  stop_when_idle=True, install_signal_handlers=False).run()  # fmt: skip
     # The first call wrote the rubric, the second read it: 0.75 x input lost, 0.9 x won.
     saved = PREFIX_TOKENS * ((3.0 - 3.75) + (3.0 - 0.3)) / 1e6
-    status = await evaluate.batch_status(app, "pc")
+    status = (await evaluate.batch_status(app, "pc")).to_json()
     assert status["done"] == 2
     assert status["provider_cache"] == {
         "cached_input_tokens": PREFIX_TOKENS,

@@ -10,7 +10,7 @@ import pytest
 
 from herd.config import CACHE_TTL, EVAL_TTL, LEDGER_TTL, Settings
 from herd.errors import ConfigError
-from herd.llm.evaluate import EvalStore
+from herd.llm.eval import EvalStore
 from tests.llm.conftest import clean_eval_tables
 
 # The read /overview made before the summary: every row, grouped, joined per key.

@@ -54,6 +54,12 @@ class Provider(Protocol):
     name: str
     model: str
 
+    @property
+    def key_id(self) -> str:
+        """The API key's id (a hash prefix, never the key): the account a fleet-wide
+        provider limit counts against."""
+        ...
+
     async def complete(
         self,
         system: str,

@@ -1,0 +1,307 @@
+"""Evaluations through a provider's Batch API: half the price, answers within 24 hours.
+
+A submission (herd.llm.eval.submit) stores documents and items as the synchronous
+path does; the keys the exact cache cannot answer, deduplicated, go into one
+``herd.eval.batch_submit`` job per chunk of a (batch, spec) instead of a job per key.
+
+Exactly once through crashes. A provider batch submitted twice is billed twice, and
+a worker can die between "created the batch" and "recorded that I did". So the
+submit job first records, fenced by its lease, a handle for its chunk (a row of
+herd_eval_provider_batches, its time taken from the store's clock); the handle names
+the uploaded file and is the provider batch's metadata (Anthropic's batches have
+neither: every custom_id carries it). Whoever runs the job after a takeover looks the
+handle up at the provider before making anything, reuses the file and batch found, and
+uploads or creates only what is missing; a run that has just recorded the handle knows
+nothing is there yet. A SIGKILL at any step therefore never makes a second provider
+batch (tests/llm/test_batch_api.py kills at each, through a provider registered by its
+worker's app).
+
+Polling is a job, not a blocked worker: ``herd.eval.batch_poll`` checks the provider
+batch and hands itself back (Snooze, no attempt counted), backing off from
+POLL_FIRST to POLL_MAX seconds. Once it has ended, the answers go to the exact
+cache, the items and the ledger (at the batch price) in one fenced transaction.
+Requests that errored, expired or answered outside the schema are retried once, as
+HERD_EVAL_BATCH_RETRY says: through the synchronous path (a herd.eval job, which
+repairs and dead-letters as usual; the default) or in a new provider batch, whose own
+failures are dead-lettered with the provider's error.
+
+``herd eval cancel`` cancels the provider batches too: a submit job that finds its
+batch cancelled before it created anything creates nothing, and a poll job asks the
+provider to cancel (again: it may have been created after the command looked), then
+files what the provider answered before it stopped, which is billed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from herd import telemetry
+from herd.app import App
+from herd.errors import Fatal, Retry, Snooze
+from herd.llm.completion import Usage
+from herd.llm.eval import ledger
+from herd.llm.eval.runtime import EvalRuntime
+from herd.llm.eval.spec import POLL_TASK, QUEUE, SUBMIT_TASK, TASK, EvalSpec, validate_answer
+from herd.llm.eval.store import EvalStore
+from herd.llm.eval.task import fenced
+from herd.llm.pricing import Price
+from herd.llm.providers.batch import Found, Request
+from herd.queue.base import Job
+from herd.tasks import JobContext
+
+POLL_FIRST = 2.0
+POLL_MAX = 60.0
+RACE_RETRY = 2.0  # seconds before a submit job that ran before its items were stored runs again
+
+
+def new_handle(at: float | None = None) -> str:
+    """A chunk's handle: its creation time in milliseconds (12 hex), then 20 random hex.
+
+    The time lets a provider whose batches carry no metadata (Anthropic) stop looking
+    for the handle's batch among those made before it. The submit job takes the time
+    from the store's clock (queries.sql, record_handle); this is for tools and tests."""
+    ms = int((time.time() if at is None else at) * 1000)
+    return f"{ms:012x}{uuid.uuid4().hex[:20]}"
+
+
+def batch_cost(price: Price | None, usage: Usage) -> float | None:
+    """A batch request's cost at the batch rates (half the synchronous ones by default)."""
+    return None if price is None else price.batch_cost(usage)
+
+
+async def _requests(rt: EvalRuntime, spec: EvalSpec, batch: str, keys: list[str]) -> list[Request]:
+    rows = await rt.store.execute("chunk_requests", {"b": batch, "spec": spec.hash, "keys": keys})
+    if not rows:
+        # A submission stores a chunk's items just after enqueuing its job, so a worker
+        # can run the job in between: retried, the items are there. A purged batch's
+        # never come, and the job dead-letters once its attempts are spent.
+        raise Retry(f"batch {batch!r}: none of the chunk's documents is stored", after=RACE_RETRY)
+    return [
+        Request(custom_id=key, system=spec.system, user=text,
+                schema=spec.schema, params=spec.params)
+        for key, text in rows
+    ]  # fmt: skip
+
+
+async def _cancelled(rt: EvalRuntime, batch: str) -> bool:
+    rows = await rt.store.execute("parked_state", {"b": batch})
+    return bool(rows) and rows[0][0] == "cancelled"
+
+
+async def _drop_chunk(ctx: JobContext, rt: EvalRuntime, handle: str) -> dict[str, Any]:
+    """The batch was cancelled before this chunk's provider batch was created."""
+    async with fenced(ctx, rt.store) as conn:
+        await EvalStore.on(conn, "drop_chunk", handle=handle)
+    return {"handle": handle, "cancelled": True}
+
+
+async def batch_submit(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """The built-in batch-submit task (registered in herd.builtin)."""
+    rt = await EvalRuntime.of(ctx.app)
+    batch, spec_hash, chunk, keys = (payload[k] for k in ("batch", "spec", "chunk", "keys"))
+    spec = await rt.store.spec(spec_hash)
+    api = rt.batch_api(spec)
+    # The handle first, fenced: whoever runs this job later finds the same one.
+    async with fenced(ctx, rt.store) as conn:
+        inserted = await conn.execute(
+            ledger.Q["record_handle"],
+            {"random": uuid.uuid4().hex[:20], "chunk": chunk, "b": batch, "spec": spec_hash,
+             "provider": api.name},
+        )  # fmt: skip
+        fresh = inserted.rowcount == 1
+        (row,) = await EvalStore.on(conn, "handle_of_chunk", chunk=chunk)
+    handle, file_id, batch_id = row
+    if batch_id is None:
+        # What a predecessor made before it died is at the provider, under the handle;
+        # a handle this run made has nothing there yet.
+        found = Found() if fresh else await api.find(handle)
+        file_id, batch_id = file_id or found.file_id, found.batch_id
+        if batch_id is None:
+            if await _cancelled(rt, batch):
+                return await _drop_chunk(ctx, rt, handle)
+            if file_id is None:
+                requests = await _requests(rt, spec, batch, keys)
+                await ctx.check_lease()
+                file_id = await api.upload(handle, requests)
+            await ctx.check_lease()
+            if await _cancelled(rt, batch):  # the file costs nothing; only a batch is billed
+                return await _drop_chunk(ctx, rt, handle)
+            batch_id = await api.create(handle, file_id)
+        async with fenced(ctx, rt.store) as conn:
+            await EvalStore.on(conn, "polling", file=file_id, batch_id=batch_id, handle=handle)
+    poll = await ctx.app.enqueue(
+        POLL_TASK,
+        {
+            "handle": handle,
+            "keys": keys,
+            "submit": ctx.job_id,
+            **({"retry": True} if payload.get("retry") else {}),
+        },  # fmt: skip
+        queue=QUEUE,
+        dedup_key=f"batchapi-poll:{handle}",
+        delay=POLL_FIRST,
+    )
+    # The items wait on the poll job now (herd eval status settles them from it), those
+    # of later submissions that joined this chunk's keys included.
+    async with fenced(ctx, rt.store) as conn:
+        await EvalStore.on(conn, "move_items", to=poll.job_id, job=ctx.job_id)
+    return {"handle": handle, "provider_batch": batch_id, "poll_job": poll.job_id,
+            "requests": len(keys)}  # fmt: skip
+
+
+async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """The built-in batch-poll task (registered in herd.builtin)."""
+    rt = await EvalRuntime.of(ctx.app)
+    handle, keys = payload["handle"], payload["keys"]
+    rows = await rt.store.execute("provider_batch", {"handle": handle})
+    if not rows:
+        raise Fatal(f"provider batch handle {handle} is not recorded (purged?)")
+    batch, spec_hash, batch_id, state, polls = rows[0]
+    if state == "done":
+        return {"handle": handle, "provider_batch": batch_id, "state": state}
+    spec = await rt.store.spec(spec_hash)
+    api = rt.batch_api(spec)
+    cancelled = await _cancelled(rt, batch)
+    # Asked again on every poll of a cancelled batch: cancelling is idempotent, and the
+    # batch may have been created after `herd eval cancel` looked.
+    found = await (api.cancel(batch_id) if cancelled else api.retrieve(batch_id))
+    if not found.ended:
+        await rt.store.execute("polled", {"status": found.status, "handle": handle})
+        after = POLL_FIRST if cancelled else min(POLL_MAX, POLL_FIRST * 2 ** min(polls, 10))
+        raise Snooze(f"provider batch {batch_id} is {found.status}", after=after)
+    answered = {r.custom_id: r for r in await api.results(found)}
+    # A provider whose custom_id cannot hold a whole key answers under a key prefix; an
+    # empty id answers nothing.
+    widths = sorted({len(c) for c in answered if c}, reverse=True)
+    price = rt.prices.lookup(spec.model, spec.provider)
+    good: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
+    billed = []
+    for key in keys:
+        r = next((answered[key[:n]] for n in widths if key[:n] in answered), None)
+        if r is None:
+            failed[key] = f"the provider batch ended {found.status} without answering it"
+            continue
+        if r.usage is not None:
+            billed.append((key, r.usage))
+        if r.error is not None or r.text is None:
+            failed[key] = r.error or "no answer"
+            continue
+        value, error = validate_answer(r.text, spec.schema)
+        if error is not None:
+            failed[key] = error
+        else:
+            good[key] = {"output": value, "model": r.model or spec.model}
+    for key, value in good.items():
+        await rt.cache.put(key, value)
+    # Retried once; enqueued before the fan-out commits, so a takeover enqueues them
+    # again at worst, deduplicated onto the same jobs. A cancelled batch retries nothing.
+    serving = [ctx.job_id] + ([int(payload["submit"])] if payload.get("submit") else [])
+    if failed and cancelled:  # retried only for the items still waiting (other batches')
+        waiting = await rt.store.execute(
+            "still_waiting_keys", {"jobs": serving, "keys": list(failed)}
+        )
+        failed = {k: failed[k] for (k,) in waiting}
+    fallback: dict[str, int] = {}
+    if failed:
+        fallback = await _retry(ctx, batch, spec_hash, handle, failed, bool(payload.get("retry")))
+    async with fenced(ctx, rt.store) as conn:
+        for key, usage in billed:
+            await ledger.record(conn, {
+                "batch": batch, "job": ctx.job_id, "key": key, "kind": "call",
+                "model": spec.model, "provider": spec.provider, "i": usage.input_tokens,
+                "o": usage.output_tokens, "cost": batch_cost(price, usage),
+                "ci": usage.cached_input_tokens, "cw": usage.cache_write_tokens,
+                "ps": None if price is None else price.batch_cache_saved(usage),
+            })  # fmt: skip
+        for key, value in good.items():
+            result = {"key": key, "source": "batch", **value}
+            await EvalStore.on(conn, "key_done_by_batch", result=Jsonb(result), jobs=serving,
+                               key=key)  # fmt: skip
+        for key, job_id in fallback.items():
+            await EvalStore.on(conn, "move_key", to=job_id, jobs=serving, key=key)
+        await EvalStore.on(conn, "provider_batch_done", status=found.status, handle=handle)
+    telemetry.model_batch(spec.provider, spec.model, [u for _, u in billed], price=price)
+    return {"handle": handle, "provider_batch": batch_id, "status": found.status,
+            "answered": len(good), "fallback": len(fallback)}  # fmt: skip
+
+
+async def _retry(
+    ctx: JobContext,
+    batch: str,
+    spec_hash: str,
+    handle: str,
+    failed: dict[str, str],
+    second: bool,
+) -> dict[str, int]:
+    """The one retry of the requests a provider batch failed: a herd.eval job each, or
+    one new provider batch (HERD_EVAL_BATCH_RETRY=batch). After a retry batch fails a
+    request too, its herd.eval job dead-letters it with the provider's error (a
+    ``herd dlq retry`` of that job then tries once more through the synchronous path).
+    Returns the job now serving each key."""
+    rt = await EvalRuntime.of(ctx.app)
+    if ctx.app.settings.eval_batch_retry == "batch" and not second:
+        keys = sorted(failed)
+        chunk = hashlib.sha256(f"{handle}:retry".encode()).hexdigest()
+        result = await ctx.app.enqueue(
+            SUBMIT_TASK,
+            {"batch": batch, "spec": spec_hash, "chunk": chunk, "keys": keys, "retry": True},
+            queue=QUEUE,
+            dedup_key=f"batchapi:{chunk}",
+        )
+        return dict.fromkeys(keys, result.job_id)
+    docs = await rt.store.execute(
+        "retry_documents", {"b": batch, "spec": spec_hash, "keys": list(failed)}
+    )
+    last = ctx.app.settings.eval_batch_retry == "batch"
+    enqueued = await ctx.app.enqueue_many(
+        TASK,
+        [
+            {
+                "batch": batch,
+                "path": p,
+                "doc": d,
+                "spec": spec_hash,
+                "key": k,
+                "batch_error": failed[k],
+                **({"batch_failed": True} if last else {}),
+            }
+            for k, p, d in docs
+        ],  # fmt: skip
+        queue=QUEUE,
+        dedup_keys=[k for k, _, _ in docs],
+    )
+    return {k: r.job_id for (k, _, _), r in zip(docs, enqueued, strict=True)}
+
+
+async def settle_late(app: App, job: Job) -> None:
+    """Items that joined a chunk's keys just as its job finished: after a submit job
+    they wait on its poll job; after a poll job their answers are in the exact cache
+    (or, for a key the provider batch failed, a synchronous job answers it now)."""
+    rt = await EvalRuntime.of(app)
+    poll = job.result.get("poll_job") if isinstance(job.result, dict) else None
+    if job.task == SUBMIT_TASK and isinstance(poll, int):
+        await rt.store.execute("move_items", {"to": poll, "job": job.id})
+        return
+    rows = await rt.store.execute("late_items", {"job": job.id})
+    for key, batch, path, doc, spec_hash in rows:
+        value = await rt.cache.get(key)
+        if isinstance(value, dict):
+            await rt.store.execute(
+                "job_key_done_by_batch",
+                {"result": Jsonb({"key": key, "source": "batch", **value}), "job": job.id,
+                 "key": key},
+            )  # fmt: skip
+            continue
+        made = await app.enqueue(
+            TASK,
+            {"batch": batch, "path": path, "doc": doc, "spec": spec_hash, "key": key},
+            queue=QUEUE,
+            dedup_key=key,
+        )
+        await rt.store.execute("move_job_key", {"to": made.job_id, "job": job.id, "key": key})

@@ -1,0 +1,188 @@
+"""The cost ledger's summary, kept in the transaction of each ledger row.
+
+Read paths (/overview, /metrics, `herd status`, `herd eval status`) read the
+summary tables of migration 3001: a row per kind, and per batch and kind, never
+the ledger itself, so they cost the same with a million rows as with ten, and the
+totals survive the purge of the itemised rows (HERD_LEDGER_TTL).
+
+Money saved: an avoided call (cache, singleflight, dedup) is worth what one
+computation of its key cost: the cost of the key's calls divided by the number of
+jobs that made them (a repair is a second call of one job). herd_eval_keys keeps
+those two figures and how many calls of each avoided kind the key has saved, so a
+later call that changes the key's estimate revalues the saved totals by
+``avoided × (new estimate − old)`` in the same transaction. That is exactly what a
+recomputation over the ledger gives, also for a dedup row written before the call
+it avoided, until the key's rows are purged; after that the estimate of a key that
+comes back starts over.
+
+The provider's prompt cache is counted apart (migration 3003): a call's cached input
+and cache-write tokens, and ``provider_saved``, its cost at the full input price minus
+its cost (herd.llm.pricing.Price.cache_saved). ``saved`` stays herd's own cache.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from herd.db.queries import named
+from herd.llm.eval.money import money
+
+AVOIDED = ("cache", "singleflight", "dedup")
+PAID = ("call", "lost", "failed", "cut_short")  # calls that reached the provider
+KINDS = (*PAID, *AVOIDED)
+
+Q = named("herd.llm.eval")
+CACHE_FIELDS = {"ci": 0, "cw": 0, "ps": None}  # a row's prompt-cache figures when it has none
+
+
+def _estimate(cost: Decimal | None, jobs: int) -> Decimal | None:
+    return cost / jobs if cost is not None and jobs else None
+
+
+def _exact(row: dict[str, Any]) -> dict[str, Any]:
+    return {**CACHE_FIELDS, **row, "cost": money(row.get("cost")),
+            "ps": money(row.get("ps"))}  # fmt: skip
+
+
+async def record(conn: AsyncConnection[Any], row: dict[str, Any]) -> None:
+    """Insert one closed ledger row (keys of ledger_insert; the prompt-cache ones may be
+    left out) and bring the summary up to date, in one transaction on ``conn``."""
+    row = _exact(row)
+    async with conn.transaction():
+        await _summarize(conn, row)
+        await conn.execute(Q["ledger_insert"], row)
+
+
+async def _summarize(conn: AsyncConnection[Any], row: dict[str, Any]) -> None:
+    """Count a row that is being closed (or written closed) in the summaries; in the
+    caller's transaction, before the row itself reads as closed. Kinds go in a fixed
+    order: every transaction locks its key's row, then its batch's, then the totals in
+    KINDS order, so concurrent inserts queue and never deadlock."""
+    kind, cost = row["kind"], row["cost"]
+    totals: dict[str, list[Any]] = {
+        kind: [1, row["i"], row["o"], cost, None, row["ci"], row["cw"], row["ps"]]
+    }
+    if kind in ("call", *AVOIDED):
+        cur = await conn.execute(Q["ledger_key"], row)  # locks the key's row until commit
+        fetched = await cur.fetchone()
+        assert fetched is not None
+        key_cost, jobs, *avoided = fetched
+        before = _estimate(key_cost, jobs)
+        if kind == "call":
+            cur = await conn.execute(Q["ledger_new_job"], row)
+            new_job = (await cur.fetchone() or (False,))[0]
+            if cost is not None:
+                key_cost = cost if key_cost is None else key_cost + cost
+            jobs += 1 if new_job else 0
+            after = _estimate(key_cost, jobs)
+            if after is not None:
+                for other, n in zip(AVOIDED, avoided, strict=True):
+                    if n and after != before:
+                        revalued = n * (after - (before or Decimal(0)))
+                        totals[other] = [0, 0, 0, None, revalued, 0, 0, None]
+            await conn.execute(
+                Q["ledger_key_cost"], {"cost": key_cost, "jobs": jobs, "key": row["key"]}
+            )
+        else:
+            totals[kind][4] = before
+            await conn.execute(Q["ledger_key_avoided"], {"kind": kind, "key": row["key"]})
+    if row["batch"] is not None:
+        await conn.execute(Q["ledger_add_batch"], row)
+    kinds = [k for k in KINDS if k in totals]
+    columns = [list(c) for c in zip(*(totals[k] for k in kinds), strict=True)]
+    await conn.execute(
+        Q["ledger_add_totals"],
+        {
+            "kinds": kinds,
+            **dict(zip(("n", "i", "o", "cost", "saved", "ci", "cw", "ps"), columns, strict=True)),
+        },
+    )
+
+
+async def reserve(conn: AsyncConnection[Any], batch: str, worst: Decimal | None) -> bool | None:
+    """Reserve a call's worst case against its batch's budget, checked in the same
+    statement: two workers reserving at once are serialized on the batch's row, so
+    neither sees room the other has taken. None: over budget, parked, or a batch
+    without a row; else whether the batch has a budget."""
+    cur = await conn.execute(Q["ledger_reserve"], {"b": batch, "w": worst or Decimal(0)})
+    found = await cur.fetchone()
+    return None if found is None else found[0] is not None
+
+
+async def open_call(conn: AsyncConnection[Any], row: dict[str, Any]) -> int:
+    """Open a call's row (keys of ledger_open: ``w`` the reservation) before the request
+    leaves; in the caller's transaction (fenced by the job's lease on PostgreSQL)."""
+    cur = await conn.execute(Q["ledger_open"], {**row, "w": money(row.get("w"))})
+    fetched = await cur.fetchone()
+    assert fetched is not None
+    return int(fetched[0])
+
+
+async def close(
+    conn: AsyncConnection[Any],
+    call_id: int,
+    kind: str | None,
+    *,
+    i: int | None = None,
+    o: int = 0,
+    cost: Decimal | float | None = None,
+    cached: int = 0,
+    written: int = 0,
+    provider_saved: Decimal | float | None = None,
+) -> bool:
+    """Close an open call as ``kind`` with its usage and cost (``i`` None: the
+    estimate it was opened with; ``cached``/``written``: its input tokens read from and
+    written to the provider's prompt cache, ``provider_saved`` what that saved), count
+    it in the summaries and release its reservation into the batch's spent, in one
+    transaction. ``kind`` None: the request never left, the row goes and nothing is
+    counted. False when the row was closed already (another worker took it over as cut
+    short).
+
+    A call that may have been billed without its usage coming back (cut short, lost,
+    failed after sending) is charged its reservation: the provider bills the output it
+    generated after the client left, and a budget must hold for it."""
+    async with conn.transaction():
+        cur = await conn.execute(Q["ledger_lock_open"], {"id": call_id})
+        found = await cur.fetchone()
+        if found is None:
+            return False
+        batch, job, key, model, provider, estimate, reserved = found
+        if kind is None:
+            await conn.execute(Q["ledger_not_sent"], {"id": call_id})
+            await conn.execute(Q["ledger_spend"], {"batch": batch, "cost": None, "w": reserved})
+            return True
+        if kind in ESTIMATED and reserved is not None:
+            cost = reserved  # the worst case it reserved: what it may have cost
+        row = _exact({"id": call_id, "batch": batch, "job": job, "key": key, "kind": kind,
+                      "model": model, "provider": provider, "i": estimate if i is None else i,
+                      "o": o, "cost": cost, "ci": cached, "cw": written,
+                      "ps": provider_saved})  # fmt: skip
+        await _summarize(conn, row)
+        await conn.execute(Q["ledger_close"], row)
+        if batch is not None:
+            await conn.execute(
+                Q["ledger_spend"], {"batch": batch, "cost": row["cost"], "w": reserved}
+            )
+        return True
+
+
+# Calls whose usage never came back: charged at their reservation (the worst case).
+ESTIMATED = ("cut_short", "lost", "failed")
+
+
+async def cut_short(conn: AsyncConnection[Any], *, job_id: int | None = None,
+                    keep: float = 0.0, limit: int = 1000) -> int:  # fmt: skip
+    """Close as 'cut_short' the open calls of ``job_id`` (its previous run died
+    mid-call), or with None those opened more than ``keep`` seconds ago; returns how
+    many."""
+    if job_id is not None:
+        cur = await conn.execute(Q["ledger_open_of_job"], {"job": job_id})
+    else:
+        cur = await conn.execute(Q["ledger_open_before"], {"keep": keep, "limit": limit})
+    closed = 0
+    for (call_id,) in await cur.fetchall():
+        closed += await close(conn, call_id, "cut_short")
+    return closed

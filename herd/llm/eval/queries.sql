@@ -1,0 +1,414 @@
+-- Every statement on the herd_eval_* tables, one block per verb (herd.llm.eval.store and
+-- herd.llm.eval.ledger send them; nothing else writes these tables).
+
+-- name: put_documents
+-- A submission refreshes created_at: retention counts from the last one.
+INSERT INTO herd_eval_documents (hash, text)
+SELECT * FROM unnest(%(hashes)s::text[], %(texts)s::text[])
+ON CONFLICT (hash) DO UPDATE SET created_at = now();
+
+-- name: put_spec
+INSERT INTO herd_eval_specs (hash, spec) VALUES (%(hash)s, %(spec)s)
+ON CONFLICT (hash) DO UPDATE SET created_at = now();
+
+-- name: document
+SELECT text FROM herd_eval_documents WHERE hash = %(hash)s;
+
+-- name: spec
+SELECT spec FROM herd_eval_specs WHERE hash = %(hash)s;
+
+-- name: put_items
+-- doc and spec: what the job will read, kept from retention while this is queued.
+INSERT INTO herd_eval_items (batch, path, key, job_id, doc, spec)
+SELECT %(batch)s, p, k, j, d, %(spec)s
+  FROM unnest(%(paths)s::text[], %(keys)s::text[], %(jobs)s::bigint[], %(docs)s::text[])
+       AS x(p, k, j, d)
+ON CONFLICT DO NOTHING;
+
+-- name: put_batch
+-- A later submit to the same batch leaves its budget and limits unless given.
+INSERT INTO herd_eval_batches AS b (batch, budget, limits)
+VALUES (%(b)s, %(budget)s, coalesce(%(limits)s, '{}'::jsonb))
+ON CONFLICT (batch) DO UPDATE SET
+   budget = CASE WHEN %(set)s THEN excluded.budget ELSE b.budget END,
+   limits = coalesce(%(limits)s, b.limits), updated_at = now()
+RETURNING parked;
+
+-- name: batch
+SELECT budget, spent, reserved, parked, limits, parked_reason, created_at
+  FROM herd_eval_batches WHERE batch = %(b)s;
+
+-- name: batch_exists
+SELECT EXISTS (SELECT 1 FROM herd_eval_batches WHERE batch = %(b)s)
+    OR EXISTS (SELECT 1 FROM herd_eval_items WHERE batch = %(b)s);
+
+-- name: legacy_batch
+-- A batch submitted before batches had rows.
+INSERT INTO herd_eval_batches (batch) VALUES (%(b)s) ON CONFLICT (batch) DO NOTHING;
+
+-- name: park
+-- Parked for its budget, or refused by the provider; never over a cancellation.
+UPDATE herd_eval_batches
+   SET parked = %(why)s, parked_reason = %(reason)s,
+       parked_at = coalesce(parked_at, now()), updated_at = now()
+ WHERE batch = %(b)s AND parked IS DISTINCT FROM 'cancelled';
+
+-- name: park_items
+UPDATE herd_eval_items SET status = 'parked'
+ WHERE batch = %(b)s AND status = 'queued' RETURNING job_id;
+
+-- name: unpark
+UPDATE herd_eval_batches SET parked = NULL, parked_at = NULL, parked_reason = NULL,
+       updated_at = now()
+ WHERE batch = %(b)s AND parked = ANY(%(why)s) RETURNING batch;
+
+-- name: unpark_items
+UPDATE herd_eval_items SET status = 'queued'
+ WHERE batch = %(b)s AND status = 'parked' RETURNING job_id;
+
+-- name: set_budget
+UPDATE herd_eval_batches SET budget = %(budget)s, updated_at = now()
+ WHERE batch = %(b)s RETURNING spent, reserved, parked;
+
+-- name: cancel_batch
+UPDATE herd_eval_batches SET parked = 'cancelled', parked_at = now(), parked_reason = NULL,
+       updated_at = now()
+ WHERE batch = %(b)s RETURNING batch;
+
+-- name: cancel_items
+UPDATE herd_eval_items SET status = 'cancelled', finished_at = now()
+ WHERE batch = %(b)s AND status IN ('queued', 'parked') RETURNING job_id;
+
+-- name: cancel_job_items
+UPDATE herd_eval_items SET status = 'cancelled', finished_at = now()
+ WHERE job_id = %(job)s AND status IN ('queued', 'parked');
+
+-- name: open_provider_batches
+SELECT handle, spec, provider_batch_id FROM herd_eval_provider_batches
+ WHERE batch = %(b)s AND state <> 'done' ORDER BY handle;
+
+-- name: items_cancelled
+SELECT count(*) FROM herd_eval_items WHERE batch = %(b)s AND status = 'cancelled';
+
+-- name: job_done
+-- Every item a job serves: documents deduplicated onto it share its result. Only the
+-- items of its own key: a job id reused after its store lost data serves another key.
+UPDATE herd_eval_items SET status = 'done', source = %(source)s, result = %(result)s,
+       finished_at = now()
+ WHERE job_id = %(job)s AND key = %(key)s AND status <> 'done';
+
+-- name: waiting_jobs
+-- Parked items too: a job running when its batch parked is still running.
+SELECT DISTINCT job_id FROM herd_eval_items
+ WHERE status IN ('queued', 'parked') AND (%(b)s::text IS NULL OR batch = %(b)s);
+
+-- name: settle_job
+-- A job's result lands on the items of the key it answered, the same check as job_done.
+UPDATE herd_eval_items SET status = 'done', source = %(source)s, result = %(result)s,
+       finished_at = now()
+ WHERE job_id = %(job)s AND key = %(key)s AND status IN ('queued', 'parked');
+
+-- name: counts
+SELECT count(*), count(*) FILTER (WHERE status = 'done'),
+       count(*) FILTER (WHERE status = 'parked'),
+       count(*) FILTER (WHERE status = 'cancelled')
+  FROM herd_eval_items WHERE %(b)s::text IS NULL OR batch = %(b)s;
+
+-- name: batch_specs
+SELECT s.spec->>'provider', s.spec->>'model' FROM herd_eval_specs s
+ WHERE s.hash IN (SELECT DISTINCT spec FROM herd_eval_items WHERE batch = %(b)s);
+
+-- name: list_batches
+-- Newest first, a page at a time: (created_at, batch) of the last row seen.
+SELECT b.batch, b.created_at, b.budget, b.spent, b.parked, b.parked_reason
+  FROM herd_eval_batches b
+ WHERE %(before)s::timestamptz IS NULL OR (b.created_at, b.batch) < (%(before)s, %(after)s)
+ ORDER BY b.created_at DESC, b.batch DESC LIMIT %(limit)s;
+
+-- name: batch_counts
+SELECT batch, count(*), count(*) FILTER (WHERE status = 'done'),
+       count(*) FILTER (WHERE status = 'parked'),
+       count(*) FILTER (WHERE status = 'cancelled')
+  FROM herd_eval_items WHERE batch = ANY(%(batches)s) GROUP BY batch;
+
+-- name: results
+-- One row per document, answered or not, with what its answer cost.
+SELECT i.path, i.status, i.source, i.result, i.job_id, i.key, i.finished_at,
+       s.spec->>'model', s.spec->>'provider'
+  FROM herd_eval_items i LEFT JOIN herd_eval_specs s ON s.hash = i.spec
+ WHERE i.batch = %(b)s AND (%(after)s::text IS NULL OR i.path > %(after)s)
+ ORDER BY i.path LIMIT %(limit)s;
+
+-- name: key_calls
+-- What the calls of these keys made for this batch cost: tokens, cost and time.
+SELECT key, sum(input_tokens), sum(cached_input_tokens), sum(output_tokens),
+       sum(cost), bool_or(cost IS NULL), min(at), max(at), count(*)
+  FROM herd_eval_ledger
+ WHERE batch = %(b)s AND key = ANY(%(keys)s) AND state = 'closed'
+   AND kind IN ('call', 'lost', 'failed', 'cut_short')
+ GROUP BY key;
+
+-- name: in_flight
+SELECT DISTINCT ON (key) key, job_id FROM herd_eval_items
+ WHERE spec = %(spec)s AND key = ANY(%(keys)s) AND status IN ('queued', 'parked')
+ ORDER BY key, job_id DESC;
+
+-- name: chunk_requests
+SELECT DISTINCT ON (i.key) i.key, d.text FROM herd_eval_items i
+  JOIN herd_eval_documents d ON d.hash = i.doc
+ WHERE i.batch = %(b)s AND i.spec = %(spec)s AND i.key = ANY(%(keys)s);
+
+-- name: parked_state
+SELECT parked FROM herd_eval_batches WHERE batch = %(b)s;
+
+-- name: record_handle
+-- The handle starts with its time in milliseconds (12 hex) by the store's clock, not the
+-- worker's: a worker whose clock runs fast must not make a takeover miss its batch.
+INSERT INTO herd_eval_provider_batches (handle, chunk, batch, spec, provider)
+VALUES (lpad(to_hex(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0')
+        || %(random)s, %(chunk)s, %(b)s, %(spec)s, %(provider)s)
+ON CONFLICT (chunk) DO NOTHING;
+
+-- name: handle_of_chunk
+SELECT handle, file_id, provider_batch_id FROM herd_eval_provider_batches
+ WHERE chunk = %(chunk)s;
+
+-- name: drop_chunk
+UPDATE herd_eval_provider_batches SET state = 'done', status = 'cancelled', updated_at = now()
+ WHERE handle = %(handle)s;
+
+-- name: polling
+UPDATE herd_eval_provider_batches
+   SET file_id = %(file)s, provider_batch_id = %(batch_id)s, state = 'polling',
+       updated_at = now()
+ WHERE handle = %(handle)s;
+
+-- name: move_items
+-- The items waiting on one job wait on another now (a poll job, a retry job).
+UPDATE herd_eval_items SET job_id = %(to)s WHERE job_id = %(job)s AND status = 'queued';
+
+-- name: provider_batch
+SELECT batch, spec, provider_batch_id, state, polls FROM herd_eval_provider_batches
+ WHERE handle = %(handle)s;
+
+-- name: polled
+UPDATE herd_eval_provider_batches SET polls = polls + 1, status = %(status)s,
+       updated_at = now()
+ WHERE handle = %(handle)s;
+
+-- name: still_waiting_keys
+SELECT DISTINCT key FROM herd_eval_items
+ WHERE job_id = ANY(%(jobs)s) AND key = ANY(%(keys)s) AND status IN ('queued', 'parked');
+
+-- name: key_done_by_batch
+-- By job, not batch: a later submission's items joined these keys. An answer that came
+-- back from a batch cancelled mid-run was paid for: delivered.
+UPDATE herd_eval_items SET status = 'done', source = 'batch',
+       result = %(result)s || jsonb_build_object('path', path), finished_at = now()
+ WHERE job_id = ANY(%(jobs)s) AND key = %(key)s AND status <> 'done';
+
+-- name: move_key
+UPDATE herd_eval_items SET job_id = %(to)s
+ WHERE job_id = ANY(%(jobs)s) AND key = %(key)s AND status IN ('queued', 'parked');
+
+-- name: provider_batch_done
+UPDATE herd_eval_provider_batches SET state = 'done', status = %(status)s, updated_at = now()
+ WHERE handle = %(handle)s;
+
+-- name: retry_documents
+SELECT DISTINCT ON (key) key, path, doc FROM herd_eval_items
+ WHERE batch = %(b)s AND spec = %(spec)s AND key = ANY(%(keys)s);
+
+-- name: late_items
+SELECT DISTINCT ON (key) key, batch, path, doc, spec FROM herd_eval_items
+ WHERE job_id = %(job)s AND status IN ('queued', 'parked');
+
+-- name: move_job_key
+UPDATE herd_eval_items SET job_id = %(to)s
+ WHERE job_id = %(job)s AND key = %(key)s AND status IN ('queued', 'parked');
+
+-- name: job_key_done_by_batch
+UPDATE herd_eval_items SET status = 'done', source = 'batch',
+       result = %(result)s || jsonb_build_object('path', path), finished_at = now()
+ WHERE job_id = %(job)s AND key = %(key)s AND status <> 'done';
+
+-- The cost ledger (herd.llm.eval.ledger): a row per call made or avoided, and its
+-- summaries kept in the same transaction.
+
+-- name: ledger_key
+INSERT INTO herd_eval_keys (key) VALUES (%(key)s)
+ON CONFLICT (key) DO UPDATE SET last_at = now()
+RETURNING cost, jobs, cache, singleflight, dedup;
+
+-- name: ledger_new_job
+SELECT NOT EXISTS (SELECT 1 FROM herd_eval_ledger
+                    WHERE key = %(key)s AND kind = 'call' AND state = 'closed'
+                      AND coalesce(job_id, 0) = coalesce(%(job)s::bigint, 0));
+
+-- name: ledger_insert
+INSERT INTO herd_eval_ledger (batch, job_id, key, kind, model, provider, input_tokens,
+                              output_tokens, cost, cached_input_tokens, cache_write_tokens,
+                              provider_saved)
+VALUES (%(batch)s, %(job)s, %(key)s, %(kind)s, %(model)s, %(provider)s, %(i)s, %(o)s, %(cost)s,
+        %(ci)s, %(cw)s, %(ps)s);
+
+-- name: ledger_add_totals
+INSERT INTO herd_eval_ledger_totals AS t (kind, n, input_tokens, output_tokens, cost, saved,
+                                          cached_input_tokens, cache_write_tokens,
+                                          provider_saved)
+SELECT * FROM unnest(%(kinds)s::text[], %(n)s::bigint[], %(i)s::bigint[], %(o)s::bigint[],
+                     %(cost)s::numeric[], %(saved)s::numeric[], %(ci)s::bigint[],
+                     %(cw)s::bigint[], %(ps)s::numeric[])
+ON CONFLICT (kind) DO UPDATE
+   SET n = t.n + excluded.n, input_tokens = t.input_tokens + excluded.input_tokens,
+       output_tokens = t.output_tokens + excluded.output_tokens,
+       cost = CASE WHEN excluded.cost IS NULL THEN t.cost ELSE coalesce(t.cost, 0) + excluded.cost END, saved = CASE WHEN excluded.saved IS NULL THEN t.saved ELSE coalesce(t.saved, 0) + excluded.saved END,
+       cached_input_tokens = t.cached_input_tokens + excluded.cached_input_tokens,
+       cache_write_tokens = t.cache_write_tokens + excluded.cache_write_tokens, provider_saved = CASE WHEN excluded.provider_saved IS NULL THEN t.provider_saved ELSE coalesce(t.provider_saved, 0) + excluded.provider_saved END;
+
+-- name: ledger_add_batch
+INSERT INTO herd_eval_batch_totals AS t (batch, kind, n, input_tokens, output_tokens, cost,
+                                         cached_input_tokens, cache_write_tokens,
+                                         provider_saved)
+VALUES (%(batch)s, %(kind)s, 1, %(i)s, %(o)s, %(cost)s, %(ci)s, %(cw)s, %(ps)s)
+ON CONFLICT (batch, kind) DO UPDATE
+   SET n = t.n + 1, input_tokens = t.input_tokens + excluded.input_tokens,
+       output_tokens = t.output_tokens + excluded.output_tokens,
+       cost = CASE WHEN excluded.cost IS NULL THEN t.cost ELSE coalesce(t.cost, 0) + excluded.cost END, cached_input_tokens = t.cached_input_tokens + excluded.cached_input_tokens,
+       cache_write_tokens = t.cache_write_tokens + excluded.cache_write_tokens,
+       provider_saved = CASE WHEN excluded.provider_saved IS NULL THEN t.provider_saved ELSE coalesce(t.provider_saved, 0) + excluded.provider_saved END, updated_at = now();
+
+-- name: ledger_reserve
+UPDATE herd_eval_batches SET reserved = reserved + %(w)s, updated_at = now()
+ WHERE batch = %(b)s AND parked IS NULL
+   AND (budget IS NULL OR spent + reserved + %(w)s <= budget)
+RETURNING budget;
+
+
+-- name: ledger_open
+INSERT INTO herd_eval_ledger (batch, job_id, key, kind, model, provider, input_tokens, state,
+                              reserved)
+VALUES (%(batch)s, %(job)s, %(key)s, 'call', %(model)s, %(provider)s, %(i)s, 'open', %(w)s)
+RETURNING id;
+
+-- name: ledger_lock_open
+SELECT batch, job_id, key, model, provider, input_tokens, reserved FROM herd_eval_ledger
+ WHERE id = %(id)s AND state = 'open' FOR UPDATE;
+
+-- name: ledger_close
+UPDATE herd_eval_ledger SET state = 'closed', kind = %(kind)s, input_tokens = %(i)s,
+       output_tokens = %(o)s, cost = %(cost)s, cached_input_tokens = %(ci)s,
+       cache_write_tokens = %(cw)s, provider_saved = %(ps)s
+ WHERE id = %(id)s;
+
+-- name: ledger_not_sent
+DELETE FROM herd_eval_ledger WHERE id = %(id)s;
+
+-- name: ledger_spend
+UPDATE herd_eval_batches
+   SET spent = spent + coalesce(%(cost)s, 0),
+       reserved = greatest(0, reserved - coalesce(%(w)s, 0)), updated_at = now()
+ WHERE batch = %(batch)s;
+
+-- name: ledger_open_of_job
+SELECT id FROM herd_eval_ledger WHERE job_id = %(job)s AND state = 'open' ORDER BY id;
+
+-- name: ledger_open_before
+SELECT id FROM herd_eval_ledger
+ WHERE state = 'open' AND at < now() - make_interval(secs => %(keep)s)
+ ORDER BY at LIMIT %(limit)s;
+
+-- name: ledger_totals
+SELECT kind, n, input_tokens, output_tokens, cost, saved, cached_input_tokens,
+       cache_write_tokens, provider_saved FROM herd_eval_ledger_totals;
+
+-- name: ledger_batch_totals
+SELECT kind, n, input_tokens, output_tokens, cost, NULL::float8, cached_input_tokens,
+       cache_write_tokens, provider_saved FROM herd_eval_batch_totals
+ WHERE batch = %(b)s;
+
+-- name: purge_ledger
+DELETE FROM herd_eval_ledger WHERE id IN (
+    SELECT id FROM herd_eval_ledger WHERE at < now() - make_interval(secs => %(keep)s)
+       AND state = 'closed'
+     ORDER BY at LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
+
+-- name: purge_keys
+DELETE FROM herd_eval_keys WHERE key IN (
+    SELECT key FROM herd_eval_keys WHERE last_at < now() - make_interval(secs => %(keep)s)
+     ORDER BY last_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
+
+-- name: purge_items
+DELETE FROM herd_eval_items WHERE (batch, path) IN (
+    SELECT batch, path FROM herd_eval_items
+     WHERE status IN ('done', 'cancelled')
+       AND finished_at < now() - make_interval(secs => %(keep)s)
+     ORDER BY finished_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
+
+-- name: purge_batch_totals
+DELETE FROM herd_eval_batch_totals WHERE (batch, kind) IN (
+    SELECT batch, kind FROM herd_eval_batch_totals b
+     WHERE updated_at < now() - make_interval(secs => %(keep)s)
+       AND NOT EXISTS (SELECT 1 FROM herd_eval_items i WHERE i.batch = b.batch)
+     ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
+
+-- name: legacy_queued
+SELECT EXISTS (SELECT 1 FROM herd_eval_items
+                WHERE status IN ('queued', 'parked') AND (doc IS NULL OR spec IS NULL));
+
+-- name: purge_documents
+DELETE FROM herd_eval_documents WHERE hash IN (
+    SELECT hash FROM herd_eval_documents d
+     WHERE created_at < now() - make_interval(secs => %(keep)s)
+       AND NOT EXISTS (SELECT 1 FROM herd_eval_items i
+                        WHERE i.status IN ('queued', 'parked') AND i.doc = d.hash)
+     ORDER BY created_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
+
+-- name: purge_specs
+DELETE FROM herd_eval_specs WHERE hash IN (
+    SELECT hash FROM herd_eval_specs s
+     WHERE created_at < now() - make_interval(secs => %(keep)s)
+       AND NOT EXISTS (SELECT 1 FROM herd_eval_items i
+                        WHERE i.status IN ('queued', 'parked') AND i.spec = s.hash)
+     ORDER BY created_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
+
+-- name: purge_provider_batches
+DELETE FROM herd_eval_provider_batches WHERE handle IN (
+    SELECT handle FROM herd_eval_provider_batches
+     WHERE state = 'done' AND updated_at < now() - make_interval(secs => %(keep)s)
+     ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
+
+-- name: purge_batches
+DELETE FROM herd_eval_batches WHERE batch IN (
+    SELECT batch FROM herd_eval_batches b
+     WHERE updated_at < now() - make_interval(secs => %(keep)s)
+       AND NOT EXISTS (SELECT 1 FROM herd_eval_items i WHERE i.batch = b.batch)
+     ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
+
+-- name: ledger_key_cost
+UPDATE herd_eval_keys SET cost = %(cost)s, jobs = %(jobs)s WHERE key = %(key)s;
+
+-- name: ledger_key_avoided
+UPDATE herd_eval_keys
+   SET cache = cache + (%(kind)s = 'cache')::int,
+       singleflight = singleflight + (%(kind)s = 'singleflight')::int,
+       dedup = dedup + (%(kind)s = 'dedup')::int
+ WHERE key = %(key)s;
+
+-- name: waiting_items
+-- The items still waiting on a job (of a batch, or of all), with the key each job
+-- must answer: a job id that names another key was reused after its store lost data.
+SELECT path, job_id, key FROM herd_eval_items
+ WHERE status IN ('queued', 'parked') AND (%(b)s::text IS NULL OR batch = %(b)s)
+ ORDER BY path;
+
+-- name: recent_rate
+-- Documents answered in the last minute, and the first answer's time: the rate and ETA.
+SELECT count(*) FILTER (WHERE finished_at > now() - interval '60 seconds'),
+       extract(epoch FROM now() - min(finished_at)),
+       extract(epoch FROM now() - max(finished_at))
+  FROM herd_eval_items WHERE batch = %(b)s AND status = 'done';
+
+-- name: batch_schema
+SELECT s.spec->'schema' FROM herd_eval_specs s
+ WHERE s.hash IN (SELECT DISTINCT spec FROM herd_eval_items WHERE batch = %(b)s) LIMIT 1;

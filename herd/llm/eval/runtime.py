@@ -1,0 +1,175 @@
+"""A process's resources for evaluations, opened on first use and closed with the app:
+the store, the exact cache, prices, provider clients (from the provider registry),
+and the fleet's limiter with the limits in force."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from herd.app import App
+from herd.cache import ExactCache
+from herd.cache.stores import cache_stores
+from herd.config import EVAL_MAX_TOKENS
+from herd.errors import Fatal, InvalidInput
+from herd.limits import Limit, Limiter, LimitsFile, for_broker
+from herd.limits import load as load_limits
+from herd.llm.eval.spec import EvalSpec
+from herd.llm.eval.store import EvalStore
+from herd.llm.pricing import PriceTable
+from herd.llm.providers import Provider, RetryPolicy, registry
+from herd.llm.providers.batch import BatchAPI
+
+# A batch's stored limits are read again after this long: a limit changed for a batch
+# reaches every worker within it.
+BATCH_LIMITS_TTL = 5.0
+
+
+def prices_in_force() -> PriceTable:
+    """herd's price table, with HERD_PRICES's entries (a JSON file) over it."""
+    prices = PriceTable.default()
+    if os.environ.get("HERD_PRICES"):
+        prices = prices.merged(PriceTable.from_file(os.environ["HERD_PRICES"]))
+    return prices
+
+
+@dataclass
+class EvalRuntime:
+    """A worker process's resources for evaluations, opened on first use."""
+
+    store: EvalStore
+    cache: ExactCache
+    prices: PriceTable
+    providers: dict[tuple[str, str, bool], Provider] = field(default_factory=dict)
+    batch_apis: dict[tuple[str, str], BatchAPI] = field(default_factory=dict)
+    max_tokens: int = EVAL_MAX_TOKENS  # the setting eval_max_tokens
+    # The fleet's provider limits, kept in the job store (None: a broker without one).
+    limiter: Limiter | None = None
+    limits_file: LimitsFile | None = None  # HERD_LIMITS
+    max_wait: float = 30.0  # the setting limit_max_wait
+    _batch_limits: dict[str, tuple[float, Limit]] = field(default_factory=dict)
+
+    @classmethod
+    async def of(cls, app: App) -> EvalRuntime:
+        runtime = app.state.get("eval")
+        if runtime is None:
+            lock = app.state.setdefault("eval.lock", asyncio.Lock())
+            async with lock:
+                runtime = app.state.get("eval")
+                if runtime is None:
+                    runtime = await cls._open(app)
+                    app.state["eval"] = runtime
+        assert isinstance(runtime, EvalRuntime)
+        return runtime
+
+    @classmethod
+    async def _open(cls, app: App) -> EvalRuntime:
+        url = app.database_url()
+        cache_store, locks = cache_stores(app.settings, database_url=url)
+        prices = prices_in_force()
+        settings = app.settings
+        store = EvalStore(url, ledger_ttl=settings.ledger_ttl, eval_ttl=settings.eval_ttl)
+        limits_file = load_limits(settings.limits_path) if settings.limits_path else None
+        try:
+            limiter: Limiter | None = for_broker(app.broker.name, getattr(app.broker, "url", ""))
+        except ValueError:  # a broker of a kind herd.limits has no store for
+            limiter = None
+        opened: list[Any] = []
+
+        async def close() -> None:
+            for provider in runtime.providers.values():
+                await provider.aclose()
+            for client in runtime.batch_apis.values():
+                await client.aclose()
+            for part in reversed(opened):
+                await part.close()
+
+        runtime = cls(
+            store,
+            ExactCache(
+                cache_store,
+                locks,
+                namespace="eval",
+                ttl=settings.cache_ttl or None,
+                lock_ttl=settings.eval_lock_ttl,
+            ),
+            prices,
+            max_tokens=app.settings.eval_max_tokens,
+            limiter=limiter,
+            limits_file=limits_file,
+            max_wait=float(settings.limit_max_wait),
+        )
+        try:
+            # Each part is closed with the app once open: one that fails to open
+            # must not leave the others' pools behind.
+            parts: list[Any] = [store, cache_store, locks, *([limiter] if limiter else [])]
+            for part in parts:
+                await part.open()
+                opened.append(part)
+        except BaseException:
+            await close()
+            raise
+        app.on_close(close)
+        return runtime
+
+    def provider(self, spec: EvalSpec, *, limited: bool = False) -> Provider:
+        """The spec's provider client; ``limited``: one that raises a 429 at once, for the
+        fleet's limiter to pause the limit and decide when to try again."""
+        found = self.providers.get((spec.provider, spec.model, limited))
+        if found is None:
+            retry = RetryPolicy(retry_rate_limited=False) if limited else None
+            try:
+                kind = registry.kind(spec.provider)
+            except InvalidInput as exc:
+                raise Fatal(str(exc)) from None
+            found = kind.sync(spec.model, self.max_tokens, retry)
+            self.providers[(spec.provider, spec.model, limited)] = found
+        return found
+
+    def batch_api(self, spec: EvalSpec) -> BatchAPI:
+        """The spec's Batch API client, one per process and (provider, model)."""
+        found = self.batch_apis.get((spec.provider, spec.model))
+        if found is None:
+            make = registry.kind(spec.provider).batch
+            if make is None:
+                raise Fatal(f"the {spec.provider} Batch API is not supported yet")
+            found = self.batch_apis[(spec.provider, spec.model)] = make(spec.model)
+        return found
+
+    def most_output(self, spec: EvalSpec, asked: int | None) -> tuple[int, bool]:
+        """The most output tokens a call asks for, and whether the request names it: its
+        params' max, else what the provider's client sends by itself (Anthropic's
+        max_tokens), else the setting HERD_EVAL_MAX_TOKENS (not named)."""
+        if asked is not None:
+            return asked, True
+        own = registry.kind(spec.provider).default_max_tokens
+        if own:
+            return min(own, self.max_tokens), True
+        return self.max_tokens, False
+
+    async def limit_for(self, spec: EvalSpec, key: str, batch: str | None) -> Limit:
+        """The limit a call of ``spec`` under API key id ``key`` obeys: HERD_LIMITS's entry
+        and the batch's own limits, the stricter of each."""
+        limit = (
+            self.limits_file.limit_for(spec.provider, spec.model, key)
+            if self.limits_file
+            else Limit()
+        )
+        if batch is None:
+            return limit
+        now = time.monotonic()
+        cached = self._batch_limits.get(batch)
+        if cached is None or now - cached[0] > BATCH_LIMITS_TTL:
+            row = await self.store.batch(batch)
+            stored = row.get("limits") if row else None
+            try:
+                own = Limit.from_json(stored or {}, where=f"batch {batch!r} limits")
+            except InvalidInput as exc:
+                raise Fatal(str(exc)) from None
+            if len(self._batch_limits) > 1000:  # bounded: batches come and go
+                self._batch_limits.clear()
+            cached = self._batch_limits[batch] = (now, own)
+        return limit.stricter(cached[1])

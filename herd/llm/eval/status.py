@@ -1,0 +1,256 @@
+"""Where a batch stands: its items settled against their jobs, counted, priced and
+explained (why it waits, what to run next), and the list of batches."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from herd.app import App
+from herd.errors import BatchNotFound
+from herd.llm.eval import batchapi
+from herd.llm.eval.ledger import ESTIMATED
+from herd.llm.eval.runtime import EvalRuntime
+from herd.llm.eval.spec import BATCH_API_TASKS, TASK
+from herd.queue.base import Job
+
+FAILURES_SHOWN = 50
+GONE = "its job no longer exists; submit it again"
+
+
+def next_step(batch: str, parked: str | None) -> str | None:
+    """The command that gets a parked batch going again."""
+    if parked == "budget":
+        return f"herd eval budget {batch} USD"
+    if parked == "refused":
+        return f"herd eval resume {batch}"
+    return None
+
+
+@dataclass
+class Settled:
+    """A batch's waiting items by the state of their jobs."""
+
+    running: int = 0
+    dead: int = 0
+    lost: int = 0  # their job is gone (purged, or its store lost it)
+    failures: list[dict[str, Any]] = field(default_factory=list)  # path, job, error
+    dead_jobs: dict[int, str] = field(default_factory=dict)  # job -> its error
+
+
+@dataclass
+class BatchStatus:
+    batch: str | None
+    documents: int = 0
+    done: int = 0
+    dead: int = 0
+    running: int = 0
+    queued: int = 0  # waiting for a worker (neither running, dead, parked nor cancelled)
+    parked_items: int = 0
+    cancelled_items: int = 0
+    lost: int = 0
+    created_at: datetime | None = None
+    budget: float | None = None
+    spent: float | None = None
+    reserved: float | None = None
+    # Calls cut off mid-call (cut short, lost, failed after sending): charged at their
+    # worst case, since the provider's bill for them never came back.
+    estimated: float | None = None
+    unpriced: list[str] = field(default_factory=list)  # models without a price
+    parked: str | None = None  # budget, refused or cancelled
+    parked_reason: str | None = None
+    next: str | None = None  # the command that gets it going again
+    rate: float | None = None  # documents answered per second, over the last minute
+    eta: float | None = None  # seconds until the rest is answered at that rate
+    limits: dict[str, int] = field(default_factory=dict)
+    limit_usage: list[dict[str, Any]] = field(default_factory=list)
+    waited_for_limits: float = 0.0
+    ledger: dict[str, dict[str, Any]] = field(default_factory=dict)
+    provider_cache: dict[str, Any] = field(default_factory=dict)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def failed(self) -> int:  # the name of earlier versions
+        return self.dead + self.lost
+
+    @property
+    def finished(self) -> bool:
+        """Every document answered, dead or cancelled: nothing left to wait for."""
+        return self.done + self.dead + self.lost + self.cancelled_items >= self.documents
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["failed"] = self.failed
+        out["created_at"] = self.created_at.isoformat() if self.created_at else None
+        return out
+
+
+async def jobs_of(app: App, ids: list[int]) -> list[Job]:
+    """The jobs ``ids``, one round trip per thousand."""
+    jobs: list[Job] = []
+    for start in range(0, len(ids), 1000):
+        jobs += await app.broker.get_jobs(ids[start : start + 1000])
+    return jobs
+
+
+def _serves(job: Job, key: str) -> bool:
+    """Whether ``job`` is the one an item of ``key`` waits on: a job id reused after the
+    job store lost data names another key."""
+    payload = job.payload if isinstance(job.payload, dict) else {}
+    if job.task in BATCH_API_TASKS:
+        return key in (payload.get("keys") or [])
+    return job.task != TASK or payload.get("key") == key
+
+
+async def settle(app: App, batch: str | None) -> Settled:
+    """Bring a batch's items (all batches: None) up to date with their jobs; count the
+    waiting ones by their job's state.
+
+    A document deduplicated onto a job that finished while it was being submitted
+    misses the job's own update of its items, so the job's result is copied here.
+    """
+    rt = await EvalRuntime.of(app)
+    waiting = await rt.store.execute("waiting_items", {"b": batch})
+    jobs = {j.id: j for j in await jobs_of(app, sorted({job_id for _, job_id, _ in waiting}))}
+    out = Settled()
+    late: set[int] = set()
+    for path, job_id, key in waiting:
+        job = jobs.get(job_id)
+        if job is None or not _serves(job, key):
+            out.lost += 1
+            if len(out.failures) < FAILURES_SHOWN:
+                out.failures.append({"path": path, "job": job_id, "error": GONE})
+        elif job.status == "dead":
+            out.dead += 1
+            out.dead_jobs[job_id] = job.last_error or job.dead_reason or "dead-lettered"
+            if len(out.failures) < FAILURES_SHOWN:
+                out.failures.append({"path": path, "job": job_id, "error": out.dead_jobs[job_id]})
+        elif job.status == "processing":
+            out.running += 1
+        elif job.status == "succeeded" and job.task in BATCH_API_TASKS:
+            late.add(job_id)
+        elif job.status == "succeeded" and isinstance(job.result, dict):
+            await rt.store.execute(
+                "settle_job",
+                {"source": job.result.get("source"), "result": Jsonb(job.result), "job": job_id,
+                 "key": key},
+            )  # fmt: skip
+    for job_id in sorted(late):
+        await batchapi.settle_late(app, jobs[job_id])
+    return out
+
+
+def provider_cache(totals: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What the provider's prompt cache served over the ledger's kinds, apart from herd's
+    own cache: input tokens read from it, written to it, and the money saved (None: no
+    priced call)."""
+    saved = [t["provider_cache_saved"] for t in totals.values()]
+    priced = [s for s in saved if s is not None]
+    return {
+        "cached_input_tokens": sum(t["cached_input_tokens"] for t in totals.values()),
+        "cache_write_tokens": sum(t["cache_write_tokens"] for t in totals.values()),
+        "saved": sum(priced) if priced else None,
+    }
+
+
+async def limit_usage(rt: EvalRuntime, batch: str | None) -> list[dict[str, Any]]:
+    """The fleet-wide limits a batch's calls count against (all of them: None, those
+    used in the last hour), with their use, waits and 429s. A limit is per provider,
+    model and key: the batch's specs name the first two; every key's limit of those is
+    shown."""
+    if rt.limiter is None:
+        return []
+    found = await rt.limiter.stats()
+    now = time.time()
+    if batch is not None:
+        specs = await rt.store.execute("batch_specs", {"b": batch})
+        prefixes = tuple(f"{p}:{m}:" for p, m in specs)
+        found = [s for s in found if s.scope.startswith(prefixes)] if prefixes else []
+    else:
+        # A limit in use now (or paused): one batch's --rpm long done is not shown.
+        found = [s for s in found if s.requests_now or s.in_flight or (s.paused_until or 0) > now]
+    return [
+        {
+            "scope": s.scope,
+            "limit": s.limit.to_json(),
+            "requests_now": round(s.requests_now, 2),
+            "tokens_now": round(s.tokens_now, 2),
+            "in_flight": s.in_flight,
+            "requests": s.requests,
+            "tokens": s.tokens,
+            "waits": s.waits,
+            "wait_seconds": round(s.wait_seconds, 3),
+            "rate_limited": s.rate_limited,
+            "paused_for": round(max(0.0, (s.paused_until or 0.0) - now), 3),
+        }
+        for s in found
+    ]
+
+
+async def batch_status(app: App, batch: str | None) -> BatchStatus:
+    """Progress of a batch (all: None), why it waits, and its cost ledger."""
+    rt = await EvalRuntime.of(app)
+    row = None
+    if batch is not None:
+        row = await rt.store.batch(batch)
+        if row is None and not await rt.store.exists(batch):
+            raise BatchNotFound(f"no batch named {batch!r}; `herd eval list` shows them")
+    settled = await settle(app, batch)
+    ((documents, done, parked, cancelled),) = await rt.store.execute("counts", {"b": batch})
+    # The ledger's summary (of the batch, or of all time), not its rows: it costs
+    # O(kinds) and keeps the totals of rows past HERD_LEDGER_TTL.
+    totals = await rt.store.totals(batch)
+    usage = await limit_usage(rt, batch)
+    waiting = int(documents) - int(done) - int(cancelled) - settled.dead - settled.lost
+    status = BatchStatus(
+        batch=batch,
+        documents=int(documents),
+        done=int(done),
+        dead=settled.dead,
+        lost=settled.lost,
+        running=settled.running,
+        parked_items=int(parked),
+        cancelled_items=int(cancelled),
+        queued=max(0, waiting - settled.running - int(parked)),
+        ledger=totals,
+        provider_cache=provider_cache(totals),
+        limit_usage=usage,
+        waited_for_limits=round(sum(u["wait_seconds"] for u in usage), 3),
+        failures=settled.failures,
+    )
+    estimated = [t["cost"] for k, t in totals.items() if k in ESTIMATED and t["cost"]]
+    status.estimated = sum(estimated) if estimated else None
+    if row is not None and batch is not None:
+        status.created_at = row["created_at"]
+        status.budget, status.spent, status.reserved = row["budget"], row["spent"], row["reserved"]
+        status.parked, status.parked_reason = row["parked"], row["parked_reason"]
+        status.limits = row["limits"] or {}
+        status.next = next_step(batch, row["parked"])
+        specs = await rt.store.execute("batch_specs", {"b": batch})
+        status.unpriced = sorted({m for p, m in specs if rt.prices.lookup(m, p) is None})
+        ((recent, since_first, _),) = await rt.store.execute("recent_rate", {"b": batch})
+        if recent:
+            status.rate = round(int(recent) / min(60.0, max(1.0, float(since_first))), 3)
+            status.eta = round(waiting / status.rate, 1) if status.rate else None
+    return status
+
+
+async def list_batches(
+    app: App, *, limit: int = 50, before: tuple[datetime, str] | None = None
+) -> list[dict[str, Any]]:
+    """A page of batches, newest first, each with its counts and whether it is parked."""
+    rt = await EvalRuntime.of(app)
+    rows = await rt.store.list_batches(limit=limit, before=before)
+    counts = await rt.store.item_counts([r[0] for r in rows])
+    out = []
+    for name, created, budget, spent, parked, reason in rows:
+        documents, done, parked_items, cancelled = counts.get(name, (0, 0, 0, 0))
+        out.append({"batch": name, "created_at": created.isoformat(), "documents": documents,
+                    "done": done, "parked_items": parked_items, "cancelled_items": cancelled,
+                    "budget": budget, "spent": spent, "parked": parked,
+                    "parked_reason": reason, "next": next_step(name, parked)})  # fmt: skip
+    return out

@@ -1,0 +1,322 @@
+"""The evaluation task: one document, one spec, answered once.
+
+A job carries hashes only (document, spec, canonical key); the texts live in the
+evaluation store. The task looks the canonical key up in the exact cache; on a miss it
+takes the key's singleflight lock and calls the provider, validates the answer against
+the schema (one repair attempt that shows the model its error), and stores it. Every
+call made or avoided is a row of the cost ledger, and every call is opened in the
+ledger, and reserved against the batch's budget, before its request leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from contextlib import AbstractAsyncContextManager
+from decimal import Decimal
+from typing import Any
+
+import httpx
+from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
+
+from herd import telemetry
+from herd.app import App
+from herd.errors import Fatal, InvalidInput, Snooze
+from herd.jsonvalue import JSON
+from herd.limits import CapacityTimeout, Limit, hold, scope_name
+from herd.limits.tokens import estimate_input, estimate_output, requested_max
+from herd.llm.completion import Completion, Usage
+from herd.llm.errors import (
+    ProviderAuthError,
+    ProviderError,
+    ProviderResponseInvalid,
+    ProviderTimeout,
+    RateLimited,
+)
+from herd.llm.eval import ledger
+from herd.llm.eval.money import money
+from herd.llm.eval.runtime import EvalRuntime
+from herd.llm.eval.spec import (
+    REPAIR,
+    BatchCancelled,
+    EvalSpec,
+    OverBudget,
+    reservation_tokens,
+    validate_answer,
+)
+from herd.llm.eval.store import EvalStore
+from herd.tasks import JobContext
+
+# A parked batch's pending jobs are moved this far out of reach; raising the budget or
+# resuming brings them back at once.
+PARK_DELAY = 10 * 365 * 86400.0
+# The job that parks its batch looks again this often: a budget raised (or a batch
+# resumed) while it was handing itself back would otherwise miss it (it was running,
+# not pending).
+PARK_RECHECK = 60.0
+# A 429 that says nothing of when to come back pauses its limit this long.
+DEFAULT_PAUSE = 1.0
+# 429s in a row one call takes before its job is handed back (no attempt counted).
+MAX_RATE_LIMITED = 5
+# A concurrency slot of a worker that died frees itself after this long (a live one is
+# renewed every third of it).
+SLOT_HOLD = 60.0
+
+
+class Refused(Exception):
+    """The provider refused the batch's key or model: no other document can do better."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def fenced(ctx: JobContext, store: EvalStore) -> AbstractAsyncContextManager[AsyncConnection[Any]]:
+    """A transaction that commits only while the job's lease holds: the broker's own on
+    PostgreSQL; on another broker, the evaluation store's after a lease check."""
+    return ctx.fenced_transaction(store.transaction)
+
+
+def sent_kind(exc: ProviderError) -> str | None:
+    """How a call that raised closes: 'failed' when the request may have been billed
+    (it timed out waiting for the answer, or the answer was unreadable), None when
+    it never reached generation (not connected; an error status answered before
+    generating, as the providers and the simulator do)."""
+    if isinstance(exc, ProviderResponseInvalid):
+        return "failed"
+    if isinstance(exc, ProviderTimeout):
+        cause = exc.__cause__
+        return None if isinstance(cause, httpx.ConnectTimeout | httpx.PoolTimeout) else "failed"
+    if exc.status is None:  # transport: refused before sending, or dropped mid-answer
+        return None if isinstance(exc.__cause__, httpx.ConnectError) else "failed"
+    return None
+
+
+def refusal(exc: ProviderError) -> str | None:
+    """The provider's refusal of the whole batch (its key, its model), in its words;
+    None for an error of this call only."""
+    if isinstance(exc, ProviderAuthError) or exc.status == 404:
+        return f"{exc.provider or 'the provider'} refused the call: {exc}"
+    return None
+
+
+async def park(
+    app: App, store: EvalStore, batch: str, job_id: int, why: str, reason: str
+) -> Snooze:
+    """Park the batch: its waiting items marked, its other pending jobs moved out of
+    reach; the job that found it hands itself back (no attempt counted)."""
+    ids = [i for i in await store.park(batch, why, reason) if i != job_id]
+    if ids:
+        await app.broker.reschedule(ids, PARK_DELAY)
+    return Snooze(f"batch {batch!r} is parked: {reason}", after=PARK_RECHECK)
+
+
+class Evaluation:
+    """One run of one evaluation job."""
+
+    def __init__(
+        self, rt: EvalRuntime, ctx: JobContext, payload: dict[str, Any], spec: EvalSpec
+    ) -> None:
+        self.rt, self.ctx, self.spec = rt, ctx, spec
+        self.key: str = payload["key"]
+        self.batch: str | None = payload.get("batch")
+        self.price = rt.prices.lookup(spec.model, spec.provider)
+        self.plain = rt.provider(spec)
+        self.scope = scope_name(spec.provider, spec.model, self.plain.key_id)
+        self.limit = Limit()
+        self.provider = self.plain
+
+    async def limited(self) -> None:
+        """Take the fleet's limit of this call's scope, when one is set."""
+        if self.rt.limiter:
+            self.limit = await self.rt.limit_for(self.spec, self.plain.key_id, self.batch)
+        if self.limit:
+            self.provider = self.rt.provider(self.spec, limited=True)
+
+    def priced(self, i: int, o: int = 0) -> Decimal | None:
+        return None if self.price is None else money(self.price.cost(Usage(i, o)))
+
+    async def open_call(self, estimate: int, worst: Decimal | None) -> int:
+        """Reserve the worst case against the budget and open the call's ledger row,
+        in one transaction fenced by the lease: a worker that lost it opens nothing."""
+        spec, batch = self.spec, self.batch
+        row = {"batch": batch, "job": self.ctx.job_id, "key": self.key, "model": spec.model,
+               "provider": spec.provider, "i": estimate, "w": worst}  # fmt: skip
+        async with fenced(self.ctx, self.rt.store) as conn:
+            if batch is not None:
+                budgeted = await ledger.reserve(conn, batch, worst)
+                if budgeted is None:
+                    rows = await EvalStore.on(conn, "batch", b=batch)
+                    found = rows[0] if rows else None
+                    if found is not None and found[3] == "cancelled":
+                        raise BatchCancelled
+                    if found is not None and found[3] == "refused":
+                        raise Snooze(f"batch {batch!r} is parked: {found[5]}", after=PARK_RECHECK)
+                    if found is not None:
+                        raise OverBudget
+                elif budgeted and worst is None:
+                    raise Fatal(
+                        f"model {spec.model!r} has no price, so batch {batch!r}'s budget"
+                        " cannot be kept: add it to the price table (HERD_PRICES)"
+                    )
+            return await ledger.open_call(conn, row)
+
+    async def call(self, user: str) -> Completion:
+        """One provider call under the fleet's limit of its scope, when one is set.
+
+        Capacity is taken before the budget and the ledger row: a job that waits too
+        long is handed back (Snooze: no attempt, no lease held meanwhile) with nothing to
+        undo. A 429 pauses the limit for the whole fleet and the call waits its turn
+        again; the reservation is reconciled with what the provider counts."""
+        if not self.limit:
+            return await self.send(user)
+        rt, spec, ctx = self.rt, self.spec, self.ctx
+        assert rt.limiter is not None
+        most, named = rt.most_output(spec, requested_max(spec.params))
+        tokens = estimate_input(spec.provider, spec.model, spec.system, user) + estimate_output(
+            spec.params, spec.schema, most
+        )
+        holder = f"{ctx.worker_id}:{ctx.job_id}:{ctx.lease.token}:{uuid.uuid4().hex[:8]}"
+        for _ in range(MAX_RATE_LIMITED):
+            try:
+                async with hold(
+                    rt.limiter, self.scope, self.limit, tokens, holder=holder,
+                    hold_for=SLOT_HOLD, max_wait=rt.max_wait,
+                ) as slot:  # fmt: skip
+                    try:
+                        done = await self.send(user)
+                    except RateLimited as exc:
+                        # The provider's own count disagrees with ours (another client on
+                        # the key, a lower tier): everyone waits, not only this worker.
+                        await slot.adjust(0)  # a refusal is charged nothing
+                        await rt.limiter.pause(self.scope, _pause_for(exc))
+                        continue
+                    except (Snooze, BatchCancelled):  # parked or cancelled: nothing was sent
+                        await slot.adjust(0)
+                        raise
+                    # What the provider's limiter counted: the input it reports, and the
+                    # max output the request named (OpenAI counts max_tokens up front,
+                    # whatever the answer), else the output reported.
+                    out = most if named else done.usage.output_tokens
+                    await slot.adjust(done.usage.input_tokens + out)
+                    return done
+            except CapacityTimeout as exc:
+                raise Snooze(str(exc), after=max(1.0, exc.retry_in)) from None
+            except InvalidInput as exc:  # a call larger than its limit can ever allow
+                raise Fatal(str(exc)) from None
+        raise Snooze(
+            f"{self.scope}: the provider answered 429 {MAX_RATE_LIMITED} times in a row",
+            after=DEFAULT_PAUSE * MAX_RATE_LIMITED,
+        )
+
+    async def send(self, user: str) -> Completion:
+        rt, spec, ctx, batch = self.rt, self.spec, self.ctx, self.batch
+        await ctx.check_lease()  # a worker resumed after a pause pays for nothing
+        estimate, most = reservation_tokens(spec, user, default_max=rt.max_tokens)
+        try:
+            call_id = await self.open_call(estimate, self.priced(estimate, most))
+        except OverBudget:
+            assert batch is not None
+            raise await park(
+                ctx.app, rt.store, batch, ctx.job_id, "budget", "its budget is spent"
+            ) from None
+        with telemetry.model_call(spec.provider, spec.model) as span:
+            try:
+                done = await self.provider.complete(
+                    spec.system, user, schema=spec.schema, params=spec.params
+                )
+            except asyncio.CancelledError:
+                # The lease was lost (or the worker stops) mid-call: the request is
+                # aborted, but the provider may bill what it generated meanwhile.
+                await asyncio.shield(rt.store.close_call(call_id, "lost"))
+                raise
+            except RateLimited as exc:
+                await rt.store.close_call(call_id, None)  # refused before generating: not billed
+                if self.limit:
+                    raise
+                # Capacity, not the job, is at fault: handed back with no attempt counted.
+                raise Snooze(str(exc), after=_pause_for(exc) * (1 + random.random())) from None
+            except ProviderError as exc:
+                await rt.store.close_call(call_id, sent_kind(exc))
+                reason = refusal(exc)
+                if reason is not None and batch is not None:
+                    raise await park(
+                        ctx.app, rt.store, batch, ctx.job_id, "refused", reason
+                    ) from None
+                raise
+            except BaseException:
+                await rt.store.close_call(call_id, "failed")
+                raise
+            cost = rt.prices.cost_of(spec.model, done.usage, spec.provider)
+            span.answered(done, cost)
+        await rt.store.close_call(
+            call_id,
+            "call",
+            i=done.usage.input_tokens,
+            o=done.usage.output_tokens,
+            cost=cost,
+            cached=done.usage.cached_input_tokens,
+            written=done.usage.cache_write_tokens,
+            provider_saved=None if self.price is None else self.price.cache_saved(done.usage),
+        )
+        return done
+
+    async def compute(self, document: str) -> JSON:
+        spec = self.spec
+        first = await self.call(document)
+        value, error = validate_answer(first.text, spec.schema)
+        if error is None:
+            return {"output": value, "model": first.model}
+        second = await self.call(REPAIR.format(document=document, answer=first.text, error=error))
+        value, error2 = validate_answer(second.text, spec.schema)
+        if error2 is None:
+            return {"output": value, "model": second.model, "repaired": True}
+        raise Fatal(
+            f"invalid model output after one repair: {error2}; raw output: {second.text[:2000]}"
+        )
+
+
+def _pause_for(exc: RateLimited) -> float:
+    return exc.retry_after if exc.retry_after is not None else DEFAULT_PAUSE
+
+
+async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """The built-in evaluation task (registered in herd.builtin)."""
+    rt = await EvalRuntime.of(ctx.app)
+    key, batch = payload["key"], payload.get("batch")
+    # A call the previous run of this job left open was cut short by its death.
+    await rt.store.cut_short(ctx.job_id)
+    spec = await rt.store.spec(payload["spec"])
+    try:
+        spec.check(ctx.app.settings)
+    except InvalidInput as exc:  # enqueued under a higher HERD_EVAL_MAX_TOKENS
+        raise Fatal(str(exc)) from None
+    if payload.get("batch_failed") and ctx.lease.token == 1:
+        # Failed by a provider batch and by its retry batch: dead-lettered with the
+        # provider's error. Requeued from the dead letters, it runs synchronously.
+        raise Fatal(f"the provider's batches failed this request twice: {payload['batch_error']}")
+    document = await rt.store.document(payload["doc"])
+    run = Evaluation(rt, ctx, payload, spec)
+    await run.limited()
+    try:
+        # Owned by the job, not the process: a run that takes this job over from a
+        # worker that died mid-call takes its lock on the key at once, rather than
+        # waiting out the lock's ttl (HERD_EVAL_LOCK_TTL) for a holder that is gone.
+        found = await rt.cache.get_or_compute(
+            key, lambda: run.compute(document), owner=f"herd-job:{ctx.job_id}"
+        )
+    except BatchCancelled:
+        await rt.store.cancel_job_items(ctx.job_id)
+        return {"key": key, "path": payload.get("path"), "cancelled": True}
+    telemetry.model_served(spec.provider, spec.model, found.source)
+    if found.source in ("hit", "waited", "stale"):
+        kind = "singleflight" if found.source == "waited" else "cache"
+        await rt.store.record(batch=batch, job_id=ctx.job_id, key=key, kind=kind,
+                              model=spec.model, provider=spec.provider)  # fmt: skip
+    result = {"key": key, "path": payload.get("path"), "source": found.source, **dict(found.value)}
+    async with fenced(ctx, rt.store) as conn:  # lands only while this job's lease holds
+        await EvalStore.on(conn, "job_done", source=found.source, result=Jsonb(result),
+                           job=ctx.job_id, key=key)  # fmt: skip
+    return result

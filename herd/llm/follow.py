@@ -1,0 +1,191 @@
+"""Following one batch from the terminal: ``herd eval submit --wait`` and ``herd eval
+wait``. A live progress display on stderr (plain periodic lines when stderr is not a
+terminal), and an end that says how the batch stands and what to run next.
+
+``--wait`` follows its own batch only: it returns when each of its documents is
+answered or dead, at once when the batch parks (budget, cancel, a refused key), and on
+Ctrl-C with a count of what is still queued (workers elsewhere finish it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn
+
+from herd.app import App
+from herd.llm.eval import BatchStatus, batch_status
+from herd.llm.eval.money import dollars
+
+# Exit codes of `herd eval submit --wait` and `herd eval wait`, listed in their --help.
+ALL_ANSWERED = 0
+SOME_DEAD = 1
+USAGE = 2
+PARKED = 3
+INTERRUPTED = 130
+EXIT_CODES = (
+    "Exit codes: 0 every document answered; 1 some dead-lettered (named on stderr);"
+    " 2 usage error (nothing enqueued); 3 the batch is parked or cancelled (the reason and"
+    " the command to resume are printed); 130 interrupted (workers elsewhere go on)."
+)
+PLAIN_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal
+
+
+def summary(s: BatchStatus) -> str:
+    """One line: answered / dead / queued of the total, rate, ETA, spend."""
+    parts = [f"{s.done}/{s.documents} answered"]
+    if s.dead or s.lost:
+        parts.append(f"{s.dead + s.lost} dead")
+    if s.running:
+        parts.append(f"{s.running} running")
+    if s.queued:
+        parts.append(f"{s.queued} queued")
+    if s.parked_items:
+        parts.append(f"{s.parked_items} parked")
+    if s.cancelled_items:
+        parts.append(f"{s.cancelled_items} cancelled")
+    if s.rate:
+        parts.append(f"{s.rate * 60:.0f}/min")
+    if s.eta is not None and not s.finished:
+        parts.append(f"ETA {_duration(s.eta)}")
+    spent = s.spent if s.spent is not None else None
+    if s.unpriced:
+        parts.append("spent: unpriced")
+    elif spent is not None:
+        of = f" of {dollars(s.budget)}" if s.budget is not None else ""
+        parts.append(f"spent {dollars(spent)}{of}")
+    if s.waited_for_limits:
+        parts.append(f"waited {_duration(s.waited_for_limits)} for limits")
+    return ", ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    if seconds < 90:
+        return f"{seconds} s"
+    if seconds < 5400:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def parked_lines(s: BatchStatus) -> list[str]:
+    """Why the batch stopped and what to run next."""
+    if s.parked == "cancelled":
+        return [f"batch {s.batch} was cancelled: {s.documents - s.done} documents not answered"]
+    if not s.parked:
+        return []
+    lines = [f"batch {s.batch} is parked: {s.parked_reason or s.parked}"]
+    if s.next:
+        lines.append(f"to continue: {s.next}")
+    return lines
+
+
+def outcome(s: BatchStatus) -> int:
+    if s.parked:
+        return PARKED
+    if s.dead or s.lost:
+        return SOME_DEAD
+    return ALL_ANSWERED
+
+
+class Display:
+    """A rich bar on a terminal, else a plain line every PLAIN_EVERY seconds."""
+
+    def __init__(self, err: Console, batch: str) -> None:
+        self.err, self.batch = err, batch
+        self.live = err.is_terminal
+        self._last_line = 0.0
+        self.bar: Progress | None = None
+        if self.live:
+            self.bar = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                TextColumn("{task.fields[line]}"),
+                console=err,
+                transient=False,
+            )
+            self.task = self.bar.add_task(batch, total=None, line="starting")
+
+    def __enter__(self) -> Display:
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def update(self, s: BatchStatus) -> None:
+        line = summary(s)
+        if self.bar is not None:
+            total = max(1, s.documents)
+            self.bar.update(self.task, total=total, completed=s.done + s.dead + s.lost,
+                            line=line)  # fmt: skip
+            return
+        now = time.monotonic()
+        if now - self._last_line >= PLAIN_EVERY or s.finished or s.parked:
+            self._last_line = now
+            self.err.print(f"batch {self.batch}: {line}", soft_wrap=True)
+
+
+async def follow(
+    app: App,
+    batch: str,
+    err: Console,
+    *,
+    interval: float = 0.5,
+    run_workers: Callable[[], Coroutine[Any, Any, Any]] | None = None,
+    stop_workers: Callable[[], None] | None = None,
+) -> tuple[int, BatchStatus]:
+    """Watch ``batch`` until it is finished, parked or interrupted (SIGINT); returns the
+    exit code and the last status. ``run_workers``: workers run here meanwhile, stopped
+    (``stop_workers``) when following ends."""
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGINT, interrupted.set)
+    workers: asyncio.Task[Any] | None = asyncio.create_task(run_workers()) if run_workers else None
+    try:
+        with Display(err, batch) as display:
+            while True:
+                status = await batch_status(app, batch)
+                display.update(status)
+                if status.finished or status.parked or interrupted.is_set():
+                    break
+                if workers is not None and workers.done():
+                    workers.result()  # a worker that died: its error, not a hang
+                    workers = None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(interrupted.wait(), interval)
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)
+        if workers is not None:
+            if stop_workers is not None:
+                stop_workers()
+            await workers
+    if interrupted.is_set():
+        left = status.documents - status.done - status.dead - status.lost - status.cancelled_items
+        err.print(
+            f"interrupted: batch {batch} has {left} documents still to answer; workers"
+            f" elsewhere (`herd worker`) finish them. Follow it with `herd eval wait {batch}`.",
+            soft_wrap=True,
+        )
+        return INTERRUPTED, status
+    for line in parked_lines(status):
+        err.print(line, soft_wrap=True)
+    if status.dead or status.lost:
+        err.print(
+            f"batch {batch}: {status.dead + status.lost} of {status.documents} documents failed"
+            f" (`herd eval show {batch}` names them; `herd dlq list` has their errors)",
+            soft_wrap=True,
+        )
+        for f in status.failures[:10]:
+            err.print(f"  {f['path']}: {f['error']}", soft_wrap=True)
+    return outcome(status), status
