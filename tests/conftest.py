@@ -29,6 +29,15 @@ CACHE = ROOT / ".herd-test"
 TEST_DB = os.environ.get("HERD_TEST_DB", "herd_test")
 
 
+@pytest.fixture(autouse=True)
+def no_public_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reaches a provider's public endpoint: unless a test points OpenAI's client
+    at the simulator, it points at a closed local port (which needs no key, so a
+    submission is not refused for want of one; tests of the key check unset it)."""
+    if not os.environ.get("OPENAI_BASE_URL"):
+        monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+
+
 @pytest.fixture(scope="session")
 def herd_home() -> Path:
     home = CACHE / "home"

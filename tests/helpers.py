@@ -40,3 +40,12 @@ def eventually_sync(probe: Callable[[], T], *, timeout: float = 10.0, interval: 
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s (last value {value!r})")
         time.sleep(interval)
+
+
+def priced(monkeypatch, tmp_path, *models: str) -> None:  # type: ignore[no-untyped-def]
+    """Price ``models`` (HERD_PRICES): a budget needs a price, or the submission is refused."""
+    import json
+
+    path = tmp_path / "prices.json"
+    path.write_text(json.dumps({m: {"input": 1.0, "output": 2.0} for m in models}))
+    monkeypatch.setenv("HERD_PRICES", str(path))

@@ -27,7 +27,7 @@ from herd.llm.eval import (
 )
 from herd.llm.eval import results as export
 from herd.llm.eval.money import dollars
-from herd.llm.eval.spec import QUEUE
+from herd.llm.eval.spec import QUEUE, check_budget
 from herd.llm.eval.status import BatchStatus
 from herd.llm.providers import registry
 from herd.worker import Worker
@@ -137,7 +137,7 @@ def eval_submit(
     except InvalidInput as exc:
         hint = {"schema": "--schema", "params": "--params", "budget": "--budget",
                 "provider": "--provider", "batch_api": "--batch-api",
-                "paths": "PATHS"}.get(exc.field or "")  # fmt: skip
+                "paths": "PATHS"}.get((exc.field or "").split(".")[0])  # fmt: skip
         raise _usage(str(exc), hint) from None
 
     async def work(app: App) -> tuple[Any, int, BatchStatus | None]:
@@ -351,6 +351,10 @@ def eval_budget(
     as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
 ) -> None:
     """Raise or lower a batch's budget; a parked batch with room again resumes."""
+    try:
+        check_budget(usd, "USD")
+    except InvalidInput as exc:
+        raise _usage(str(exc), "USD") from None
     found = _run(ctx, lambda app: set_budget(app, batch, usd))
     if as_json:
         console.print_json({"batch": batch, **found})

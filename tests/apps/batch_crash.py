@@ -1,7 +1,8 @@
 """The worker app of the Batch API's kill-at-each-step test: herd's built-in tasks (which
-`herd worker` adds), with the openai provider's Batch API client replaced (through the
-provider registry) by one that dies, as SIGKILL would kill it, at the step
-HERD_TEST_CRASH_AT names: after_record_handle (before anything reaches the provider), after_upload, after_create.
+`herd worker` adds), with the providers' Batch API clients replaced (through the
+provider registry) by ones that die, as SIGKILL would kill it, at the step
+HERD_TEST_CRASH_AT names: after_record_handle (before anything reaches the provider),
+after_upload, after_create.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from herd import App
 from herd.llm.providers import registry
+from herd.llm.providers.anthropic_batch import AnthropicBatch
 from herd.llm.providers.batch import Request
 from herd.llm.providers.openai_batch import OpenAIBatch
 
@@ -24,7 +26,9 @@ def _die_at(step: str) -> None:
         os._exit(137)
 
 
-class CrashingBatch(OpenAIBatch):
+class Crashing:
+    """Put before a Batch API client class: dies at the step named."""
+
     async def find(self, handle: str) -> Any:
         _die_at("after_record_handle")
         return await super().find(handle)
@@ -42,7 +46,20 @@ class CrashingBatch(OpenAIBatch):
         return found
 
 
+class CrashingOpenAI(Crashing, OpenAIBatch):
+    pass
+
+
+class CrashingAnthropic(Crashing, AnthropicBatch):
+    pass
+
+
 registry.register(
-    dataclasses.replace(registry.kind("openai"), batch=lambda model: CrashingBatch(model=model))
+    dataclasses.replace(registry.kind("openai"), batch=lambda model: CrashingOpenAI(model=model))
+)
+registry.register(
+    dataclasses.replace(
+        registry.kind("anthropic"), batch=lambda model: CrashingAnthropic(model=model)
+    )
 )
 app = App()  # `herd worker` adds the built-in tasks

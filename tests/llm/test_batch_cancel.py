@@ -11,7 +11,7 @@ from herd import App, Worker
 from herd.errors import BatchNotFound, InvalidInput
 from herd.llm import eval as evaluate
 from herd.llm.eval import cancel, submit
-from tests.helpers import eventually
+from tests.helpers import eventually, priced
 from tests.llm.test_batch_api import ANTH_SPEC, SPEC, calls, docs, items
 from tests.llm.test_batch_api import anthropic_env as anthropic_env  # noqa: F401
 from tests.llm.test_batch_api import app as app  # noqa: F401 - the fixture
@@ -68,7 +68,10 @@ class Running:
         await self.task
 
 
-async def test_a_cancelled_batch_makes_no_call_and_takes_no_more_documents(app, sim, tmp_path):
+async def test_a_cancelled_batch_makes_no_call_and_takes_no_more_documents(
+    app, sim, tmp_path, monkeypatch
+):
+    priced(monkeypatch, tmp_path, SPEC.model)
     report = await submit(app, [docs(tmp_path, 6)], SPEC, batch="c", budget=10.0)
     assert report.queued == 6
     found = await cancel(app, "c")

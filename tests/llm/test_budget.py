@@ -10,6 +10,7 @@ import json
 import pytest
 
 from herd import App, JobStatus, Worker
+from herd.errors import InvalidInput
 from herd.llm import eval as evaluate
 from herd.llm.eval import EvalSpec, enqueue_documents
 from herd.llm.eval.spec import reservation_tokens
@@ -116,7 +117,13 @@ async def test_spend_stays_within_budget_plus_in_flight_reservations_then_resume
 
 async def test_an_unpriced_model_with_a_budget_is_refused_not_called(app, sim):
     spec = EvalSpec(model="sim-unpriced", system="Rate it.", schema=SCHEMA)
-    (r,) = await enqueue_documents(app, spec, "blind", documents(1), budget=1.0)
+    # Refused at submit, before anything is stored or enqueued.
+    with pytest.raises(InvalidInput, match="sim-unpriced.*HERD_PRICES"):
+        await enqueue_documents(app, spec, "blind", documents(1), budget=1.0)
+    assert await app.list_jobs() == [] and sim.stats()["calls"] == 0
+    # A batch given a budget after its jobs were enqueued: its job refuses to call.
+    (r,) = await enqueue_documents(app, spec, "blind", documents(1))
+    await evaluate.set_budget(app, "blind", 1.0)
     await Worker(app, queues=[evaluate.QUEUE], concurrency=1, poll_interval=0.05,
                  stop_when_idle=True, install_signal_handlers=False).run()  # fmt: skip
     job = await app.broker.get_job(r.job_id)

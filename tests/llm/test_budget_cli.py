@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import uuid
 from pathlib import Path
 
@@ -49,7 +50,9 @@ def submit(files: Path, url: str, batch: str, *flags: str):  # type: ignore[no-u
         "eval", "submit", str(files / "docs"), "--prompt", str(files / "prompt.txt"),
         "--schema", str(files / "schema.json"), "--model", "sim-budget",
         "--params", '{"max_tokens": 60}', "--batch", batch, "--json", *flags,
-        url=url,
+        url=url, HERD_PRICES=str(files / "prices.json"),
+        # A server that needs no key: the submission is checked, nothing is called.
+        OPENAI_BASE_URL=os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:9/v1"),
     )  # fmt: skip
 
 
@@ -91,7 +94,8 @@ def test_a_bad_budget_or_limit_is_a_usage_error_naming_the_flag(files, url, flag
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert f"Invalid value for {named}" in r.stderr.replace("'", ""), r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
-    assert status(url, batch)["documents"] == 0  # nothing was submitted
+    gone = herd("eval", "status", batch, url=url)  # nothing was submitted: no such batch
+    assert gone.returncode == 1 and f"no batch named '{batch}'" in gone.stderr, gone.stderr
 
 
 async def test_raising_the_budget_of_a_parked_batch_resumes_it(files, url, sim, monkeypatch):

@@ -154,7 +154,8 @@ async def test_a_document_deduplicated_onto_a_finished_job_is_settled_from_it(ap
     # As when submit() adds its item just after the job updated its items and finished.
     rt = await evaluate.EvalRuntime.of(app)
     await rt.store.execute(
-        "INSERT INTO herd_eval_items (batch, path, key, job_id) VALUES ('late', 'b.txt', 'k', %s)",
+        "INSERT INTO herd_eval_items (batch, path, key, job_id) SELECT 'late', 'b.txt', key,"
+        " job_id FROM herd_eval_items WHERE batch = 'first' AND job_id = %s",
         (report.job_ids[0],),
     )
     status = (await batch_status(app, "late")).to_json()

@@ -104,13 +104,14 @@ async def test_two_workers_share_one_limit_and_the_provider_never_refuses(limite
         jobs = await a.broker.list_jobs(status=JobStatus.SUCCEEDED)
         assert len(jobs) == 12 and all(j.attempts == 0 for j in jobs)
         # Seen in `herd eval status`: the batch's limit, its use and its waits.
-        status = (await evaluate.batch_status(a, "rate")).to_json()
+        found = await evaluate.batch_status(a, "rate")
+        status = found.to_json()
         (usage,) = status["limit_usage"]
         assert usage["limit"]["rpm"] == 4 and usage["requests"] == 12 and usage["waits"] >= 1
         with console.out.capture() as shown:
-            _print_status(status)
+            _print_status(found)
         assert "provider limits (fleet-wide)" in shown.get()
-        assert " / 4 " in shown.get() and KEY not in shown.get()  # use / limit, never the key
+        assert "/4 " in shown.get() and KEY not in shown.get()  # use / limit, never the key
 
 
 async def test_a_429_one_worker_gets_pauses_every_worker_and_costs_no_attempt(limited_env, sim):

@@ -11,6 +11,7 @@ import pytest
 from herd.config import CACHE_TTL, EVAL_TTL, LEDGER_TTL, Settings
 from herd.errors import ConfigError
 from herd.llm.eval import EvalStore
+from herd.llm.eval.money import as_float
 from tests.llm.conftest import clean_eval_tables
 
 # The read /overview made before the summary: every row, grouped, joined per key.
@@ -67,11 +68,11 @@ async def recomputed(store: EvalStore) -> dict:
             "n": n,
             "input_tokens": int(i),
             "output_tokens": int(o),
-            "cost": c,
-            "saved": s,
+            "cost": as_float(c),
+            "saved": as_float(s),
             "cached_input_tokens": int(ci),
             "cache_write_tokens": int(cw),
-            "provider_cache_saved": ps,
+            "provider_cache_saved": as_float(ps),
         }  # fmt: skip
         for kind, n, i, o, c, s, ci, cw, ps in await store.execute(RECOMPUTED)
     }

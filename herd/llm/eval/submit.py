@@ -69,10 +69,6 @@ def check_submission(
         check_text(batch, "batch")
     check(asdict(spec), what="spec")
     kind = registry.kind(spec.provider)
-    try:
-        kind.check_key()
-    except MissingAPIKey as exc:
-        raise InvalidInput(str(exc), field="provider") from None
     if batch_api:
         if kind.batch is None:
             raise InvalidInput(
@@ -102,6 +98,10 @@ def check_submission(
             "model %r has no price: its calls are counted but shown as unpriced, not $0"
             " (add it to HERD_PRICES)", spec.model,
         )  # fmt: skip
+    try:
+        kind.check_key()
+    except MissingAPIKey as exc:
+        raise InvalidInput(str(exc), field="provider") from None
     return checked_budget, checked_limits
 
 
@@ -110,7 +110,11 @@ def chunk_size(app: App, api_max: int = OpenAIBatch.max_requests) -> int:
     return max(1, min(api_max, (app.settings.max_payload_bytes - PAYLOAD_SPARE) // KEY_BYTES))
 
 
-def _rows(spec: EvalSpec, items: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+def _rows(spec: EvalSpec, batch: str, items: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """(name, document hash, key) of each item; the characters of every part checked
+    before a key is hashed from them."""
+    check_text(batch, "batch")
+    check(asdict(spec), what="spec")
     for i, (name, text) in enumerate(items):
         check_text(name, f"documents[{i}].name")
         check_text(text, f"documents[{i}].text")
@@ -134,10 +138,10 @@ async def enqueue_documents(
     batch's items and a dedup ledger row for each document that joined an existing
     job, so ``herd eval status`` sees it all. ``checked``: check_submission ran.
     """
+    rows = _rows(spec, batch, items)
     if not checked:
         budget, limits = check_submission(spec, app.settings, budget=budget, limits=limits,
                                           batch=batch)  # fmt: skip
-    rows = _rows(spec, items)
     if not items:
         return []
     rt = await EvalRuntime.of(app)
@@ -191,9 +195,9 @@ async def enqueue_batch_documents(
     """Like ``enqueue_documents``, but the keys the exact cache does not hold go into
     one batch-submit job per chunk; the cached ones take the synchronous path (their
     jobs find the answer in the cache and record it). One result per item."""
+    rows = _rows(spec, batch, items)
     if not checked:
         check_submission(spec, app.settings, batch_api=True, batch=batch)
-    rows = _rows(spec, items)
     if not items:
         return []
     rt = await EvalRuntime.of(app)
