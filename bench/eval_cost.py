@@ -4,7 +4,7 @@
 whitespace-only revisions of other requests (CRLF line endings, trailing spaces, blank
 lines before and after), the rest unique; written as files, submitted in waves a few
 seconds apart, as requests arrive in a real system. Each system gets a fresh provider
-simulator (``python -m herd.llm.simulator``, same latency draws, same seed), the same
+simulator (``python -m herd.testing.simulator``, same latency draws, same seed), the same
 number of worker processes, and the same kill schedule: every ``--kill-every`` seconds
 one worker chosen at random is SIGKILLed and a replacement started at once.
 
@@ -288,12 +288,12 @@ def _tail(path: Path, lines: int = 30) -> str:
 
 
 class SimulatorProcess:
-    """``python -m herd.llm.simulator`` on a free port of 127.0.0.1."""
+    """``python -m herd.testing.simulator`` on a free port of 127.0.0.1."""
 
     def __init__(self, latency: str, seed: int, log: Path, extra: tuple[str, ...] = ()) -> None:
         self.log = log
         self.proc = spawn(
-            [sys.executable, "-m", "herd.llm.simulator", "--host", "127.0.0.1", "--port", "0",
+            [sys.executable, "-m", "herd.testing.simulator", "--host", "127.0.0.1", "--port", "0",
              "--latency", latency, "--seed", str(seed), *extra],
             dict(os.environ),
             log,
@@ -769,7 +769,7 @@ def run_celery(
     import redis
 
     from bench import _celery_eval
-    from tests.servers.redis_stack import RedisStackServer
+    from herd.testing.servers.redis_stack import RedisStackServer
 
     server = RedisStackServer(REPO / ".herd-test" / "cache", tmp / "redis", modules=())
     sim: SimulatorProcess | None = None

@@ -1,6 +1,6 @@
 """A provider's rate limits: herd with limits set, herd without, Celery's ``rate_limit``.
 
-The simulator (``python -m herd.llm.simulator``) enforces 600 requests and 200,000 tokens
+The simulator (``python -m herd.testing.simulator``) enforces 600 requests and 200,000 tokens
 per minute (token buckets per key and model that start full and refill continuously, as
 OpenAI and Anthropic describe theirs), with 0.2-0.5 s latency. 2,000 evaluation requests
 (about 170 tokens of prompt and document, ``max_tokens`` 64: about 235 tokens charged a
@@ -113,7 +113,7 @@ class Result:
 class Sim:
     def __init__(self, args: argparse.Namespace, log: Path) -> None:
         self.proc = spawn(
-            [sys.executable, "-m", "herd.llm.simulator", "--host", "127.0.0.1", "--port", "0",
+            [sys.executable, "-m", "herd.testing.simulator", "--host", "127.0.0.1", "--port", "0",
              "--latency", args.latency, "--seed", str(args.seed), "--rpm", str(args.rpm),
              "--tpm", str(args.tpm)],
             dict(os.environ),
@@ -254,7 +254,7 @@ def run_celery(args: argparse.Namespace, variant: str, docs: Path, tmp: Path) ->
         from bench import _celery_ratelimit
     except ImportError as exc:
         return Result(variant, 0.0, 0, 0, {}, skipped=f"no Celery in this venv ({exc})")
-    from tests.servers.redis_stack import RedisStackServer
+    from herd.testing.servers.redis_stack import RedisStackServer
 
     rate = variant.split("-", 1)[1] + "/m"
     files = sorted(docs.iterdir())

@@ -559,7 +559,7 @@ def run_backend(
     redis_url = None
     if name == "redis":
         sys.path.insert(0, str(ROOT))
-        from tests.servers.redis_stack import RedisStackServer
+        from herd.testing.servers.redis_stack import RedisStackServer
 
         redis_server = RedisStackServer(ROOT / ".herd-test" / "cache", home / "redis")
         redis_server.start()

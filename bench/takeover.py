@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--systems: unknown {sorted(unknown)} (postgres, redis, celery)")
 
     from herd.embedded import embedded_server
-    from tests.servers.redis_stack import RedisStackServer
+    from herd.testing.servers.redis_stack import RedisStackServer
 
     tmp = Path(tempfile.mkdtemp(prefix="herd-bench-takeover-"))
     logs = tmp / "logs"

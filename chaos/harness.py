@@ -209,7 +209,7 @@ class Harness:
         host = self.net.gateway if self.net is not None else "127.0.0.1"
         with (self.dir / f"{name}.log").open("wb") as stderr:
             sim = subprocess.Popen(
-                [sys.executable, "-m", "herd.llm.simulator", "--port", "0", "--host", host,
+                [sys.executable, "-m", "herd.testing.simulator", "--port", "0", "--host", host,
                  "--latency", f"{low}:{high}", "--seed", str(self.cfg.seed)],
                 cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True,
                 env=dict(os.environ, PYTHONPATH=str(ROOT)),

@@ -1,6 +1,6 @@
 """A real simulator process for the LLM tests: started once, reset before each test.
 
-No HTTP is mocked: the providers talk to ``python -m herd.llm.simulator`` over TCP,
+No HTTP is mocked: the providers talk to ``python -m herd.testing.simulator`` over TCP,
 and the tests read what the server saw from ``GET /_sim/stats``.
 """
 
@@ -23,10 +23,10 @@ SECRET = "sk-test-SECRET"
 
 
 def start_simulator(*args: str, log: Path | None = None) -> tuple[subprocess.Popen[str], str]:
-    """Start ``python -m herd.llm.simulator --port 0 ARGS``; return it and its URL."""
+    """Start ``python -m herd.testing.simulator --port 0 ARGS``; return it and its URL."""
     stderr = log.open("w") if log is not None else subprocess.DEVNULL
     proc = subprocess.Popen(
-        [sys.executable, "-m", "herd.llm.simulator", "--port", "0", *args],
+        [sys.executable, "-m", "herd.testing.simulator", "--port", "0", *args],
         stdout=subprocess.PIPE,
         stderr=stderr,
         text=True,

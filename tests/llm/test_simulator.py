@@ -14,8 +14,8 @@ import jsonschema
 import pytest
 
 from herd.llm import OpenAICompatible, ProviderError, RetryPolicy
-from herd.llm.simulator import SimConfig, Simulator, content
-from herd.llm.simulator.limits import RateLimits, go_duration, rfc3339
+from herd.testing.simulator import SimConfig, Simulator, content
+from herd.testing.simulator.limits import RateLimits, go_duration, rfc3339
 from tests.llm.conftest import Sim, start_simulator, stop_simulator
 from tests.llm.schemas import SCHEMAS
 
@@ -240,7 +240,7 @@ def test_keys_are_compared_in_constant_time(
 
 
 def test_a_body_over_the_limit_is_refused_with_413_unread(sim: Sim) -> None:
-    from herd.llm.simulator.server import MAX_BODY_BYTES
+    from herd.testing.simulator.exchange import MAX_BODY_BYTES
 
     host, port = httpx.URL(sim.url).host, httpx.URL(sim.url).port
     conn = http.client.HTTPConnection(host, port, timeout=10)

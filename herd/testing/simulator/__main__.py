@@ -1,12 +1,12 @@
-"""``python -m herd.llm.simulator``: serve until SIGINT/SIGTERM; the URL on stdout's first line.
+"""``python -m herd.testing.simulator``: serve until SIGINT/SIGTERM; the URL on stdout's first line.
 
 Examples::
 
-    python -m herd.llm.simulator --port 0 --latency 0.5
-    python -m herd.llm.simulator --latency 20:90 --fail-rate 429=0.02,500=0.01 --seed 7
-    python -m herd.llm.simulator --script 429:2,500,ok --api-key sk-sim
-    python -m herd.llm.simulator --rpm 600 --tpm 200000 --latency 0.2:0.5
-    python -m herd.llm.simulator --batch-latency 30   # Batch APIs end 30 s after creation
+    python -m herd.testing.simulator --port 0 --latency 0.5
+    python -m herd.testing.simulator --latency 20:90 --fail-rate 429=0.02,500=0.01 --seed 7
+    python -m herd.testing.simulator --script 429:2,500,ok --api-key sk-sim
+    python -m herd.testing.simulator --rpm 600 --tpm 200000 --latency 0.2:0.5
+    python -m herd.testing.simulator --batch-latency 30   # Batch APIs end 30 s after creation
 
 Then point a client at it: ``OpenAICompatible(base_url=URL + "/v1", ...)`` or
 ``Anthropic(base_url=URL, ...)``; read ``GET URL/_sim/stats`` for the counters.
@@ -20,19 +20,19 @@ import sys
 from types import FrameType
 
 from herd.errors import ConfigError
-from herd.llm.simulator.server import (
+from herd.testing.simulator.config import (
     CONTENT_MODES,
     SimConfig,
-    Simulator,
     parse_latency,
     parse_outcome,
     parse_rates,
 )
+from herd.testing.simulator.server import Simulator
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m herd.llm.simulator",
+        prog="python -m herd.testing.simulator",
         description="Simulate an OpenAI-compatible and an Anthropic model provider over HTTP.",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")

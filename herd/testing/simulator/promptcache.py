@@ -23,7 +23,7 @@ import json
 from collections import OrderedDict
 from typing import Any
 
-from herd.llm.simulator.content import estimate_tokens
+from herd.testing.simulator.content import estimate_tokens
 
 OPENAI_MIN = 1024
 OPENAI_STEP = 128
