@@ -216,10 +216,11 @@ class Fleet:
     # Ending ------------------------------------------------------------------------
 
     def stop(self, timeout: float = 30.0, pids: Iterable[int] | None = None) -> list[int | None]:
-        """SIGTERM the processes (all by default), wait up to ``timeout`` s for them all,
-        SIGKILL what still runs; their exit codes (None: it had to be killed)."""
+        """SIGTERM the processes (by default every one still running), wait up to
+        ``timeout`` s for them all, SIGKILL what still runs; their exit codes in that
+        order (None: it had to be killed)."""
         with self.lock:
-            chosen = list(self.members) if pids is None else [self.member(p) for p in pids]
+            chosen = self.running if pids is None else [self.member(p) for p in pids]
         for m in chosen:
             self.terminate(m.pid)
         deadline = time.monotonic() + timeout
