@@ -16,7 +16,6 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 
 
 class SimulatorProcess:
@@ -75,10 +74,5 @@ class SimulatorProcess:
     def __enter__(self) -> SimulatorProcess:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()

@@ -38,7 +38,7 @@ class Request:
         prefill = ""
         if api == "openai":
             system = "\n".join(
-                _text(m.get("content"))
+                content.text_of(m.get("content"))
                 for m in messages
                 if isinstance(m, dict) and m.get("role") in ("system", "developer")
             )
@@ -52,7 +52,7 @@ class Request:
                 schema = (fmt.get("json_schema") or {}).get("schema", {})
             json_object = isinstance(fmt, dict) and fmt.get("type") == "json_object"
         else:
-            system = _text(body.get("system"))
+            system = content.text_of(body.get("system"))
             out = (body.get("output_config") or {}).get("format") or body.get("output_format")
             if isinstance(out, dict) and out.get("type") == "json_schema":
                 schema = out.get("schema", {})
@@ -64,19 +64,19 @@ class Request:
                         schema, tool = t.get("input_schema", {}), str(t["name"])
             last = messages[-1] if messages else None
             if isinstance(last, dict) and last.get("role") == "assistant":
-                prefill = _text(last.get("content"))
+                prefill = content.text_of(last.get("content"))
                 messages = messages[:-1]
         return cls(messages, system, schema, json_object, tool, prefill)
 
     @property
     def user_text(self) -> str:
         users = [m for m in self.messages if isinstance(m, dict) and m.get("role") == "user"]
-        return _text(users[-1].get("content")) if users else ""
+        return content.text_of(users[-1].get("content")) if users else ""
 
     @property
     def prompt_text(self) -> str:
         parts = [self.system] + [
-            _text(m.get("content")) for m in self.messages if isinstance(m, dict)
+            content.text_of(m.get("content")) for m in self.messages if isinstance(m, dict)
         ]
         return "\n".join(parts)
 
@@ -86,7 +86,9 @@ def compose(state: SimState, req: Request, outcome: str) -> str:
     with state.lock:
         mode, fixed = state.config.content, state.config.fixed_text
     # The same prompt gets the same answer, whichever wire format and model asked.
-    turns = [[m.get("role"), _text(m.get("content"))] for m in req.messages if _is_dict(m)]
+    turns = [
+        [m.get("role"), content.text_of(m.get("content"))] for m in req.messages if _is_dict(m)
+    ]
     rng = random.Random(content.seed_of(turns, req.system, req.schema))
     if mode == "echo":
         text = req.user_text
@@ -138,17 +140,6 @@ def weight(req: Request, body: dict[str, Any]) -> int:
 
 def _is_dict(value: Any) -> bool:
     return isinstance(value, dict)
-
-
-def _text(value: Any) -> str:
-    """The text of a message content: a string, or a list of text parts."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        return "".join(
-            str(p.get("text", "")) for p in value if isinstance(p, dict) and p.get("type") == "text"
-        )
-    return ""
 
 
 def _openai_answer(
