@@ -305,6 +305,12 @@ class SimulatorProcess:
         self.http.close()
         self.process.stop()
 
+    def __enter__(self) -> SimulatorProcess:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
 
 @dataclass
 class WorkerPool:
@@ -531,18 +537,18 @@ def run_herd(
     home = tmp / f"{system}-home"
     server = embedded_server(home)
     url = server.acquire()
-    sim: SimulatorProcess | None = None
-    fleet: Fleet | None = None
+    # Whatever this run starts stops when it ends, in the reverse order.
+    stack = contextlib.ExitStack()
     try:
         extra_sim = _sim_args(args) + (
             ("--batch-latency", f"{args.batch_latency:g}") if batch_api else ()
         )
-        sim = SimulatorProcess(
-            args.latency, args.seed, tmp / "logs" / f"sim-{system}.log", extra_sim
+        sim = stack.enter_context(
+            SimulatorProcess(args.latency, args.seed, tmp / "logs" / f"sim-{system}.log", extra_sim)
         )
         env = herd_env(home, url, sim, HERD_PRICES=str(files / "prices.json"))
         herd = [sys.executable, "-m", "herd"]
-        fleet = eval_fleet(env, tmp / "logs", system, args.concurrency)
+        fleet = stack.enter_context(eval_fleet(env, tmp / "logs", system, args.concurrency))
         pool = WorkerPool(system, fleet, args.workers)
         prompt, schema = files / "prompt.txt", files / "schema.json"
         submits: list[subprocess.Popen[bytes]] = []
@@ -619,10 +625,7 @@ def run_herd(
             extra=extra,
         )
     finally:
-        if fleet is not None:
-            fleet.close()
-        if sim is not None:
-            sim.close()
+        stack.close()
         kill_all_children()
         server.release()
 
@@ -741,16 +744,15 @@ def run_celery(
     from herd.testing.servers.redis_stack import RedisStackServer
 
     server = RedisStackServer(REPO / ".herd-test" / "cache", tmp / "redis", modules=())
-    sim: SimulatorProcess | None = None
-    fleet: Fleet | None = None
-    r: redis.Redis | None = None
-    app = None
+    stack = contextlib.ExitStack()
     try:
         server.start()
-        sim = SimulatorProcess(
-            args.latency, args.seed, tmp / "logs" / "sim-celery.log", _sim_args(args)
+        sim = stack.enter_context(
+            SimulatorProcess(
+                args.latency, args.seed, tmp / "logs" / "sim-celery.log", _sim_args(args)
+            )
         )
-        r = redis.Redis.from_url(server.url)
+        r = stack.enter_context(redis.Redis.from_url(server.url))
         env = worker_env(
             pythonpath=[REPO],
             BENCH_CELERY_BROKER=server.url,
@@ -758,11 +760,14 @@ def run_celery(
             BENCH_VISIBILITY=str(args.visibility_timeout),
             BENCH_RESTORE_EVERY=str(args.restore_every),
         )
-        fleet = celery_fleet(
-            "bench._celery_eval", _celery_eval.QUEUE, "solo", 1, env, tmp / "logs", "celery"
+        fleet = stack.enter_context(
+            celery_fleet(
+                "bench._celery_eval", _celery_eval.QUEUE, "solo", 1, env, tmp / "logs", "celery"
+            )
         )
         pool = WorkerPool("celery", fleet, args.workers)
         app = _celery_eval.make_app(server.url, args.visibility_timeout, args.restore_every)
+        stack.callback(app.close)
         prompt, schema = str(files / "prompt.txt"), str(files / "schema.json")
 
         def submit(i: int, paths: list[Path]) -> None:
@@ -818,14 +823,7 @@ def run_celery(
             extra=extra,
         )
     finally:
-        if app is not None:
-            app.close()
-        if r is not None:
-            r.close()
-        if fleet is not None:
-            fleet.close()
-        if sim is not None:
-            sim.close()
+        stack.close()
         kill_all_children()
         server.stop()
 

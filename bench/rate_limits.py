@@ -31,6 +31,7 @@ Celery's variants need Celery: run the script from the venv of ``.[test,bench-ce
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import shutil
@@ -56,7 +57,7 @@ from eval_cost import (  # noqa: E402
     herd_env,
 )
 
-from herd.testing.fleet import Fleet, worker_env  # noqa: E402
+from herd.testing.fleet import worker_env  # noqa: E402
 
 MODEL = "sim-1"
 MAX_TOKENS = 64
@@ -145,11 +146,11 @@ def run_herd(args: argparse.Namespace, variant: str, docs: Path, tmp: Path) -> R
     home = tmp / f"home-{variant}"
     server = embedded_server(home)
     url = server.acquire()
-    sim: SimulatorProcess | None = None
-    fleet: Fleet | None = None
     logs = tmp / "logs"
+    # Whatever this run starts stops when it ends, in the reverse order.
+    stack = contextlib.ExitStack()
     try:
-        sim = simulator(args, logs / f"sim-{variant}.log")
+        sim = stack.enter_context(simulator(args, logs / f"sim-{variant}.log"))
         env = herd_env(home, url, sim)
         herd = [sys.executable, "-m", "herd"]
         submit = [
@@ -159,7 +160,7 @@ def run_herd(args: argparse.Namespace, variant: str, docs: Path, tmp: Path) -> R
         ]  # fmt: skip
         if variant == "herd-limits":
             submit += ["--rpm", str(args.rpm), "--tpm", str(args.tpm)]
-        fleet = eval_fleet(env, logs, f"{variant}-worker", args.concurrency)
+        fleet = stack.enter_context(eval_fleet(env, logs, f"{variant}-worker", args.concurrency))
         fleet.start(args.workers)
         time.sleep(1.0)  # let the workers connect: the clock starts with the submission
         t0 = time.monotonic()
@@ -195,10 +196,7 @@ def run_herd(args: argparse.Namespace, variant: str, docs: Path, tmp: Path) -> R
         notes = [f"{status.get('failed', 0)} dead-lettered"] if status.get("failed") else []
         return Result(variant, seconds, n, int(status.get("done", 0)), stats, notes)
     finally:
-        if fleet is not None:
-            fleet.close()
-        if sim is not None:
-            sim.close()
+        stack.close()
         server.release()
 
 
@@ -219,26 +217,24 @@ def run_celery(args: argparse.Namespace, variant: str, docs: Path, tmp: Path) ->
     n = len(files)
     logs = tmp / "logs"
     server = RedisStackServer(REPO / ".herd-test" / "cache", tmp / f"redis-{variant}", modules=())
-    sim: SimulatorProcess | None = None
-    fleet: Fleet | None = None
-    r: redis.Redis | None = None
-    app = None
+    stack = contextlib.ExitStack()
     try:
         server.start()
-        sim = simulator(args, logs / f"sim-{variant}.log")
-        r = redis.Redis.from_url(server.url)
+        sim = stack.enter_context(simulator(args, logs / f"sim-{variant}.log"))
+        r = stack.enter_context(redis.Redis.from_url(server.url))
         env = worker_env(
             pythonpath=[REPO],
             BENCH_CELERY_BROKER=server.url,
             BENCH_SIM_URL=sim.url,
             BENCH_RATE_LIMIT=rate,
         )
-        fleet = celery_fleet(
+        fleet = stack.enter_context(celery_fleet(
             "bench._celery_ratelimit", _celery_ratelimit.QUEUE, "threads", args.concurrency,
             env, logs, f"{variant}-worker",
-        )  # fmt: skip
+        ))  # fmt: skip
         fleet.start(args.workers)
         app = _celery_ratelimit.make_app(server.url)
+        stack.callback(app.close)
         system = PROMPT
         time.sleep(3.0)  # Celery workers take a few seconds to start consuming
         t0 = time.monotonic()
@@ -277,14 +273,7 @@ def run_celery(args: argparse.Namespace, variant: str, docs: Path, tmp: Path) ->
         fleet.stop(timeout=15)
         return Result(variant, seconds, n, done, stats, [f"rate_limit={rate!r} per worker"])
     finally:
-        if app is not None:
-            app.close()
-        if r is not None:
-            r.close()
-        if fleet is not None:
-            fleet.close()
-        if sim is not None:
-            sim.close()
+        stack.close()
         server.stop()
 
 
