@@ -4,7 +4,7 @@
 whitespace-only revisions of other requests (CRLF line endings, trailing spaces, blank
 lines before and after), the rest unique; written as files, submitted in waves a few
 seconds apart, as requests arrive in a real system. Each system gets a fresh provider
-simulator (``python -m herd.llm.simulator``, same latency draws, same seed), the same
+simulator (``python -m herd.testing.simulator``, same latency draws, same seed), the same
 number of worker processes, and the same kill schedule: every ``--kill-every`` seconds
 one worker chosen at random is SIGKILLed and a replacement started at once.
 
@@ -63,9 +63,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import random
-import select
 import shutil
 import signal
 import subprocess
@@ -90,6 +88,8 @@ from herd.cache.keys import normalize_document  # noqa: E402
 from herd.llm.documents import read_document  # noqa: E402
 from herd.llm.eval import EvalSpec  # noqa: E402
 from herd.llm.eval.ledger import PAID  # noqa: E402
+from herd.testing import simulator  # noqa: E402
+from herd.testing.fleet import Fleet, herd_worker, worker_env  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _summary  # noqa: E402
@@ -268,18 +268,6 @@ def kill_all_children() -> None:
             proc.wait(timeout=10)
 
 
-def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL after ``timeout``."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.terminate()
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _tail(path: Path, lines: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -288,24 +276,13 @@ def _tail(path: Path, lines: int = 30) -> str:
 
 
 class SimulatorProcess:
-    """``python -m herd.llm.simulator`` on a free port of 127.0.0.1."""
+    """A provider simulator of its own for one system, and its records."""
 
     def __init__(self, latency: str, seed: int, log: Path, extra: tuple[str, ...] = ()) -> None:
-        self.log = log
-        self.proc = spawn(
-            [sys.executable, "-m", "herd.llm.simulator", "--host", "127.0.0.1", "--port", "0",
-             "--latency", latency, "--seed", str(seed), *extra],
-            dict(os.environ),
-            log,
-            stdout=subprocess.PIPE,
-        )  # fmt: skip
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
-        line = self.proc.stdout.readline().decode().strip() if ready else ""
-        if not line.startswith("http://"):
-            stop(self.proc)
-            raise RuntimeError(f"the simulator did not start:\n{_tail(log)}")
-        self.url = line
+        self.process = simulator.SimulatorProcess(
+            "--latency", latency, "--seed", str(seed), *extra, log=log
+        )
+        self.url = self.process.url
         self.http = httpx.Client(base_url=self.url, timeout=10)
 
     def stats(self) -> dict[str, Any]:
@@ -326,66 +303,85 @@ class SimulatorProcess:
 
     def close(self) -> None:
         self.http.close()
-        stop(self.proc)
+        self.process.stop()
+
+    def __enter__(self) -> SimulatorProcess:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 @dataclass
 class WorkerPool:
-    """``size`` worker processes; ``kill_one`` SIGKILLs a random one and starts another."""
+    """A fleet kept at ``size``: ``kill_one`` SIGKILLs a random worker and starts another."""
 
     name: str
-    argv: Callable[[int], list[str]]  # the command line of the n-th worker started
-    env: dict[str, str]
-    logs: Path
+    fleet: Fleet
     size: int
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    started: int = 0
     kills: int = 0
     died: int = 0  # exited on their own (a crash we did not cause)
 
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def _start(self) -> subprocess.Popen[bytes]:
-        n = self.started
-        self.started += 1
-        return spawn(self.argv(n), self.env, self.logs / f"{self.name}-{n:03d}.log")
-
     def start(self) -> None:
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self.procs = [self._start() for _ in range(self.size)]
+        self.fleet.start(self.size)
 
     def kill_one(self, rng: random.Random) -> None:
-        i = rng.randrange(self.size)
-        with self.lock:
-            proc = self.procs[i]
-            if proc.poll() is None:
-                proc.kill()
-                self.kills += 1
-            proc.wait()
-            self.procs[i] = self._start()
+        with self.fleet.lock:  # check() may replace a worker from the main thread
+            victim = self.fleet.members[rng.randrange(self.size)]
+            self.kills += victim.running
+            self.fleet.replace(victim.pid)
 
     def check(self) -> None:
         """Replace a worker that exited by itself (and count it: it should not happen)."""
-        with self.lock:
-            procs = list(enumerate(self.procs))
-        for i, proc in procs:
-            with self.lock:
-                if proc is not self.procs[i] or proc.poll() is None:
-                    continue
+        with self.fleet.lock:
+            for m in self.fleet.exited():
                 self.died += 1
                 print(
-                    f"  {self.name}: worker pid {proc.pid} exited with {proc.returncode}",
+                    f"  {self.name}: worker pid {m.pid} exited with {m.popen.returncode}",
                     file=sys.stderr,
                 )
-                self.procs[i] = self._start()
+                self.fleet.replace(m.pid)
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.terminate()
-        for proc in self.procs:
-            stop(proc, timeout=15)
+        self.fleet.stop(timeout=15)
+
+
+def herd_env(home: Path, url: str, sim: SimulatorProcess, **extra: str) -> dict[str, str]:
+    """herd's processes' environment: the embedded PostgreSQL at ``url`` for everything,
+    the simulator as OpenAI."""
+    env = worker_env(
+        broker="postgres",
+        home=home,
+        database_url=url,
+        pythonpath=[REPO],
+        OPENAI_BASE_URL=sim.url + "/v1",
+        OPENAI_API_KEY="sk-bench",
+        **extra,
+    )
+    env.pop("HERD_REDIS_URL", None)
+    env.pop("HERD_CACHE", None)
+    return env
+
+
+def eval_fleet(env: dict[str, str], logs: Path, name: str, concurrency: int) -> Fleet:
+    """``herd worker --queue eval`` processes."""
+    argv = herd_worker("--queue", "eval", "--concurrency", str(concurrency),
+                       "--poll-interval", "0.5")  # fmt: skip
+    return Fleet(argv, env, logs=logs, name=name, cwd=REPO)
+
+
+def celery_fleet(
+    app: str, queue: str, pool: str, concurrency: int, env: dict[str, str], logs: Path, name: str
+) -> Fleet:
+    """``celery worker`` processes of ``app`` (a module), named w0@bench, w1@bench ..."""
+
+    def argv(n: int) -> list[str]:
+        return [sys.executable, "-m", "celery", "-A", app, "worker", "--pool", pool,
+                "--concurrency", str(concurrency), "--queues", queue,
+                "--hostname", f"w{n - 1}@bench", "--loglevel", "WARNING",
+                "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
+
+    return Fleet(argv, env, logs=logs, name=name, cwd=REPO)
 
 
 @contextlib.contextmanager
@@ -541,42 +537,19 @@ def run_herd(
     home = tmp / f"{system}-home"
     server = embedded_server(home)
     url = server.acquire()
-    sim: SimulatorProcess | None = None
+    # Whatever this run starts stops when it ends, in the reverse order.
+    stack = contextlib.ExitStack()
     try:
         extra_sim = _sim_args(args) + (
             ("--batch-latency", f"{args.batch_latency:g}") if batch_api else ()
         )
-        sim = SimulatorProcess(
-            args.latency, args.seed, tmp / "logs" / f"sim-{system}.log", extra_sim
+        sim = stack.enter_context(
+            SimulatorProcess(args.latency, args.seed, tmp / "logs" / f"sim-{system}.log", extra_sim)
         )
-        env = dict(
-            os.environ,
-            HERD_HOME=str(home),
-            HERD_DATABASE_URL=url,
-            HERD_PRICES=str(files / "prices.json"),
-            OPENAI_BASE_URL=sim.url + "/v1",
-            OPENAI_API_KEY="sk-bench",
-            PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-        )
-        env.pop("HERD_REDIS_URL", None)
-        env.pop("HERD_CACHE", None)
+        env = herd_env(home, url, sim, HERD_PRICES=str(files / "prices.json"))
         herd = [sys.executable, "-m", "herd"]
-        pool = WorkerPool(
-            system,
-            lambda n: [
-                *herd,
-                "worker",
-                "--queue",
-                "eval",
-                "--concurrency",
-                str(args.concurrency),
-                "--poll-interval",
-                "0.5",
-            ],  # fmt: skip
-            env,
-            tmp / "logs",
-            args.workers,
-        )
+        fleet = stack.enter_context(eval_fleet(env, tmp / "logs", system, args.concurrency))
+        pool = WorkerPool(system, fleet, args.workers)
         prompt, schema = files / "prompt.txt", files / "schema.json"
         submits: list[subprocess.Popen[bytes]] = []
 
@@ -652,8 +625,7 @@ def run_herd(
             extra=extra,
         )
     finally:
-        if sim is not None:
-            sim.close()
+        stack.close()
         kill_all_children()
         server.release()
 
@@ -769,37 +741,33 @@ def run_celery(
     import redis
 
     from bench import _celery_eval
-    from tests.servers.redis_stack import RedisStackServer
+    from herd.testing.servers.redis_stack import RedisStackServer
 
     server = RedisStackServer(REPO / ".herd-test" / "cache", tmp / "redis", modules=())
-    sim: SimulatorProcess | None = None
-    r: redis.Redis | None = None
-    app = None
+    stack = contextlib.ExitStack()
     try:
         server.start()
-        sim = SimulatorProcess(
-            args.latency, args.seed, tmp / "logs" / "sim-celery.log", _sim_args(args)
+        sim = stack.enter_context(
+            SimulatorProcess(
+                args.latency, args.seed, tmp / "logs" / "sim-celery.log", _sim_args(args)
+            )
         )
-        r = redis.Redis.from_url(server.url)
-        env = dict(
-            os.environ,
+        r = stack.enter_context(redis.Redis.from_url(server.url))
+        env = worker_env(
+            pythonpath=[REPO],
             BENCH_CELERY_BROKER=server.url,
             BENCH_SIM_URL=sim.url,
             BENCH_VISIBILITY=str(args.visibility_timeout),
             BENCH_RESTORE_EVERY=str(args.restore_every),
-            PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         )
-        pool = WorkerPool(
-            "celery",
-            lambda n: [sys.executable, "-m", "celery", "-A", "bench._celery_eval", "worker",
-                       "--pool", "solo", "--concurrency", "1", "--queues", _celery_eval.QUEUE,
-                       "--hostname", f"w{n}@bench", "--loglevel", "WARNING",
-                       "--without-gossip", "--without-mingle", "--without-heartbeat"],
-            env,
-            tmp / "logs",
-            args.workers,
-        )  # fmt: skip
+        fleet = stack.enter_context(
+            celery_fleet(
+                "bench._celery_eval", _celery_eval.QUEUE, "solo", 1, env, tmp / "logs", "celery"
+            )
+        )
+        pool = WorkerPool("celery", fleet, args.workers)
         app = _celery_eval.make_app(server.url, args.visibility_timeout, args.restore_every)
+        stack.callback(app.close)
         prompt, schema = str(files / "prompt.txt"), str(files / "schema.json")
 
         def submit(i: int, paths: list[Path]) -> None:
@@ -855,12 +823,7 @@ def run_celery(
             extra=extra,
         )
     finally:
-        if app is not None:
-            app.close()
-        if r is not None:
-            r.close()
-        if sim is not None:
-            sim.close()
+        stack.close()
         kill_all_children()
         server.stop()
 

@@ -208,12 +208,12 @@ def run_postgres(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def run_redis(args: argparse.Namespace) -> list[dict[str, Any]]:
-    # tests.servers.redis_stack starts the server; _redis_queues sits beside this file.
+    # herd.testing.servers.redis_stack starts the server; _redis_queues sits beside this file.
     sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
     import _redis_queues as rb
     import redis
 
-    from tests.servers.redis_stack import RedisStackServer
+    from herd.testing.servers.redis_stack import RedisStackServer
 
     systems = ["herd"] + [s for s in args.redis_systems.split(",") if s and s != "herd"]
     unknown = set(systems) - set(REDIS_SYSTEMS)

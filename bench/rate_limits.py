@@ -1,6 +1,6 @@
 """A provider's rate limits: herd with limits set, herd without, Celery's ``rate_limit``.
 
-The simulator (``python -m herd.llm.simulator``) enforces 600 requests and 200,000 tokens
+The simulator (``python -m herd.testing.simulator``) enforces 600 requests and 200,000 tokens
 per minute (token buckets per key and model that start full and refill continuously, as
 OpenAI and Anthropic describe theirs), with 0.2-0.5 s latency. 2,000 evaluation requests
 (about 170 tokens of prompt and document, ``max_tokens`` 64: about 235 tokens charged a
@@ -31,10 +31,9 @@ Celery's variants need Celery: run the script from the venv of ``.[test,bench-ce
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
 import random
-import select
 import shutil
 import subprocess
 import sys
@@ -44,15 +43,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 REPO = Path(__file__).resolve().parent.parent
 for extra in (REPO, REPO / "bench"):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
 import _summary  # noqa: E402
-from eval_cost import _tail, kill_all_children, spawn, stop  # noqa: E402
+from eval_cost import (  # noqa: E402
+    SimulatorProcess,
+    _tail,
+    celery_fleet,
+    eval_fleet,
+    herd_env,
+)
+
+from herd.testing.fleet import worker_env  # noqa: E402
 
 MODEL = "sim-1"
 MAX_TOKENS = 64
@@ -110,35 +115,15 @@ class Result:
         return int(self.sim.get("billed", 0))
 
 
-class Sim:
-    def __init__(self, args: argparse.Namespace, log: Path) -> None:
-        self.proc = spawn(
-            [sys.executable, "-m", "herd.llm.simulator", "--host", "127.0.0.1", "--port", "0",
-             "--latency", args.latency, "--seed", str(args.seed), "--rpm", str(args.rpm),
-             "--tpm", str(args.tpm)],
-            dict(os.environ),
-            log,
-            stdout=subprocess.PIPE,
-        )  # fmt: skip
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
-        line = self.proc.stdout.readline().decode().strip() if ready else ""
-        if not line.startswith("http://"):
-            stop(self.proc)
-            raise RuntimeError(f"the simulator did not start:\n{_tail(log)}")
-        self.url = line
-        self.http = httpx.Client(base_url=self.url, timeout=10)
-
-    def stats(self) -> dict[str, Any]:
-        result: dict[str, Any] = self.http.get("/_sim/stats").json()
-        return result
-
-    def close(self) -> None:
-        self.http.close()
-        stop(self.proc)
+def simulator(args: argparse.Namespace, log: Path) -> SimulatorProcess:
+    """A simulator with the provider's limits."""
+    limits = ("--rpm", str(args.rpm), "--tpm", str(args.tpm))
+    return SimulatorProcess(args.latency, args.seed, log, limits)
 
 
-def _progress(name: str, t0: float, done: int, n: int, sim: Sim, last: list[float]) -> None:
+def _progress(
+    name: str, t0: float, done: int, n: int, sim: SimulatorProcess, last: list[float]
+) -> None:
     now = time.monotonic()
     if now - last[0] >= 15:
         last[0] = now
@@ -161,20 +146,12 @@ def run_herd(args: argparse.Namespace, variant: str, docs: Path, tmp: Path) -> R
     home = tmp / f"home-{variant}"
     server = embedded_server(home)
     url = server.acquire()
-    sim: Sim | None = None
     logs = tmp / "logs"
+    # Whatever this run starts stops when it ends, in the reverse order.
+    stack = contextlib.ExitStack()
     try:
-        sim = Sim(args, logs / f"sim-{variant}.log")
-        env = dict(
-            os.environ,
-            HERD_HOME=str(home),
-            HERD_DATABASE_URL=url,
-            OPENAI_BASE_URL=sim.url + "/v1",
-            OPENAI_API_KEY="sk-bench",
-            PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-        )
-        env.pop("HERD_REDIS_URL", None)
-        env.pop("HERD_CACHE", None)
+        sim = stack.enter_context(simulator(args, logs / f"sim-{variant}.log"))
+        env = herd_env(home, url, sim)
         herd = [sys.executable, "-m", "herd"]
         submit = [
             *herd, "eval", "submit", str(docs), "--prompt", str(tmp / "prompt.txt"),
@@ -183,31 +160,15 @@ def run_herd(args: argparse.Namespace, variant: str, docs: Path, tmp: Path) -> R
         ]  # fmt: skip
         if variant == "herd-limits":
             submit += ["--rpm", str(args.rpm), "--tpm", str(args.tpm)]
-        workers = [
-            spawn(
-                [
-                    *herd,
-                    "worker",
-                    "--queue",
-                    "eval",
-                    "--concurrency",
-                    str(args.concurrency),
-                    "--poll-interval",
-                    "0.5",
-                ],
-                env,
-                logs / f"{variant}-worker-{i}.log",
-            )  # fmt: skip
-            for i in range(args.workers)
-        ]
+        fleet = stack.enter_context(eval_fleet(env, logs, f"{variant}-worker", args.concurrency))
+        fleet.start(args.workers)
         time.sleep(1.0)  # let the workers connect: the clock starts with the submission
         t0 = time.monotonic()
         out = subprocess.run(submit, env=env, cwd=REPO, capture_output=True, timeout=600)
         if out.returncode != 0:
             err = out.stderr.decode(errors="replace").strip()
             if variant == "herd-limits" and ("--rpm" in err or "No such option" in err):
-                for w in workers:
-                    stop(w)
+                fleet.stop()
                 why = "this herd's `herd eval submit` has no --rpm/--tpm yet"
                 return Result(variant, 0.0, n, 0, {}, skipped=why)
             raise RuntimeError(f"herd eval submit failed: {err[-2000:]}")
@@ -224,23 +185,18 @@ def run_herd(args: argparse.Namespace, variant: str, docs: Path, tmp: Path) -> R
                 if status.get("done", 0) + status.get("failed", 0) >= n:
                     break
                 _progress(variant, t0, status.get("done", 0), n, sim, last)
-            for i, w in enumerate(workers):
-                if w.poll() is not None:
-                    raise RuntimeError(
-                        f"{variant} worker {i} exited {w.returncode}:\n"
-                        f"{_tail(logs / f'{variant}-worker-{i}.log')}"
-                    )
+            for m in fleet.exited():
+                raise RuntimeError(
+                    f"{variant} worker {m.seq} exited {m.popen.returncode}:\n{_tail(m.log)}"
+                )
             time.sleep(0.5)
         seconds = time.monotonic() - t0
         stats = sim.stats()
-        for w in workers:
-            stop(w, timeout=15)
+        fleet.stop(timeout=15)
         notes = [f"{status.get('failed', 0)} dead-lettered"] if status.get("failed") else []
         return Result(variant, seconds, n, int(status.get("done", 0)), stats, notes)
     finally:
-        if sim is not None:
-            sim.close()
-        kill_all_children()
+        stack.close()
         server.release()
 
 
@@ -254,56 +210,31 @@ def run_celery(args: argparse.Namespace, variant: str, docs: Path, tmp: Path) ->
         from bench import _celery_ratelimit
     except ImportError as exc:
         return Result(variant, 0.0, 0, 0, {}, skipped=f"no Celery in this venv ({exc})")
-    from tests.servers.redis_stack import RedisStackServer
+    from herd.testing.servers.redis_stack import RedisStackServer
 
     rate = variant.split("-", 1)[1] + "/m"
     files = sorted(docs.iterdir())
     n = len(files)
     logs = tmp / "logs"
     server = RedisStackServer(REPO / ".herd-test" / "cache", tmp / f"redis-{variant}", modules=())
-    sim: Sim | None = None
-    r: redis.Redis | None = None
-    app = None
+    stack = contextlib.ExitStack()
     try:
         server.start()
-        sim = Sim(args, logs / f"sim-{variant}.log")
-        r = redis.Redis.from_url(server.url)
-        env = dict(
-            os.environ,
+        sim = stack.enter_context(simulator(args, logs / f"sim-{variant}.log"))
+        r = stack.enter_context(redis.Redis.from_url(server.url))
+        env = worker_env(
+            pythonpath=[REPO],
             BENCH_CELERY_BROKER=server.url,
             BENCH_SIM_URL=sim.url,
             BENCH_RATE_LIMIT=rate,
-            PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         )
-        workers = [
-            spawn(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "bench._celery_ratelimit",
-                    "worker",
-                    "--pool",
-                    "threads",
-                    "--concurrency",
-                    str(args.concurrency),
-                    "--queues",
-                    _celery_ratelimit.QUEUE,
-                    "--hostname",
-                    f"w{i}@bench",
-                    "--loglevel",
-                    "WARNING",
-                    "--without-gossip",
-                    "--without-mingle",
-                    "--without-heartbeat",
-                ],
-                env,
-                logs / f"{variant}-worker-{i}.log",
-            )  # fmt: skip
-            for i in range(args.workers)
-        ]
+        fleet = stack.enter_context(celery_fleet(
+            "bench._celery_ratelimit", _celery_ratelimit.QUEUE, "threads", args.concurrency,
+            env, logs, f"{variant}-worker",
+        ))  # fmt: skip
+        fleet.start(args.workers)
         app = _celery_ratelimit.make_app(server.url)
+        stack.callback(app.close)
         system = PROMPT
         time.sleep(3.0)  # Celery workers take a few seconds to start consuming
         t0 = time.monotonic()
@@ -339,17 +270,10 @@ def run_celery(args: argparse.Namespace, variant: str, docs: Path, tmp: Path) ->
             time.sleep(0.25)
         seconds = time.monotonic() - t0
         stats = sim.stats()
-        for w in workers:
-            stop(w, timeout=15)
+        fleet.stop(timeout=15)
         return Result(variant, seconds, n, done, stats, [f"rate_limit={rate!r} per worker"])
     finally:
-        if app is not None:
-            app.close()
-        if r is not None:
-            r.close()
-        if sim is not None:
-            sim.close()
-        kill_all_children()
+        stack.close()
         server.stop()
 
 
@@ -466,7 +390,6 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     finally:
-        kill_all_children()
         if args.keep:
             print(f"kept {tmp}", file=sys.stderr)
         else:

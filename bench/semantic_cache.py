@@ -369,7 +369,7 @@ def main() -> None:
         raise SystemExit(
             "redisvl is not installed: pip install -e '.[test,bench-redisvl]' in a venv"
         ) from None
-    from tests.servers.redis_stack import RedisStackServer
+    from herd.testing.servers.redis_stack import RedisStackServer
 
     server = RedisStackServer(ROOT / ".herd-test" / "cache", Path(tempfile.mkdtemp()))
     server.start()

@@ -45,14 +45,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import math
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -72,6 +69,7 @@ from herd.api.overview import depth
 from herd.config import Settings
 from herd.embedded import embedded_server
 from herd.queue.base import Completion, NewJob
+from herd.testing.fleet import Fleet, herd_worker, worker_env
 
 log = logging.getLogger("bench.soak")
 
@@ -131,18 +129,15 @@ class Backend:
         )
 
     def env(self, ttl: int) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            HERD_HOME=str(self.home),
-            HERD_DATABASE_URL=self.db_url,
-            HERD_BROKER=self.name,
+        return worker_env(
+            broker=self.name,
+            database_url=self.db_url,
+            redis_url=self.redis_url,
+            home=self.home,
+            pythonpath=[BENCH, ROOT],
             HERD_CACHE="redis" if self.redis_url else "postgres",
             HERD_FINISHED_TTL=str(ttl),
-            PYTHONPATH=os.pathsep.join([str(BENCH), str(ROOT), env.get("PYTHONPATH", "")]),
         )
-        if self.redis_url:
-            env["HERD_REDIS_URL"] = self.redis_url
-        return env
 
 
 # --------------------------------------------------------------------------- phases a, b
@@ -285,37 +280,10 @@ class Soak:
     jobs: int = 0
 
 
-def spawn_workers(
-    b: Backend, args: argparse.Namespace, logs: Path
-) -> list[subprocess.Popen[bytes]]:
-    env = b.env(args.ttl)
-    procs = []
-    for i in range(args.workers):
-        out = (logs / f"worker-{b.name}-{i}.log").open("wb")
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "herd", "worker", "soak:worker_app",
-                 "--concurrency", str(args.concurrency), "--poll-interval", "0.05",
-                 "--grace", "5"],
-                env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        )  # fmt: skip
-        out.close()
-    return procs
-
-
-def stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+def fleet(b: Backend, args: argparse.Namespace, logs: Path) -> Fleet:
+    argv = herd_worker("soak:worker_app", "--concurrency", str(args.concurrency),
+                       "--poll-interval", "0.05", "--grace", "5")  # fmt: skip
+    return Fleet(argv, b.env(args.ttl), logs=logs, name=f"worker-{b.name}", cwd=ROOT)
 
 
 PG_SIZES = """
@@ -358,11 +326,11 @@ async def soak(b: Backend, args: argparse.Namespace, logs: Path) -> Soak:
     result = Soak(args.ttl)
     app = App(settings=b.settings(args.ttl))
     app.add_task(worker_app.tasks[TASK])
-    procs = spawn_workers(b, args, logs)
+    workers = fleet(b, args, logs)
     try:
         async with app, client(app) as http:
             calls = reads(app, http)
-            watched = [psutil.Process(p.pid) for p in procs]
+            watched = [psutil.Process(m.pid) for m in workers.start(args.workers)]
             redis_conn = None
             if b.redis_url:
                 import redis.asyncio as aioredis
@@ -376,7 +344,7 @@ async def soak(b: Backend, args: argparse.Namespace, logs: Path) -> Soak:
             async with conn:
                 while True:
                     waiting = sum(depth(q) for q in await app.stats())
-                    if any(p.poll() is not None for p in procs):
+                    if workers.exited():
                         raise RuntimeError(f"a worker exited early; see {logs}/worker-*.log")
                     now = time.monotonic()
                     if now >= next_sample:
@@ -403,7 +371,7 @@ async def soak(b: Backend, args: argparse.Namespace, logs: Path) -> Soak:
             if redis_conn is not None:
                 await redis_conn.aclose()
     finally:
-        stop_workers(procs)
+        workers.stop()
     return result
 
 
@@ -559,7 +527,7 @@ def run_backend(
     redis_url = None
     if name == "redis":
         sys.path.insert(0, str(ROOT))
-        from tests.servers.redis_stack import RedisStackServer
+        from herd.testing.servers.redis_stack import RedisStackServer
 
         redis_server = RedisStackServer(ROOT / ".herd-test" / "cache", home / "redis")
         redis_server.start()

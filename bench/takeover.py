@@ -29,11 +29,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import math
-import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +43,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from herd import App, JobContext  # noqa: E402
+from herd.testing.fleet import Fleet, herd_worker, wait_until, worker_env  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _summary  # noqa: E402
@@ -70,60 +68,20 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered), max(1, math.ceil(q * len(ordered)))) - 1]
 
 
-def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            argv, env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-
-
-def kill(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-    proc.wait()
-
-
-def wait_until(probe: Callable[[], Any], timeout: float, what: str, every: float = 0.01) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(every)
-
-
 # --------------------------------------------------------------------------- herd
 
 
 def run_herd(backend: str, url: str, args: argparse.Namespace, logs: Path) -> list[list[float]]:
     """[[kill -> second start, kill -> done], ...] over ``args.kills`` rounds."""
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    )
+    store = {"database_url": url} if backend == "postgres" else {"redis_url": url}
+    env = worker_env(broker=backend, pythonpath=[REPO], **store)
     env.pop("HERD_DATABASE_DIRECT_URL", None)
-    if backend == "postgres":
-        env.update(HERD_BROKER="postgres", HERD_DATABASE_URL=url)
-    else:
-        env.update(HERD_BROKER="redis", HERD_REDIS_URL=url)
-    started = [0]
-
-    def start() -> subprocess.Popen[bytes]:
-        started[0] += 1
-        argv = [sys.executable, "-m", "herd", "worker", "bench.takeover:app", "--queue", QUEUE,
-                "--concurrency", "1", "--poll-interval", str(args.poll_interval)]  # fmt: skip
-        return spawn(argv, env, logs / f"herd-{backend}-{started[0]:03d}.log")
-
+    argv = herd_worker("bench.takeover:app", "--queue", QUEUE, "--concurrency", "1",
+                       "--poll-interval", str(args.poll_interval))  # fmt: skip
     marks = _mark_counter(backend, url)
-    procs = [start() for _ in range(args.workers)]
-    try:
-        return asyncio.run(_rounds(backend, url, args, procs, start, marks))
-    finally:
-        for proc in procs:
-            kill(proc)
+    with Fleet(argv, env, logs=logs, name=f"herd-{backend}", cwd=REPO) as fleet:
+        fleet.start(args.workers)
+        return asyncio.run(_rounds(backend, url, args, fleet, marks))
 
 
 def _mark_counter(backend: str, url: str) -> Callable[[], int]:
@@ -150,8 +108,7 @@ async def _rounds(
     backend: str,
     url: str,
     args: argparse.Namespace,
-    procs: list[subprocess.Popen[bytes]],
-    start: Callable[[], subprocess.Popen[bytes]],
+    fleet: Fleet,
     marks: Callable[[], int],
 ) -> list[list[float]]:
     from herd.queue.base import JobStatus, NewJob
@@ -163,31 +120,34 @@ async def _rounds(
     out: list[list[float]] = []
     try:
         for n in range(args.kills):
-            wait_until(lambda: marks() >= args.workers, 60, f"{args.workers} herd workers")
+            await wait_until(
+                lambda: marks() >= args.workers,
+                60,
+                what=f"{args.workers} herd workers",
+                interval=0.01,
+            )
             (r,) = await broker.enqueue(
                 [NewJob(TASK, {"n": n}, queue=QUEUE, lease_seconds=args.lease, max_stalls=100)]
             )
-            deadline = time.monotonic() + 30
-            while True:
-                job = await broker.get_job(r.job_id)
-                if job and job.status == JobStatus.PROCESSING and job.lease_owner:
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError("no herd worker took the job")
-                await asyncio.sleep(0.01)
+
+            async def taken(job_id: int = r.job_id) -> Any:
+                job = await broker.get_job(job_id)
+                held = job and job.status == JobStatus.PROCESSING and job.lease_owner
+                return job if held else None
+
+            async def succeeded(job_id: int = r.job_id) -> Any:
+                job = await broker.get_job(job_id)
+                return job if job and job.status == JobStatus.SUCCEEDED else None
+
+            job = await wait_until(taken, 30, what="a herd worker to take the job", interval=0.01)
             pid = int(job.lease_owner.split(":")[-2])
-            (i,) = [i for i, p in enumerate(procs) if p.pid == pid]
-            kill(procs[i])
+            fleet.kill(pid)
             killed = time.time()
-            procs[i] = start()
-            while True:
-                job = await broker.get_job(r.job_id)
-                if job and job.status == JobStatus.SUCCEEDED:
-                    done = time.time()
-                    break
-                if time.time() - killed > args.lease + 30:
-                    raise RuntimeError(f"job {r.job_id} did not run again")
-                await asyncio.sleep(0.005)
+            fleet.replace(pid)  # its slot: the next round waits for a full fleet again
+            job = await wait_until(
+                succeeded, args.lease + 30, what=f"job {r.job_id} to run again", interval=0.005
+            )
+            done = time.time()
             assert isinstance(job.result, dict)
             out.append([float(job.result["started"]) - killed, done - killed])
             print(
@@ -209,43 +169,50 @@ def run_celery(url: str, args: argparse.Namespace, logs: Path) -> list[float]:
 
     from bench import _celery_takeover as ct
 
-    env = dict(
-        os.environ,
+    env = worker_env(
+        pythonpath=[REPO],
         BENCH_CELERY_BROKER=url,
         BENCH_VISIBILITY=str(args.lease),
         BENCH_RESTORE_EVERY="1",
-        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     )
-    started = [0]
 
-    def start() -> subprocess.Popen[bytes]:
-        started[0] += 1
-        argv = [sys.executable, "-m", "celery", "-A", "bench._celery_takeover", "worker",
+    def argv(n: int) -> list[str]:
+        return [sys.executable, "-m", "celery", "-A", "bench._celery_takeover", "worker",
                 "--pool", "solo", "--concurrency", "1", "--queues", ct.QUEUE,
-                "--hostname", f"w{started[0]}@bench", "--loglevel", "WARNING",
+                "--hostname", f"w{n}@bench", "--loglevel", "WARNING",
                 "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
-        return spawn(argv, env, logs / f"celery-{started[0]:03d}.log")
 
     r = redis.Redis.from_url(url, decode_responses=True)
     capp = ct.make_app(url, args.lease, 1.0)
-    procs = [start() for _ in range(args.peer_kills)]
     try:
-        keys = [f"k{n}" for n in range(args.peer_kills)]
-        for key in keys:
-            capp.send_task(ct.TASK, args=(key,), queue=ct.QUEUE)
-        # Every worker runs one task (prefetch 1, solo pool): all of them are victims.
-        wait_until(lambda: r.hlen(ct.STARTS) >= len(keys), 120, "every Celery task to start")
-        for proc in procs:
-            kill(proc)
-        killed = time.time()
-        procs = [start() for _ in range(args.peer_kills)]
-        wait_until(
-            lambda: r.hlen(ct.RESTARTED) >= len(keys), args.lease + 120, "Celery redeliveries", 0.05
-        )
-        return [float(r.hget(ct.RESTARTED, k) or 0) - killed for k in keys]
+        with Fleet(argv, env, logs=logs, name="celery", cwd=REPO) as fleet:
+            victims = fleet.start(args.peer_kills)
+            keys = [f"k{n}" for n in range(args.peer_kills)]
+            for key in keys:
+                capp.send_task(ct.TASK, args=(key,), queue=ct.QUEUE)
+            # Every worker runs one task (prefetch 1, solo pool): all of them are victims.
+            asyncio.run(
+                wait_until(
+                    lambda: r.hlen(ct.STARTS) >= len(keys),
+                    120,
+                    what="every Celery task to start",
+                    interval=0.01,
+                )
+            )
+            for victim in victims:
+                fleet.kill(victim.pid)
+            killed = time.time()
+            fleet.start(args.peer_kills)
+            asyncio.run(
+                wait_until(
+                    lambda: r.hlen(ct.RESTARTED) >= len(keys),
+                    args.lease + 120,
+                    what="Celery redeliveries",
+                    interval=0.05,
+                )
+            )
+            return [float(r.hget(ct.RESTARTED, k) or 0) - killed for k in keys]
     finally:
-        for proc in procs:
-            kill(proc)
         capp.close()
         r.close()
 
@@ -280,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--systems: unknown {sorted(unknown)} (postgres, redis, celery)")
 
     from herd.embedded import embedded_server
-    from tests.servers.redis_stack import RedisStackServer
+    from herd.testing.servers.redis_stack import RedisStackServer
 
     tmp = Path(tempfile.mkdtemp(prefix="herd-bench-takeover-"))
     logs = tmp / "logs"

@@ -26,6 +26,8 @@ from herd.embedded import EmbeddedPostgres, embedded_server
 from herd.queue.base import Broker
 from herd.queue.postgres import PostgresBroker
 from herd.queue.redis import RedisBroker
+from herd.testing.servers.redis_cluster import RedisCluster
+from herd.testing.servers.redis_stack import RedisStackServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -132,8 +134,6 @@ class RedisBackend:
     name = "redis"
 
     def __init__(self, data_dir: Path, store: PostgresBackend) -> None:
-        from tests.servers.redis_stack import RedisStackServer
-
         self.server = RedisStackServer(
             ROOT / ".herd-test" / "cache", data_dir, appendonly=True, appendfsync="always"
         )
@@ -234,8 +234,6 @@ class RedisClusterBackend(RedisBackend):
     name = "redis-cluster"
 
     def __init__(self, data_dir: Path, store: PostgresBackend) -> None:
-        from tests.servers.redis_cluster import RedisCluster
-
         self.cluster = RedisCluster(
             ROOT / ".herd-test" / "cache", data_dir, masters=3, appendonly=True,
             appendfsync="always",

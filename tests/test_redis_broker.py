@@ -11,9 +11,9 @@ import redis
 from herd import App, BrokerUnavailable, JobStatus, Worker
 from herd.queue.base import Completion, Failure, NewJob, QueueStats
 from herd.queue.redis import RedisBroker
+from herd.testing.servers.redis_stack import RedisStackServer
 from tests.conftest import CACHE, flush_redis
 from tests.helpers import eventually
-from tests.servers.redis_stack import RedisStackServer
 
 
 def start(app: App, **kw) -> tuple[Worker, asyncio.Task]:

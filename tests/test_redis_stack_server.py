@@ -1,4 +1,4 @@
-"""Smoke tests for the Redis Stack test server (tests/servers/redis_stack.py)."""
+"""Smoke tests for the Redis Stack test server (herd/testing/servers/redis_stack.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import redis
 from redis.commands.search.query import Query
 
-from tests.servers.redis_stack import RedisStackServer
+from herd.testing.servers.redis_stack import RedisStackServer
 
 CACHE_DIR = Path(__file__).parent.parent / ".herd-test" / "cache"
 

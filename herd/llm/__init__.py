@@ -1,6 +1,7 @@
-"""LLM calls for herd: providers over httpx, their errors, usage and cost, a simulator.
+"""LLM calls for herd: providers over httpx, their errors, usage and cost.
 
-``herd.llm.simulator`` is not imported here: it is a server, started on purpose.
+The provider simulator lives in ``herd.testing.simulator`` (``herd.llm.simulator`` is an
+alias for one release).
 """
 
 from herd.llm.completion import Completion, RateLimitInfo, Timeouts, Usage

@@ -23,9 +23,9 @@ from herd.cache import (
     normalize_document,
 )
 from herd.locks import PostgresLocks, RedisLocks
+from herd.testing.servers.redis_stack import RedisStackServer
 from tests.conftest import CACHE, flush_redis
 from tests.helpers import eventually_sync
-from tests.servers.redis_stack import RedisStackServer
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SCHEMA = {"type": "object", "properties": {"score": {"type": "integer"}}}

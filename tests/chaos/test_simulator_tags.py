@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from herd.llm.simulator import SimConfig, Simulator
+from herd.testing.simulator import SimConfig, Simulator
 from tests.helpers import eventually_sync
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

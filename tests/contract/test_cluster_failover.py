@@ -17,9 +17,9 @@ import pytest
 
 from herd.queue.base import Completion, JobStatus
 from herd.queue.redis import RedisBroker, prefix
+from herd.testing.servers.redis_cluster import RedisCluster
 from tests.conftest import CACHE
 from tests.helpers import eventually, job
-from tests.servers.redis_cluster import RedisCluster
 
 QUEUE = "failover"
 

@@ -9,9 +9,6 @@ lease to expire. The claimer here is the test's own broker, which holds no mark.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -22,6 +19,7 @@ import pytest
 from herd import App
 from herd.errors import BrokerError
 from herd.queue.base import JobStatus
+from herd.testing.fleet import Fleet, worker_env
 from herd.worker import Worker
 from tests.apps.crashapp import app as crash_app
 from tests.helpers import eventually, job
@@ -39,32 +37,15 @@ asyncio.run(Worker(app, queues=["{QUEUE}"], concurrency=1, poll_interval=0.2).ru
 
 
 @pytest.fixture
-def spawn(broker, request, tmp_path) -> Iterator:
-    """Start ``herd worker`` processes on the broker's store (through PgBouncer with
-    the direct URL for the mark); each is killed at the end, even if stopped."""
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start() -> subprocess.Popen[bytes]:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), HERD_BROKER=broker.name)
-        if broker.name == "postgres":
-            env["HERD_DATABASE_URL"] = broker.url
-            if broker.url != request.getfixturevalue("pg_url"):  # through PgBouncer
-                env["HERD_DATABASE_DIRECT_URL"] = request.getfixturevalue("pg_url")
-        else:
-            env["HERD_REDIS_URL"] = broker.url
-        log = tmp_path / f"worker{len(procs)}.log"
-        proc = subprocess.Popen(
-            [sys.executable, "-c", WORKER], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-            stderr=log.open("wb"),
-        )  # fmt: skip
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()  # SIGKILL ends a stopped process too
-            proc.wait()
+def fleet(broker, request, tmp_path) -> Iterator[Fleet]:
+    """Worker processes on the broker's store (through PgBouncer with the direct URL
+    for the mark); each is killed at the end, even if stopped."""
+    store = {"database_url" if broker.name == "postgres" else "redis_url": broker.url}
+    if broker.name == "postgres" and broker.url != request.getfixturevalue("pg_url"):
+        store["HERD_DATABASE_DIRECT_URL"] = request.getfixturevalue("pg_url")  # PgBouncer
+    env = worker_env(broker=broker.name, pythonpath=[ROOT], **store)
+    with Fleet([sys.executable, "-c", WORKER], env, logs=tmp_path, cwd=ROOT) as workers:
+        yield workers
 
 
 async def _running_in(broker, pid: int, lease_seconds: float):
@@ -80,11 +61,10 @@ async def _running_in(broker, pid: int, lease_seconds: float):
     return await eventually(held, timeout=30)
 
 
-async def test_a_killed_workers_job_is_taken_over_long_before_its_lease_ends(broker, spawn):
-    worker = spawn()
+async def test_a_killed_workers_job_is_taken_over_long_before_its_lease_ends(broker, fleet):
+    (worker,) = fleet.start()
     held = await _running_in(broker, worker.pid, lease_seconds=30)
-    worker.send_signal(signal.SIGKILL)
-    worker.wait()
+    fleet.kill(worker.pid)
     killed = time.monotonic()
 
     async def rescued():
@@ -98,10 +78,10 @@ async def test_a_killed_workers_job_is_taken_over_long_before_its_lease_ends(bro
     assert taken.last_error == f"worker {held.lease_owner} died holding the lease"
 
 
-async def test_a_frozen_worker_keeps_its_job_until_the_lease_expires(broker, spawn):
-    worker = spawn()
+async def test_a_frozen_worker_keeps_its_job_until_the_lease_expires(broker, fleet):
+    (worker,) = fleet.start()
     held = await _running_in(broker, worker.pid, lease_seconds=3)
-    worker.send_signal(signal.SIGSTOP)
+    fleet.freeze(worker.pid)
     # Read after the stop: no renewal can land later, so this expiry is the last one.
     frozen = await broker.get_job(held.id)
 

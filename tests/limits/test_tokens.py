@@ -7,7 +7,7 @@ import math
 import pytest
 
 from herd.limits import estimate, estimate_input, estimate_output
-from herd.llm.simulator.content import estimate_tokens
+from herd.testing.simulator.content import estimate_tokens
 
 ENGLISH = "The quick brown fox jumps over the lazy dog, and then reads the whole Bible. " * 20
 CJK = "東京は日本の首都です。春には桜が咲きます。" * 20

@@ -1,53 +1,23 @@
 """A real simulator process for the LLM tests: started once, reset before each test.
 
-No HTTP is mocked: the providers talk to ``python -m herd.llm.simulator`` over TCP,
+No HTTP is mocked: the providers talk to ``python -m herd.testing.simulator`` over TCP,
 and the tests read what the server saw from ``GET /_sim/stats``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import select
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from herd.testing.simulator import SimulatorProcess
+
 SECRET = "sk-test-SECRET"
-
-
-def start_simulator(*args: str, log: Path | None = None) -> tuple[subprocess.Popen[str], str]:
-    """Start ``python -m herd.llm.simulator --port 0 ARGS``; return it and its URL."""
-    stderr = log.open("w") if log is not None else subprocess.DEVNULL
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "herd.llm.simulator", "--port", "0", *args],
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        text=True,
-    )
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], 20)
-    line = proc.stdout.readline().strip() if ready else ""
-    if not line.startswith("http://"):
-        stop_simulator(proc)
-        detail = log.read_text() if log is not None else ""
-        raise RuntimeError(f"the simulator did not start: {line!r} {detail}")
-    return proc, line
-
-
-def stop_simulator(proc: subprocess.Popen[str]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
 
 
 class Sim:
@@ -89,13 +59,12 @@ class Sim:
 @pytest.fixture(scope="session")
 def sim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
     log = tmp_path_factory.mktemp("sim") / "simulator.log"
-    proc, url = start_simulator(log=log)
-    sim = Sim(url)
-    try:
-        yield sim
-    finally:
-        sim.http.close()
-        stop_simulator(proc)
+    with SimulatorProcess(log=log) as proc:
+        sim = Sim(proc.url)
+        try:
+            yield sim
+        finally:
+            sim.http.close()
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Provider prompt caching: the breakpoint and the key sent, the usage read, the price
 of cached and written tokens, and the ledger's, status's and /metrics' figures.
 
-The simulator caches as the providers document (herd/llm/simulator/promptcache.py),
+The simulator caches as the providers document (herd/testing/simulator/promptcache.py),
 so what it reports is what a call that marked its prefix (or did not) gets back."""
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from herd.llm import (
     Timeouts,
     parse_retry_after,
 )
-from herd.llm.simulator import content
+from herd.testing.simulator import content
 from tests.llm.conftest import SECRET, Sim
 from tests.llm.schemas import VERDICT
 

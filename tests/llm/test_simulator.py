@@ -14,9 +14,10 @@ import jsonschema
 import pytest
 
 from herd.llm import OpenAICompatible, ProviderError, RetryPolicy
-from herd.llm.simulator import SimConfig, Simulator, content
-from herd.llm.simulator.limits import RateLimits, go_duration, rfc3339
-from tests.llm.conftest import Sim, start_simulator, stop_simulator
+from herd.testing.simulator import SimConfig, Simulator, SimulatorProcess, content
+from herd.testing.simulator.exchange import MAX_BODY_BYTES
+from herd.testing.simulator.limits import RateLimits, go_duration, rfc3339
+from tests.llm.conftest import Sim
 from tests.llm.schemas import SCHEMAS
 
 ONE_TRY = RetryPolicy(max_tries=1)
@@ -42,7 +43,7 @@ def test_generated_values_follow_the_schema_and_broken_ones_do_not(schema: dict)
 
 
 def test_flags_set_the_behaviour_at_start(tmp_path) -> None:
-    proc, url = start_simulator(
+    with SimulatorProcess(
         "--latency",
         "0.1:0.3",
         "--fail-rate",
@@ -66,8 +67,8 @@ def test_flags_set_the_behaviour_at_start(tmp_path) -> None:
         "--prompt-cache-ttl",
         "60",
         log=tmp_path / "sim.log",
-    )
-    try:
+    ) as proc:
+        url = proc.url
         config = httpx.get(url + "/_sim/config").json()
         headers = {"authorization": "Bearer sk-sim-flag"}
         body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
@@ -75,8 +76,6 @@ def test_flags_set_the_behaviour_at_start(tmp_path) -> None:
         second = httpx.post(url + "/v1/chat/completions", json=body, headers=headers)
         third = httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=5)
         refused = httpx.post(url + "/v1/chat/completions", json=body)
-    finally:
-        stop_simulator(proc)
     assert config == {
         "latency": [0.1, 0.3],
         "content": "echo",
@@ -240,8 +239,6 @@ def test_keys_are_compared_in_constant_time(
 
 
 def test_a_body_over_the_limit_is_refused_with_413_unread(sim: Sim) -> None:
-    from herd.llm.simulator.server import MAX_BODY_BYTES
-
     host, port = httpx.URL(sim.url).host, httpx.URL(sim.url).port
     conn = http.client.HTTPConnection(host, port, timeout=10)
     try:

@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
-from herd.llm.simulator import SimConfig, Simulator, batches
-from herd.llm.simulator.__main__ import build_parser, config_from
+from herd.testing.simulator import SimConfig, Simulator, batches
+from herd.testing.simulator.__main__ import build_parser, config_from
 from tests.llm.conftest import Sim
 
 T = TypeVar("T")

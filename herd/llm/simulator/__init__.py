@@ -1,14 +1,36 @@
-"""A model-provider simulator: a real HTTP server speaking OpenAI's and Anthropic's APIs.
+"""Deprecated alias of ``herd.testing.simulator``, kept for one release.
 
-Run it as its own process (the first stdout line is its URL)::
-
-    python -m herd.llm.simulator --port 0 --latency 0.5 --fail-rate 429=0.05
-
-or in-process with ``Simulator(SimConfig(...)).start()``. See ``server`` for the
-routes, ``batches`` for the Batch APIs (OpenAI Files + Batches, Anthropic Message
-Batches) and ``__main__`` for the flags.
+The simulator is test infrastructure and moved to ``herd.testing``; code written
+against the old path (``from herd.llm.simulator import Simulator``,
+``herd.llm.simulator.content``) goes on working, with a DeprecationWarning.
 """
 
-from herd.llm.simulator.server import SimConfig, SimState, Simulator
+import sys
+import warnings
+
+from herd.testing.simulator import (
+    SimConfig,
+    SimState,
+    Simulator,
+    batches,
+    config,
+    content,
+    exchange,
+    limits,
+    promptcache,
+    server,
+    state,
+    wire,
+)
+
+warnings.warn(
+    "herd.llm.simulator moved to herd.testing.simulator; the old name goes in the next release",
+    DeprecationWarning,
+    stacklevel=2,
+)
+
+# `import herd.llm.simulator.content` finds the module under its old dotted name too.
+for _module in (batches, config, content, exchange, limits, promptcache, server, state, wire):
+    sys.modules[f"{__name__}.{_module.__name__.rpartition('.')[2]}"] = _module
 
 __all__ = ["SimConfig", "SimState", "Simulator"]

@@ -20,11 +20,13 @@ import pwd
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-LOCK = Path("/tmp/herd-test-pgbouncer.lock")
+# One lock for every process of the machine that may run apt-get for it.
+LOCK = Path(tempfile.gettempdir()) / "herd-test-pgbouncer.lock"
 
 
 def _apt(*args: str) -> subprocess.CompletedProcess[str]:

@@ -29,8 +29,8 @@ then keep their lines. With ``batch_expire`` a batch answers nothing and ends
 Anthropic's batch is ``in_progress``, ``canceling`` after a cancel, then ``ended``; as
 documented, its request_counts stay all ``processing`` until it ends.
 
-Each request is answered by the synchronous routes' engine (``server.generate`` and
-``server.answer_payload``): the same body gets the same answer and usage. A request
+Each request is answered by the synchronous routes' engine (``wire.generate`` and
+``wire.answer_payload``): the same body gets the same answer and usage. A request
 draws its outcome from the ``fail_rates`` (the script is for synchronous calls only): a
 generated outcome (ok, malformed, schema_invalid) succeeds and is billed; 429, 5xx or a
 hang make the line errored (OpenAI: in the error file with its status code; Anthropic:
@@ -56,13 +56,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.parser import BytesParser
 from email.policy import HTTP
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from herd.llm.simulator import server
-
-if TYPE_CHECKING:
-    from herd.llm.simulator.server import SimState, _Handler
+from herd.testing.simulator.exchange import MAX_BODY_BYTES, Exchange, same_key
+from herd.testing.simulator.state import SimState
+from herd.testing.simulator.wire import Request, answer_payload, generate
 
 MAX_BATCHES = 1_000
 MAX_FILES = 1_000
@@ -226,14 +225,14 @@ class BatchStore:
         if api == "anthropic" and not isinstance(body.get("max_tokens"), int):
             return _failure(api, 400, "invalid_request_error", "max_tokens: Field required")
         try:
-            req = server._Request.of(api, body)
+            req = Request.of(api, body)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             message = f"the simulator cannot read this request: {type(exc).__name__}: {exc}"
             return _failure(api, 400, "invalid_request_error", message)
         outcome = self._draw()
         name = outcome.partition(":")[0]
         if name in GENERATED:
-            text, tokens = server.generate(self.state, req, name)
+            text, tokens = generate(self.state, req, name)
             model = str(body.get("model") or "unknown")
             self.billed += 1
             for i in (0, 1):
@@ -245,7 +244,7 @@ class BatchStore:
             cache = self.state.cache_prompt(self.state.generation, api, None, model, body)
             self.cache_tokens[0] += cache[0]
             self.cache_tokens[1] += cache[1]
-            payload = server.answer_payload(api, model, req, text, tokens, cache)
+            payload = answer_payload(api, model, req, text, tokens, cache)
             return {"status": 200, "body": payload}
         if name == "rate_limit":
             return _failure(api, 429, "rate_limit_error", "Rate limit reached (simulated).")
@@ -340,7 +339,7 @@ class BatchStore:
 
     # HTTP ---------------------------------------------------------------------------
 
-    def serve(self, handler: _Handler, method: str, target: str) -> None:
+    def serve(self, handler: Exchange, method: str, target: str) -> None:
         """Answer one request of these routes on ``handler``'s connection."""
         parts = urlsplit(target)
         path = parts.path.rstrip("/")
@@ -368,9 +367,9 @@ class BatchStore:
                         "code": None,
                     }
                 }
-            handler._json(exc.status, body)
+            handler.send_json(exc.status, body)
 
-    def _allowed(self, handler: _Handler, api: str) -> bool:
+    def _allowed(self, handler: Exchange, api: str) -> bool:
         state = self.state
         with state.lock:
             key = state.config.api_key
@@ -380,7 +379,7 @@ class BatchStore:
             else (handler.headers.get("authorization") or "").removeprefix("Bearer ").strip()
         )
         message = ""
-        if key is not None and not server._same_key(given, key):
+        if key is not None and not same_key(given, key):
             status, kind, message = 401, "authentication_error", "Invalid API key"
         elif api == "anthropic" and not handler.headers.get("anthropic-version"):
             status, kind, message = 400, "invalid_request_error", "anthropic-version header missing"
@@ -388,14 +387,16 @@ class BatchStore:
             return True
         handler.close_connection = True  # the body, if any, is left unread
         if api == "anthropic":
-            handler._json(status, {"type": "error", "error": {"type": kind, "message": message}})
+            handler.send_json(
+                status, {"type": "error", "error": {"type": kind, "message": message}}
+            )
         else:
-            handler._json(
+            handler.send_json(
                 status, {"error": {"message": message, "type": kind, "param": None, "code": None}}
             )
         return False
 
-    def _openai(self, h: _Handler, method: str, path: str, query: dict[str, str]) -> None:
+    def _openai(self, h: Exchange, method: str, path: str, query: dict[str, str]) -> None:
         seg = path.split("/")[2:]  # ["files", id, "content"] or ["batches", id, "cancel"]
         route = (method, seg[0], len(seg))
         if route == ("POST", "files", 1):
@@ -404,11 +405,11 @@ class BatchStore:
             if purpose == "batch":
                 _check_openai_lines(data)
             with self.lock:
-                h._json(200, self._add_file(filename, purpose, data).public())
+                h.send_json(200, self._add_file(filename, purpose, data).public())
             return
         fields: dict[str, Any] = {}
         if method == "POST":
-            fields = _json_body(_read(h, server.MAX_BODY_BYTES, "body"))
+            fields = _json_body(_read(h, MAX_BODY_BYTES, "body"))
         with self.lock:
             now = time.time()
             self._advance(now)
@@ -419,32 +420,34 @@ class BatchStore:
                 if query.get("order", "desc") == "desc":
                     files.reverse()
                 limit = _limit(query, 10_000, 10_000)
-                h._json(200, _openai_page([f.public() for f in files], query.get("after"), limit))
+                h.send_json(
+                    200, _openai_page([f.public() for f in files], query.get("after"), limit)
+                )
             elif route == ("GET", "files", 2):
-                h._json(200, self._file(seg[1]).public())
+                h.send_json(200, self._file(seg[1]).public())
             elif route == ("DELETE", "files", 2):
                 self._file(seg[1])
                 del self.files[seg[1]]
-                h._json(200, {"id": seg[1], "object": "file", "deleted": True})
+                h.send_json(200, {"id": seg[1], "object": "file", "deleted": True})
             elif route == ("GET", "files", 3) and seg[2] == "content":
                 _send_bytes(h, self._file(seg[1]).data, "application/octet-stream")
             elif route == ("POST", "batches", 1):
                 b = self._create_openai(fields, now)
-                h._json(200, _openai_public(b, now))
+                h.send_json(200, _openai_public(b, now))
             elif route == ("GET", "batches", 1):
                 limit = _limit(query, 20, 100)
                 mine = [b for b in reversed(self.batches.values()) if b.api == "openai"]
                 batches = [_openai_public(b, now) for b in mine]
-                h._json(200, _openai_page(batches, query.get("after"), limit))
+                h.send_json(200, _openai_page(batches, query.get("after"), limit))
             elif route == ("GET", "batches", 2):
-                h._json(200, _openai_public(self._batch("openai", seg[1]), now))
+                h.send_json(200, _openai_public(self._batch("openai", seg[1]), now))
             elif route == ("POST", "batches", 3) and seg[2] == "cancel":
                 b = self._batch("openai", seg[1])
                 if b.ended or b.cancel_at is not None:
                     status = _openai_status(b, now)
                     raise BadRequest(409, f"Cannot cancel a batch with status '{status}'.")
                 b.cancel_at = now
-                h._json(200, _openai_public(b, now))
+                h.send_json(200, _openai_public(b, now))
             else:
                 raise BadRequest(404, f"no route {method} {path}", kind="invalid_request_error")
 
@@ -492,14 +495,14 @@ class BatchStore:
         self._add_batch(b)
         return b
 
-    def _anthropic(self, h: _Handler, method: str, path: str, query: dict[str, str]) -> None:
+    def _anthropic(self, h: Exchange, method: str, path: str, query: dict[str, str]) -> None:
         seg = path.split("/")[4:]  # [] or [id] or [id, "results" | "cancel"]
         route = (method, len(seg))
         if route == ("POST", 0):
             body = _json_body(_read(h, ANTHROPIC_MAX_BYTES, "body"))
             requests = _anthropic_requests(body)
         elif method == "POST":
-            _read(h, server.MAX_BODY_BYTES, "body")
+            _read(h, MAX_BODY_BYTES, "body")
         base = f"http://{h.headers.get('host') or '127.0.0.1'}"
         with self.lock:
             now = time.time()
@@ -514,22 +517,22 @@ class BatchStore:
                     "anthropic", f"msgbatch_{uuid.uuid4().hex[:24]}", now, latency, expire, requests
                 )
                 self._add_batch(b)
-                h._json(200, _anth_public(b, base))
+                h.send_json(200, _anth_public(b, base))
             elif route == ("GET", 0):
                 items = [
                     _anth_public(b, base)
                     for b in reversed(self.batches.values())
                     if b.api == "anthropic"
                 ]
-                h._json(200, _anth_page(items, query, _limit(query, 20, 1000)))
+                h.send_json(200, _anth_page(items, query, _limit(query, 20, 1000)))
             elif route == ("GET", 1):
-                h._json(200, _anth_public(self._batch("anthropic", seg[0]), base))
+                h.send_json(200, _anth_public(self._batch("anthropic", seg[0]), base))
             elif route == ("DELETE", 1):
                 b = self._batch("anthropic", seg[0])
                 if not b.ended:
                     raise BadRequest(400, f"Batch {b.id} cannot be deleted while it is processing.")
                 del self.batches[b.id]
-                h._json(200, {"id": b.id, "type": "message_batch_deleted"})
+                h.send_json(200, {"id": b.id, "type": "message_batch_deleted"})
             elif route == ("GET", 2) and seg[1] == "results":
                 b = self._batch("anthropic", seg[0])
                 if not b.ended:
@@ -542,7 +545,7 @@ class BatchStore:
                         409, f"Batch {b.id} is {_anth_status(b)}: it cannot be canceled."
                     )
                 b.cancel_at = now
-                h._json(200, _anth_public(b, base))
+                h.send_json(200, _anth_public(b, base))
             else:
                 raise BadRequest(404, f"no route {method} {path}")
 
@@ -703,7 +706,7 @@ def _anth_page(items: list[dict[str, Any]], query: dict[str, str], limit: int) -
 # Input --------------------------------------------------------------------------------
 
 
-def _read(h: _Handler, limit: int, what: str) -> bytes:
+def _read(h: Exchange, limit: int, what: str) -> bytes:
     try:
         length = int(h.headers.get("content-length") or 0)
     except ValueError:
@@ -847,7 +850,7 @@ def _jsonl(lines: list[dict[str, Any]]) -> bytes:
     return b"".join(json.dumps(x, ensure_ascii=False).encode("utf-8") + b"\n" for x in lines)
 
 
-def _send_bytes(h: _Handler, data: bytes, content_type: str) -> None:
+def _send_bytes(h: Exchange, data: bytes, content_type: str) -> None:
     try:
         h.send_response(200)
         h.send_header("content-type", content_type)

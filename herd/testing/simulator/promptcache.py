@@ -23,7 +23,7 @@ import json
 from collections import OrderedDict
 from typing import Any
 
-from herd.llm.simulator.content import estimate_tokens
+from herd.testing.simulator.content import estimate_tokens, text_of
 
 OPENAI_MIN = 1024
 OPENAI_STEP = 128
@@ -39,7 +39,7 @@ def prefix(api: str, model: str, body: dict[str, Any]) -> tuple[str, int, int] |
     the call has none the provider would cache."""
     if api == "openai":
         text = "\n".join(
-            _text(m.get("content"))
+            text_of(m.get("content"))
             for m in body.get("messages") or []
             if isinstance(m, dict) and m.get("role") in ("system", "developer")
         )
@@ -55,7 +55,7 @@ def prefix(api: str, model: str, body: dict[str, Any]) -> tuple[str, int, int] |
     if not marked:
         return None
     upto = system[: marked[-1] + 1]
-    marked_text = _text(upto)
+    marked_text = text_of(upto)
     tokens = estimate_tokens(marked_text)
     if tokens < (ANTHROPIC_HAIKU_MIN if "haiku" in model.lower() else ANTHROPIC_MIN):
         return None  # the API ignores a breakpoint on a prefix this short
@@ -89,13 +89,3 @@ class PromptCache:
 def _id(*parts: Any) -> str:
     text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        return "".join(
-            str(p.get("text", "")) for p in value if isinstance(p, dict) and p.get("type") == "text"
-        )
-    return ""

@@ -306,3 +306,14 @@ def _number(schema: dict[str, Any], rng: random.Random) -> float | int:
             return k * step if isinstance(step, int) else round(k * step, 10)
     value = round(rng.uniform(lo, hi), 3)
     return min(max(value, lo), hi)
+
+
+def text_of(value: Any) -> str:
+    """The text of a message content: a string, or a list of text parts."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(
+            str(p.get("text", "")) for p in value if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return ""

@@ -30,7 +30,7 @@ from typing import Literal
 
 import redis
 
-from tests.servers.redis_stack import RedisStackServer
+from herd.testing.servers.redis_stack import RedisStackServer
 
 SLOTS = 16384
 NODE_TIMEOUT_MS = 1000  # failure detection: a master is failed over about 2 of these after

