@@ -315,7 +315,7 @@ class EvalIn(Strict):
     rpm: Annotated[int, Field(ge=1)] | None = None
     tpm: Annotated[int, Field(ge=1)] | None = None
     max_concurrent: Annotated[int, Field(ge=1)] | None = None
-    # Through the provider's Batch API (herd.llm.batchapi): half the price, within 24 h.
+    # Through the provider's Batch API (herd.llm.eval.batchapi): half the price, within 24 h.
     batch_api: bool = False
 
     @field_validator("json_schema", "params")

@@ -83,7 +83,7 @@ LEDGER_KINDS = ("call", "lost", "failed", "cut_short", "cache", "singleflight", 
 
 
 async def ledger(app: App) -> list[LedgerRow]:
-    """The cost ledger per kind, from its summary (herd.llm.ledger): O(kinds) on every
+    """The cost ledger per kind, from its summary (herd.llm.eval.ledger): O(kinds) on every
     poll, and the totals outlive the rows purged after HERD_LEDGER_TTL. Money saved is
     estimated per key: a call avoided would have cost what one computation of its key
     cost."""

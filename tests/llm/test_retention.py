@@ -1,4 +1,4 @@
-"""Retention of evaluation state and the ledger's summary (herd.llm.ledger)."""
+"""Retention of evaluation state and the ledger's summary (herd.llm.eval.ledger)."""
 
 from __future__ import annotations
 
