@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OPTIONAL_MODULES = ("herd/integrations/", "herd/rag/vectors/", "herd/rag/embedders/")
 # Modules elsewhere that import an extra's package inside try/except ImportError, with
 # the extra (tests/test_telemetry.py runs herd without the package).
-GUARDED = {"herd/telemetry.py": "otel"}
+GUARDED = {"herd/telemetry.py": "otel", "herd/llm/eval/results.py": "parquet"}
 # Folders whose every module may import what one extra declares: herd.testing ships
 # the suite's servers, which need the `test` extra (no default path imports them).
 EXTRA_FOLDERS = {"herd/testing/": "test"}
