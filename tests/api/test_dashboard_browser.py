@@ -43,6 +43,7 @@ async def seed(pg_url: str, herd_home: Path) -> tuple[int, int]:
 
 
 BATCH = "run-<i>3</i>"
+UNPRICED = "notes-unpriced"
 REASON = "its budget is spent: $0.0077 of $0.0075"
 
 
@@ -70,6 +71,15 @@ async def seed_parked_batch(pg_url: str, herd_home: Path) -> dict[str, int]:
                           reason=DeadReason.FATAL)  # fmt: skip
         await app.broker.fail_if_leased(failure)
         await rt.store.park(BATCH, "budget", REASON)
+        # A batch of a model without a price: its spend is unknown, never $0.
+        spec = EvalSpec(model="sim-small", system="Grade it.", schema={"type": "object"})
+        await submit_texts(app, spec, {"notes/x.md": "Note."}, batch=UNPRICED, priority=5)
+        (lease,) = await app.broker.claim(["eval"], "worker-1", 1)
+        async with rt.store.transaction() as conn:
+            call = await open_call(conn, {"batch": UNPRICED, "job": lease.job_id,
+                                          "key": lease.payload["key"], "model": "sim-small",
+                                          "provider": "openai", "i": 0, "w": None})  # fmt: skip
+        await rt.store.close_call(call, "call", i=50, o=10, cost=None)
         return {"answered": answered.job_id, "dead": dying.job_id, **jobs}
 
 
@@ -150,7 +160,7 @@ def test_dashboard_shows_a_batch_parked_on_its_budget(
             expect(card.locator(".name")).to_have_text(BATCH)  # text, never markup
             expect(card.locator(".pill")).to_have_text("parked")
             banner = card.locator(".park-banner")
-            expect(banner).to_contain_text("Parked on its budget")
+            expect(banner.locator("strong")).to_have_text("Parked")
             expect(banner).to_contain_text(REASON)
             expect(banner.locator("code.next")).to_have_text(f"herd eval budget {BATCH} USD")
             expect(card.locator(".done-of")).to_have_text("1 / 4 answered")
@@ -173,6 +183,11 @@ def test_dashboard_shows_a_batch_parked_on_its_budget(
             expect(page.locator(f"#recent tr[data-job='{jobs[queued]}'] td.path")).to_have_text(
                 queued
             )
+            other = page.locator(f"article.batch[data-batch='{UNPRICED}']")
+            expect(other.locator(".spend .value")).to_have_text("unpriced")
+            expect(other.locator(".spend")).to_contain_text("no price for sim-small")
+            expect(other.locator("table.costs tbody td").last).to_have_text("unpriced")
+            expect(other.locator(".pill")).to_have_text("running")  # its job is running
             page.screenshot(path=str(tmp_path / "batches.png"), full_page=True)
             shots = os.environ.get("HERD_SCREENSHOTS")
             if shots:

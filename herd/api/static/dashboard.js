@@ -220,7 +220,7 @@ function payloadCell(j) {
 }
 
 function taskCell(j) {
-  return el("td", { class: "mono" }, j.task, j.label ? el("div", { class: "sub path", text: j.label }) : null);
+  return el("td", { class: "mono" }, j.task, j.label ? el("div", { class: "sub path clip-line", text: j.label, title: j.label }) : null);
 }
 
 function renderRecent(jobs) {
@@ -322,18 +322,23 @@ function progress(b) {
   return [track, legend];
 }
 
+// Why a batch waits, in the server's words where it gave some.
 const PARKED = {
-  budget: "Parked on its budget",
-  refused: "Parked: the provider refused its key or model",
-  cancelled: "Cancelled",
+  budget: ["Parked", "its budget is spent"],
+  refused: ["Parked", "the provider refused its key or model"],
+  cancelled: ["Cancelled", "no more calls will be made for it"],
 };
 
 function parkedBanner(b) {
   if (!b.parked) return null;
+  const [title, why] = PARKED[b.parked] || ["Parked", b.parked];
   const box = el("div", { class: "park-banner " + b.parked, role: "status" },
-    el("strong", { text: PARKED[b.parked] || "Parked: " + b.parked }));
-  if (b.parked_reason) box.append(el("span", { class: "reason", text: b.parked_reason }));
-  if (b.next) box.append(el("span", { class: "resume" }, "Resume with ", el("code", { class: "next", text: b.next })));
+    el("strong", { text: title }), el("span", { class: "reason", text: b.parked_reason || why }));
+  if (b.next) {
+    const hint = b.parked === "budget" && b.next.endsWith(" USD") ? `USD: a budget above ${fmt.usd(b.spent || 0)}` : null;
+    box.append(el("span", { class: "resume" }, "Resume with ", el("code", { class: "next", text: b.next }),
+      hint ? el("span", { class: "hint", text: " " + hint }) : null));
+  }
   return box;
 }
 
@@ -387,7 +392,7 @@ function failureTable(b) {
   const rows = b.failures.map((f) => el("tr", { "data-job": String(f.job) },
     el("td", { class: "mono clip path", text: f.path, title: f.path }),
     el("td", { class: "n", text: String(f.job) }),
-    el("td", { class: "mono clip err", text: fmt.short(f.error, 120), title: f.error })));
+    el("td", { class: "mono err", text: fmt.short(f.error, 240), title: f.error })));
   if (b.more_failures) {
     rows.push(el("tr", {}, el("td", { class: "muted", colspan: "3", text: `and ${fmt.int(b.more_failures)} more: herd eval results ${b.batch}` })));
   }
