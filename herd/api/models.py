@@ -410,6 +410,7 @@ class CostOut(BaseModel):
     cost: float | None  # None: no price known (shown as unpriced, never $0)
     unpriced: bool = False  # some of these calls have no price
     estimated: bool = False  # cut off mid-call: charged at the worst case
+    estimated_cost: float | None = None  # of cost: calls cut off mid-call, at the worst case
 
 
 class BatchCardOut(BaseModel):

@@ -178,8 +178,8 @@ async def batch_card(app: App, batch: str) -> BatchCardOut:
         costs_by = "model"
         costs = [
             CostOut(label=model or "?", calls=n, input_tokens=i, output_tokens=o, cost=cost,
-                    unpriced=bool(unpriced) or model in st.unpriced)
-            for model, n, i, o, cost, unpriced in models
+                    unpriced=bool(unpriced) or model in st.unpriced, estimated_cost=est)
+            for model, n, i, o, cost, unpriced, est in models
         ]  # fmt: skip
     else:
         costs_by = "kind"
@@ -187,7 +187,8 @@ async def batch_card(app: App, batch: str) -> BatchCardOut:
             CostOut(label=kind, calls=t["n"], input_tokens=t["input_tokens"],
                     output_tokens=t["output_tokens"], cost=t["cost"],
                     unpriced=t["cost"] is None and bool(st.unpriced),
-                    estimated=kind in ESTIMATED)
+                    estimated=kind in ESTIMATED,
+                    estimated_cost=t["cost"] if kind in ESTIMATED else None)
             for kind, t in st.ledger.items() if kind in PAID and t["n"]
         ]  # fmt: skip
     failures = [FailureOut.model_validate(f) for f in st.failures[:FAILURES_ON_CARD]]

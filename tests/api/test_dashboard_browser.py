@@ -44,7 +44,7 @@ async def seed(pg_url: str, herd_home: Path) -> tuple[int, int]:
 
 BATCH = "run-<i>3</i>"
 UNPRICED = "notes-unpriced"
-REASON = "its budget is spent: $0.0077 of $0.0075"
+REASON = "its budget is spent: $1.13 of $0.75"
 
 
 async def seed_parked_batch(pg_url: str, herd_home: Path) -> dict[str, int]:
@@ -53,7 +53,7 @@ async def seed_parked_batch(pg_url: str, herd_home: Path) -> dict[str, int]:
     async with App(settings=Settings(home=herd_home, database_url=pg_url)) as app:
         spec = EvalSpec(model="gpt-4o-mini", system="Grade it.", schema={"type": "object"})
         docs = {f"docs/{n}.txt": f"Document {n}." for n in ("a", "<b>b</b>", "c", "d")}
-        report = await submit_texts(app, spec, docs, batch=BATCH, budget=0.0075)
+        report = await submit_texts(app, spec, docs, batch=BATCH, budget=0.75)
         jobs = dict(zip(docs, report.job_ids, strict=True))
         rt = await EvalRuntime.of(app)
         (answered,) = await app.broker.claim(["eval"], "worker-1", 1)
@@ -61,12 +61,17 @@ async def seed_parked_batch(pg_url: str, herd_home: Path) -> dict[str, int]:
         async with rt.store.transaction() as conn:
             call = await open_call(conn, {"batch": BATCH, "job": answered.job_id, "key": key,
                                           "model": "gpt-4o-mini", "provider": "openai",
-                                          "i": 0, "w": 0.01})  # fmt: skip
-        await rt.store.close_call(call, "call", i=1200, o=300, cost=0.0077)
+                                          "i": 0, "w": 1.0})  # fmt: skip
+        await rt.store.close_call(call, "call", i=1200, o=300, cost=0.77)
         await app.broker.complete_if_leased(
             [Completion(answered, {"source": "call", "output": {"grade": "A"}})]
         )
         (dying,) = await app.broker.claim(["eval"], "worker-1", 1)
+        async with rt.store.transaction() as conn:  # its worker died mid-call
+            call = await open_call(conn, {"batch": BATCH, "job": dying.job_id,
+                                          "key": dying.payload["key"], "model": "gpt-4o-mini",
+                                          "provider": "openai", "i": 900, "w": 0.36})  # fmt: skip
+        await rt.store.close_call(call, "cut_short")  # charged its worst case
         failure = Failure(dying, "SchemaError: 'grade' is a required property", final=True,
                           reason=DeadReason.FATAL)  # fmt: skip
         await app.broker.fail_if_leased(failure)
@@ -168,11 +173,14 @@ def test_dashboard_shows_a_batch_parked_on_its_budget(
             for text in ("1 answered", "1 dead", "0 queued", "2 parked"):
                 expect(legend).to_contain_text(text)
             expect(card.locator(".segbar > i")).to_have_count(3)
-            expect(card.locator(".spend")).to_contain_text("$0.01")
-            expect(card.locator(".spend")).to_contain_text("of $0.01 budget (103%)")
+            spend = card.locator(".spend")
+            expect(spend.locator(".value")).to_have_text("$1.13")
+            expect(spend).to_contain_text("of $0.75 budget (151%)")
+            expect(spend).to_contain_text("incl. ≈$0.36 estimated")
             costs = card.locator("table.costs")
             expect(costs).to_contain_text("cost by model")
             expect(costs.locator("tbody tr")).to_contain_text("gpt-4o-mini")
+            expect(costs.locator("tbody tr")).to_contain_text("$1.13incl. ≈$0.36 estimated")
             failed = card.locator(f"table.failures tr[data-job='{jobs['dead']}']")
             expect(failed).to_contain_text(dead_path)
             expect(failed).to_contain_text("SchemaError: 'grade' is a required property")

@@ -379,7 +379,8 @@ function costTable(b) {
     el("td", { class: "mono", text: b.costs_by === "model" ? c.label : COST_LABELS[c.label] || c.label }),
     el("td", { class: "n", text: fmt.int(c.calls) }),
     el("td", { class: "n", text: fmt.int(c.input_tokens + c.output_tokens) }),
-    el("td", { class: "n", text: c.cost == null ? "unpriced" : (c.estimated ? "≈" : "") + fmt.usd(c.cost) + (c.unpriced ? " + unpriced" : "") })));
+    el("td", { class: "n" }, c.cost == null ? "unpriced" : (c.estimated ? "≈" : "") + fmt.usd(c.cost) + (c.unpriced ? " + unpriced" : ""),
+      c.estimated_cost && !c.estimated ? el("span", { class: "sub est", text: `incl. ≈${fmt.usd(c.estimated_cost)} estimated` }) : null)));
   return el("table", { class: "costs" },
     el("thead", {}, el("tr", {},
       el("th", { text: b.costs_by === "model" ? "cost by model" : "cost by kind" }),

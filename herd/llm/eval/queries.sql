@@ -428,8 +428,10 @@ SELECT batch, updated_at FROM (
 -- name: batch_model_costs
 -- A batch's closed paid calls by model, from the ledger's rows (herd_eval_ledger_batch):
 -- whole only while none of them was purged (HERD_LEDGER_TTL); n against the summary's.
+-- estimated: the cost of calls cut off mid-call (cut short, lost, failed), at their worst case.
 SELECT model, count(*), sum(input_tokens), sum(output_tokens), sum(cost),
-       count(*) FILTER (WHERE cost IS NULL)
+       count(*) FILTER (WHERE cost IS NULL),
+       sum(cost) FILTER (WHERE kind IN ('cut_short', 'lost', 'failed'))
   FROM herd_eval_ledger
  WHERE batch = %(b)s AND kind IN ('call', 'lost', 'failed', 'cut_short') AND state = 'closed'
  GROUP BY model ORDER BY model;
