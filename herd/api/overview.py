@@ -126,23 +126,24 @@ async def limits(app: App) -> list[LimitOut]:
 
 BATCHES_SHOWN = 10  # the newest batches on the dashboard (and older ones still parked)
 FAILURES_ON_CARD = 10
-# A finished batch's card is kept this long (or until its row changes: a submission, a
-# park, a spend), so a poll reads no items of batches that are done.
-FINISHED_KEPT = 60.0
-_finished: weakref.WeakKeyDictionary[App, dict[str, tuple[datetime, float, BatchCardOut]]] = (
+# An idle batch's card (nothing queued or running: finished, or parked with no call in
+# flight) is kept this long, or until its row changes (a submission, a park, a resume, a
+# spend), so a poll reads no items of batches where nothing moves.
+IDLE_KEPT = 60.0
+_idle: weakref.WeakKeyDictionary[App, dict[str, tuple[datetime, float, BatchCardOut]]] = (
     weakref.WeakKeyDictionary()
 )
 
 
 async def batches(app: App, limit: int = BATCHES_SHOWN) -> list[BatchCardOut]:
     """A card per batch: the ``limit`` newest and older ones still parked. The batch
-    rows are read through their index; the items only of batches with work left (a
-    finished batch's card is kept until its row changes), so a poll costs O(active
-    work), not O(documents ever evaluated)."""
+    rows are read through their index; the items only of batches with work queued or
+    running (an idle batch's card is kept until its row changes), so a poll costs
+    O(active work), not O(documents ever evaluated)."""
     from herd.llm.eval import EvalRuntime
 
     rt = await EvalRuntime.of(app)
-    kept = _finished.setdefault(app, {})
+    kept = _idle.setdefault(app, {})
     now = time.monotonic()
     out = []
     for name, updated in await rt.store.dashboard_batches(limit):
@@ -151,9 +152,8 @@ async def batches(app: App, limit: int = BATCHES_SHOWN) -> list[BatchCardOut]:
             out.append(found[2])
             continue
         card = await batch_card(app, name)
-        left = card.queued + card.running + card.parked_items
-        if left == 0 and card.parked in (None, "cancelled"):
-            kept[name] = (updated, now + FINISHED_KEPT, card)
+        if card.queued == 0 and card.running == 0:
+            kept[name] = (updated, now + IDLE_KEPT, card)
         else:
             kept.pop(name, None)
         out.append(card)

@@ -152,9 +152,9 @@ async def test_caches_that_cannot_be_read_are_problems_not_an_outage(pg_url, her
         assert m[("herd_queue_jobs", (("queue", "still-up"), ("status", "pending")))] == 1
 
 
-async def test_overview_cards_read_no_items_of_a_finished_batch(client, pg_app, monkeypatch):
-    """A poll reads the items of batches with work left only: a finished batch's card is
-    kept until its row changes (here: a later submission to it)."""
+async def test_overview_cards_read_no_items_of_an_idle_batch(client, pg_app, monkeypatch):
+    """A poll reads the items of batches with work queued or running only: a finished or
+    parked batch's card is kept until its row changes (a later submission, a park)."""
     import herd.llm.eval as evals
     from herd.llm.eval import EvalSpec, submit_texts
 
@@ -186,6 +186,18 @@ async def test_overview_cards_read_no_items_of_a_finished_batch(client, pg_app, 
     cards = {c["batch"]: c for c in (await client.get("/overview")).json()["batches"]}
     assert sorted(read) == ["active-1", "finished-1"]
     assert (cards["finished-1"]["done"], cards["finished-1"]["queued"]) == (2, 1)
+    # Parked with nothing in flight: read once after the park, then kept too.
+    rt = await EvalRuntime.of(pg_app)
+    await rt.store.park("active-1", "budget", "its budget is spent")
+    read.clear()
+    cards = {c["batch"]: c for c in (await client.get("/overview")).json()["batches"]}
+    # (finished-1 has a document queued again: read on every poll)
+    assert read == ["active-1", "finished-1"] and cards["active-1"]["parked"] == "budget"
+    assert (cards["active-1"]["queued"], cards["active-1"]["parked_items"]) == (0, 1)
+    assert cards["active-1"]["next"] == "herd eval budget active-1 USD"
+    read.clear()
+    await client.get("/overview")
+    assert read == ["finished-1"]
     # An evaluation job goes by its document's path in the jobs views.
     labels = {j["label"] for j in (await client.get("/overview")).json()["recent"]}
     assert labels == {"a.txt", "b.txt", "c.txt", "d.txt"}
