@@ -220,7 +220,9 @@ function payloadCell(j) {
 }
 
 function taskCell(j) {
-  return el("td", { class: "mono" }, j.task, j.label ? el("div", { class: "sub path clip-line", text: j.label, title: j.label }) : null);
+  // A path's end names the document: a long one is cut at its start.
+  const tail = (text, width) => (text.length <= width ? text : "…" + text.slice(text.length - width + 1));
+  return el("td", { class: "mono" }, j.task, j.label ? el("div", { class: "sub path", text: tail(j.label, 22), title: j.label }) : null);
 }
 
 function renderRecent(jobs) {
