@@ -18,6 +18,7 @@ from pydantic import (
 
 from herd.errors import InvalidInput
 from herd.jsonvalue import check, text_problem
+from herd.llm.eval.spec import TASK as EVAL_TASK
 from herd.llm.providers import registry
 from herd.queue.base import (
     MAX_DEDUP_KEY_LENGTH,
@@ -108,6 +109,9 @@ class JobSummaryOut(BaseModel):
     last_error: str | None
     dead_reason: str | None
     last_worker: str | None
+    # What a person knows the job by, where its task names one: an evaluation's
+    # document path (its payload otherwise holds only hashes).
+    label: str | None = None
 
     @classmethod
     def of(cls, job: Job) -> JobSummaryOut:
@@ -116,7 +120,21 @@ class JobSummaryOut(BaseModel):
             **fields,
             payload_excerpt=excerpt(job.payload),
             result_excerpt=excerpt(job.result) if job.status == JobStatus.SUCCEEDED else None,
+            label=label_of(job),
         )
+
+
+LABEL_CHARS = 300
+
+
+def label_of(job: Job) -> str | None:
+    """An evaluation job's document path (the first document of its key: others
+    deduplicated onto it share the job), cut at LABEL_CHARS."""
+    payload = job.payload if isinstance(job.payload, dict) else {}
+    path = payload.get("path") if job.task == EVAL_TASK else None
+    if not isinstance(path, str) or not path:
+        return None
+    return path if len(path) <= LABEL_CHARS else path[: LABEL_CHARS - 1] + "…"
 
 
 class JobOut(BaseModel):
@@ -281,6 +299,7 @@ class OverviewOut(BaseModel):
     caches: list[CacheOut]
     ledger: list[LedgerRow]
     limits: list[LimitOut] = []  # the fleet's provider limits, O(limits)
+    batches: list[BatchCardOut] = []  # the newest evaluation batches, and parked ones
     problems: list[str]  # sections that could not be read, and why
 
 
@@ -378,6 +397,50 @@ class EvalStatusOut(BaseModel):
     ledger: dict[str, dict[str, Any]]
     provider_cache: ProviderCacheOut = ProviderCacheOut()
     failures: list[FailureOut] = []
+
+
+class CostOut(BaseModel):
+    """A batch's paid calls of one model (or, where the ledger's rows were purged, of
+    one ledger kind)."""
+
+    label: str
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    cost: float | None  # None: no price known (shown as unpriced, never $0)
+    unpriced: bool = False  # some of these calls have no price
+    estimated: bool = False  # cut off mid-call: charged at the worst case
+    estimated_cost: float | None = None  # of cost: calls cut off mid-call, at the worst case
+
+
+class BatchCardOut(BaseModel):
+    """A batch as the dashboard's card shows it: progress, money, why it waits."""
+
+    batch: str
+    created_at: str | None
+    documents: int
+    done: int
+    dead: int
+    lost: int
+    running: int
+    queued: int
+    parked_items: int
+    cancelled_items: int
+    budget: float | None
+    spent: float | None
+    reserved: float | None
+    estimated: float | None  # of spent: calls cut off mid-call, at their worst case
+    unpriced: list[str]
+    parked: str | None
+    parked_reason: str | None
+    next: str | None
+    rate: float | None
+    eta: float | None
+    waited_for_limits: float
+    costs_by: Literal["model", "kind"]
+    costs: list[CostOut]
+    failures: list[FailureOut]  # the first few, by path
+    more_failures: int  # failed documents not listed
 
 
 class BatchOut(BaseModel):
@@ -488,3 +551,6 @@ class ErrorOut(BaseModel):
 
     error: str
     errors: list[FieldError] | None = None
+
+
+OverviewOut.model_rebuild()  # its batches are defined after it

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from herd.api.models import (
+    BatchCardOut,
     CacheOut,
+    CostOut,
+    FailureOut,
     JobSummaryOut,
     LedgerRow,
     LimitOut,
@@ -120,6 +124,87 @@ async def limits(app: App) -> list[LimitOut]:
     return [LimitOut.of(s, now) for s in await limiter.stats()]
 
 
+BATCHES_SHOWN = 10  # the newest batches on the dashboard (and older ones still parked)
+FAILURES_ON_CARD = 10
+# An idle batch's card (nothing queued or running: finished, or parked with no call in
+# flight) is kept this long, or until its row changes (a submission, a park, a resume, a
+# spend), so a poll reads no items of batches where nothing moves.
+IDLE_KEPT = 60.0
+_idle: weakref.WeakKeyDictionary[App, dict[str, tuple[datetime, float, BatchCardOut]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def batches(app: App, limit: int = BATCHES_SHOWN) -> list[BatchCardOut]:
+    """A card per batch: the ``limit`` newest and older ones still parked. The batch
+    rows are read through their index; the items only of batches with work queued or
+    running (an idle batch's card is kept until its row changes), so a poll costs
+    O(active work), not O(documents ever evaluated)."""
+    from herd.llm.eval import EvalRuntime
+
+    rt = await EvalRuntime.of(app)
+    kept = _idle.setdefault(app, {})
+    now = time.monotonic()
+    out = []
+    for name, updated in await rt.store.dashboard_batches(limit):
+        found = kept.get(name)
+        if found is not None and found[0] == updated and found[1] > now:
+            out.append(found[2])
+            continue
+        card = await batch_card(app, name)
+        if card.queued == 0 and card.running == 0:
+            kept[name] = (updated, now + IDLE_KEPT, card)
+        else:
+            kept.pop(name, None)
+        out.append(card)
+    for name in set(kept) - {c.batch for c in out}:
+        del kept[name]
+    return out
+
+
+async def batch_card(app: App, batch: str) -> BatchCardOut:
+    """One batch's card: its status, with its cost by model where the ledger's rows
+    are all there (by ledger kind otherwise)."""
+    from herd.llm.eval import EvalRuntime, batch_status
+    from herd.llm.eval.ledger import ESTIMATED, PAID
+
+    st = await batch_status(app, batch)
+    rt = await EvalRuntime.of(app)
+    models = await rt.store.model_costs(batch)
+    paid = sum(t["n"] for k, t in st.ledger.items() if k in PAID)
+    costs: list[CostOut]
+    costs_by: Literal["model", "kind"]
+    if models and sum(m[1] for m in models) == paid:
+        costs_by = "model"
+        costs = [
+            CostOut(label=model or "?", calls=n, input_tokens=i, output_tokens=o, cost=cost,
+                    unpriced=bool(unpriced) or model in st.unpriced, estimated_cost=est)
+            for model, n, i, o, cost, unpriced, est in models
+        ]  # fmt: skip
+    else:
+        costs_by = "kind"
+        costs = [
+            CostOut(label=kind, calls=t["n"], input_tokens=t["input_tokens"],
+                    output_tokens=t["output_tokens"], cost=t["cost"],
+                    unpriced=t["cost"] is None and bool(st.unpriced),
+                    estimated=kind in ESTIMATED,
+                    estimated_cost=t["cost"] if kind in ESTIMATED else None)
+            for kind, t in st.ledger.items() if kind in PAID and t["n"]
+        ]  # fmt: skip
+    failures = [FailureOut.model_validate(f) for f in st.failures[:FAILURES_ON_CARD]]
+    return BatchCardOut(
+        batch=batch,
+        created_at=st.created_at.isoformat() if st.created_at else None,
+        documents=st.documents, done=st.done, dead=st.dead, lost=st.lost,
+        running=st.running, queued=st.queued, parked_items=st.parked_items,
+        cancelled_items=st.cancelled_items, budget=st.budget, spent=st.spent,
+        reserved=st.reserved, estimated=st.estimated, unpriced=st.unpriced,
+        parked=st.parked, parked_reason=st.parked_reason, next=st.next, rate=st.rate,
+        eta=st.eta, waited_for_limits=st.waited_for_limits, costs_by=costs_by, costs=costs,
+        failures=failures, more_failures=max(0, st.dead + st.lost - len(failures)),
+    )  # fmt: skip
+
+
 async def optional(what: str, read: Awaitable[list[T]], problems: list[str]) -> list[T]:
     """Caches and the ledger live beside the queue (and may be down while it is up)."""
     try:
@@ -141,6 +226,7 @@ async def overview(app: App, *, minutes: int = 30, limit: int = 50) -> OverviewO
     cache_rows = await caches(app, problems)
     ledger_rows = await optional("cost ledger", ledger(app), problems)
     limit_rows = await optional("provider limits", limits(app), problems)
+    batch_cards = await optional("evaluation batches", batches(app), problems)
     return OverviewOut(
         now=datetime.now(UTC),
         broker=app.broker.name,
@@ -152,6 +238,7 @@ async def overview(app: App, *, minutes: int = 30, limit: int = 50) -> OverviewO
         caches=cache_rows,
         ledger=ledger_rows,
         limits=limit_rows,
+        batches=batch_cards,
         problems=problems,
     )
 

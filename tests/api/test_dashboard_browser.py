@@ -11,7 +11,9 @@ import pytest
 
 from herd.app import App
 from herd.config import Settings
-from herd.queue.base import DeadReason, Failure
+from herd.llm.eval import EvalRuntime, EvalSpec, submit_texts
+from herd.llm.eval.ledger import open_call
+from herd.queue.base import Completion, DeadReason, Failure
 from tests.api.browser import ensure_chromium
 from tests.api.conftest import TOKEN, serving
 from tests.conftest import truncate
@@ -38,6 +40,52 @@ async def seed(pg_url: str, herd_home: Path) -> tuple[int, int]:
         failure = Failure(lease, "TimeoutError: upstream", final=True, reason=DeadReason.FATAL)
         await app.broker.fail_if_leased(failure)
         return known.job_id, dead.job_id
+
+
+BATCH = "run-<i>3</i>"
+UNPRICED = "notes-unpriced"
+REASON = "its budget is spent: $1.13 of $0.75"
+
+
+async def seed_parked_batch(pg_url: str, herd_home: Path) -> dict[str, int]:
+    """A batch of four documents parked on its budget: one answered (by a priced call),
+    one dead-lettered, two parked. Its names are markup, to be shown as text."""
+    async with App(settings=Settings(home=herd_home, database_url=pg_url)) as app:
+        spec = EvalSpec(model="gpt-4o-mini", system="Grade it.", schema={"type": "object"})
+        docs = {f"docs/{n}.txt": f"Document {n}." for n in ("a", "<b>b</b>", "c", "d")}
+        report = await submit_texts(app, spec, docs, batch=BATCH, budget=0.75)
+        jobs = dict(zip(docs, report.job_ids, strict=True))
+        rt = await EvalRuntime.of(app)
+        (answered,) = await app.broker.claim(["eval"], "worker-1", 1)
+        key = answered.payload["key"]
+        async with rt.store.transaction() as conn:
+            call = await open_call(conn, {"batch": BATCH, "job": answered.job_id, "key": key,
+                                          "model": "gpt-4o-mini", "provider": "openai",
+                                          "i": 0, "w": 1.0})  # fmt: skip
+        await rt.store.close_call(call, "call", i=1200, o=300, cost=0.77)
+        await app.broker.complete_if_leased(
+            [Completion(answered, {"source": "call", "output": {"grade": "A"}})]
+        )
+        (dying,) = await app.broker.claim(["eval"], "worker-1", 1)
+        async with rt.store.transaction() as conn:  # its worker died mid-call
+            call = await open_call(conn, {"batch": BATCH, "job": dying.job_id,
+                                          "key": dying.payload["key"], "model": "gpt-4o-mini",
+                                          "provider": "openai", "i": 900, "w": 0.36})  # fmt: skip
+        await rt.store.close_call(call, "cut_short")  # charged its worst case
+        failure = Failure(dying, "SchemaError: 'grade' is a required property", final=True,
+                          reason=DeadReason.FATAL)  # fmt: skip
+        await app.broker.fail_if_leased(failure)
+        await rt.store.park(BATCH, "budget", REASON)
+        # A batch of a model without a price: its spend is unknown, never $0.
+        spec = EvalSpec(model="sim-small", system="Grade it.", schema={"type": "object"})
+        await submit_texts(app, spec, {"notes/x.md": "Note."}, batch=UNPRICED, priority=5)
+        (lease,) = await app.broker.claim(["eval"], "worker-1", 1)
+        async with rt.store.transaction() as conn:
+            call = await open_call(conn, {"batch": UNPRICED, "job": lease.job_id,
+                                          "key": lease.payload["key"], "model": "sim-small",
+                                          "provider": "openai", "i": 0, "w": None})  # fmt: skip
+        await rt.store.close_call(call, "call", i=50, o=10, cost=None)
+        return {"answered": answered.job_id, "dead": dying.job_id, **jobs}
 
 
 # The first run on a fresh machine installs chromium (apt-get) inside this test's setup.
@@ -84,6 +132,74 @@ def test_dashboard_shows_jobs_and_requeues_a_dead_letter(chromium, pg_url, herd_
             shots = os.environ.get("HERD_SCREENSHOTS")
             if shots:
                 page.screenshot(path=str(Path(shots) / "dashboard-test.png"), full_page=True)
+            assert errors == []
+        finally:
+            browser.close()
+
+
+@pytest.mark.timeout(600)
+def test_dashboard_shows_a_batch_parked_on_its_budget(
+    chromium, pg_url, herd_home, tmp_path, monkeypatch
+):
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.api.conftest import clean_side_tables
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # checked at submit; no call is made
+    truncate(pg_url)
+    clean_side_tables(pg_url)
+    jobs = asyncio.run(seed_parked_batch(pg_url, herd_home))
+    dead_path = next(p for p, j in jobs.items() if p.startswith("docs/") and j == jobs["dead"])
+    with (
+        serving(pg_url, herd_home, tmp_path / "serve.log") as url,
+        sync_playwright() as pw,
+    ):
+        browser = pw.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1100})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+            page.goto(url)
+            card = page.locator(f"article.batch[data-batch='{BATCH}']")
+            expect(card.locator(".name")).to_have_text(BATCH)  # text, never markup
+            expect(card.locator(".pill")).to_have_text("parked")
+            banner = card.locator(".park-banner")
+            expect(banner.locator("strong")).to_have_text("Parked")
+            expect(banner).to_contain_text(REASON)
+            expect(banner.locator("code.next")).to_have_text(f"herd eval budget {BATCH} USD")
+            expect(card.locator(".done-of")).to_have_text("1 / 4 answered")
+            legend = card.locator(".seglegend")
+            for text in ("1 answered", "1 dead", "0 queued", "2 parked"):
+                expect(legend).to_contain_text(text)
+            expect(card.locator(".segbar > i")).to_have_count(3)
+            spend = card.locator(".spend")
+            expect(spend.locator(".value")).to_have_text("$1.13")
+            expect(spend).to_contain_text("of $0.75 budget (151%)")
+            expect(spend).to_contain_text("incl. ≈$0.36 estimated")
+            costs = card.locator("table.costs")
+            expect(costs).to_contain_text("cost by model")
+            expect(costs.locator("tbody tr")).to_contain_text("gpt-4o-mini")
+            expect(costs.locator("tbody tr")).to_contain_text("$1.13incl. ≈$0.36 estimated")
+            failed = card.locator(f"table.failures tr[data-job='{jobs['dead']}']")
+            expect(failed).to_contain_text(dead_path)
+            expect(failed).to_contain_text("SchemaError: 'grade' is a required property")
+            # In the jobs views, an evaluation job goes by its document's path.
+            expect(page.locator(f"#dead tr[data-job='{jobs['dead']}']")).to_contain_text(dead_path)
+            queued = next(p for p, j in jobs.items() if p.startswith("docs/") and j not in
+                          (jobs["dead"], jobs["answered"]))  # fmt: skip
+            expect(page.locator(f"#recent tr[data-job='{jobs[queued]}'] td.path")).to_have_text(
+                queued
+            )
+            other = page.locator(f"article.batch[data-batch='{UNPRICED}']")
+            expect(other.locator(".spend .value")).to_have_text("unpriced")
+            expect(other.locator(".spend")).to_contain_text("no price for sim-small")
+            expect(other.locator("table.costs tbody td").last).to_have_text("unpriced")
+            expect(other.locator(".pill")).to_have_text("running")  # its job is running
+            page.screenshot(path=str(tmp_path / "batches.png"), full_page=True)
+            shots = os.environ.get("HERD_SCREENSHOTS")
+            if shots:
+                page.screenshot(path=str(Path(shots) / "dashboard-batch.png"), full_page=True)
             assert errors == []
         finally:
             browser.close()

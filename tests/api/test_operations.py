@@ -150,3 +150,54 @@ async def test_caches_that_cannot_be_read_are_problems_not_an_outage(pg_url, her
         m = samples((await c.get("/metrics")).text)
         assert m[("herd_scrape_problems", (("section", "exact cache"),))] == 1
         assert m[("herd_queue_jobs", (("queue", "still-up"), ("status", "pending")))] == 1
+
+
+async def test_overview_cards_read_no_items_of_an_idle_batch(client, pg_app, monkeypatch):
+    """A poll reads the items of batches with work queued or running only: a finished or
+    parked batch's card is kept until its row changes (a later submission, a park)."""
+    import herd.llm.eval as evals
+    from herd.llm.eval import EvalSpec, submit_texts
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # checked at submit; no call is made
+    spec = EvalSpec(model="sim-small", system="Grade it.", schema={"type": "object"})
+    await submit_texts(pg_app, spec, {"a.txt": "A.", "b.txt": "B."}, batch="finished-1")
+    for lease in await pg_app.broker.claim(["eval"], "w-1", 2):
+        done = Completion(lease, {"source": "call", "output": {}})
+        assert await pg_app.broker.complete_if_leased([done]) == [True]
+    await submit_texts(pg_app, spec, {"c.txt": "C."}, batch="active-1")
+    read: list[str] = []
+    status = evals.batch_status
+
+    async def counting(app: App, batch: str | None) -> evals.BatchStatus:
+        read.append(str(batch))
+        return await status(app, batch)
+
+    monkeypatch.setattr(evals, "batch_status", counting)
+    cards = {c["batch"]: c for c in (await client.get("/overview")).json()["batches"]}
+    assert list(cards) == ["active-1", "finished-1"] and read == ["active-1", "finished-1"]
+    assert (cards["finished-1"]["done"], cards["finished-1"]["documents"]) == (2, 2)
+    assert (cards["active-1"]["queued"], cards["active-1"]["documents"]) == (1, 1)
+    assert cards["active-1"]["next"] is None and cards["active-1"]["parked"] is None
+    read.clear()
+    again = (await client.get("/overview")).json()["batches"]
+    assert read == ["active-1"] and again[1] == cards["finished-1"]
+    await submit_texts(pg_app, spec, {"d.txt": "D."}, batch="finished-1")
+    read.clear()
+    cards = {c["batch"]: c for c in (await client.get("/overview")).json()["batches"]}
+    assert sorted(read) == ["active-1", "finished-1"]
+    assert (cards["finished-1"]["done"], cards["finished-1"]["queued"]) == (2, 1)
+    # Parked with nothing in flight: read once after the park, then kept too.
+    rt = await EvalRuntime.of(pg_app)
+    await rt.store.park("active-1", "budget", "its budget is spent")
+    read.clear()
+    cards = {c["batch"]: c for c in (await client.get("/overview")).json()["batches"]}
+    # (finished-1 has a document queued again: read on every poll)
+    assert read == ["active-1", "finished-1"] and cards["active-1"]["parked"] == "budget"
+    assert (cards["active-1"]["queued"], cards["active-1"]["parked_items"]) == (0, 1)
+    assert cards["active-1"]["next"] == "herd eval budget active-1 USD"
+    read.clear()
+    await client.get("/overview")
+    assert read == ["finished-1"]
+    # An evaluation job goes by its document's path in the jobs views.
+    labels = {j["label"] for j in (await client.get("/overview")).json()["recent"]}
+    assert labels == {"a.txt", "b.txt", "c.txt", "d.txt"}

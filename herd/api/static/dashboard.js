@@ -32,6 +32,12 @@ function svg(tag, attrs) {
 const fmt = {
   int: (n) => (n == null ? "–" : Number(n).toLocaleString("en-US")),
   money: (x) => (x == null ? "–" : "$" + (x < 1 ? x.toFixed(4) : x.toFixed(2))),
+  // A batch's money, to the cent: "$0.77"; a positive sum under a cent is not "$0.00".
+  usd(x) {
+    if (x == null) return "–";
+    if (x > 0 && x < 0.005) return "<$0.01";
+    return "$" + x.toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 });
+  },
   pct: (x) => (x == null ? "–" : (100 * x).toFixed(1) + "%"),
   secs(s) {
     if (s == null) return "";
@@ -198,7 +204,7 @@ async function requeue(id, button) {
 function renderDead(dead) {
   fillTable("dead", dead.map((j) => el("tr", { "data-job": String(j.id) },
     el("td", { class: "n", text: String(j.id) }),
-    el("td", { class: "mono", text: j.task }),
+    taskCell(j),
     el("td", { class: "mono", text: j.queue }),
     el("td", {}, el("span", { class: "pill s-dead", text: j.dead_reason || "dead" })),
     el("td", { class: "mono clip", text: fmt.short(j.last_error || "", 80), title: j.last_error || "" }),
@@ -207,13 +213,25 @@ function renderDead(dead) {
   )), 7, "the dead-letter queue is empty");
 }
 
+// An evaluation job is known by its document's path, not by the hashes its payload holds.
+function payloadCell(j) {
+  if (j.label) return el("td", { class: "mono clip path", text: j.label, title: j.payload_excerpt });
+  return el("td", { class: "mono clip", text: fmt.short(j.payload_excerpt, 70) });
+}
+
+function taskCell(j) {
+  // A path's end names the document: a long one is cut at its start.
+  const tail = (text, width) => (text.length <= width ? text : "…" + text.slice(text.length - width + 1));
+  return el("td", { class: "mono" }, j.task, j.label ? el("div", { class: "sub path", text: tail(j.label, 22), title: j.label }) : null);
+}
+
 function renderRecent(jobs) {
   fillTable("recent", jobs.map((j) => el("tr", { "data-job": String(j.id) },
     el("td", { class: "n", text: String(j.id) }),
     el("td", { class: "mono", text: j.task }),
     el("td", { class: "mono", text: j.queue }),
     el("td", {}, el("span", { class: "pill s-" + j.status, text: j.status })),
-    el("td", { class: "mono clip", text: fmt.short(j.payload_excerpt, 70) }),
+    payloadCell(j),
     el("td", { class: "mono muted", text: fmt.time(j.created_at) }),
   )), 6, "no jobs yet");
 }
@@ -280,6 +298,139 @@ function renderLimits(rows) {
   fillTable("limits", out, 6, "no provider limits set");
 }
 
+// A batch's progress: one bar of segments (answered, failed, running, queued, parked,
+// cancelled), each sized through the CSSOM like every other bar here.
+const SEGMENTS = [
+  ["done", "answered", (b) => b.done], ["failed", "dead", (b) => b.dead + b.lost],
+  ["running", "running", (b) => b.running], ["queued", "queued", (b) => b.queued],
+  ["parked", "parked", (b) => b.parked_items], ["cancelled", "cancelled", (b) => b.cancelled_items],
+];
+
+function progress(b) {
+  const total = Math.max(1, b.documents);
+  const track = el("div", { class: "segbar", role: "img", "aria-label": `${b.done} of ${b.documents} answered` });
+  const legend = el("div", { class: "seglegend" });
+  for (const [kind, label, count] of SEGMENTS) {
+    const n = count(b);
+    if (n) {
+      const part = el("i", { class: "seg-" + kind, title: `${n} ${label}` });
+      part.style.width = ((100 * n) / total).toFixed(2) + "%";
+      track.append(part);
+    }
+    if (n || kind === "done" || kind === "queued") {
+      legend.append(el("span", { class: "count k-" + kind }, el("span", { class: "sw seg-" + kind }), el("b", { text: fmt.int(n) }), " " + label));
+    }
+  }
+  return [track, legend];
+}
+
+// Why a batch waits, in the server's words where it gave some.
+const PARKED = {
+  budget: ["Parked", "its budget is spent"],
+  refused: ["Parked", "the provider refused its key or model"],
+  cancelled: ["Cancelled", "no more calls will be made for it"],
+};
+
+function parkedBanner(b) {
+  if (!b.parked) return null;
+  const [title, why] = PARKED[b.parked] || ["Parked", b.parked];
+  const box = el("div", { class: "park-banner " + b.parked, role: "status" },
+    el("strong", { text: title }), el("span", { class: "reason", text: b.parked_reason || why }));
+  if (b.next) {
+    const hint = b.parked === "budget" && b.next.endsWith(" USD") ? `USD: a budget above ${fmt.usd(b.spent || 0)}` : null;
+    box.append(el("span", { class: "resume" }, "Resume with ", el("code", { class: "next", text: b.next }),
+      hint ? el("span", { class: "hint", text: " " + hint }) : null));
+  }
+  return box;
+}
+
+function spendText(b) {
+  const priced = b.spent == null && !b.unpriced.length ? "–" : fmt.usd(b.spent || 0);
+  if (!b.unpriced.length) return priced;
+  return b.spent ? `${priced} + unpriced` : "unpriced";
+}
+
+function spend(b) {
+  const box = el("div", { class: "stat spend" },
+    el("span", { class: "label", text: "spent" }),
+    el("span", { class: "value", text: spendText(b) }),
+    el("span", { class: "of", text: b.budget == null ? "no budget"
+      : `of ${fmt.usd(b.budget)} budget` + (b.budget ? ` (${Math.round((100 * (b.spent || 0)) / b.budget)}%)` : "") }));
+  if (b.budget != null) {
+    const used = b.budget ? (b.spent || 0) / b.budget : 1;
+    box.append(bar(used, used >= 1 ? "bad" : used >= 0.8 ? "warn" : "ok"));
+  }
+  const notes = [];
+  if (b.estimated) notes.push(`incl. ≈${fmt.usd(b.estimated)} estimated: calls cut off mid-call, at their worst case`);
+  if (b.reserved) notes.push(`${fmt.usd(b.reserved)} held by calls in flight`);
+  if (b.unpriced.length) notes.push(`no price for ${b.unpriced.join(", ")}`);
+  for (const note of notes) box.append(el("span", { class: "sub est", text: note }));
+  return box;
+}
+
+function stat(label, value, sub) {
+  return el("div", { class: "stat" }, el("span", { class: "label", text: label }),
+    el("span", { class: "value", text: value }), sub ? el("span", { class: "sub", text: sub }) : null);
+}
+
+const COST_LABELS = { call: "answered calls", lost: "lost mid-call", failed: "failed after sending", cut_short: "cut short (worker died)" };
+
+function costTable(b) {
+  if (!b.costs.length) return null;
+  const rows = b.costs.map((c) => el("tr", {},
+    el("td", { class: "mono", text: b.costs_by === "model" ? c.label : COST_LABELS[c.label] || c.label }),
+    el("td", { class: "n", text: fmt.int(c.calls) }),
+    el("td", { class: "n", text: fmt.int(c.input_tokens + c.output_tokens) }),
+    el("td", { class: "n" }, c.cost == null ? "unpriced" : (c.estimated ? "≈" : "") + fmt.usd(c.cost) + (c.unpriced ? " + unpriced" : ""),
+      c.estimated_cost && !c.estimated ? el("span", { class: "sub est", text: `incl. ≈${fmt.usd(c.estimated_cost)} estimated` }) : null)));
+  return el("table", { class: "costs" },
+    el("thead", {}, el("tr", {},
+      el("th", { text: b.costs_by === "model" ? "cost by model" : "cost by kind" }),
+      el("th", { class: "n", text: "calls" }), el("th", { class: "n", text: "tokens" }), el("th", { class: "n", text: "$" }))),
+    el("tbody", {}, ...rows));
+}
+
+function failureTable(b) {
+  if (!b.failures.length) return null;
+  const rows = b.failures.map((f) => el("tr", { "data-job": String(f.job) },
+    el("td", { class: "mono clip path", text: f.path, title: f.path }),
+    el("td", { class: "n", text: String(f.job) }),
+    el("td", { class: "mono err", text: fmt.short(f.error, 240), title: f.error })));
+  if (b.more_failures) {
+    rows.push(el("tr", {}, el("td", { class: "muted", colspan: "3", text: `and ${fmt.int(b.more_failures)} more: herd eval results ${b.batch}` })));
+  }
+  return el("table", { class: "failures" },
+    el("thead", {}, el("tr", {},
+      el("th", { text: `failed documents · ${fmt.int(b.dead + b.lost)}` }), el("th", { class: "n", text: "job" }), el("th", { text: "error" }))),
+    el("tbody", {}, ...rows));
+}
+
+function batchCard(b) {
+  const finished = b.done + b.dead + b.lost + b.cancelled_items >= b.documents;
+  const state = b.parked ? b.parked === "cancelled" ? "cancelled" : "parked" : finished ? "finished" : "running";
+  const [track, legend] = progress(b);
+  const eta = b.parked ? "parked" : finished ? "done" : b.eta == null ? "–" : fmt.secs(b.eta);
+  return el("article", { class: "batch " + state, "data-batch": b.batch },
+    el("div", { class: "head" },
+      el("span", { class: "name mono", text: b.batch }),
+      el("span", { class: "pill b-" + state, text: state }),
+      el("span", { class: "when muted", text: b.created_at ? `created ${fmt.time(b.created_at)} UTC` : "" }),
+      el("span", { class: "done-of" }, el("b", { text: fmt.int(b.done) }), ` / ${fmt.int(b.documents)} answered`)),
+    parkedBanner(b),
+    track, legend,
+    el("div", { class: "stats" },
+      spend(b),
+      stat("rate", b.rate == null ? "–" : `${b.rate.toFixed(2)} docs/s`, "over the last minute"),
+      stat("eta", eta, b.waited_for_limits ? `${fmt.secs(b.waited_for_limits)} waited for limits` : null)),
+    costTable(b),
+    failureTable(b));
+}
+
+function renderBatches(batches) {
+  $("batches-card").hidden = !batches.length;
+  $("batches").replaceChildren(...batches.map(batchCard));
+}
+
 function render(d) {
   $("broker").textContent = `broker: ${d.broker}`;
   $("updated").textContent = `updated ${fmt.time(d.now)} UTC`;
@@ -295,6 +446,7 @@ function render(d) {
   renderCaches(d.caches);
   renderLedger(d.ledger);
   renderLimits(d.limits);
+  renderBatches(d.batches || []);
 }
 
 function setState(text, kind) {

@@ -398,7 +398,7 @@ UPDATE herd_eval_keys
 -- name: waiting_items
 -- The items still waiting on a job (of a batch, or of all), with the key each job
 -- must answer: a job id that names another key was reused after its store lost data.
-SELECT path, job_id, key FROM herd_eval_items
+SELECT path, job_id, key, status FROM herd_eval_items
  WHERE status IN ('queued', 'parked') AND (%(b)s::text IS NULL OR batch = %(b)s)
  ORDER BY path;
 
@@ -412,3 +412,26 @@ SELECT count(*) FILTER (WHERE finished_at > now() - interval '60 seconds'),
 -- name: batch_schema
 SELECT s.spec->'schema' FROM herd_eval_specs s
  WHERE s.hash IN (SELECT DISTINCT spec FROM herd_eval_items WHERE batch = %(b)s) LIMIT 1;
+
+-- name: dashboard_batches
+-- The dashboard's batches: the newest, and older ones still parked on their budget or a
+-- refusal; updated_at moves on a submission, a park and every call's spend. The batch
+-- rows only (herd_eval_batches_created), never their items.
+SELECT batch, updated_at FROM (
+    (SELECT batch, created_at, updated_at FROM herd_eval_batches
+      ORDER BY created_at DESC, batch DESC LIMIT %(limit)s)
+    UNION
+    (SELECT batch, created_at, updated_at FROM herd_eval_batches
+      WHERE parked IN ('budget', 'refused') ORDER BY created_at DESC LIMIT %(limit)s)
+) b ORDER BY created_at DESC, batch DESC;
+
+-- name: batch_model_costs
+-- A batch's closed paid calls by model, from the ledger's rows (herd_eval_ledger_batch):
+-- whole only while none of them was purged (HERD_LEDGER_TTL); n against the summary's.
+-- estimated: the cost of calls cut off mid-call (cut short, lost, failed), at their worst case.
+SELECT model, count(*), sum(input_tokens), sum(output_tokens), sum(cost),
+       count(*) FILTER (WHERE cost IS NULL),
+       sum(cost) FILTER (WHERE kind IN ('cut_short', 'lost', 'failed'))
+  FROM herd_eval_ledger
+ WHERE batch = %(b)s AND kind IN ('call', 'lost', 'failed', 'cut_short') AND state = 'closed'
+ GROUP BY model ORDER BY model;

@@ -38,6 +38,8 @@ class Settled:
     running: int = 0
     dead: int = 0
     lost: int = 0  # their job is gone (purged, or its store lost it)
+    # Parked items counted above (dead, lost or running): not among those parked waiting.
+    parked_counted: int = 0
     failures: list[dict[str, Any]] = field(default_factory=list)  # path, job, error
     dead_jobs: dict[int, str] = field(default_factory=dict)  # job -> its error
 
@@ -115,11 +117,15 @@ async def settle(app: App, batch: str | None) -> Settled:
     """
     rt = await EvalRuntime.of(app)
     waiting = await rt.store.execute("waiting_items", {"b": batch})
-    jobs = {j.id: j for j in await jobs_of(app, sorted({job_id for _, job_id, _ in waiting}))}
+    jobs = {j.id: j for j in await jobs_of(app, sorted({row[1] for row in waiting}))}
     out = Settled()
     late: set[int] = set()
-    for path, job_id, key in waiting:
+    for path, job_id, key, item_status in waiting:
         job = jobs.get(job_id)
+        if item_status == "parked" and (
+            job is None or not _serves(job, key) or job.status in ("dead", "processing")
+        ):
+            out.parked_counted += 1
         if job is None or not _serves(job, key):
             out.lost += 1
             if len(out.failures) < FAILURES_SHOWN:
@@ -213,9 +219,9 @@ async def batch_status(app: App, batch: str | None) -> BatchStatus:
         dead=settled.dead,
         lost=settled.lost,
         running=settled.running,
-        parked_items=int(parked),
+        parked_items=int(parked) - settled.parked_counted,
         cancelled_items=int(cancelled),
-        queued=max(0, waiting - settled.running - int(parked)),
+        queued=max(0, waiting - settled.running - (int(parked) - settled.parked_counted)),
         ledger=totals,
         provider_cache=provider_cache(totals),
         limit_usage=usage,

@@ -288,6 +288,20 @@ class EvalStore:
         rows = await self.execute("batch_counts", {"batches": batches})
         return {b: (int(n), int(d), int(p), int(c)) for b, n, d, p, c in rows}
 
+    async def dashboard_batches(self, limit: int) -> list[tuple[str, datetime]]:
+        """(batch, updated_at) of the ``limit`` newest batches and of older ones still
+        parked on their budget or a refusal, newest first."""
+        rows = await self.execute("dashboard_batches", {"limit": limit})
+        return [(b, u) for b, u in rows]
+
+    async def model_costs(self, batch: str) -> list[tuple[Any, ...]]:
+        """A batch's closed paid calls by model: (model, calls, input tokens, output
+        tokens, cost, calls without a price, cost of those cut off mid-call), from the
+        ledger's rows."""
+        rows = await self.execute("batch_model_costs", {"b": batch})
+        return [(m, int(n), int(i or 0), int(o or 0), as_float(c), int(u), as_float(e))
+                for m, n, i, o, c, u, e in rows]  # fmt: skip
+
     async def results(self, batch: str, *, after: str | None, limit: int) -> list[tuple[Any, ...]]:
         """A page of a batch's items by path: (path, status, source, result, job id, key,
         finished at, model, provider)."""
