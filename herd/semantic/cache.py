@@ -37,6 +37,7 @@ from herd.cache.exact import ExactCache
 from herd.errors import ConfigError
 from herd.jsonvalue import JSON
 from herd.locks.base import BaseLocks
+from herd.names import MAX_NAME_LENGTH, check_name
 from herd.portal import Portal
 from herd.semantic import bounded
 from herd.semantic import stats as figures
@@ -58,6 +59,7 @@ Source = Literal["hit", "waited", "computed", "stale", "early"]
 FLOAT32_SLACK = 1e-4
 FLUSH_EVERY = 1.0  # seconds between flushes of figures and last-use times to the backend
 POOL_EVERY = 10.0  # seconds between reads of the bounded mode's pooled verdicts
+_LAYER = "semantic/"  # the namespace prefix of the exact cache in front of a semantic one
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,8 @@ class SemanticCache:
             raise ConfigError(f"ttl must be a positive number of seconds or None, not {ttl!r}")
         if sliding and ttl is None:
             raise ConfigError("a sliding ttl needs a ttl")
+        # Room for the "semantic/" of its exact layer's namespace.
+        check_name(name, "semantic cache name", "name", max_length=MAX_NAME_LENGTH - len(_LAYER))
         self.backend = store_for_url(backend) if isinstance(backend, str) else backend
         self.locks = locks if locks is not None else self.backend.locks()
         self.embedder = embedder
@@ -193,7 +197,7 @@ class SemanticCache:
         self._policy = ExactCache(
             _Bridge(self),
             self.locks,
-            namespace=f"semantic/{name}",
+            namespace=_LAYER + name,
             ttl=ttl,
             xfetch_beta=xfetch_beta,
             stale_while_revalidate=stale_while_revalidate,
