@@ -233,6 +233,32 @@ async def test_errors_are_not_cached(make_cache: MakeCache):
     assert await cache.alookup(Q, vector=v) is None
 
 
+async def test_an_answer_past_max_entry_bytes_is_returned_not_stored(make_cache: MakeCache):
+    # The bound of entries alone let 100 queries of k=1000 add 7 MB to a cache.
+    cache = await make_cache(max_entry_bytes=100, threshold=0.999)
+    v = random_vectors(3, seed=9)
+    large = {"hits": ["x" * 100]}
+
+    async def compute():
+        return large
+
+    found = await cache.aget_or_compute(Q, compute, vector=v[0])
+    assert found.value == large and found.source == "computed"
+    await cache.astore("another question", large, vector=v[1])
+    await cache.astore("a small one", {"hits": ["x"]}, vector=v[2])
+    assert await cache.alookup(Q, vector=v[0]) is None
+    assert await cache.alookup("another question", vector=v[1]) is None
+    assert await cache.alookup("a small one", vector=v[2]) is not None
+    stats = await cache.astats()
+    assert (stats["too_large"], stats["stores"], stats["entries"]) == (2, 1, 1)
+
+
+def test_max_entry_bytes_is_a_positive_integer_or_none(backend_url):
+    for bad in (0, -1, 1.5, "100"):
+        with pytest.raises(ConfigError, match="max_entry_bytes must be a positive integer"):
+            SemanticCache(backend_url[1], max_entry_bytes=bad, embedder_id="e", dim=DIM)
+
+
 async def test_stats_count_hits_misses_and_similarity(make_cache: MakeCache):
     cache = await make_cache(name="figures")
     v = random_vectors(2, seed=5)
