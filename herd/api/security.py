@@ -178,7 +178,7 @@ class BearerAuth:
 
     def __init__(self, app: ASGIApp, token: str | None, bound: Sequence[TenantToken] = ()) -> None:
         self.app = app
-        self.tokens: list[tuple[bytes, frozenset[str] | None]] = [
+        self._tokens: list[tuple[bytes, frozenset[str] | None]] = [
             *([(token.encode(), None)] if token else []),
             *((b.token.encode(), b.tenants) for b in bound),
         ]
@@ -195,13 +195,13 @@ class BearerAuth:
         found, tenants = False, None
         # compare_digest, and every token compared: the time taken says nothing about how
         # much of a token matched, nor which.
-        for token, bound in self.tokens:
+        for token, bound in self._tokens:
             if hmac.compare_digest(given, token):
                 found, tenants = True, bound
         return found and scheme.lower() == b"bearer", tenants
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self.tokens or scope["type"] != "http" or self._open(scope):
+        if not self._tokens or scope["type"] != "http" or self._open(scope):
             return await self.app(scope, receive, send)
         found, tenants = self._match(scope)
         if not found:
