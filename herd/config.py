@@ -34,6 +34,23 @@ EVAL_MAX_TOKENS = 16_384
 # is renewed while the call runs): the job's retry waits that long before calling.
 EVAL_LOCK_TTL = 30
 
+# What one POST /query may ask (herd.api.queries): texts, characters per text, k. The
+# request model's bounds (herd.api.models.QueryIn) are the most a setting may raise them
+# to. Each text costs an embedding and a search; k, the bytes of the answer and of what
+# the semantic cache keeps.
+QUERY_MAX_TEXTS, QUERY_TEXTS_CEILING = 32, 100
+QUERY_MAX_CHARS, QUERY_CHARS_CEILING = 2_000, 10_000
+QUERY_MAX_K, QUERY_K_CEILING = 100, 1_000
+# Query embeddings a process runs at once, whatever the number of requests: the rest
+# wait their turn rather than take every thread and core from the server.
+QUERY_EMBED_CONCURRENCY = 2
+# The largest answer the semantic cache keeps (JSON bytes); a larger one is computed
+# and returned, not stored: the cache's bound counts entries, so each must be small.
+SEMANTIC_MAX_ENTRY_BYTES = 256 * 1024
+
+# Shorter is guessable by anyone who can reach the port (herd.api.security).
+MIN_TOKEN_LENGTH = 16
+
 # The pool of a process that is not a worker (serve, enqueue, the CLI's reads).
 PG_POOL_SIZE = 8
 # A worker's pool beyond one connection per running job: the claim loop, the
@@ -53,6 +70,14 @@ def default_home() -> Path:
     return Path(platformdirs.user_data_dir("herd", appauthor=False))
 
 
+@dataclass(frozen=True)
+class TenantToken:
+    """A bearer token bound to tenants (HERD_API_TOKENS): it may query as them, only."""
+
+    token: str = field(repr=False)
+    tenants: frozenset[str]
+
+
 @dataclass(frozen=True, repr=False)
 class Settings:
     home: Path = field(default_factory=default_home)
@@ -64,6 +89,8 @@ class Settings:
     broker: str = "postgres"  # where jobs live: "postgres" or "redis"
     cache: str = "postgres"  # where the exact cache lives: "postgres" or "redis"
     api_token: str | None = field(default=None, repr=False)
+    # Tokens bound to tenants (HERD_API_TOKENS); api_token is bound to none.
+    api_tokens: tuple[TenantToken, ...] = field(default=(), repr=False)
     api_body_limit: int = 1 << 20  # bytes of a request body `herd serve` accepts (413 past it)
     # Host names the API answers for besides loopback ones ('*.example.org': its subdomains);
     # empty: any name with a token, none without (herd.api.security.LocalOrTrusted).
@@ -110,17 +137,27 @@ class Settings:
     # "bounded" (herd.semantic.bounded: learned, with at most this chance of a wrong hit).
     semantic_mode: str = "guarded"
     semantic_error_bound: float = 0.05
+    semantic_max_entry_bytes: int = SEMANTIC_MAX_ENTRY_BYTES
+    # Bounds of one POST /query, and the query embeddings a process runs at once.
+    query_max_texts: int = QUERY_MAX_TEXTS
+    query_max_chars: int = QUERY_MAX_CHARS
+    query_max_k: int = QUERY_MAX_K
+    query_embed_concurrency: int = QUERY_EMBED_CONCURRENCY
 
     def __post_init__(self) -> None:
         # Whatever prints an error later masks these verbatim, even where the URL's
         # shape did not survive (a driver quoting the piece it could not parse).
         remember(self.api_token)
+        for bound in self.api_tokens:
+            remember(bound.token)
         remember_urls(self.database_url, self.database_direct_url, self.redis_url, self.vector_url)
 
     def __repr__(self) -> str:
         shown = ", ".join(
             f"{f.name}='****'"
             if f.name == "api_token" and self.api_token
+            else f"{f.name}={self._tenant_tokens()!r}"
+            if f.name == "api_tokens"
             else f"{f.name}={mask(repr(getattr(self, f.name)))}"
             for f in fields(self)
         )
@@ -139,6 +176,7 @@ class Settings:
             cache=env.get("HERD_CACHE") or "postgres",
             # Trimmed as the Authorization header is: a token pasted with its newline matches.
             api_token=(env.get("HERD_API_TOKEN") or "").strip() or None,
+            api_tokens=_tenant_tokens(env, "HERD_API_TOKENS"),
             api_body_limit=_bytes(env, "HERD_API_BODY_LIMIT", 1 << 20),
             api_trusted_hosts=_hosts(env, "HERD_API_TRUSTED_HOSTS"),
             max_payload_bytes=_bytes(env, "HERD_MAX_PAYLOAD_BYTES", MAX_BYTES),
@@ -161,11 +199,32 @@ class Settings:
             eval_batch_retry=_choice(env, "HERD_EVAL_BATCH_RETRY", ("sync", "batch")),
             semantic_mode=_choice(env, "HERD_SEMANTIC_MODE", ("guarded", "bounded")),
             semantic_error_bound=_probability(env, "HERD_SEMANTIC_ERROR_BOUND", 0.05),
+            semantic_max_entry_bytes=_bytes(
+                env, "HERD_SEMANTIC_MAX_ENTRY_BYTES", SEMANTIC_MAX_ENTRY_BYTES
+            ),
+            query_max_texts=_at_most(
+                env, "HERD_QUERY_MAX_TEXTS", QUERY_MAX_TEXTS, QUERY_TEXTS_CEILING, "texts"
+            ),
+            query_max_chars=_at_most(
+                env, "HERD_QUERY_MAX_CHARS", QUERY_MAX_CHARS, QUERY_CHARS_CEILING, "characters"
+            ),
+            query_max_k=_at_most(env, "HERD_QUERY_MAX_K", QUERY_MAX_K, QUERY_K_CEILING, "hits"),
+            query_embed_concurrency=_bytes(
+                env, "HERD_QUERY_EMBED_CONCURRENCY", QUERY_EMBED_CONCURRENCY, unit="embeddings"
+            ),
         )
 
     def override(self, **values: object) -> Settings:
         """Apply the flags that were given (None means 'not given')."""
         return replace(self, **{k: v for k, v in values.items() if v is not None})  # type: ignore[arg-type]
+
+    def _tenant_tokens(self) -> str:
+        """HERD_API_TOKENS as shown: the tenants, each token hidden."""
+        return "; ".join("****=" + ",".join(sorted(b.tenants)) for b in self.api_tokens)
+
+    def bearer_tokens(self) -> list[str]:
+        """Every token the API accepts, bound or not."""
+        return [t for t in (self.api_token, *(b.token for b in self.api_tokens)) if t]
 
     def masked(self) -> dict[str, str]:
         """What `herd config` prints: every setting, with secrets hidden."""
@@ -176,6 +235,8 @@ class Settings:
                 out[f.name] = "(embedded)" if f.name == "database_url" else "(not set)"
             elif f.name == "api_token":
                 out[f.name] = "****"
+            elif f.name == "api_tokens":
+                out[f.name] = self._tenant_tokens() or "(not set)"
             else:
                 out[f.name] = mask(str(value))
         return out
@@ -191,6 +252,13 @@ def _bytes(
         some = "a whole" if zero else "a positive"
         raise ConfigError(f"{name} must be {some} number of {unit}, not {raw!r}")
     return int(raw)
+
+
+def _at_most(env: dict[str, str], name: str, default: int, ceiling: int, unit: str) -> int:
+    value = _bytes(env, name, default, unit=unit)
+    if value > ceiling:
+        raise ConfigError(f"{name} may be at most {ceiling} {unit}, not {value}")
+    return value
 
 
 _DURATION = re.compile(r"(\d{1,9})([smhdw]?)")
@@ -240,6 +308,35 @@ def _vector_url(env: dict[str, str]) -> str | None:
     raw = env.get("HERD_VECTOR_URL", "").strip() or None
     parse(raw)
     return raw
+
+
+def _tenant_tokens(env: dict[str, str], name: str) -> tuple[TenantToken, ...]:
+    """``TOKEN=TENANT[,TENANT...]`` entries, separated by spaces, newlines or ``;``.
+    Errors name the entry by its number: its text holds a token."""
+    unbound = (env.get("HERD_API_TOKEN") or "").strip()
+    out: list[TenantToken] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(re.split(r"[;\s]+", env.get(name, "")), 1):
+        if not entry:
+            continue
+        token, sep, listed = entry.partition("=")
+        tenants = listed.split(",")
+        where = f"{name}: entry {i}"
+        if not sep or not token or not all(tenants):
+            raise ConfigError(f"{where} is not TOKEN=TENANT[,TENANT...] (tokens hold no '=')")
+        if len(token) < MIN_TOKEN_LENGTH:
+            raise ConfigError(
+                f"{where}: its token has {len(token)} characters; a token needs at least"
+                f" {MIN_TOKEN_LENGTH}"
+            )
+        if token in seen or token == unbound:
+            raise ConfigError(
+                f"{where}: its token is given twice (or is HERD_API_TOKEN, which is bound to"
+                " no tenant): give each token once"
+            )
+        seen.add(token)
+        out.append(TenantToken(token, frozenset(tenants)))
+    return tuple(out)
 
 
 def _hosts(env: dict[str, str], name: str) -> tuple[str, ...]:

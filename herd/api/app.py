@@ -21,6 +21,7 @@ from herd.api.security import (
     BodyLimit,
     LocalOrTrusted,
     SecurityHeaders,
+    weakest,
     with_security_headers,
 )
 from herd.app import App
@@ -112,9 +113,13 @@ def create_app(
     # Added innermost first: headers on every answer (403, 400, 401 and 413 too), then
     # who and which host name, then authentication before a byte of the body is read.
     api.add_middleware(BodyLimit, limit=body_limit or settings.api_body_limit)
-    api.add_middleware(BearerAuth, token=token)
+    api.add_middleware(BearerAuth, token=token, bound=settings.api_tokens)
     hosts = settings.api_trusted_hosts if trusted_hosts is None else tuple(trusted_hosts)
-    api.add_middleware(LocalOrTrusted, token=token, trusted_hosts=hosts)
+    api.add_middleware(
+        LocalOrTrusted,
+        token=weakest([token, *(b.token for b in settings.api_tokens)]),
+        trusted_hosts=hosts,
+    )
     api.add_middleware(SecurityHeaders)
     return api
 

@@ -14,7 +14,7 @@ from rich.text import Text
 from herd import console
 from herd.api.models import OverviewOut
 from herd.api.overview import LEDGER_KINDS, depth, overview
-from herd.api.security import check_bind
+from herd.api.security import check_bind, weakest
 from herd.errors import ConfigError
 
 _LEDGER_LABELS = {
@@ -54,7 +54,7 @@ def serve(
 
     o = console.opts(ctx)
     try:
-        check_bind(host, o.settings.api_token)
+        check_bind(host, weakest(o.settings.bearer_tokens()))
     except ConfigError as exc:
         console.err.print(f"herd: error: {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
@@ -65,7 +65,7 @@ def serve(
     # Reach the stores once before serving: a wrong URL is one line here, not a
     # traceback from the server's startup.
     console.run(o, lambda app: app.stats())
-    access = "bearer token required" if o.settings.api_token else "no token: loopback only"
+    access = "bearer token required" if o.settings.bearer_tokens() else "no token: loopback only"
     shown = f"[{host}]" if ":" in host else host
     console.err.print(f"herd: serving on http://{shown}:{port}/ ({access})", soft_wrap=True)
     config = uvicorn.Config(

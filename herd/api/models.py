@@ -16,6 +16,7 @@ from pydantic import (
     model_validator,
 )
 
+from herd.config import QUERY_CHARS_CEILING, QUERY_K_CEILING, QUERY_TEXTS_CEILING
 from herd.errors import InvalidInput
 from herd.jsonvalue import check, text_problem
 from herd.llm.eval.spec import TASK as EVAL_TASK
@@ -498,12 +499,14 @@ class CancelOut(BaseModel):
 
 
 class QueryIn(Strict):
+    # The ceilings of HERD_QUERY_MAX_TEXTS, _CHARS and _K; the settings' own bounds
+    # (lower by default) are checked by the route (herd.api.queries).
     texts: Annotated[
-        list[Annotated[SafeText, Field(min_length=1, max_length=10_000)]],
-        Field(min_length=1, max_length=100),
+        list[Annotated[SafeText, Field(min_length=1, max_length=QUERY_CHARS_CEILING)]],
+        Field(min_length=1, max_length=QUERY_TEXTS_CEILING),
     ]
     collection: Annotated[SafeText, Field(min_length=1, max_length=200)] = "default"
-    k: Annotated[int, Field(ge=1, le=1000)] = 5
+    k: Annotated[int, Field(ge=1, le=QUERY_K_CEILING)] = 5
     cache: bool = True  # answer from the semantic cache when a close enough query was seen
     tenant: Annotated[SafeText, Field(min_length=1, max_length=200)] = "default"
     # dense: embeddings; lexical: BM25 over words; hybrid: both, fused (herd.rag.query)

@@ -13,6 +13,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
+from herd.config import MIN_TOKEN_LENGTH, TenantToken
 from herd.errors import ConfigError
 
 Scope = MutableMapping[str, Any]
@@ -25,8 +26,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 OPEN_PATHS = ("/", "/favicon.ico")
 OPEN_PREFIXES = ("/static/",)
 
-# Shorter is guessable by anyone who can reach the port: accepted on loopback only.
-MIN_TOKEN_LENGTH = 16
+# A token bound to tenants may call these only (method, path): it is a tenant's client,
+# not the fleet's operator.
+TENANT_ROUTES = (("POST", "/query"), ("GET", "/healthz"))
+TENANTS_KEY = "herd.tenants"  # in the ASGI scope's state: the tenants a request may use
 
 
 def is_loopback(host: str) -> bool:
@@ -40,6 +43,12 @@ def is_loopback(host: str) -> bool:
 
 def strong(token: str | None) -> bool:
     return token is not None and len(token) >= MIN_TOKEN_LENGTH
+
+
+def weakest(tokens: Sequence[str | None]) -> str | None:
+    """The shortest token configured: it decides how far the server may answer."""
+    given = [t for t in tokens if t]
+    return min(given, key=len) if given else None
 
 
 def check_bind(host: str, token: str | None) -> None:
@@ -160,11 +169,19 @@ class LocalOrTrusted:
 
 
 class BearerAuth:
-    """With a token configured, every request but the dashboard's shell must carry it."""
+    """With a token configured, every request but the dashboard's shell must carry one.
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    ``token`` may do anything; each of ``bound`` (HERD_API_TOKENS) may call
+    TENANT_ROUTES only, and the tenants it may use go in the scope's state (TENANTS_KEY)
+    for the route to check.
+    """
+
+    def __init__(self, app: ASGIApp, token: str | None, bound: Sequence[TenantToken] = ()) -> None:
         self.app = app
-        self.token = token.encode() if token else None
+        self._tokens: list[tuple[bytes, frozenset[str] | None]] = [
+            *([(token.encode(), None)] if token else []),
+            *((b.token.encode(), b.tenants) for b in bound),
+        ]
 
     def _open(self, scope: Scope) -> bool:
         path = scope.get("path", "")
@@ -172,19 +189,38 @@ class BearerAuth:
             path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
         )
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.token is None or scope["type"] != "http" or self._open(scope):
-            return await self.app(scope, receive, send)
+    def _match(self, scope: Scope) -> tuple[bool, frozenset[str] | None]:
         scheme, _, given = (_header(scope, b"authorization") or b"").partition(b" ")
-        # compare_digest: the time taken says nothing about how much of the token matched.
-        if scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token):
+        given = given.strip()
+        found, tenants = False, None
+        # compare_digest, and every token compared: the time taken says nothing about how
+        # much of a token matched, nor which.
+        for token, bound in self._tokens:
+            if hmac.compare_digest(given, token):
+                found, tenants = True, bound
+        return found and scheme.lower() == b"bearer", tenants
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self._tokens or scope["type"] != "http" or self._open(scope):
             return await self.app(scope, receive, send)
-        await send_json(
-            send,
-            401,
-            {"error": "missing or wrong bearer token (Authorization: Bearer <HERD_API_TOKEN>)"},
-            [(b"www-authenticate", b'Bearer realm="herd"')],
-        )
+        found, tenants = self._match(scope)
+        if not found:
+            return await send_json(
+                send,
+                401,
+                {"error": "missing or wrong bearer token (Authorization: Bearer <HERD_API_TOKEN>)"},
+                [(b"www-authenticate", b'Bearer realm="herd"')],
+            )
+        if tenants is not None:
+            if (scope.get("method"), scope.get("path")) not in TENANT_ROUTES:
+                routes = ", ".join(f"{m} {p}" for m, p in TENANT_ROUTES)
+                return await send_json(
+                    send,
+                    403,
+                    {"error": f"this token is bound to tenants: it may call {routes} only"},
+                )
+            scope.setdefault("state", {})[TENANTS_KEY] = tenants
+        await self.app(scope, receive, send)
 
 
 class BodyLimit:

@@ -22,6 +22,7 @@ from herd.cache.base import CacheStore, Entry
 from herd.errors import LockNotAcquired, SingleflightTimeout, Snooze
 from herd.jsonvalue import JSON
 from herd.locks.base import BaseLocks
+from herd.names import check_name
 
 log = logging.getLogger("herd.cache")
 
@@ -59,6 +60,7 @@ class ExactCache:
         """
         if xfetch_beta is not None and xfetch_beta <= 0:
             raise ValueError("xfetch_beta must be positive")
+        check_name(namespace, "cache namespace", "namespace")
         self.store, self.locks, self.namespace = store, locks, namespace
         self.ttl, self.beta, self.swr = ttl, xfetch_beta, stale_while_revalidate
         self.lock_ttl, self.wait = lock_ttl, wait

@@ -9,6 +9,7 @@ from typing import Any
 from herd.cache.base import Entry
 from herd.db import redis as rdb
 from herd.jsonvalue import JSON, dumps
+from herd.names import hash_tag, tagged
 
 NAMESPACES = "herd:cache:namespaces"
 
@@ -22,22 +23,26 @@ def glob_literal(text: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
+def _tag(namespace: str) -> str:
+    return hash_tag(namespace, "cache namespace", "namespace")
+
+
 def _key(namespace: str, key: str) -> str:
-    return f"herd:cache:{{{namespace}}}:k:{key}"
+    return f"herd:cache:{_tag(namespace)}:k:{key}"
 
 
 def _stats_key(namespace: str) -> str:
-    return f"herd:cache:{{{namespace}}}:stats"
+    return f"herd:cache:{_tag(namespace)}:stats"
 
 
 def _expiry_key(namespace: str) -> str:
     """A sorted set of the namespace's keys by when they go (ms, server time; +inf:
     never): trimmed of the past, its size is the number of entries, in O(log n)."""
-    return f"herd:cache:{{{namespace}}}:expiry"
+    return f"herd:cache:{_tag(namespace)}:expiry"
 
 
 def _indexed_key(namespace: str) -> str:
-    return f"herd:cache:{{{namespace}}}:indexed"
+    return f"herd:cache:{_tag(namespace)}:indexed"
 
 
 # Trim and count on the server's clock, in one step, so that the count is exact.
@@ -80,8 +85,7 @@ class RedisCacheStore:
     async def _index_older_entries(self) -> None:
         """Entries written before the expiry index existed join it, once per namespace
         (a SCAN at open, never on a read path)."""
-        for ns in list(await self._redis.smembers(NAMESPACES)):
-            assert isinstance(ns, str)  # decode_responses
+        for ns in tagged(await self._redis.smembers(NAMESPACES)):
             if await self._redis.exists(_indexed_key(ns)):
                 continue
             keys = await self._keys(ns)
@@ -152,7 +156,7 @@ class RedisCacheStore:
 
     async def clear(self, namespace: str | None = None) -> int:
         namespaces = (
-            [namespace] if namespace else list(await self._do(self._redis.smembers(NAMESPACES)))
+            [namespace] if namespace else tagged(await self._do(self._redis.smembers(NAMESPACES)))
         )
         removed = 0
         for ns in namespaces:
@@ -177,7 +181,7 @@ class RedisCacheStore:
 
     async def stats(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
-        for ns in await self._do(self._redis.smembers(NAMESPACES)):
+        for ns in tagged(await self._do(self._redis.smembers(NAMESPACES))):
             counters = await self._do(self._redis.hgetall(_stats_key(ns)))
             out[ns] = {k: int(v) for k, v in counters.items()}
             # From the expiry index, not a SCAN: O(log n) whatever the keyspace holds.

@@ -25,6 +25,7 @@ from herd.errors import CapacityTimeout, InvalidInput
 __all__ = [
     "BURST_FRACTION",
     "LIMIT_TTL",
+    "MAX_PAUSE",
     "CapacityTimeout",
     "Grant",
     "Limit",
@@ -32,6 +33,7 @@ __all__ = [
     "Limiter",
     "Rate",
     "key_id",
+    "pause_seconds",
     "scope_name",
 ]
 
@@ -39,6 +41,10 @@ BURST_FRACTION = 0.05
 # A scope unused for this long is forgotten (its Redis keys expire, its row is purged).
 LIMIT_TTL = 86400
 MAX_SCOPE_BYTES = 1024
+# The longest a provider's word pauses a limit or a job: a longer Retry-After or reset is
+# more likely a broken proxy than a real one, and waiting it out would stall (or, past
+# what Snooze takes, dead-letter) every job of the scope. After it, one call asks again.
+MAX_PAUSE = 3600.0
 _FIELDS = ("rpm", "tpm", "max_concurrent")
 
 
@@ -156,6 +162,21 @@ def check_request(scope: str, limit: Limit, tokens: int, hold_for: float) -> Non
         )
     if not (math.isfinite(hold_for) and hold_for > 0):
         raise InvalidInput(f"hold_for must be a positive number of seconds, not {hold_for!r}")
+
+
+def pause_seconds(seconds: float) -> float:
+    """``seconds`` as a pause, within [0, MAX_PAUSE]: the one place every pause or wait a
+    provider asks for (Retry-After, a reset header, a limiter's pause) is bounded.
+    InvalidInput when it is not a finite number (``inf``, ``nan``)."""
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+    ):
+        raise InvalidInput(
+            f"a pause must be a finite number of seconds, not {seconds!r:.40}", field="seconds"
+        )
+    return min(MAX_PAUSE, max(0.0, float(seconds)))
 
 
 def check_scope(scope: str) -> None:

@@ -11,22 +11,24 @@
 
 The most specific entry wins (an exact model over "*", a key over none). Keys are
 only ever named by their variable; the file holds their ids, never the keys.
+
+What could never match is refused, not skipped: a provider herd does not know (names
+are compared exactly, so "OpenAI" would limit nothing) and a key variable that is not
+set (a typo would leave the key unlimited).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import tomllib
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from herd.errors import ConfigError
 from herd.limits.base import Limit, key_id
-
-log = logging.getLogger("herd.limits")
 
 SETTING = "HERD_LIMITS"
 _FIELDS = {"provider", "model", "key", "rpm", "tpm", "max_concurrent", "period"}
@@ -60,9 +62,15 @@ class LimitsFile:
         return best.limit if best else Limit()
 
 
-def load(path: str | Path) -> LimitsFile:
-    """Read and check a limits file; ConfigError naming the file and place otherwise."""
+def load(path: str | Path, providers: Collection[str] | None = None) -> LimitsFile:
+    """Read and check a limits file; ConfigError naming the file and place otherwise.
+    ``providers``: the names an entry may use (None: the providers herd knows)."""
     where = str(path)
+    if providers is None:
+        # Imported here: herd.llm's providers import herd.limits.
+        from herd.llm.providers import registry
+
+        providers = registry.names()
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -80,9 +88,7 @@ def load(path: str | Path) -> LimitsFile:
     seen: dict[tuple[str, str, str | None], str] = {}
     for i, item in enumerate(items):
         place = f"limits[{i}]"
-        entry = _entry(where, place, item)
-        if entry is None:
-            continue
+        entry = _entry(where, place, item, providers)
         ident = (entry.provider, entry.model, entry.key)
         if ident in seen:
             raise ConfigError(f"{where}: {place}: same provider, model and key as {seen[ident]}")
@@ -91,7 +97,7 @@ def load(path: str | Path) -> LimitsFile:
     return LimitsFile(where, tuple(entries))
 
 
-def _entry(where: str, place: str, item: Any) -> Entry | None:
+def _entry(where: str, place: str, item: Any, providers: Collection[str]) -> Entry:
     def bad(name: str, why: str) -> ConfigError:
         return ConfigError(f"{where}: {place}.{name}: {why}")
 
@@ -102,6 +108,9 @@ def _entry(where: str, place: str, item: Any) -> Entry | None:
     provider = item.get("provider")
     if not isinstance(provider, str) or not provider.strip():
         raise bad("provider", 'required: the provider\'s name, such as "openai"')
+    if provider.strip() not in providers:
+        known = " or ".join(f'"{p}"' for p in sorted(providers))
+        raise bad("provider", f"{provider.strip()!r:.60} is not a provider herd knows; use {known}")
     model = item.get("model", "*")
     if not isinstance(model, str) or not model.strip():
         raise bad("model", 'must be a model name, or "*" for any model')
@@ -135,9 +144,10 @@ def _entry(where: str, place: str, item: Any) -> Entry | None:
         variable = raw_key[4:]
         value = os.environ.get(variable)
         if not value:
-            log.warning(
-                "%s: %s.key: %s is not set; the entry applies to no key", where, place, variable
+            raise bad(
+                "key",
+                f"{variable:.60} is not set (a typo?); set it, or remove the entry's key to"
+                " limit every key",
             )
-            return None
         key = key_id(value)
     return Entry(provider.strip(), model.strip(), key, limit, place)

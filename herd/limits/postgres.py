@@ -26,6 +26,7 @@ from herd.limits.base import (
     LimitStats,
     check_request,
     check_scope,
+    pause_seconds,
     rates,
     stats_of,
 )
@@ -177,7 +178,7 @@ class PostgresLimiter:
 
     async def pause(self, scope: str, seconds: float) -> None:
         check_scope(scope)
-        await self._run(_PAUSE, {"scope": scope, "seconds": max(0.0, seconds)})
+        await self._run(_PAUSE, {"scope": scope, "seconds": pause_seconds(seconds)})
 
     async def note_wait(self, scope: str, seconds: float) -> None:
         check_scope(scope)

@@ -27,6 +27,7 @@ from herd.limits.base import (
     LimitStats,
     check_request,
     check_scope,
+    pause_seconds,
     rates,
     stats_of,
 )
@@ -286,7 +287,9 @@ class RedisLimiter:
     async def pause(self, scope: str, seconds: float) -> None:
         check_scope(scope)
         with self._errors():
-            fresh = await self._pause(keys=_keys(scope), args=[self.ttl, _arg(max(0.0, seconds))])
+            fresh = await self._pause(
+                keys=_keys(scope), args=[self.ttl, _arg(pause_seconds(seconds))]
+            )
         await self._seen(scope, fresh)
 
     async def note_wait(self, scope: str, seconds: float) -> None:

@@ -52,8 +52,9 @@ from redis.crc import key_slot
 from herd import aio
 from herd.config import mask_url
 from herd.db import redis as rdb
-from herd.errors import BrokerError, InvalidInput
+from herd.errors import BrokerError
 from herd.jsonvalue import dumps, loads
+from herd.names import hash_tag
 from herd.queue.base import (
     Completion,
     DedupConflict,
@@ -120,12 +121,7 @@ def _lua(name: str, tp_keep: int) -> str:
 
 
 def prefix(queue: str) -> str:
-    if "{" in queue or "}" in queue:
-        raise InvalidInput(
-            f"queue name {queue!r} may not contain braces (they form Redis hash tags)",
-            field="queue",
-        )
-    return f"herd:{{{queue}}}:"
+    return f"herd:{hash_tag(queue, 'queue name', 'queue')}:"
 
 
 def translate_redis_errors(url: str) -> AbstractContextManager[None]:

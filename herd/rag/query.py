@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from herd.app import App
 from herd.errors import InvalidInput
@@ -28,6 +29,8 @@ from herd.rag.ingest import RagRuntime
 from herd.rag.store import Generation, Hit, IndexError_
 from herd.semantic.cache import SemanticHit
 from herd.semantic.runtime import query_cache
+
+T = TypeVar("T")
 
 # Entries keep a few more hits than asked, so that -k 3 and -k 5 share them.
 CACHED_K = 10
@@ -96,7 +99,7 @@ async def answer(
             f"collection {collection!r} was indexed with {gen.settings.get('embedder')},"
             f" not {model.id}: re-run herd ingest to build a matching generation"
         )
-    vectors = await asyncio.to_thread(embed_queries, model, queries)  # type: ignore[arg-type]
+    vectors = await embed_slots(app).run(embed_queries, model, queries)
 
     async def retrieve(i: int, n: int) -> JSON:
         hits = await _ranked(rt, gen, queries[i], vectors[i], n, mode, how)
@@ -122,6 +125,43 @@ async def answer(
             value = await retrieve(i, k)
         out.append(Answer(q, value["hits"][:k], found))
     return out
+
+
+class EmbedSlots:
+    """At most ``size`` query embeddings at once in a process (HERD_QUERY_EMBED_CONCURRENCY),
+    each in a thread: the others wait their turn, and the server keeps threads and cores
+    for everything else. ``running`` and ``waiting`` count them."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._free = asyncio.Semaphore(size)
+        self.running = self.waiting = 0
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        self.waiting += 1
+        try:
+            await self._free.acquire()
+        finally:
+            self.waiting -= 1
+        self.running += 1
+        work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        # Freed when the thread ends, not when a cancelled caller stops waiting for it:
+        # the bound counts threads at work.
+        work.add_done_callback(self._done)
+        return await asyncio.shield(work)
+
+    def _done(self, _: asyncio.Future[Any]) -> None:
+        self.running -= 1
+        self._free.release()
+
+
+def embed_slots(app: App) -> EmbedSlots:
+    """The app's EmbedSlots (one per app: a server's requests share it)."""
+    slots = app.state.get("rag.embed_slots")
+    if slots is None:
+        slots = app.state["rag.embed_slots"] = EmbedSlots(app.settings.query_embed_concurrency)
+    assert isinstance(slots, EmbedSlots)
+    return slots
 
 
 def _spec_of(gen: Generation, asked: str | None) -> str:

@@ -34,9 +34,11 @@ from typing import Any, Literal, Self
 
 from herd.cache.base import Entry
 from herd.cache.exact import ExactCache
+from herd.config import SEMANTIC_MAX_ENTRY_BYTES
 from herd.errors import ConfigError
-from herd.jsonvalue import JSON
+from herd.jsonvalue import JSON, dumps
 from herd.locks.base import BaseLocks
+from herd.names import MAX_NAME_LENGTH, check_name
 from herd.portal import Portal
 from herd.semantic import bounded
 from herd.semantic import stats as figures
@@ -58,6 +60,7 @@ Source = Literal["hit", "waited", "computed", "stale", "early"]
 FLOAT32_SLACK = 1e-4
 FLUSH_EVERY = 1.0  # seconds between flushes of figures and last-use times to the backend
 POOL_EVERY = 10.0  # seconds between reads of the bounded mode's pooled verdicts
+_LAYER = "semantic/"  # the namespace prefix of the exact cache in front of a semantic one
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,7 @@ class SemanticCache:
         ttl: float | None = 3600.0,
         sliding: bool = False,
         max_entries: int = 100_000,
+        max_entry_bytes: int | None = SEMANTIC_MAX_ENTRY_BYTES,
         xfetch_beta: float | None = 1.0,
         stale_while_revalidate: float = 0.0,
         lock_ttl: float = 30.0,
@@ -159,6 +163,8 @@ class SemanticCache:
         same: bounded mode: whether two answers agree (default ==), for its checks.
         k: candidates fetched per lookup; the best one that passes the guards answers.
         ttl: seconds an entry is fresh (None: until evicted); sliding: a hit renews it.
+        max_entry_bytes: the largest answer kept (its JSON's bytes; None: any); a larger
+            one is returned, not stored, and counted ``too_large``.
         xfetch_beta, stale_while_revalidate, lock_ttl, wait: as ExactCache.
         clock: epoch seconds (for tests); default: the server's clock.
         """
@@ -176,8 +182,16 @@ class SemanticCache:
             raise ConfigError(f"max_entries must be a positive integer, not {max_entries!r}")
         if ttl is not None and not (math.isfinite(ttl) and ttl > 0):
             raise ConfigError(f"ttl must be a positive number of seconds or None, not {ttl!r}")
+        if max_entry_bytes is not None and not (
+            isinstance(max_entry_bytes, int) and max_entry_bytes >= 1
+        ):
+            raise ConfigError(
+                f"max_entry_bytes must be a positive integer or None, not {max_entry_bytes!r}"
+            )
         if sliding and ttl is None:
             raise ConfigError("a sliding ttl needs a ttl")
+        # Room for the "semantic/" of its exact layer's namespace.
+        check_name(name, "semantic cache name", "name", max_length=MAX_NAME_LENGTH - len(_LAYER))
         self.backend = store_for_url(backend) if isinstance(backend, str) else backend
         self.locks = locks if locks is not None else self.backend.locks()
         self.embedder = embedder
@@ -187,13 +201,14 @@ class SemanticCache:
             raise ConfigError("give an embedder, or embedder_id and dim")
         self.name, self.tenant, self.guards, self.k = name, tenant, guards, k
         self.ttl, self.sliding, self.max_entries = ttl, sliding, max_entries
+        self.max_entry_bytes = max_entry_bytes
         self.swr = stale_while_revalidate
         self._clock = clock
         self._offset = 0.0
         self._policy = ExactCache(
             _Bridge(self),
             self.locks,
-            namespace=f"semantic/{name}",
+            namespace=_LAYER + name,
             ttl=ttl,
             xfetch_beta=xfetch_beta,
             stale_while_revalidate=stale_while_revalidate,
@@ -506,6 +521,11 @@ class SemanticCache:
         self._pool = bounded.Pool.from_figures(raw)
 
     async def _put(self, req: _Request, value: JSON, *, delta: float) -> None:
+        if self.max_entry_bytes is not None:
+            size = len(dumps(value, what="semantic cache value").encode())
+            if size > self.max_entry_bytes:
+                self._buffer.count("too_large")
+                return
         now = self.now()
         expires = now + self.ttl if self.ttl is not None else NEVER
         entry = NewEntry(

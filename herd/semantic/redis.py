@@ -33,6 +33,7 @@ from herd.db import redis as rdb
 from herd.errors import BrokerError, ConfigError
 from herd.jsonvalue import dumps, loads
 from herd.locks.base import BaseLocks
+from herd.names import hash_tag, tagged
 from herd.semantic.base import NEVER, Candidate, NewEntry, Scope, Vector
 
 NAMES = "herd:semantic:names"
@@ -90,20 +91,24 @@ return 0
 """
 
 
+def _tag(cache: str) -> str:
+    return hash_tag(cache, "semantic cache name", "name")
+
+
 def _prefix(cache: str, dim: int) -> str:
-    return f"herd:semantic:{{{cache}}}:{dim}:e:"
+    return f"herd:semantic:{_tag(cache)}:{dim}:e:"
 
 
 def _index(cache: str, dim: int) -> str:
-    return f"herd:semantic:{{{cache}}}:{dim}:idx"
+    return f"herd:semantic:{_tag(cache)}:{dim}:idx"
 
 
 def _lru(cache: str) -> str:
-    return f"herd:semantic:{{{cache}}}:lru"
+    return f"herd:semantic:{_tag(cache)}:lru"
 
 
 def _stats(cache: str) -> str:
-    return f"herd:semantic:{{{cache}}}:stats"
+    return f"herd:semantic:{_tag(cache)}:stats"
 
 
 def _s(value: Any) -> str:
@@ -356,10 +361,12 @@ class RedisSemanticStore:
         await self._do(self._judge(keys=[key], args=[verdict, keep]))
 
     async def clear(self, cache: str | None = None, collection: str | None = None) -> int:
-        caches = [cache] if cache else [_s(c) for c in await self._do(self._redis.smembers(NAMES))]
+        caches = (
+            [cache] if cache else tagged(_s(c) for c in await self._do(self._redis.smembers(NAMES)))
+        )
         removed = 0
         for name in caches:
-            pattern = f"herd:semantic:{{{glob_literal(name)}}}:*:e:*"
+            pattern = f"herd:semantic:{_tag(glob_literal(name))}:*:e:*"
             keys = [k async for k in self._redis.scan_iter(match=pattern, count=1000)]
             if collection is not None:
                 scopes = await self._do(self._hget_many(keys, "scope"))
@@ -392,8 +399,7 @@ class RedisSemanticStore:
 
     async def read_stats(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
-        for raw in await self._do(self._redis.smembers(NAMES)):
-            cache = _s(raw)
+        for cache in tagged(_s(raw) for raw in await self._do(self._redis.smembers(NAMES))):
             counters = await self._do(self._redis.hgetall(_stats(cache)))
             out[cache] = {_s(k): int(v) for k, v in counters.items()}
             entries = 0
@@ -408,5 +414,5 @@ class RedisSemanticStore:
 
     async def _indexes_of(self, cache: str) -> list[str]:
         names = await self._do(self._redis.execute_command("FT._LIST"))  # type: ignore[no-untyped-call]
-        mine = f"herd:semantic:{{{cache}}}:"
+        mine = f"herd:semantic:{_tag(cache)}:"
         return [_s(n) for n in names if _s(n).startswith(mine) and _s(n).endswith(":idx")]

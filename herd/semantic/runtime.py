@@ -37,6 +37,7 @@ async def query_cache(app: App, embedder: Any) -> SemanticCache:
                     name=QUERY_CACHE,
                     mode=app.settings.semantic_mode,
                     error_bound=app.settings.semantic_error_bound,
+                    max_entry_bytes=app.settings.semantic_max_entry_bytes,
                     same=same_top_hit,
                 )
                 await cache.open()

@@ -23,6 +23,7 @@ COUNTERS = (
     "misses",
     "guard_rejections",  # a candidate above the threshold refused by the near-miss guards
     "stores",
+    "too_large",  # an answer past max_entry_bytes: returned, not stored
     "evictions",
     "computed",
     "waited",  # lock waits: a caller waited for another's computation

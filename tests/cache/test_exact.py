@@ -22,6 +22,8 @@ from herd.cache import (
     canonical_key,
     normalize_document,
 )
+from herd.cache.redis import NAMESPACES
+from herd.errors import InvalidInput
 from herd.locks import PostgresLocks, RedisLocks
 from herd.testing.servers.redis_stack import RedisStackServer
 from tests.conftest import CACHE, flush_redis
@@ -165,6 +167,41 @@ async def test_clearing_a_namespace_with_glob_characters_leaves_the_others(backe
     stats = await store.stats()
     assert stats[wild].get("entries", 0) == 0
     assert {ns: stats[ns]["entries"] for ns in others} == dict.fromkeys(others, 2)
+
+
+async def test_a_namespace_with_braces_is_refused_on_every_backend(backend):
+    _, _, store, locks = backend
+    for bad in ("acme}:k:x", "{acme}", ""):
+        with pytest.raises(InvalidInput, match="cache namespace"):
+            ExactCache(store, locks, namespace=bad)
+
+
+async def test_on_redis_no_namespace_reaches_into_another_s_keys(redis_stack):
+    # The keys of namespace "acme}:k:x" began with those of "acme": "acme" read its entry
+    # under the key "x}:k:k", and clearing "acme" removed it.
+    flush_redis(redis_stack)
+    store = RedisCacheStore(redis_stack)
+    await store.open()
+    try:
+        with pytest.raises(InvalidInput, match="cache namespace 'acme}:k:x' may not contain"):
+            await store.put("acme}:k:x", "k", {"tenant": "B"}, delta=0.0, ttl=None)
+        for call in (
+            store.get("acme}:k:x", "k"),
+            store.delete("a{b}", "k"),
+            store.clear("acme}"),
+            store.count({"hits": 1}, "acme}"),
+        ):
+            with pytest.raises(InvalidInput, match="may not contain braces"):
+                await call
+        assert await store.get("acme", "x}:k:k") is None
+        # A name stored before names were checked breaks neither the figures nor a clear.
+        with redis.Redis.from_url(redis_stack) as r:
+            r.sadd(NAMESPACES, "old}:k:x")
+        await store.put("fine", "k", 1, delta=0.0, ttl=None)
+        assert set(await store.stats()) == {"fine"}
+        assert await store.clear() == 1
+    finally:
+        await store.close()
 
 
 async def test_ttl_expiry_recomputes(backend):

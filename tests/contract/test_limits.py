@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ import pytest
 
 from herd.errors import CapacityTimeout, InvalidInput
 from herd.limits import Limit, hold
+from herd.limits.base import MAX_PAUSE
 from tests.helpers import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,6 +125,19 @@ async def test_a_pause_refuses_everyone_until_it_ends(limiter, scope):
     assert grant.at >= stats.paused_until
     (after,) = await limiter.stats([scope])
     assert after.paused_until is None and after.requests == 1
+
+
+async def test_a_pause_is_a_finite_number_of_seconds_and_at_most_an_hour(limiter, scope):
+    for endless in (math.inf, -math.inf, math.nan):
+        with pytest.raises(InvalidInput, match="finite number of seconds"):
+            await limiter.pause(scope, endless)
+    assert await limiter.stats([scope]) == []  # nothing stored
+    await limiter.pause(scope, 1e9)
+    grant = await limiter.try_acquire(scope, Limit(rpm=1000), 1, "h", 1.0)
+    assert grant.reason == "paused"
+    assert MAX_PAUSE - 60 < grant.wait <= MAX_PAUSE
+    (stats,) = await limiter.stats([scope])
+    assert stats.paused_until == pytest.approx(grant.at + grant.wait, abs=1e-3)
 
 
 async def test_a_refund_lets_more_through_and_a_charge_less(limiter, scope):

@@ -48,10 +48,39 @@ def test_the_most_specific_entry_wins_and_keys_are_known_by_their_id(tmp_path, m
     assert "sk-secret-value" not in repr(limits)
 
 
-def test_an_entry_whose_key_variable_is_unset_applies_to_no_key(tmp_path, monkeypatch):
+def test_an_entry_whose_key_variable_is_unset_is_refused(tmp_path, monkeypatch):
+    # A typo in the variable's name once dropped the entry with a warning: the key ran
+    # unlimited.
     monkeypatch.delenv("HERD_TEST_LIMITS_KEY", raising=False)
-    limits = load(write(tmp_path, GOOD))
-    assert limits.limit_for("openai", "gpt-4o-mini", key_id(None)).rpm == 600
+    path = write(tmp_path, GOOD)
+    with pytest.raises(ConfigError) as caught:
+        load(path)
+    assert str(caught.value) == (
+        f"{path}: limits[2].key: HERD_TEST_LIMITS_KEY is not set (a typo?); set it, or remove"
+        " the entry's key to limit every key"
+    )
+
+
+@pytest.mark.parametrize("name", ["OpenAI", "openia", "Anthropic"])
+def test_a_provider_herd_does_not_know_is_refused(tmp_path, name):
+    # Names are compared exactly: "OpenAI" once limited nothing, silently.
+    path = write(
+        tmp_path,
+        f'[[limits]]\nprovider = "openai"\nrpm = 5\n[[limits]]\nprovider = "{name}"\nrpm = 5\n',
+    )
+    with pytest.raises(ConfigError) as caught:
+        load(path)
+    assert str(caught.value) == (
+        f"{path}: limits[1].provider: {name!r} is not a provider herd knows;"
+        ' use "anthropic" or "openai"'
+    )
+
+
+def test_the_providers_an_entry_may_name_can_be_given(tmp_path):
+    path = write(tmp_path, '[[limits]]\nprovider = "mine"\nrpm = 5\n')
+    assert load(path, providers=["mine"]).limit_for("mine", "m", "nokey") == Limit(rpm=5)
+    with pytest.raises(ConfigError, match="limits\\[0\\].provider: 'mine' is not a provider"):
+        load(path)
 
 
 @pytest.mark.parametrize(
@@ -59,15 +88,16 @@ def test_an_entry_whose_key_variable_is_unset_applies_to_no_key(tmp_path, monkey
     [
         ('[[limits]]\nprovider = "openai"\nrpm = 0\n', "limits[0].rpm: must be a positive integer"),
         (
-            '[[limits]]\nprovider = "a"\nrpm = 1\n[[limits]]\nprovider = "b"\ntpm = "x"\n',
+            '[[limits]]\nprovider = "openai"\nrpm = 1\n'
+            '[[limits]]\nprovider = "anthropic"\ntpm = "x"\n',
             "limits[1].tpm: must be a positive integer",
         ),
         ("[[limits]]\nrpm = 5\n", "limits[0].provider: required"),
-        ('[[limits]]\nprovider = "a"\nrmp = 5\n', "limits[0].rmp: unknown field"),
-        ('[[limits]]\nprovider = "a"\n', "limits[0]: sets none of rpm, tpm, max_concurrent"),
-        ('[[limits]]\nprovider = "a"\nrpm = 1\nperiod = -1\n', "limits[0].period: must be"),
+        ('[[limits]]\nprovider = "openai"\nrmp = 5\n', "limits[0].rmp: unknown field"),
+        ('[[limits]]\nprovider = "openai"\n', "limits[0]: sets none of rpm, tpm, max_concurrent"),
+        ('[[limits]]\nprovider = "openai"\nrpm = 1\nperiod = -1\n', "limits[0].period: must be"),
         (
-            '[[limits]]\nprovider = "a"\nrpm = 1\n[[limits]]\nprovider = "a"\nrpm = 2\n',
+            '[[limits]]\nprovider = "openai"\nrpm = 1\n[[limits]]\nprovider = "openai"\nrpm = 2\n',
             "limits[1]: same provider, model and key as limits[0]",
         ),
         ("[[limits]\n", "line 1"),

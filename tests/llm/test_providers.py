@@ -18,6 +18,7 @@ import pytest
 
 import herd.llm
 from herd.errors import ConfigError
+from herd.limits.base import MAX_PAUSE
 from herd.llm import (
     Anthropic,
     HTTPProvider,
@@ -186,6 +187,19 @@ async def test_exhausted_rate_limits_raise_rate_limited(
         await llm.complete("s", "u")
     assert (caught.value.status, caught.value.retry_after, caught.value.attempts) == (429, 0.25, 3)
     assert "retry after 0.25 s" in str(caught.value)
+
+
+@BOTH
+async def test_a_retry_after_of_no_finite_number_is_backed_off_and_a_long_one_is_capped(
+    sim: Sim, make: Factory, closing: list[HTTPProvider]
+) -> None:
+    # "inf" and "1e400" once paused a fleet's limit for ever and failed every later job.
+    sim.script("429:inf", "429:1e400", "429:nan", "429:1e9")
+    llm = make(sim, retry=RetryPolicy(max_tries=5, initial_delay=0.01, max_delay=0.05))
+    closing.append(llm)
+    with pytest.raises(RateLimited) as caught:
+        await llm.complete("s", "u")
+    assert (caught.value.attempts, caught.value.retry_after) == (4, MAX_PAUSE)
 
 
 @pytest.mark.timeout(10)
@@ -405,6 +419,12 @@ def test_retry_after_in_seconds_milliseconds_or_http_date() -> None:
     assert parse_retry_after({"Retry-After": format_datetime(now, usegmt=True)}, now=now) == 0
     assert parse_retry_after({"Retry-After": "soon"}) is None
     assert parse_retry_after({}) is None
+    for endless in ("inf", "1e400", "-inf", "nan"):
+        assert parse_retry_after({"Retry-After": endless}) is None
+        assert parse_retry_after({"retry-after-ms": endless, "Retry-After": "3"}) == 3.0
+    assert parse_retry_after({"Retry-After": "99999"}) == MAX_PAUSE
+    far = format_datetime(now + timedelta(days=9000), usegmt=True)
+    assert parse_retry_after({"Retry-After": far}, now=now) == MAX_PAUSE
 
 
 def test_backoff_grows_exponentially_with_jitter_up_to_a_cap() -> None:

@@ -16,9 +16,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from herd.rag.embedders.remote import RemoteEmbedder, RemoteEmbedError, parse_retry_after
+from herd.rag.embedders.remote import (
+    RemoteEmbedder,
+    RemoteEmbedError,
+    key_for,
+    parse_retry_after,
+)
+from herd.rag.embedders.spec import build
 
 KEY = "sk-test-0123456789abcdef-do-not-leak"
+OPENAI_KEY = "sk-openai-0123456789abcdef-do-not-leak"
 DIM = 8
 
 
@@ -34,6 +41,13 @@ class Server:
     failures: list[tuple[int, dict[str, str], str]] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
+
+
+@pytest.fixture(autouse=True)
+def no_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine's keys and servers never reach these tests."""
+    for name in ("HERD_EMBEDDER_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture
@@ -114,7 +128,7 @@ def test_dim_is_asked_of_the_server_when_not_given(server: Server) -> None:
 def test_a_429_is_retried_after_retry_after(
     server: Server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.setenv("HERD_EMBEDDER_API_KEY", KEY)
     server.failures.append((429, {"Retry-After": "1"}, '{"error": "slow down"}'))
     embedder = make(server)
     with caplog.at_level(logging.DEBUG):
@@ -149,7 +163,7 @@ def test_a_long_retry_after_is_not_waited_out(server: Server) -> None:
 def test_the_key_never_appears_in_errors_ids_or_reprs(
     server: Server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.setenv("HERD_EMBEDDER_API_KEY", KEY)
     server.failures.append((401, {}, f'{{"error": "bad key Bearer {KEY}"}}'))  # an echoing server
     embedder = make(server)
     with caplog.at_level(logging.DEBUG), pytest.raises(RemoteEmbedError) as info:
@@ -160,10 +174,45 @@ def test_the_key_never_appears_in_errors_ids_or_reprs(
     assert server.requests[0]["auth"] == f"Bearer {KEY}"
 
 
-def test_no_key_sends_no_authorization(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+def test_no_key_sends_no_authorization(server: Server) -> None:
     make(server).embed(["a"])
     assert server.requests[0]["auth"] is None
+
+
+def test_the_openai_key_is_not_sent_to_a_server_a_spec_names(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A remote: spec is stored with its collection: whoever writes one chose the URL.
+    monkeypatch.setenv("OPENAI_API_KEY", OPENAI_KEY)
+    build(f"remote:{server.url}?model=test-embed").embed(["a"])
+    make(server).embed(["b"])
+    assert [r["auth"] for r in server.requests] == [None, None, None]  # the first asks the dim
+    monkeypatch.setenv("HERD_EMBEDDER_API_KEY", KEY)  # a key of its own goes where it is told
+    make(server).embed(["c"])
+    assert server.requests[-1]["auth"] == f"Bearer {KEY}"
+
+
+def test_the_openai_key_goes_only_where_the_openai_provider_sends_it(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", OPENAI_KEY)
+    assert key_for("https://api.openai.com/v1") == OPENAI_KEY
+    assert key_for("https://API.OpenAI.com:443/v1/") == OPENAI_KEY
+    for elsewhere in (
+        "http://api.openai.com/v1",  # plain HTTP: anyone on the path reads it
+        "https://api.openai.com:8443/v1",
+        "https://api.openai.com.evil.example/v1",
+        "https://evil.example/v1?host=api.openai.com",
+        "https://api.openai.com:x/v1",
+        server.url,
+    ):
+        assert key_for(elsewhere) is None, elsewhere
+    monkeypatch.setenv("OPENAI_BASE_URL", server.url)  # the LLM provider's server already has it
+    assert key_for(server.url.replace("/v1", "/other")) == OPENAI_KEY
+    make(server).embed(["a"])
+    assert server.requests[-1]["auth"] == f"Bearer {OPENAI_KEY}"
+    monkeypatch.setenv("HERD_EMBEDDER_API_KEY", KEY)
+    assert key_for("https://api.openai.com/v1") == KEY
 
 
 def test_an_unreachable_server_is_retried_then_reported(caplog: pytest.LogCaptureFixture) -> None:

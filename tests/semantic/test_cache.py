@@ -11,10 +11,12 @@ import time
 
 import numpy as np
 import pytest
+import redis
 
-from herd.errors import ConfigError
+from herd.errors import ConfigError, InvalidInput
 from herd.semantic import SemanticCache, similarity
-from tests.conftest import ROOT
+from herd.semantic.redis import NAMES, RedisSemanticStore
+from tests.conftest import ROOT, flush_redis
 from tests.helpers import eventually
 from tests.semantic.conftest import DIM, MakeCache, at_angle, random_vectors, unit
 
@@ -231,6 +233,32 @@ async def test_errors_are_not_cached(make_cache: MakeCache):
     assert await cache.alookup(Q, vector=v) is None
 
 
+async def test_an_answer_past_max_entry_bytes_is_returned_not_stored(make_cache: MakeCache):
+    # The bound of entries alone let 100 queries of k=1000 add 7 MB to a cache.
+    cache = await make_cache(max_entry_bytes=100, threshold=0.999)
+    v = random_vectors(3, seed=9)
+    large = {"hits": ["x" * 100]}
+
+    async def compute():
+        return large
+
+    found = await cache.aget_or_compute(Q, compute, vector=v[0])
+    assert found.value == large and found.source == "computed"
+    await cache.astore("another question", large, vector=v[1])
+    await cache.astore("a small one", {"hits": ["x"]}, vector=v[2])
+    assert await cache.alookup(Q, vector=v[0]) is None
+    assert await cache.alookup("another question", vector=v[1]) is None
+    assert await cache.alookup("a small one", vector=v[2]) is not None
+    stats = await cache.astats()
+    assert (stats["too_large"], stats["stores"], stats["entries"]) == (2, 1, 1)
+
+
+def test_max_entry_bytes_is_a_positive_integer_or_none(backend_url):
+    for bad in (0, -1, 1.5, "100"):
+        with pytest.raises(ConfigError, match="max_entry_bytes must be a positive integer"):
+            SemanticCache(backend_url[1], max_entry_bytes=bad, embedder_id="e", dim=DIM)
+
+
 async def test_stats_count_hits_misses_and_similarity(make_cache: MakeCache):
     cache = await make_cache(name="figures")
     v = random_vectors(2, seed=5)
@@ -270,6 +298,42 @@ async def test_clearing_a_cache_with_glob_characters_leaves_the_others(
     for other in others:
         assert await other.alookup(Q, vector=v[1]) is not None, other.name
         assert (await other.astats())["entries"] == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("acme}:8:e:x", r"semantic cache name 'acme}:8:e:x' may not contain braces"),
+        ("{acme}", "may not contain braces"),
+        ("", "semantic cache name must not be empty"),
+        ("x" * 192, "name is 192 characters long; the limit is 191"),
+    ],
+)
+def test_a_cache_name_that_is_no_hash_tag_is_refused_on_every_backend(
+    backend_url: tuple[str, str], name: str, message: str
+):
+    # On Redis the keys of "acme}:8:e:x" began with cache "acme"'s, which read and
+    # cleared them; refused on PostgreSQL too, so that a name means the same on both.
+    with pytest.raises(InvalidInput, match=message):
+        SemanticCache(backend_url[1], name=name, embedder_id="synthetic-v1", dim=DIM)
+
+
+async def test_the_redis_store_refuses_braces_and_skips_names_stored_before(redis_stack):
+    flush_redis(redis_stack)
+    store = RedisSemanticStore(redis_stack)
+    await store.open(DIM)
+    try:
+        with pytest.raises(InvalidInput, match="semantic cache name 'acme}' may not contain"):
+            await store.clear("acme}")
+        with pytest.raises(InvalidInput, match="may not contain braces"):
+            await store.add_stats("acme}:8:e:x", {"hits": 1})
+        # A name stored before names were checked breaks neither the figures nor a clear.
+        with redis.Redis.from_url(redis_stack) as r:
+            r.sadd(NAMES, "old}:8:e:x", "fine")
+        assert set(await store.read_stats()) == {"fine"}
+        assert await store.clear(None) == 0
+    finally:
+        await store.close()
 
 
 def test_sync_and_async_agree(backend_url):

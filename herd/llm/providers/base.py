@@ -28,7 +28,8 @@ from typing import Any, Protocol, Self, runtime_checkable
 
 import httpx
 
-from herd.errors import ConfigError
+from herd.errors import ConfigError, InvalidInput
+from herd.limits.base import pause_seconds
 from herd.llm.completion import Completion, RateLimitInfo, Timeouts, Usage
 from herd.llm.errors import (
     ProviderAuthError,
@@ -107,21 +108,32 @@ class RetryPolicy:
         return base * (1.0 - self.jitter * random.random())
 
 
+def _bounded(seconds: float | None) -> float | None:
+    """A wait a provider asked for, bounded (pause_seconds); None when it is no number."""
+    try:
+        return None if seconds is None else pause_seconds(seconds)
+    except InvalidInput:
+        return None
+
+
 def parse_retry_after(headers: Mapping[str, str], now: datetime | None = None) -> float | None:
-    """Seconds to wait from ``retry-after-ms``, or ``Retry-After`` in seconds or an HTTP date."""
+    """Seconds to wait from ``retry-after-ms``, or ``Retry-After`` in seconds or an HTTP date,
+    at most MAX_PAUSE; a value that is not a finite number (``inf``, ``1e400``) is not one."""
     lowered = {k.lower(): v for k, v in headers.items()}
     raw_ms = lowered.get("retry-after-ms")
     if raw_ms is not None:
         try:
-            return max(0.0, float(raw_ms) / 1000.0)
+            ms = _bounded(float(raw_ms) / 1000.0)
         except ValueError:
-            pass
+            ms = None
+        if ms is not None:
+            return ms
     raw = lowered.get("retry-after")
     if raw is None:
         return None
     raw = raw.strip()
     try:
-        return max(0.0, float(raw))
+        return _bounded(float(raw))
     except ValueError:
         pass
     try:
@@ -130,7 +142,7 @@ def parse_retry_after(headers: Mapping[str, str], now: datetime | None = None) -
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+    return _bounded((when - (now or datetime.now(UTC))).total_seconds())
 
 
 def redact(text: str, secret: str | None) -> str:
@@ -388,7 +400,7 @@ class HTTPProvider(ABC):
             info = self._safe_rate_limits(response.headers)
             scope = info.refused_by() if info is not None else None
             if retry_after is None and info is not None:
-                retry_after = info.reset_of(scope)
+                retry_after = _bounded(info.reset_of(scope))
             after = f" (retry after {retry_after:g} s)" if retry_after is not None else ""
             on = f" on {scope}" if scope else ""
             return RateLimited(

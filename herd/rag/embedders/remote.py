@@ -4,9 +4,14 @@ OpenAI itself, Hugging Face TEI, vLLM, Ollama (``http://localhost:11434/v1``), a
 LiteLLM proxy: the base URL includes the version prefix (``…/v1``), as in OpenAI's
 SDKs. Texts go in batches of ``batch_size``; 408, 429 and 5xx answers and failed
 connections are tried again, after ``Retry-After`` (seconds or an HTTP date) when
-the server gives one, else after an exponential backoff with jitter. The key comes
-from ``api_key`` or ``OPENAI_API_KEY``; it is sent in the ``Authorization`` header
-and nowhere else: not in the ``id``, a log line, an error or a ``repr``.
+the server gives one, else after an exponential backoff with jitter.
+
+The key (``key_for``) comes from ``api_key``, else ``HERD_EMBEDDER_API_KEY``, else
+``OPENAI_API_KEY`` only where that key already goes: OpenAI's own API over https, or
+the server ``OPENAI_BASE_URL`` names. The URL of a ``remote:`` spec is stored with the
+collection, so whoever can write one must not be able to collect the OpenAI key. The
+key is sent in the ``Authorization`` header and nowhere else: not in the ``id``, a log
+line, an error or a ``repr``.
 
 A server's weights cannot be hashed from here, so the ``id`` names the model, the
 server and the request options: when a server replaces a model under the same name,
@@ -33,6 +38,7 @@ from herd.rag.embedders.base import EmbedError, Vectors, check_texts, empty, l2_
 log = logging.getLogger("herd.rag")
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+KEY_VARIABLE = "HERD_EMBEDDER_API_KEY"
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
 EXCERPT_CHARS = 300
 
@@ -87,7 +93,7 @@ class RemoteEmbedder:
         self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip(
             "/"
         )
-        self._key = api_key or os.environ.get("OPENAI_API_KEY") or None
+        self._key = api_key or key_for(self.base_url)
         self.dimensions, self.batch_size, self.timeout = dimensions, batch_size, timeout
         self.max_tries, self.initial_delay, self.max_delay = max_tries, initial_delay, max_delay
         self.max_retry_after, self.normalize, self.prefix = max_retry_after, normalize, prefix
@@ -241,6 +247,35 @@ class RemoteEmbedder:
 
     def _redact(self, text: str) -> str:
         return text.replace(self._key, "[REDACTED]") if self._key else text
+
+
+def key_for(base_url: str) -> str | None:
+    """The key to send to the embedding server at ``base_url``, or None (see the module)."""
+    own = os.environ.get(KEY_VARIABLE)
+    if own:
+        return own
+    openai_key = os.environ.get("OPENAI_API_KEY")
+    if not openai_key:
+        return None
+    target = _origin(base_url)
+    if target == _origin(DEFAULT_BASE_URL):
+        return openai_key
+    configured = os.environ.get("OPENAI_BASE_URL")
+    # The LLM provider sends the key to OPENAI_BASE_URL already: the same server may have it.
+    if configured and target == _origin(configured):
+        return openai_key
+    return None
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """Scheme, host and port: where a request goes (an http URL to OpenAI's host is not
+    OpenAI's https origin)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:  # a port that is no number: matches nothing
+        return ("", "", None)
+    return (parts.scheme, (parts.hostname or "").rstrip("."), port)
 
 
 def _public_url(url: str) -> str:
