@@ -62,15 +62,11 @@ class LimitsFile:
         return best.limit if best else Limit()
 
 
-def load(path: str | Path, providers: Collection[str] | None = None) -> LimitsFile:
+def load(path: str | Path, *, providers: Collection[str]) -> LimitsFile:
     """Read and check a limits file; ConfigError naming the file and place otherwise.
-    ``providers``: the names an entry may use (None: the providers herd knows)."""
+    ``providers``: the names an entry may use (the caller's provider registry: limits
+    sit below the providers, which take their pauses from here)."""
     where = str(path)
-    if providers is None:
-        # Imported here: herd.llm's providers import herd.limits.
-        from herd.llm.providers import registry
-
-        providers = registry.names()
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)

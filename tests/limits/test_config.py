@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from herd.errors import ConfigError
-from herd.limits import Limit, key_id, load
+from herd.limits import Limit, key_id
+from herd.limits import load as load_file
+from herd.llm.providers import registry
 
 GOOD = """
 [[limits]]
@@ -26,6 +28,10 @@ key = "env:HERD_TEST_LIMITS_KEY"
 tpm = 1000
 period = 1
 """
+
+
+def load(path, providers=None):  # type: ignore[no-untyped-def]
+    return load_file(path, providers=registry.names() if providers is None else providers)
 
 
 def write(tmp_path, text):

@@ -72,7 +72,11 @@ class EvalRuntime:
         prices = prices_in_force()
         settings = app.settings
         store = EvalStore(url, ledger_ttl=settings.ledger_ttl, eval_ttl=settings.eval_ttl)
-        limits_file = load_limits(settings.limits_path) if settings.limits_path else None
+        limits_file = (
+            load_limits(settings.limits_path, providers=registry.names())
+            if settings.limits_path
+            else None
+        )
         try:
             limiter: Limiter | None = for_broker(app.broker.name, getattr(app.broker, "url", ""))
         except ValueError:  # a broker of a kind herd.limits has no store for
