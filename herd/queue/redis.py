@@ -17,6 +17,7 @@ in one Redis Cluster slot and each script touches one slot):
     herd:{q}:tp:<minute>   hash: jobs succeeded / dead in that minute (epoch // 60), kept
                            throughput_ttl (HERD_THROUGHPUT_TTL, 2 days)
     herd:{q}:unindexed     list: ids swept from this queue, still to drop from herd:jobq
+    herd:{q}:ids, :num     the queue's id counter (floored by the clock) and its number
     herd:ids, herd:queues, herd:jobq   id counter, known queues, job id -> queue
 
 Retention: a succeeded job's hash expires finished_ttl after it finished; the
@@ -91,7 +92,8 @@ SCRIPTS = (
 )
 # A job id is its queue's own counter times 2**QUEUE_BITS plus the queue's number, so
 # that enqueueing touches the queue's slot only and an id says where its job is. Ids
-# stay below 2**53 (exact in JSON numbers) up to 2**33 jobs per queue.
+# stay below 2**53 (exact in JSON numbers) up to a counter of 2**33, which the clock
+# floor of enqueue.lua (4 a second since 2026) reaches in 2094.
 QUEUE_BITS = 20
 QUEUE_MASK = (1 << QUEUE_BITS) - 1
 # The queue numbers, in one slot of their own (written once per queue).
@@ -172,6 +174,10 @@ class RedisBroker:
         self._numbers: dict[str, tuple[int, int]] = {}
         self._legacy = False
         self._names: dict[int, str] = {}
+        # The highest id counter this process has seen (enqueued or claimed): each
+        # enqueue passes it as a floor, so that a server that lost its counters gives
+        # this process no id it already holds, however fast the queue ran (enqueue.lua).
+        self._seen = 0
 
     @property
     def cluster(self) -> bool:
@@ -392,31 +398,50 @@ class RedisBroker:
         by_queue: dict[str, list[int]] = defaultdict(list)
         for i, j in enumerate(jobs):
             by_queue[j.queue].append(i)
-        numbers = [await self._queue_number(queue) for queue in by_queue]
-        calls = []
-        for (queue, idx), (qnum, start) in zip(by_queue.items(), numbers, strict=True):
-            args: list[Any] = [queue, len(idx), qnum, start]
-            for i in idx:
-                j = jobs[i]
-                args += [
-                    j.task,
-                    payloads[i],
-                    j.priority,
-                    j.dedup_key or "",
-                    int(max(0.0, j.delay) * 1000),
-                    j.lease_seconds,
-                    j.max_attempts,
-                    j.max_stalls,
-                    trace_text(j) or "",
-                ]
-            p = prefix(queue)
-            calls.append(([p + "meta"], [p, *args]))
-        replies = await self._call_many("enqueue", calls)
         results: dict[int, EnqueueResult] = {}
-        for idx, reply in zip(by_queue.values(), replies, strict=True):
-            for i, (job_id, created) in zip(idx, reply, strict=True):
-                results[i] = EnqueueResult(int(job_id), bool(created))
+        todo = dict(by_queue)
+        for _ in range(2):
+            fresh = {queue: queue not in self._numbers for queue in todo}
+            numbers = [await self._queue_number(queue) for queue in todo]
+            calls = []
+            for (queue, idx), (qnum, start) in zip(todo.items(), numbers, strict=True):
+                args: list[Any] = [queue, len(idx), qnum, start, self._seen, int(fresh[queue])]
+                for i in idx:
+                    j = jobs[i]
+                    args += [
+                        j.task,
+                        payloads[i],
+                        j.priority,
+                        j.dedup_key or "",
+                        int(max(0.0, j.delay) * 1000),
+                        j.lease_seconds,
+                        j.max_attempts,
+                        j.max_stalls,
+                        trace_text(j) or "",
+                    ]
+                p = prefix(queue)
+                calls.append(([p + "meta"], [p, *args]))
+            replies = await self._call_many("enqueue", calls)
+            again: dict[str, list[int]] = {}
+            for (queue, idx), reply in zip(todo.items(), replies, strict=True):
+                if isinstance(reply, (str, bytes)):  # 'renumber': the number is asked again
+                    self._forget(queue)
+                    again[queue] = idx
+                    continue
+                for i, (job_id, created) in zip(idx, reply, strict=True):
+                    results[i] = EnqueueResult(int(job_id), bool(created))
+            todo = again
+            if not todo:
+                break
+        if todo:
+            raise BrokerError(f"the numbers of queues {sorted(todo)} changed while enqueueing")
+        self._saw(r.job_id for r in results.values())
         return [results[i] for i in range(len(jobs))]
+
+    def _forget(self, queue: str) -> None:
+        number, _ = self._numbers.pop(queue, (None, 0))
+        if number is not None and self._names.get(number) == queue:
+            del self._names[number]
 
     async def _queue_number(self, queue: str) -> tuple[int, int]:
         """The queue's number (the low bits of its job ids) and where its own id
@@ -489,7 +514,11 @@ class RedisBroker:
                         trace_context=trace_of(trace),
                     )
                 )
+        self._saw(lease.job_id for lease in leases)
         return leases
+
+    def _saw(self, job_ids: Iterable[int]) -> None:
+        self._seen = max(self._seen, *(i >> QUEUE_BITS for i in job_ids), 0)
 
     async def _per_queue(self, script: str, leases: Iterable[Lease], extra: Any = ()) -> list[Any]:
         """One script call per queue, all in one pipeline (one round trip)."""
