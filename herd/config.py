@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -110,6 +111,9 @@ class Settings:
     # "bounded" (herd.semantic.bounded: learned, with at most this chance of a wrong hit).
     semantic_mode: str = "guarded"
     semantic_error_bound: float = 0.05
+    # Whether opening a store may create or update herd's tables (HERD_AUTO_MIGRATE=0:
+    # never; `herd migrate` does it), for teams whose schema changes go through review.
+    auto_migrate: bool = True
 
     def __post_init__(self) -> None:
         # Whatever prints an error later masks these verbatim, even where the URL's
@@ -161,6 +165,7 @@ class Settings:
             eval_batch_retry=_choice(env, "HERD_EVAL_BATCH_RETRY", ("sync", "batch")),
             semantic_mode=_choice(env, "HERD_SEMANTIC_MODE", ("guarded", "bounded")),
             semantic_error_bound=_probability(env, "HERD_SEMANTIC_ERROR_BOUND", 0.05),
+            auto_migrate=auto_migrate_from(env),
         )
 
     def override(self, **values: object) -> Settings:
@@ -218,6 +223,16 @@ def _choice(env: dict[str, str], name: str, choices: tuple[str, ...]) -> str:
     if raw not in choices:
         raise ConfigError(f"{name} must be one of {', '.join(choices)}, not {raw!r}")
     return raw
+
+
+def auto_migrate_from(env: Mapping[str, str]) -> bool:
+    """HERD_AUTO_MIGRATE: 1 (the default) or 0."""
+    raw = env.get("HERD_AUTO_MIGRATE", "").strip().lower()
+    if raw in ("", "1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"HERD_AUTO_MIGRATE must be 1 or 0, not {raw!r}")
 
 
 def _probability(env: dict[str, str], name: str, default: float) -> float:
