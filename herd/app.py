@@ -147,6 +147,7 @@ class App:
                 finished_ttl=self.settings.finished_ttl,
                 pool_size=self.pool_size(),
                 throughput_ttl=self.settings.throughput_ttl,
+                max_queues=self.settings.max_queues,
             )
         if self.settings.broker != "postgres":
             raise ConfigError(f"unknown broker {self.settings.broker!r}: use postgres or redis")

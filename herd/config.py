@@ -35,6 +35,11 @@ EVAL_MAX_TOKENS = 16_384
 # is renewed while the call runs): the job's retry waits that long before calling.
 EVAL_LOCK_TTL = 30
 
+# Queues a Redis job store may hold (HERD_MAX_QUEUES); queues the dashboard and /metrics
+# show one by one (HERD_SHOWN_QUEUES), the others summed in one row.
+MAX_QUEUES = 1000
+SHOWN_QUEUES = 50
+
 # The pool of a process that is not a worker (serve, enqueue, the CLI's reads).
 PG_POOL_SIZE = 8
 # A worker's pool beyond one connection per running job: the claim loop, the
@@ -114,6 +119,12 @@ class Settings:
     # Whether opening a store may create or update herd's tables (HERD_AUTO_MIGRATE=0:
     # never; `herd migrate` does it), for teams whose schema changes go through review.
     auto_migrate: bool = True
+    # Queues a Redis job store may hold (each takes one of its 2**20 - 1 numbers for as
+    # long as it has jobs): an enqueue, from the API too, that would add one more is refused.
+    max_queues: int = MAX_QUEUES
+    # Queues /overview and /metrics show one by one (the busiest); the rest are summed
+    # into one row, so that many queues cannot make every poll slow and large.
+    shown_queues: int = SHOWN_QUEUES
 
     def __post_init__(self) -> None:
         # Whatever prints an error later masks these verbatim, even where the URL's
@@ -166,6 +177,8 @@ class Settings:
             semantic_mode=_choice(env, "HERD_SEMANTIC_MODE", ("guarded", "bounded")),
             semantic_error_bound=_probability(env, "HERD_SEMANTIC_ERROR_BOUND", 0.05),
             auto_migrate=auto_migrate_from(env),
+            max_queues=_bytes(env, "HERD_MAX_QUEUES", MAX_QUEUES, unit="queues"),
+            shown_queues=_bytes(env, "HERD_SHOWN_QUEUES", SHOWN_QUEUES, unit="queues"),
         )
 
     def override(self, **values: object) -> Settings:

@@ -51,7 +51,7 @@ from redis import exceptions as rexc
 from redis.crc import key_slot
 
 from herd import aio
-from herd.config import mask_url
+from herd.config import MAX_QUEUES, mask_url
 from herd.db import redis as rdb
 from herd.errors import BrokerError, InvalidInput
 from herd.jsonvalue import dumps, loads
@@ -89,6 +89,8 @@ SCRIPTS = (
     "purge_dead",
     "stats",
     "queue_number",
+    "queue_free",
+    "retire",
 )
 # A job id is its queue's own counter times 2**QUEUE_BITS plus the queue's number, so
 # that enqueueing touches the queue's slot only and an id says where its job is. Ids
@@ -97,7 +99,19 @@ SCRIPTS = (
 QUEUE_BITS = 20
 QUEUE_MASK = (1 << QUEUE_BITS) - 1
 # The queue numbers, in one slot of their own (written once per queue).
-QUEUE_KEYS = ["herd:{queues}:num", "herd:{queues}:name", "herd:{queues}:next"]
+QUEUE_KEYS = [
+    "herd:{queues}:num",
+    "herd:{queues}:name",
+    "herd:{queues}:next",
+    "herd:{queues}:free",
+]
+# A process trusts the queue it read for a number this long; a reclaimed number is
+# given again only after FREED_WAIT, so that no process still reads it as the old queue.
+NAME_CACHE_S = 60.0
+FREED_WAIT_US = 600 * 1_000_000
+# An empty queue keeps its number while its throughput may still be shown (the
+# dashboard's window is at most 2 hours): its name is how that rollup is found.
+RECLAIM_IDLE_MINUTES = 120
 SWEEP_BATCH = 1000  # entries one sweep script call examines: bounds its time in Redis
 # Seconds between one process's looks (CLIENT LIST ID) for workers whose liveness
 # connection is gone: a killed worker's jobs run again within about this plus the
@@ -152,13 +166,20 @@ class RedisBroker:
         finished_ttl: float = 7 * 86400,
         throughput_ttl: float = 2 * 86400,
         pool_size: int = 8,
+        max_queues: int = MAX_QUEUES,
+        reclaim_idle_minutes: int = RECLAIM_IDLE_MINUTES,
     ) -> None:
         """``finished_ttl``: seconds a succeeded job's hash (and result) is kept; 0 keeps it.
         ``throughput_ttl``: seconds a per-minute throughput hash is kept; 0 keeps it.
-        ``pool_size``: connections this broker may use of the process's pool for ``url``."""
+        ``pool_size``: connections this broker may use of the process's pool for ``url``.
+        ``max_queues``: queues the server may hold; an enqueue that would add one more is
+        refused (InvalidInput). Empty queues give their number back (:meth:`reclaim_queues`)
+        once ``reclaim_idle_minutes`` have passed without a job finishing there."""
         self.url = url
         self.finished_ttl = int(finished_ttl)
         self.throughput_ttl = int(throughput_ttl)
+        self.max_queues = min(max_queues, QUEUE_MASK)
+        self.reclaim_idle_minutes = reclaim_idle_minutes
         self._next_sweep = 0.0
         self._rotation = 0
         self._sweeping: asyncio.Task[int] | None = None
@@ -172,8 +193,9 @@ class RedisBroker:
         self._next_orphan_check = 0.0
         self._client_list_refused = False
         self._numbers: dict[str, tuple[int, int]] = {}
+        # number -> (queue, monotonic time read): trusted NAME_CACHE_S (reclaim_queues)
         self._legacy = False
-        self._names: dict[int, str] = {}
+        self._names: dict[int, tuple[str, float]] = {}
         # The highest id counter this process has seen (enqueued or claimed): each
         # enqueue passes it as a floor, so that a server that lost its counters gives
         # this process no id it already holds, however fast the queue ran (enqueue.lua).
@@ -400,12 +422,12 @@ class RedisBroker:
             by_queue[j.queue].append(i)
         results: dict[int, EnqueueResult] = {}
         todo = dict(by_queue)
-        for _ in range(2):
-            fresh = {queue: queue not in self._numbers for queue in todo}
+        # A number read just before its queue was reclaimed is refused: read again.
+        for _ in range(3):
             numbers = [await self._queue_number(queue) for queue in todo]
             calls = []
-            for (queue, idx), (qnum, start) in zip(todo.items(), numbers, strict=True):
-                args: list[Any] = [queue, len(idx), qnum, start, self._seen, int(fresh[queue])]
+            for (queue, idx), (qnum, start, read) in zip(todo.items(), numbers, strict=True):
+                args: list[Any] = [queue, len(idx), qnum, start, self._seen, read]
                 for i in idx:
                     j = jobs[i]
                     args += [
@@ -440,39 +462,51 @@ class RedisBroker:
 
     def _forget(self, queue: str) -> None:
         number, _ = self._numbers.pop(queue, (None, 0))
-        if number is not None and self._names.get(number) == queue:
+        if number is not None and self._names.get(number, ("",))[0] == queue:
             del self._names[number]
 
-    async def _queue_number(self, queue: str) -> tuple[int, int]:
-        """The queue's number (the low bits of its job ids) and where its own id
-        counter starts, asked once per process: a number never changes."""
-        if queue not in self._numbers:
-            with self._errors():
-                number = int(await self._scripts["queue_number"](keys=QUEUE_KEYS, args=[queue]))
-                if number >= 1 << QUEUE_BITS:
-                    raise BrokerError(f"more than {(1 << QUEUE_BITS) - 1} queues on {self.url}")
-                await self._redis.sadd("herd:queues", queue)
-                # Past every id an older herd drew from its global counter.
-                legacy = int(await self._redis.get("herd:ids") or 0)
-            self._numbers[queue] = (number, (legacy >> QUEUE_BITS) + 1 if legacy else 0)
-            self._names[number] = queue
-        return self._numbers[queue]
+    async def _queue_number(self, queue: str) -> tuple[int, int, int]:
+        """The queue's number (the low bits of its job ids), where its own id counter
+        starts, and the server time (µs) the number was read at, 0 when it comes from
+        this process's cache (enqueue.lua checks it against the queue's slot)."""
+        if queue in self._numbers:
+            return (*self._numbers[queue], 0)
+        with self._errors():
+            number, read = await self._scripts["queue_number"](
+                keys=QUEUE_KEYS, args=[queue, self.max_queues, FREED_WAIT_US]
+            )
+            # Past every id an older herd drew from its global counter.
+            legacy = int(await self._redis.get("herd:ids") or 0)
+        if not number:
+            raise InvalidInput(
+                f"queue {queue!r} would be one queue more than HERD_MAX_QUEUES"
+                f" ({self.max_queues}) on {mask_url(self.url)}: enqueue into an existing"
+                " queue, or raise HERD_MAX_QUEUES",
+                field="queue",
+            )
+        self._numbers[queue] = (int(number), (legacy >> QUEUE_BITS) + 1 if legacy else 0)
+        self._names[int(number)] = (queue, time.monotonic())
+        return (*self._numbers[queue], int(read))
 
     async def _queue_names(self, job_ids: Sequence[int]) -> list[str | None]:
         """The queue of each job id: its low bits are the queue's number, or, for an id
         an older herd gave (from herd:ids), the herd:jobq index it wrote."""
-        unknown = sorted({i & QUEUE_MASK for i in job_ids} - set(self._names))
+        stale = time.monotonic() - NAME_CACHE_S
+        known = {n for n, (_, read) in self._names.items() if read > stale}
+        unknown = sorted({i & QUEUE_MASK for i in job_ids} - known)
         with self._errors():
             if unknown:
                 names = await self._redis.hmget(QUEUE_KEYS[1], [str(n) for n in unknown])
                 for number, name in zip(unknown, names, strict=True):
-                    if name is not None:
-                        self._names[number] = _text(name)
+                    if name is None:
+                        self._names.pop(number, None)
+                    else:
+                        self._names[number] = (_text(name), time.monotonic())
             legacy: list[Any] = [None] * len(job_ids)
             if self._legacy:
                 legacy = await self._redis.hmget("herd:jobq", [str(i) for i in job_ids])
         return [
-            _text(old) if old is not None else self._names.get(i & QUEUE_MASK)
+            _text(old) if old is not None else self._names.get(i & QUEUE_MASK, (None,))[0]
             for i, old in zip(job_ids, legacy, strict=True)
         ]
 
@@ -690,24 +724,67 @@ class RedisBroker:
         return out
 
     async def _queues(self) -> list[str]:
+        """The queues with a number, and those an older herd listed in herd:queues."""
         with self._errors():
-            return sorted(str(q) for q in await self._redis.smembers("herd:queues"))
+            numbered = await self._redis.hkeys(QUEUE_KEYS[0])
+            legacy = await self._redis.smembers("herd:queues")
+        return sorted({_text(q) for q in [*numbered, *legacy]})
+
+    async def reclaim_queues(self) -> list[str]:
+        """Give back the numbers of queues without any job (run after each sweep), so
+        that names used once do not hold numbers, nor dashboard rows, for good. A queue
+        enqueued into again takes a number anew. Returns the queues reclaimed."""
+        empty = [q.queue for q in await self.stats() if not any(q.counts.values())]
+        freed: list[str] = []
+        for queue in empty:
+            with self._errors():
+                run = self._scripts["queue_free"]
+                number, begun = await run(keys=QUEUE_KEYS, args=[queue, "begin", 0, 0])
+                if not number:
+                    continue
+                p = prefix(queue)
+                idle = self.reclaim_idle_minutes
+                emptied = await self._scripts["retire"](
+                    keys=[p + "meta"], args=[p, number, begun, idle]
+                )
+                await run(keys=QUEUE_KEYS, args=[queue, "end", number, int(emptied)])
+                if emptied:
+                    await self._redis.srem("herd:queues", queue)
+            if emptied:
+                self._forget(queue)
+                freed.append(queue)
+        return freed
 
     async def list_jobs(
         self, *, status: JobStatus | None = None, queue: str | None = None, limit: int = 100
     ) -> list[Job]:
         statuses = [status] if status else list(JobStatus)
-        found: list[Job] = []
-        for q in [queue] if queue else await self._queues():
-            with self._errors():
-                pipe = self._redis.pipeline(transaction=False)
+        queues = [queue] if queue else await self._queues()
+        # Two round trips whatever the number of queues: the newest ids of each, then
+        # the hashes of the newest ``limit`` of all (the dashboard's "recent" polls this).
+        with self._errors():
+            pipe = self._redis.pipeline(transaction=False)
+            for q in queues:
                 for st in statuses:
                     pipe.zrevrange(f"{prefix(q)}st:{st.value}", 0, limit - 1)
-                id_lists = await pipe.execute()
-            ids = sorted({int(i) for lst in id_lists for i in lst}, reverse=True)[:limit]
-            found += await self._load(q, ids)
+            id_lists = await pipe.execute()
+        newest = sorted(
+            {
+                (int(i), q)
+                for n, q in enumerate(queues)
+                for lst in id_lists[n * len(statuses) : (n + 1) * len(statuses)]
+                for i in lst
+            },
+            reverse=True,
+        )[:limit]
+        with self._errors():
+            pipe = self._redis.pipeline(transaction=False)
+            for job_id, q in newest:
+                pipe.hgetall(f"{prefix(q)}job:{job_id}")
+            rows = await pipe.execute()
+        found = [_job(r) for r in rows if r]
         found.sort(key=lambda j: j.id, reverse=True)
-        return found[:limit]
+        return found
 
     async def stats(self) -> list[QueueStats]:
         queues = await self._queues()
@@ -740,7 +817,9 @@ class RedisBroker:
         keep = self.finished_ttl if older_than is None else older_than
         if older_than is None and not keep:
             return 0
-        return await self._purge("sweep", await self._queues(), keep, CONSUMER_IDLE_MS)
+        removed = await self._purge("sweep", await self._queues(), keep, CONSUMER_IDLE_MS)
+        await self.reclaim_queues()
+        return removed
 
     async def purge_dead(self, older_than: float, queue: str | None = None) -> int:
         """Delete dead-lettered jobs finished more than ``older_than`` seconds ago, and

@@ -1,6 +1,6 @@
 -- ARGV: prefix, queue, count, queue number, first counter value, the highest counter
---       this client has seen, 1 if the number was just read from herd:{queues} (else
---       0), then per job: task payload priority dedup_key delay_ms
+--       this client has seen, the server time (µs) at which the number was just read
+--       from herd:{queues} (0: a number the caller cached), then per job: task payload priority dedup_key delay_ms
 --       lease_seconds max_attempts max_stalls trace_context ('' for none)
 -- Returns per job: {id, created 0/1}; or 'renumber' (nothing written) when the queue's
 -- slot does not hold the number the caller cached. A job's id is the queue's own counter (ids, in
@@ -11,9 +11,14 @@ local queue, n, qnum = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 -- The queue's number is kept in its slot too: after the server lost its data, a
 -- process's cached number may have gone to another queue, whose ids would then name
 -- this queue's jobs too. A cached number that the slot does not confirm is asked again.
+-- A number read before the queue was reclaimed (retire.lua) is refused too: it is free.
 if redis.call('GET', P .. 'num') ~= ARGV[4] then
-  if ARGV[7] ~= '1' then return 'renumber' end
+  local read = tonumber(ARGV[7])
+  if read == 0 or read <= tonumber(redis.call('GET', P .. 'retired') or -1) then
+    return 'renumber'
+  end
   redis.call('SET', P .. 'num', ARGV[4])
+  redis.call('DEL', P .. 'retired')
 end
 if redis.call('EXISTS', P .. 'ids') == 0 then redis.call('SET', P .. 'ids', ARGV[5]) end
 -- A counter lost with the server's data (no AOF, a snapshot restored, a failover that
