@@ -35,6 +35,7 @@ import psycopg
 from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
+from herd.db.diskfull import disk_full
 from herd.errors import BrokerError, BrokerUnavailable, MigrationError
 from herd.masking import mask
 
@@ -86,6 +87,12 @@ def translate_errors(
         ) from exc
     except psycopg.OperationalError as exc:
         first = mask(_first_line(exc))  # libpq quotes the piece of a URL it could not parse
+        full = disk_full(exc, url)
+        if full is not None:
+            raise BrokerUnavailable(
+                f"PostgreSQL for {store} at {mask(url)} failed because {full} ({first});"
+                " free space on that disk, then run again"
+            ) from exc
         raise BrokerUnavailable(
             f"PostgreSQL for {store} at {mask(url)} is unreachable ({first}); is the server"
             f" running? check {setting}"
