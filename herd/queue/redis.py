@@ -91,6 +91,7 @@ SCRIPTS = (
     "queue_number",
     "queue_free",
     "retire",
+    "throughput",
 )
 # A job id is its queue's own counter times 2**QUEUE_BITS plus the queue's number, so
 # that enqueueing touches the queue's slot only and an id says where its job is. Ids
@@ -929,16 +930,16 @@ class RedisBroker:
         first = await self._now_ms() // 60000 - minutes + 1
         out = Throughput(start=datetime.fromtimestamp(first * 60, UTC), minutes=minutes)
         queues = await self._queues()
-        with self._errors():
-            pipe = self._redis.pipeline(transaction=False)
-            for q in queues:
-                for i in range(minutes):
-                    pipe.hgetall(f"{prefix(q)}tp:{first + i}")
-            counts = await pipe.execute()
-        for n, q in enumerate(queues):
+        calls = [([prefix(q) + "meta"], [prefix(q), first, minutes]) for q in queues]
+        replies = await self._call_many("throughput", calls) if calls else []
+        for q, counts in zip(queues, replies, strict=True):
             for i in range(minutes):
-                for status, count in counts[n * minutes + i].items():
-                    out.add(q, JobStatus(status), i, int(count))
+                for status, n in (
+                    (JobStatus.SUCCEEDED, counts[i]),
+                    (JobStatus.DEAD, counts[minutes + i]),
+                ):
+                    if int(n):
+                        out.add(q, status, i, int(n))
         return out
 
 
