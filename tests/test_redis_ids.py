@@ -7,7 +7,8 @@ import pytest
 import redis
 
 from herd.queue.base import NewJob
-from herd.queue.redis import QUEUE_BITS, RedisBroker
+from herd.queue.redis import RedisBroker
+from herd.queue.redis_numbers import QUEUE_BITS
 from tests.conftest import CACHE, flush_redis
 from tests.helpers import eventually
 from tests.servers.redis_stack import RedisStackServer

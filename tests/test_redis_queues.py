@@ -10,7 +10,8 @@ from herd.app import App
 from herd.config import Settings
 from herd.errors import InvalidInput
 from herd.queue.base import Completion, NewJob
-from herd.queue.redis import QUEUE_KEYS, QUEUE_MASK, RedisBroker, prefix
+from herd.queue.redis import RedisBroker, prefix
+from herd.queue.redis_numbers import QUEUE_KEYS, QUEUE_MASK
 from tests.api.conftest import client_of
 from tests.conftest import flush_redis
 
@@ -84,7 +85,7 @@ async def test_a_number_read_before_its_queue_was_reclaimed_is_not_taken_back(br
     try:
         # Another process reads the queue's number; the queue is reclaimed meanwhile.
         await other.enqueue([job("a")])
-        number, start = other._numbers["a"]
+        number, start, _ = await other._numbers.number("a")  # the cached number
         await run_all(other, "a")
         await broker.purge_finished(older_than=0)
         seconds, micros = await other._redis.time()

@@ -18,7 +18,9 @@ in one Redis Cluster slot and each script touches one slot):
                            throughput_ttl (HERD_THROUGHPUT_TTL, 2 days)
     herd:{q}:unindexed     list: ids swept from this queue, still to drop from herd:jobq
     herd:{q}:ids, :num     the queue's id counter (floored by the clock) and its number
-    herd:ids, herd:queues, herd:jobq   id counter, known queues, job id -> queue
+    herd:{q}:retired       when the queue last gave its number back (redis_numbers)
+    herd:{queues}:*        queue numbers (herd.queue.redis_numbers)
+    herd:ids, herd:queues, herd:jobq   an older herd's id counter, queues, job id -> queue
 
 Retention: a succeeded job's hash expires finished_ttl after it finished; the
 sweep (sweep.lua, run by purge_finished, which workers call as they claim, at most
@@ -73,6 +75,11 @@ from herd.queue.base import (
     trace_of,
     trace_text,
 )
+from herd.queue.redis_numbers import (
+    QUEUE_BITS,
+    RECLAIM_IDLE_MINUTES,
+    QueueNumbers,
+)
 
 log = logging.getLogger("herd.redis")
 
@@ -93,26 +100,6 @@ SCRIPTS = (
     "retire",
     "throughput",
 )
-# A job id is its queue's own counter times 2**QUEUE_BITS plus the queue's number, so
-# that enqueueing touches the queue's slot only and an id says where its job is. Ids
-# stay below 2**53 (exact in JSON numbers) up to a counter of 2**33, which the clock
-# floor of enqueue.lua (4 a second since 2026) reaches in 2094.
-QUEUE_BITS = 20
-QUEUE_MASK = (1 << QUEUE_BITS) - 1
-# The queue numbers, in one slot of their own (written once per queue).
-QUEUE_KEYS = [
-    "herd:{queues}:num",
-    "herd:{queues}:name",
-    "herd:{queues}:next",
-    "herd:{queues}:free",
-]
-# A process trusts the queue it read for a number this long; a reclaimed number is
-# given again only after FREED_WAIT, so that no process still reads it as the old queue.
-NAME_CACHE_S = 60.0
-FREED_WAIT_US = 600 * 1_000_000
-# An empty queue keeps its number while its throughput may still be shown (the
-# dashboard's window is at most 2 hours): its name is how that rollup is found.
-RECLAIM_IDLE_MINUTES = 120
 SWEEP_BATCH = 1000  # entries one sweep script call examines: bounds its time in Redis
 # Seconds between one process's looks (CLIENT LIST ID) for workers whose liveness
 # connection is gone: a killed worker's jobs run again within about this plus the
@@ -179,8 +166,6 @@ class RedisBroker:
         self.url = url
         self.finished_ttl = int(finished_ttl)
         self.throughput_ttl = int(throughput_ttl)
-        self.max_queues = min(max_queues, QUEUE_MASK)
-        self.reclaim_idle_minutes = reclaim_idle_minutes
         self._next_sweep = 0.0
         self._rotation = 0
         self._sweeping: asyncio.Task[int] | None = None
@@ -193,10 +178,14 @@ class RedisBroker:
         self._marks: dict[str, dict[str, rdb.HeldConnection]] = {}
         self._next_orphan_check = 0.0
         self._client_list_refused = False
-        self._numbers: dict[str, tuple[int, int]] = {}
-        # number -> (queue, monotonic time read): trusted NAME_CACHE_S (reclaim_queues)
-        self._legacy = False
-        self._names: dict[int, tuple[str, float]] = {}
+        self._numbers = QueueNumbers(
+            url,
+            lambda: self._redis,
+            self._scripts,
+            self._errors,
+            max_queues=max_queues,
+            reclaim_idle_minutes=reclaim_idle_minutes,
+        )
         # The highest id counter this process has seen (enqueued or claimed): each
         # enqueue passes it as a floor, so that a server that lost its counters gives
         # this process no id it already holds, however fast the queue ran (enqueue.lua).
@@ -227,7 +216,7 @@ class RedisBroker:
         with self._errors():
             await self._check_persistence()
             # Ids an older herd gave are found through its herd:jobq index only.
-            self._legacy = bool(await self._redis.exists("herd:jobq"))
+            self._numbers.legacy = bool(await self._redis.exists("herd:jobq"))
 
     async def _check_persistence(self) -> None:
         """Without AOF, Redis forgets acknowledged jobs when it restarts: say so, once."""
@@ -425,7 +414,7 @@ class RedisBroker:
         todo = dict(by_queue)
         # A number read just before its queue was reclaimed is refused: read again.
         for _ in range(3):
-            numbers = [await self._queue_number(queue) for queue in todo]
+            numbers = [await self._numbers.number(queue) for queue in todo]
             calls = []
             for (queue, idx), (qnum, start, read) in zip(todo.items(), numbers, strict=True):
                 args: list[Any] = [queue, len(idx), qnum, start, self._seen, read]
@@ -448,7 +437,7 @@ class RedisBroker:
             again: dict[str, list[int]] = {}
             for (queue, idx), reply in zip(todo.items(), replies, strict=True):
                 if isinstance(reply, (str, bytes)):  # 'renumber': the number is asked again
-                    self._forget(queue)
+                    self._numbers.forget(queue)
                     again[queue] = idx
                     continue
                 for i, (job_id, created) in zip(idx, reply, strict=True):
@@ -460,56 +449,6 @@ class RedisBroker:
             raise BrokerError(f"the numbers of queues {sorted(todo)} changed while enqueueing")
         self._saw(r.job_id for r in results.values())
         return [results[i] for i in range(len(jobs))]
-
-    def _forget(self, queue: str) -> None:
-        number, _ = self._numbers.pop(queue, (None, 0))
-        if number is not None and self._names.get(number, ("",))[0] == queue:
-            del self._names[number]
-
-    async def _queue_number(self, queue: str) -> tuple[int, int, int]:
-        """The queue's number (the low bits of its job ids), where its own id counter
-        starts, and the server time (µs) the number was read at, 0 when it comes from
-        this process's cache (enqueue.lua checks it against the queue's slot)."""
-        if queue in self._numbers:
-            return (*self._numbers[queue], 0)
-        with self._errors():
-            number, read = await self._scripts["queue_number"](
-                keys=QUEUE_KEYS, args=[queue, self.max_queues, FREED_WAIT_US]
-            )
-            # Past every id an older herd drew from its global counter.
-            legacy = int(await self._redis.get("herd:ids") or 0)
-        if not number:
-            raise InvalidInput(
-                f"queue {queue!r} would be one queue more than HERD_MAX_QUEUES"
-                f" ({self.max_queues}) on {mask_url(self.url)}: enqueue into an existing"
-                " queue, or raise HERD_MAX_QUEUES",
-                field="queue",
-            )
-        self._numbers[queue] = (int(number), (legacy >> QUEUE_BITS) + 1 if legacy else 0)
-        self._names[int(number)] = (queue, time.monotonic())
-        return (*self._numbers[queue], int(read))
-
-    async def _queue_names(self, job_ids: Sequence[int]) -> list[str | None]:
-        """The queue of each job id: its low bits are the queue's number, or, for an id
-        an older herd gave (from herd:ids), the herd:jobq index it wrote."""
-        stale = time.monotonic() - NAME_CACHE_S
-        known = {n for n, (_, read) in self._names.items() if read > stale}
-        unknown = sorted({i & QUEUE_MASK for i in job_ids} - known)
-        with self._errors():
-            if unknown:
-                names = await self._redis.hmget(QUEUE_KEYS[1], [str(n) for n in unknown])
-                for number, name in zip(unknown, names, strict=True):
-                    if name is None:
-                        self._names.pop(number, None)
-                    else:
-                        self._names[number] = (_text(name), time.monotonic())
-            legacy: list[Any] = [None] * len(job_ids)
-            if self._legacy:
-                legacy = await self._redis.hmget("herd:jobq", [str(i) for i in job_ids])
-        return [
-            _text(old) if old is not None else self._names.get(i & QUEUE_MASK, (None,))[0]
-            for i, old in zip(job_ids, legacy, strict=True)
-        ]
 
     # -- workers
 
@@ -649,7 +588,7 @@ class RedisBroker:
     async def reschedule(self, job_ids: Sequence[int], delay: float) -> list[int]:
         if not job_ids:
             return []
-        queues = await self._queue_names(job_ids)
+        queues = await self._numbers.names(job_ids)
         by_queue: dict[str, list[int]] = defaultdict(list)
         for job_id, queue in zip(job_ids, queues, strict=True):
             if queue is not None:
@@ -694,7 +633,7 @@ class RedisBroker:
     # -- inspection and operations
 
     async def _queue_of(self, job_id: int) -> str | None:
-        return (await self._queue_names([job_id]))[0]
+        return (await self._numbers.names([job_id]))[0]
 
     async def _load(self, queue: str, ids: Sequence[int | str]) -> list[Job]:
         with self._errors():
@@ -714,7 +653,7 @@ class RedisBroker:
     async def get_jobs(self, job_ids: Sequence[int]) -> list[Job]:
         if not job_ids:
             return []
-        queues = await self._queue_names(job_ids)
+        queues = await self._numbers.names(job_ids)
         by_queue: dict[str, list[int]] = {}
         for job_id, queue in zip(job_ids, queues, strict=True):
             if queue is not None:
@@ -725,36 +664,14 @@ class RedisBroker:
         return out
 
     async def _queues(self) -> list[str]:
-        """The queues with a number, and those an older herd listed in herd:queues."""
-        with self._errors():
-            numbered = await self._redis.hkeys(QUEUE_KEYS[0])
-            legacy = await self._redis.smembers("herd:queues")
-        return sorted({_text(q) for q in [*numbered, *legacy]})
+        return await self._numbers.queues()
 
     async def reclaim_queues(self) -> list[str]:
         """Give back the numbers of queues without any job (run after each sweep), so
-        that names used once do not hold numbers, nor dashboard rows, for good. A queue
-        enqueued into again takes a number anew. Returns the queues reclaimed."""
+        that names used once do not hold numbers, nor dashboard rows, for good. Returns
+        the queues reclaimed."""
         empty = [q.queue for q in await self.stats() if not any(q.counts.values())]
-        freed: list[str] = []
-        for queue in empty:
-            with self._errors():
-                run = self._scripts["queue_free"]
-                number, begun = await run(keys=QUEUE_KEYS, args=[queue, "begin", 0, 0])
-                if not number:
-                    continue
-                p = prefix(queue)
-                idle = self.reclaim_idle_minutes
-                emptied = await self._scripts["retire"](
-                    keys=[p + "meta"], args=[p, number, begun, idle]
-                )
-                await run(keys=QUEUE_KEYS, args=[queue, "end", number, int(emptied)])
-                if emptied:
-                    await self._redis.srem("herd:queues", queue)
-            if emptied:
-                self._forget(queue)
-                freed.append(queue)
-        return freed
+        return await self._numbers.reclaim(empty, prefix)
 
     async def list_jobs(
         self, *, status: JobStatus | None = None, queue: str | None = None, limit: int = 100
@@ -864,7 +781,7 @@ class RedisBroker:
         if job_ids is None:
             targets = {q: ["*"] for q in await self._queues()}
         elif job_ids:
-            queues = await self._queue_names(job_ids)
+            queues = await self._numbers.names(job_ids)
             # In id order, as for '*': of dead jobs sharing a free key, the oldest wins.
             for job_id, queue in sorted(zip(job_ids, queues, strict=True)):
                 if queue is not None:
