@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import redis
 
+from herd.errors import BrokerError
 from herd.queue.base import NewJob
-from herd.queue.redis import RedisBroker
+from herd.queue.redis import RedisBroker, prefix
 from herd.queue.redis_numbers import QUEUE_BITS
 from tests.conftest import CACHE, flush_redis
 from tests.helpers import eventually
@@ -82,5 +83,24 @@ async def test_a_process_gives_no_id_it_holds_after_redis_loses_its_data(redis_s
             assert {s.queue for s in await other.stats()} == {"a", "b"}
         finally:
             await other.close()
+    finally:
+        await broker.close()
+
+
+async def test_a_queue_whose_ids_would_pass_2_53_refuses_to_enqueue(redis_stack):
+    flush_redis(redis_stack)
+    broker = RedisBroker(redis_stack)
+    await broker.open()
+    try:
+        [first] = await broker.enqueue(jobs("a", 1))
+        client = redis.Redis.from_url(redis_stack)
+        client.set(prefix("a") + "ids", 2**33 - 2)  # one id left below 2**53
+        client.close()
+        [last] = await broker.enqueue(jobs("a", 1))
+        assert last.job_id < 2**53
+        with pytest.raises(BrokerError, match="job ids of queue a are used up"):
+            await broker.enqueue(jobs("a", 1))
+        assert len(await broker.list_jobs(queue="a")) == 2  # nothing written
+        assert first.job_id != last.job_id
     finally:
         await broker.close()

@@ -1,26 +1,25 @@
 -- ARGV: prefix, queue, count, queue number, first counter value, the highest counter
 --       this client has seen, the server time (µs) at which the number was just read
---       from herd:{queues} (0: a number the caller cached), then per job: task payload priority dedup_key delay_ms
---       lease_seconds max_attempts max_stalls trace_context ('' for none)
+--       from herd:{queues} (0: a number the caller cached), then per job: task payload
+--       priority dedup_key delay_ms lease_seconds max_attempts max_stalls trace_context
+--       ('' for none)
 -- Returns per job: {id, created 0/1}; or 'renumber' (nothing written) when the queue's
--- slot does not hold the number the caller cached. A job's id is the queue's own counter (ids, in
--- this queue's slot: no key of another slot is needed) times 2^20 plus the queue's
--- number, which says where get_job finds it. The counter starts past the ids an
--- older herd drew from its global herd:ids, so an id is never given twice.
+-- slot does not hold the number the caller cached. A job's id is the queue's own
+-- counter (ids, in this queue's slot: no key of another slot is needed) times 2^20 plus
+-- the queue's number, which says where get_job finds it. The counter starts past the
+-- ids an older herd drew from its global herd:ids, so an id is never given twice.
 local queue, n, qnum = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 -- The queue's number is kept in its slot too: after the server lost its data, a
 -- process's cached number may have gone to another queue, whose ids would then name
--- this queue's jobs too. A cached number that the slot does not confirm is asked again.
--- A number read before the queue was reclaimed (retire.lua) is refused too: it is free.
-if redis.call('GET', P .. 'num') ~= ARGV[4] then
+-- this queue's jobs too. A cached number that the slot does not confirm is asked again;
+-- so is one read before the queue was reclaimed (retire.lua): that number is free.
+local renumbered = redis.call('GET', P .. 'num') ~= ARGV[4]
+if renumbered then
   local read = tonumber(ARGV[7])
   if read == 0 or read <= tonumber(redis.call('GET', P .. 'retired') or -1) then
     return 'renumber'
   end
-  redis.call('SET', P .. 'num', ARGV[4])
-  redis.call('DEL', P .. 'retired')
 end
-if redis.call('EXISTS', P .. 'ids') == 0 then redis.call('SET', P .. 'ids', ARGV[5]) end
 -- A counter lost with the server's data (no AOF, a snapshot restored, a failover that
 -- lost the last writes) must not give its ids again: PostgreSQL rows (evaluation
 -- items) still name them. So a counter is never below the server's clock, in quarter
@@ -31,12 +30,19 @@ if redis.call('EXISTS', P .. 'ids') == 0 then redis.call('SET', P .. 'ids', ARGV
 local IDS_PER_SECOND, EPOCH = 4, 1767225600
 local t = redis.call('TIME')
 local floor = math.max(
-  (tonumber(t[1]) - EPOCH) * IDS_PER_SECOND + math.floor(tonumber(t[2]) * IDS_PER_SECOND / 1000000),
+  (tonumber(t[1]) - EPOCH) * IDS_PER_SECOND
+    + math.floor(tonumber(t[2]) * IDS_PER_SECOND / 1000000),
   tonumber(ARGV[6]) + 1)
 -- Refused before any write: a counter past 2^33 gives ids past 2^53.
-if math.max(tonumber(redis.call('GET', P .. 'ids')), floor) + n >= 8589934592 then
+local counter = tonumber(redis.call('GET', P .. 'ids') or ARGV[5])
+if math.max(counter, floor) + n >= 8589934592 then
   return redis.error_reply('herd: the job ids of queue ' .. queue .. ' are used up')
 end
+if renumbered then
+  redis.call('SET', P .. 'num', ARGV[4])
+  redis.call('DEL', P .. 'retired')
+end
+if redis.call('EXISTS', P .. 'ids') == 0 then redis.call('SET', P .. 'ids', ARGV[5]) end
 local function next_counter()
   local c = redis.call('INCR', P .. 'ids')
   if c < floor then
