@@ -147,6 +147,7 @@ class App:
                 finished_ttl=self.settings.finished_ttl,
                 pool_size=self.pool_size(),
                 throughput_ttl=self.settings.throughput_ttl,
+                max_queues=self.settings.max_queues,
             )
         if self.settings.broker != "postgres":
             raise ConfigError(f"unknown broker {self.settings.broker!r}: use postgres or redis")
@@ -171,6 +172,10 @@ class App:
         A fleet restarted together with its broker (a deploy, a failover) would
         otherwise lose every worker that started a moment too early.
         """
+        from herd.db.postgres import set_auto_migrate
+
+        # Every store this process opens later (the ledger's, a cache's) migrates by it.
+        set_auto_migrate(self.settings.auto_migrate)
         deadline = time.monotonic() + wait
         delay = 0.2
         while not self._opened:

@@ -387,19 +387,25 @@ def dlq_purge(
 
 
 @cli.command()
-def migrate(ctx: typer.Context) -> None:
-    """Bring the schema up to date (also done automatically on connect)."""
+def migrate(
+    ctx: typer.Context,
+    vectors: Annotated[
+        bool,
+        typer.Option(help="Also the corpus index's and the semantic cache's (need pgvector)."),
+    ] = False,
+) -> None:
+    """Bring herd's tables up to date (also done on connect unless HERD_AUTO_MIGRATE=0)."""
 
     async def work(a: App) -> list[int]:
-        from herd.db.postgres import migrate_all
-        from herd.queue.postgres import PostgresBroker
+        from herd.db.postgres import PLAIN_FEATURES, VECTOR_FEATURES, migrate_all
 
         # Each feature keeps its own migrations; the queue's, the locks', the caches' and
-        # the ledger's all live in herd's database.
-        return await migrate_all(a.database_url()) if isinstance(a.broker, PostgresBroker) else []
+        # the ledger's all live in herd's database, whichever broker holds the jobs.
+        features = PLAIN_FEATURES + (VECTOR_FEATURES if vectors else ())
+        return await migrate_all(a.database_url(), features)
 
-    run(opts(ctx), work)
-    out.print("schema is up to date")
+    applied = run(opts(ctx), work, open_store=False)
+    out.print(f"schema is up to date ({len(applied)} migrations applied)")
 
 
 @cli.command()

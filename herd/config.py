@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -50,6 +51,11 @@ SEMANTIC_MAX_ENTRY_BYTES = 256 * 1024
 
 # Shorter is guessable by anyone who can reach the port (herd.api.security).
 MIN_TOKEN_LENGTH = 16
+
+# Queues a Redis job store may hold (HERD_MAX_QUEUES); queues the dashboard and /metrics
+# show one by one (HERD_SHOWN_QUEUES), the others summed in one row.
+MAX_QUEUES = 1000
+SHOWN_QUEUES = 50
 
 # The pool of a process that is not a worker (serve, enqueue, the CLI's reads).
 PG_POOL_SIZE = 8
@@ -143,6 +149,15 @@ class Settings:
     query_max_chars: int = QUERY_MAX_CHARS
     query_max_k: int = QUERY_MAX_K
     query_embed_concurrency: int = QUERY_EMBED_CONCURRENCY
+    # Whether opening a store may create or update herd's tables (HERD_AUTO_MIGRATE=0:
+    # never; `herd migrate` does it), for teams whose schema changes go through review.
+    auto_migrate: bool = True
+    # Queues a Redis job store may hold (each takes one of its 2**20 - 1 numbers for as
+    # long as it has jobs): an enqueue, from the API too, that would add one more is refused.
+    max_queues: int = MAX_QUEUES
+    # Queues /overview and /metrics show one by one (the busiest); the rest are summed
+    # into one row, so that many queues cannot make every poll slow and large.
+    shown_queues: int = SHOWN_QUEUES
 
     def __post_init__(self) -> None:
         # Whatever prints an error later masks these verbatim, even where the URL's
@@ -212,6 +227,9 @@ class Settings:
             query_embed_concurrency=_bytes(
                 env, "HERD_QUERY_EMBED_CONCURRENCY", QUERY_EMBED_CONCURRENCY, unit="embeddings"
             ),
+            auto_migrate=auto_migrate_from(env),
+            max_queues=_bytes(env, "HERD_MAX_QUEUES", MAX_QUEUES, unit="queues"),
+            shown_queues=_bytes(env, "HERD_SHOWN_QUEUES", SHOWN_QUEUES, unit="queues"),
         )
 
     def override(self, **values: object) -> Settings:
@@ -286,6 +304,16 @@ def _choice(env: dict[str, str], name: str, choices: tuple[str, ...]) -> str:
     if raw not in choices:
         raise ConfigError(f"{name} must be one of {', '.join(choices)}, not {raw!r}")
     return raw
+
+
+def auto_migrate_from(env: Mapping[str, str]) -> bool:
+    """HERD_AUTO_MIGRATE: 1 (the default) or 0."""
+    raw = env.get("HERD_AUTO_MIGRATE", "").strip().lower()
+    if raw in ("", "1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"HERD_AUTO_MIGRATE must be 1 or 0, not {raw!r}")
 
 
 def _probability(env: dict[str, str], name: str, default: float) -> float:

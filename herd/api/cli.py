@@ -13,7 +13,7 @@ from rich.text import Text
 
 from herd import console
 from herd.api.models import OverviewOut
-from herd.api.overview import LEDGER_KINDS, depth, overview
+from herd.api.overview import LEDGER_KINDS, OTHERS, depth, overview
 from herd.api.security import check_bind, weakest
 from herd.errors import ConfigError
 
@@ -169,7 +169,7 @@ def print_overview(ov: OverviewOut) -> None:
     for s in ov.queues:
         n = {k.value: v for k, v in s.counts.items()}
         q.add_row(
-            s.queue,
+            f"{ov.queues_hidden:,} other queues" if s.queue == OTHERS else s.queue,
             f"{n.get('pending', 0):,}",
             f"{s.ready:,}",
             *[f"{n.get(k, 0):,}" for k in ("processing", "succeeded", "dead")],

@@ -42,7 +42,9 @@ class Reading:
 
 
 async def read(app: App) -> Reading:
-    reading = Reading(queues=await app.stats())
+    # The busiest queues one by one, the rest summed under queue="{others}": a label
+    # value per queue name would let whoever may enqueue grow every scrape.
+    reading = Reading(queues=overview.busiest(await app.stats(), app.settings.shown_queues)[0])
     reading.caches = await overview.caches(app, reading.problems)
     reading.ledger = await overview.optional("ledger", overview.ledger(app), reading.problems)
     reading.limits = await overview.optional("limits", overview.limits(app), reading.problems)

@@ -292,7 +292,9 @@ class OverviewOut(BaseModel):
 
     now: datetime
     broker: str
+    # The busiest HERD_SHOWN_QUEUES queues, then a "{others}" row summing the rest
     queues: list[QueueStats]
+    queues_hidden: int = 0  # how many queues the "{others}" row sums
     running: list[RunningJob]  # soonest lease expiry first
     throughput: ThroughputOut
     dead: list[JobSummaryOut]

@@ -214,6 +214,38 @@ async def optional(what: str, read: Awaitable[list[T]], problems: list[str]) -> 
         return []
 
 
+# The row that sums the queues not shown one by one: no queue can bear this name
+# (braces are refused in queue names: herd.queue.redis.prefix, the API's QueueName).
+OTHERS = "{others}"
+
+
+def busiest(stats: list[QueueStats], shown: int) -> tuple[list[QueueStats], int]:
+    """The ``shown`` busiest queues (jobs to run, then dead, then succeeded), in name
+    order, and one OTHERS row summing the rest; also how many the OTHERS row sums.
+    Whoever may enqueue may name queues: every poll stays bounded in their number."""
+    if len(stats) <= shown:
+        return stats, 0
+
+    def activity(q: QueueStats) -> tuple[int, int, int]:
+        c = q.counts
+        return depth(q), c.get(JobStatus.DEAD, 0), c.get(JobStatus.SUCCEEDED, 0)
+
+    ranked = sorted(stats, key=lambda q: (tuple(-n for n in activity(q)), q.queue))
+    top, rest = ranked[:shown], ranked[shown:]
+    counts: dict[JobStatus, int] = {}
+    for q in rest:
+        for status, n in q.counts.items():
+            counts[status] = counts.get(status, 0) + n
+    ages = [q.oldest_ready_age for q in rest if q.oldest_ready_age is not None]
+    others = QueueStats(
+        OTHERS,
+        counts,
+        ready=sum(q.ready for q in rest),
+        oldest_ready_age=max(ages) if ages else None,
+    )
+    return [*sorted(top, key=lambda q: q.queue), others], len(rest)
+
+
 async def overview(app: App, *, minutes: int = 30, limit: int = 50) -> OverviewOut:
     problems: list[str] = []
     stats, running, tp, dead, recent = await asyncio.gather(
@@ -227,10 +259,12 @@ async def overview(app: App, *, minutes: int = 30, limit: int = 50) -> OverviewO
     ledger_rows = await optional("cost ledger", ledger(app), problems)
     limit_rows = await optional("provider limits", limits(app), problems)
     batch_cards = await optional("evaluation batches", batches(app), problems)
+    shown, hidden = busiest(stats, app.settings.shown_queues)
     return OverviewOut(
         now=datetime.now(UTC),
         broker=app.broker.name,
-        queues=stats,
+        queues=shown,
+        queues_hidden=hidden,
         running=running,
         throughput=ThroughputOut.of(tp),
         dead=[JobSummaryOut.of(j) for j in dead],

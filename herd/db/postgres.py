@@ -35,6 +35,7 @@ import psycopg
 from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
+from herd.db.diskfull import disk_full
 from herd.errors import BrokerError, BrokerUnavailable, MigrationError
 from herd.masking import mask
 
@@ -86,6 +87,12 @@ def translate_errors(
         ) from exc
     except psycopg.OperationalError as exc:
         first = mask(_first_line(exc))  # libpq quotes the piece of a URL it could not parse
+        full = disk_full(exc, url)
+        if full is not None:
+            raise BrokerUnavailable(
+                f"PostgreSQL for {store} at {mask(url)} failed because {full} ({first});"
+                " free space on that disk, then run again"
+            ) from exc
         raise BrokerUnavailable(
             f"PostgreSQL for {store} at {mask(url)} is unreachable ({first}); is the server"
             f" running? check {setting}"
@@ -104,7 +111,38 @@ def migrations(package: str) -> list[tuple[int, str, str]]:
     return sorted(out)
 
 
-async def migrate(conn: AsyncConnection[Any], package: str = "herd.queue.sql") -> list[int]:
+# Whether a store's open may create or update herd's tables (HERD_AUTO_MIGRATE): the
+# stores of every feature migrate through migrate() below, so the policy is the
+# process's, set by App.open from its settings; unset, the environment says.
+_auto_migrate: bool | None = None
+
+
+def set_auto_migrate(allowed: bool) -> None:
+    global _auto_migrate
+    _auto_migrate = allowed
+
+
+def auto_migrate() -> bool:
+    if _auto_migrate is not None:
+        return _auto_migrate
+    from herd.config import auto_migrate_from
+
+    return auto_migrate_from(os.environ)
+
+
+# Features whose tables need the vector extension (pgvector): `herd migrate --vectors`.
+VECTOR_FEATURES = ("herd.rag.sql", "herd.semantic.sql")
+
+
+def where(conn: AsyncConnection[Any]) -> str:
+    """The database a connection is in, as a log line names it: no password."""
+    info = conn.info
+    return f"database {info.dbname!r} on {info.host}:{info.port} (user {info.user!r})"
+
+
+async def migrate(
+    conn: AsyncConnection[Any], package: str = "herd.queue.sql", *, explicit: bool = False
+) -> list[int]:
     """Apply the migrations of ``package`` this database lacks; returns the versions applied.
 
     Each feature keeps its files in its own package, numbered in a range of its
@@ -112,20 +150,38 @@ async def migrate(conn: AsyncConnection[Any], package: str = "herd.queue.sql") -
     cache's and eval's first files kept the 0003-0005 they were applied under),
     and migrates on its store's open, so the queue runs on servers without the
     extensions the others need. The lock is transaction-level: PgBouncer-safe.
+    ``explicit``: asked for (`herd migrate`), so HERD_AUTO_MIGRATE=0 does not refuse.
     """
+    allowed = explicit or auto_migrate()
     applied: list[int] = []
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-        await conn.execute(
-            "CREATE TABLE IF NOT EXISTS herd_migrations ("
-            " version integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        cur = await conn.execute("SELECT version FROM herd_migrations")
-        done = {row[0] for row in await cur.fetchall()}
-        for version, name, text in migrations(package):
-            if version in done:
-                continue
+        cur = await conn.execute("SELECT to_regclass('herd_migrations') IS NOT NULL")
+        row = await cur.fetchone()
+        known = bool(row and row[0])
+        done: set[int] = set()
+        if known:
+            cur = await conn.execute("SELECT version FROM herd_migrations")
+            done = {row[0] for row in await cur.fetchall()}
+        todo = [m for m in migrations(package) if m[0] not in done]
+        if not todo:
+            return []
+        if not allowed:
+            command = "herd migrate --vectors" if package in VECTOR_FEATURES else "herd migrate"
+            raise MigrationError(
+                f"herd's tables of {package} are missing or out of date in {where(conn)}"
+                f" and HERD_AUTO_MIGRATE=0 forbids creating them here: run `{command}`"
+            )
+        if not known:
+            # A URL that names the wrong database (one that accepted a wrong password,
+            # a colleague's) must not be filled with tables without a word.
+            log.warning("creating herd's tables in %s, where herd had none", where(conn))
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS herd_migrations ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+        for version, name, text in todo:
             try:
                 await conn.execute(text.encode())
             except psycopg.Error as exc:
@@ -159,7 +215,7 @@ async def migrate_all(
         conn = await AsyncConnection.connect(url, **kwargs, connect_timeout=10)
         async with conn:
             for package in packages:
-                applied += await migrate(conn, package)
+                applied += await migrate(conn, package, explicit=True)
     return applied
 
 

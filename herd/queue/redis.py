@@ -17,7 +17,10 @@ in one Redis Cluster slot and each script touches one slot):
     herd:{q}:tp:<minute>   hash: jobs succeeded / dead in that minute (epoch // 60), kept
                            throughput_ttl (HERD_THROUGHPUT_TTL, 2 days)
     herd:{q}:unindexed     list: ids swept from this queue, still to drop from herd:jobq
-    herd:ids, herd:queues, herd:jobq   id counter, known queues, job id -> queue
+    herd:{q}:ids, :num     the queue's id counter (floored by the clock) and its number
+    herd:{q}:retired       when the queue last gave its number back (redis_numbers)
+    herd:{queues}:*        queue numbers (herd.queue.redis_numbers)
+    herd:ids, herd:queues, herd:jobq   an older herd's id counter, queues, job id -> queue
 
 Retention: a succeeded job's hash expires finished_ttl after it finished; the
 sweep (sweep.lua, run by purge_finished, which workers call as they claim, at most
@@ -50,7 +53,7 @@ from redis import exceptions as rexc
 from redis.crc import key_slot
 
 from herd import aio
-from herd.config import mask_url
+from herd.config import MAX_QUEUES, mask_url
 from herd.db import redis as rdb
 from herd.errors import BrokerError
 from herd.jsonvalue import dumps, loads
@@ -73,6 +76,11 @@ from herd.queue.base import (
     trace_of,
     trace_text,
 )
+from herd.queue.redis_numbers import (
+    QUEUE_BITS,
+    RECLAIM_IDLE_MINUTES,
+    QueueNumbers,
+)
 
 log = logging.getLogger("herd.redis")
 
@@ -89,14 +97,10 @@ SCRIPTS = (
     "purge_dead",
     "stats",
     "queue_number",
+    "queue_free",
+    "retire",
+    "throughput",
 )
-# A job id is its queue's own counter times 2**QUEUE_BITS plus the queue's number, so
-# that enqueueing touches the queue's slot only and an id says where its job is. Ids
-# stay below 2**53 (exact in JSON numbers) up to 2**33 jobs per queue.
-QUEUE_BITS = 20
-QUEUE_MASK = (1 << QUEUE_BITS) - 1
-# The queue numbers, in one slot of their own (written once per queue).
-QUEUE_KEYS = ["herd:{queues}:num", "herd:{queues}:name", "herd:{queues}:next"]
 SWEEP_BATCH = 1000  # entries one sweep script call examines: bounds its time in Redis
 # Seconds between one process's looks (CLIENT LIST ID) for workers whose liveness
 # connection is gone: a killed worker's jobs run again within about this plus the
@@ -146,10 +150,15 @@ class RedisBroker:
         finished_ttl: float = 7 * 86400,
         throughput_ttl: float = 2 * 86400,
         pool_size: int = 8,
+        max_queues: int = MAX_QUEUES,
+        reclaim_idle_minutes: int = RECLAIM_IDLE_MINUTES,
     ) -> None:
         """``finished_ttl``: seconds a succeeded job's hash (and result) is kept; 0 keeps it.
         ``throughput_ttl``: seconds a per-minute throughput hash is kept; 0 keeps it.
-        ``pool_size``: connections this broker may use of the process's pool for ``url``."""
+        ``pool_size``: connections this broker may use of the process's pool for ``url``.
+        ``max_queues``: queues the server may hold; an enqueue that would add one more is
+        refused (InvalidInput). Empty queues give their number back (:meth:`reclaim_queues`)
+        once ``reclaim_idle_minutes`` have passed without a job finishing there."""
         self.url = url
         self.finished_ttl = int(finished_ttl)
         self.throughput_ttl = int(throughput_ttl)
@@ -165,9 +174,18 @@ class RedisBroker:
         self._marks: dict[str, dict[str, rdb.HeldConnection]] = {}
         self._next_orphan_check = 0.0
         self._client_list_refused = False
-        self._numbers: dict[str, tuple[int, int]] = {}
-        self._legacy = False
-        self._names: dict[int, str] = {}
+        self._numbers = QueueNumbers(
+            url,
+            lambda: self._redis,
+            self._scripts,
+            self._errors,
+            max_queues=max_queues,
+            reclaim_idle_minutes=reclaim_idle_minutes,
+        )
+        # The highest id counter this process has seen (enqueued or claimed): each
+        # enqueue passes it as a floor, so that a server that lost its counters gives
+        # this process no id it already holds, however fast the queue ran (enqueue.lua).
+        self._seen = 0
 
     @property
     def cluster(self) -> bool:
@@ -194,7 +212,7 @@ class RedisBroker:
         with self._errors():
             await self._check_persistence()
             # Ids an older herd gave are found through its herd:jobq index only.
-            self._legacy = bool(await self._redis.exists("herd:jobq"))
+            self._numbers.legacy = bool(await self._redis.exists("herd:jobq"))
 
     async def _check_persistence(self) -> None:
         """Without AOF, Redis forgets acknowledged jobs when it restarts: say so, once."""
@@ -388,64 +406,45 @@ class RedisBroker:
         by_queue: dict[str, list[int]] = defaultdict(list)
         for i, j in enumerate(jobs):
             by_queue[j.queue].append(i)
-        numbers = [await self._queue_number(queue) for queue in by_queue]
-        calls = []
-        for (queue, idx), (qnum, start) in zip(by_queue.items(), numbers, strict=True):
-            args: list[Any] = [queue, len(idx), qnum, start]
-            for i in idx:
-                j = jobs[i]
-                args += [
-                    j.task,
-                    payloads[i],
-                    j.priority,
-                    j.dedup_key or "",
-                    int(max(0.0, j.delay) * 1000),
-                    j.lease_seconds,
-                    j.max_attempts,
-                    j.max_stalls,
-                    trace_text(j) or "",
-                ]
-            p = prefix(queue)
-            calls.append(([p + "meta"], [p, *args]))
-        replies = await self._call_many("enqueue", calls)
         results: dict[int, EnqueueResult] = {}
-        for idx, reply in zip(by_queue.values(), replies, strict=True):
-            for i, (job_id, created) in zip(idx, reply, strict=True):
-                results[i] = EnqueueResult(int(job_id), bool(created))
+        todo = dict(by_queue)
+        # A number read just before its queue was reclaimed is refused: read again.
+        for _ in range(3):
+            numbers = [await self._numbers.number(queue) for queue in todo]
+            calls = []
+            for (queue, idx), (qnum, start, read) in zip(todo.items(), numbers, strict=True):
+                args: list[Any] = [queue, len(idx), qnum, start, self._seen, read]
+                for i in idx:
+                    j = jobs[i]
+                    args += [
+                        j.task,
+                        payloads[i],
+                        j.priority,
+                        j.dedup_key or "",
+                        int(max(0.0, j.delay) * 1000),
+                        j.lease_seconds,
+                        j.max_attempts,
+                        j.max_stalls,
+                        trace_text(j) or "",
+                    ]
+                p = prefix(queue)
+                calls.append(([p + "meta"], [p, *args]))
+            replies = await self._call_many("enqueue", calls)
+            again: dict[str, list[int]] = {}
+            for (queue, idx), reply in zip(todo.items(), replies, strict=True):
+                if isinstance(reply, (str, bytes)):  # 'renumber': the number is asked again
+                    self._numbers.forget(queue)
+                    again[queue] = idx
+                    continue
+                for i, (job_id, created) in zip(idx, reply, strict=True):
+                    results[i] = EnqueueResult(int(job_id), bool(created))
+            todo = again
+            if not todo:
+                break
+        if todo:
+            raise BrokerError(f"the numbers of queues {sorted(todo)} changed while enqueueing")
+        self._saw(r.job_id for r in results.values())
         return [results[i] for i in range(len(jobs))]
-
-    async def _queue_number(self, queue: str) -> tuple[int, int]:
-        """The queue's number (the low bits of its job ids) and where its own id
-        counter starts, asked once per process: a number never changes."""
-        if queue not in self._numbers:
-            with self._errors():
-                number = int(await self._scripts["queue_number"](keys=QUEUE_KEYS, args=[queue]))
-                if number >= 1 << QUEUE_BITS:
-                    raise BrokerError(f"more than {(1 << QUEUE_BITS) - 1} queues on {self.url}")
-                await self._redis.sadd("herd:queues", queue)
-                # Past every id an older herd drew from its global counter.
-                legacy = int(await self._redis.get("herd:ids") or 0)
-            self._numbers[queue] = (number, (legacy >> QUEUE_BITS) + 1 if legacy else 0)
-            self._names[number] = queue
-        return self._numbers[queue]
-
-    async def _queue_names(self, job_ids: Sequence[int]) -> list[str | None]:
-        """The queue of each job id: its low bits are the queue's number, or, for an id
-        an older herd gave (from herd:ids), the herd:jobq index it wrote."""
-        unknown = sorted({i & QUEUE_MASK for i in job_ids} - set(self._names))
-        with self._errors():
-            if unknown:
-                names = await self._redis.hmget(QUEUE_KEYS[1], [str(n) for n in unknown])
-                for number, name in zip(unknown, names, strict=True):
-                    if name is not None:
-                        self._names[number] = _text(name)
-            legacy: list[Any] = [None] * len(job_ids)
-            if self._legacy:
-                legacy = await self._redis.hmget("herd:jobq", [str(i) for i in job_ids])
-        return [
-            _text(old) if old is not None else self._names.get(i & QUEUE_MASK)
-            for i, old in zip(job_ids, legacy, strict=True)
-        ]
 
     # -- workers
 
@@ -485,7 +484,11 @@ class RedisBroker:
                         trace_context=trace_of(trace),
                     )
                 )
+        self._saw(lease.job_id for lease in leases)
         return leases
+
+    def _saw(self, job_ids: Iterable[int]) -> None:
+        self._seen = max(self._seen, *(i >> QUEUE_BITS for i in job_ids), 0)
 
     async def _per_queue(self, script: str, leases: Iterable[Lease], extra: Any = ()) -> list[Any]:
         """One script call per queue, all in one pipeline (one round trip)."""
@@ -581,7 +584,7 @@ class RedisBroker:
     async def reschedule(self, job_ids: Sequence[int], delay: float) -> list[int]:
         if not job_ids:
             return []
-        queues = await self._queue_names(job_ids)
+        queues = await self._numbers.names(job_ids)
         by_queue: dict[str, list[int]] = defaultdict(list)
         for job_id, queue in zip(job_ids, queues, strict=True):
             if queue is not None:
@@ -626,7 +629,7 @@ class RedisBroker:
     # -- inspection and operations
 
     async def _queue_of(self, job_id: int) -> str | None:
-        return (await self._queue_names([job_id]))[0]
+        return (await self._numbers.names([job_id]))[0]
 
     async def _load(self, queue: str, ids: Sequence[int | str]) -> list[Job]:
         with self._errors():
@@ -646,7 +649,7 @@ class RedisBroker:
     async def get_jobs(self, job_ids: Sequence[int]) -> list[Job]:
         if not job_ids:
             return []
-        queues = await self._queue_names(job_ids)
+        queues = await self._numbers.names(job_ids)
         by_queue: dict[str, list[int]] = {}
         for job_id, queue in zip(job_ids, queues, strict=True):
             if queue is not None:
@@ -657,24 +660,45 @@ class RedisBroker:
         return out
 
     async def _queues(self) -> list[str]:
-        with self._errors():
-            return sorted(str(q) for q in await self._redis.smembers("herd:queues"))
+        return await self._numbers.queues()
+
+    async def reclaim_queues(self) -> list[str]:
+        """Give back the numbers of queues without any job (run after each sweep), so
+        that names used once do not hold numbers, nor dashboard rows, for good. Returns
+        the queues reclaimed."""
+        empty = [q.queue for q in await self.stats() if not any(q.counts.values())]
+        return await self._numbers.reclaim(empty, prefix)
 
     async def list_jobs(
         self, *, status: JobStatus | None = None, queue: str | None = None, limit: int = 100
     ) -> list[Job]:
         statuses = [status] if status else list(JobStatus)
-        found: list[Job] = []
-        for q in [queue] if queue else await self._queues():
-            with self._errors():
-                pipe = self._redis.pipeline(transaction=False)
+        queues = [queue] if queue else await self._queues()
+        # Two round trips whatever the number of queues: the newest ids of each, then
+        # the hashes of the newest ``limit`` of all (the dashboard's "recent" polls this).
+        with self._errors():
+            pipe = self._redis.pipeline(transaction=False)
+            for q in queues:
                 for st in statuses:
                     pipe.zrevrange(f"{prefix(q)}st:{st.value}", 0, limit - 1)
-                id_lists = await pipe.execute()
-            ids = sorted({int(i) for lst in id_lists for i in lst}, reverse=True)[:limit]
-            found += await self._load(q, ids)
+            id_lists = await pipe.execute()
+        newest = sorted(
+            {
+                (int(i), q)
+                for n, q in enumerate(queues)
+                for lst in id_lists[n * len(statuses) : (n + 1) * len(statuses)]
+                for i in lst
+            },
+            reverse=True,
+        )[:limit]
+        with self._errors():
+            pipe = self._redis.pipeline(transaction=False)
+            for job_id, q in newest:
+                pipe.hgetall(f"{prefix(q)}job:{job_id}")
+            rows = await pipe.execute()
+        found = [_job(r) for r in rows if r]
         found.sort(key=lambda j: j.id, reverse=True)
-        return found[:limit]
+        return found
 
     async def stats(self) -> list[QueueStats]:
         queues = await self._queues()
@@ -707,7 +731,9 @@ class RedisBroker:
         keep = self.finished_ttl if older_than is None else older_than
         if older_than is None and not keep:
             return 0
-        return await self._purge("sweep", await self._queues(), keep, CONSUMER_IDLE_MS)
+        removed = await self._purge("sweep", await self._queues(), keep, CONSUMER_IDLE_MS)
+        await self.reclaim_queues()
+        return removed
 
     async def purge_dead(self, older_than: float, queue: str | None = None) -> int:
         """Delete dead-lettered jobs finished more than ``older_than`` seconds ago, and
@@ -751,7 +777,7 @@ class RedisBroker:
         if job_ids is None:
             targets = {q: ["*"] for q in await self._queues()}
         elif job_ids:
-            queues = await self._queue_names(job_ids)
+            queues = await self._numbers.names(job_ids)
             # In id order, as for '*': of dead jobs sharing a free key, the oldest wins.
             for job_id, queue in sorted(zip(job_ids, queues, strict=True)):
                 if queue is not None:
@@ -817,16 +843,16 @@ class RedisBroker:
         first = await self._now_ms() // 60000 - minutes + 1
         out = Throughput(start=datetime.fromtimestamp(first * 60, UTC), minutes=minutes)
         queues = await self._queues()
-        with self._errors():
-            pipe = self._redis.pipeline(transaction=False)
-            for q in queues:
-                for i in range(minutes):
-                    pipe.hgetall(f"{prefix(q)}tp:{first + i}")
-            counts = await pipe.execute()
-        for n, q in enumerate(queues):
+        calls = [([prefix(q) + "meta"], [prefix(q), first, minutes]) for q in queues]
+        replies = await self._call_many("throughput", calls) if calls else []
+        for q, counts in zip(queues, replies, strict=True):
             for i in range(minutes):
-                for status, count in counts[n * minutes + i].items():
-                    out.add(q, JobStatus(status), i, int(count))
+                for status, n in (
+                    (JobStatus.SUCCEEDED, counts[i]),
+                    (JobStatus.DEAD, counts[minutes + i]),
+                ):
+                    if int(n):
+                        out.add(q, status, i, int(n))
         return out
 
 

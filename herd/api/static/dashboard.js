@@ -144,11 +144,13 @@ function renderThroughput(tp) {
   $("throughput").replaceChildren(chart);
 }
 
-function renderQueues(queues) {
+function renderQueues(queues, hidden) {
+  // "{others}" sums the queues past the busiest HERD_SHOWN_QUEUES (no queue bears that name).
+  const name = (q) => (q.queue === "{others}" ? `${fmt.int(hidden)} other queues` : q.queue);
   const depth = (q) => (q.counts.pending || 0) + (q.counts.processing || 0);
   const max = Math.max(1, ...queues.map(depth));
   fillTable("queues", queues.map((q) => el("tr", {},
-    el("td", { class: "mono", text: q.queue }),
+    el("td", { class: "mono", text: name(q) }),
     el("td", { class: "n", text: fmt.int(q.counts.pending || 0) }),
     el("td", { class: "n", text: fmt.int(q.ready) }),
     el("td", { class: "n", text: fmt.int(q.counts.processing || 0) }),
@@ -439,7 +441,7 @@ function render(d) {
   banner.textContent = d.problems.join(" · ");
   renderKpis(d);
   renderThroughput(d.throughput);
-  renderQueues(d.queues);
+  renderQueues(d.queues, d.queues_hidden);
   renderRunning(d.running);
   renderDead(d.dead);
   renderRecent(d.recent);
