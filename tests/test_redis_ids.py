@@ -10,9 +10,9 @@ from herd.errors import BrokerError
 from herd.queue.base import NewJob
 from herd.queue.redis import RedisBroker, prefix
 from herd.queue.redis_numbers import QUEUE_BITS
+from herd.testing.servers.redis_stack import RedisStackServer
 from tests.conftest import CACHE, flush_redis
 from tests.helpers import eventually
-from tests.servers.redis_stack import RedisStackServer
 
 EPOCH, IDS_PER_SECOND = 1767225600, 4  # enqueue.lua's clock floor
 

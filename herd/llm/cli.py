@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -35,8 +36,12 @@ from herd.worker import Worker
 eval_cli = typer.Typer(no_args_is_help=True, help="LLM evaluations of documents.")
 
 
-def _usage(message: str, hint: str | None = None) -> typer.BadParameter:
-    return typer.BadParameter(message, param_hint=hint)
+def _usage(message: str, hint: str | None = None) -> typer.Exit:
+    """A usage error as one line on stderr (typer's box adds nothing to it), exit 2:
+    the caller raises what this returns."""
+    where = f"Invalid value for {hint}: " if hint else ""
+    console.err.print(f"herd: error: {where}{message}", soft_wrap=True)
+    return typer.Exit(follow.USAGE)
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -160,6 +165,8 @@ def eval_submit(
             console.err.print(f"  skipped: {error}", soft_wrap=True)
         if not wait:
             return report, 1 if report.errors else 0, None
+        if not opts.debug:  # the display says what the worker's INFO lines would
+            logging.getLogger("herd.worker").setLevel(logging.WARNING)
         worker = Worker(app, queues=[QUEUE], concurrency=concurrency, poll_interval=0.2,
                         install_signal_handlers=False, grace_period=10.0)  # fmt: skip
         code, status = await follow.follow(
