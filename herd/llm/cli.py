@@ -30,6 +30,7 @@ from herd.llm.eval import results as export
 from herd.llm.eval.money import dollars
 from herd.llm.eval.spec import QUEUE, check_budget
 from herd.llm.eval.status import BatchStatus
+from herd.llm.follow import print_status
 from herd.llm.providers import registry
 from herd.worker import Worker
 
@@ -184,7 +185,7 @@ def eval_submit(
     else:
         console.out.print(f"batch {report.batch}")
         if status:
-            _print_status(status)
+            print_status(status)
     raise typer.Exit(code)
 
 
@@ -203,7 +204,7 @@ def eval_wait(
     if as_json:
         console.print_json(status.to_json())
     else:
-        _print_status(status)
+        print_status(status)
     raise typer.Exit(code)
 
 
@@ -227,8 +228,8 @@ def eval_list(
         table.add_column(col, justify="right" if col in ("answered", "spent") else "left",
                          overflow="fold")  # fmt: skip
     for b in found:
-        state = b["parked"] or ("done" if b["done"] + b["cancelled_items"] >= b["documents"]
-                                else "running")  # fmt: skip
+        finished = b["done"] + b["cancelled_items"] >= b["documents"]
+        state = f"parked ({b['parked']})" if b["parked"] else "done" if finished else "running"
         spent = dollars(b["spent"]) + (f" / {dollars(b['budget'])}" if b["budget"] is not None
                                       else "")  # fmt: skip
         table.add_row(b["batch"], b["created_at"][:19].replace("T", " "),
@@ -251,7 +252,7 @@ def eval_status(
     if as_json:
         console.print_json(status.to_json())
     else:
-        _print_status(status)
+        print_status(status)
 
 
 @eval_cli.command("show")
@@ -265,7 +266,7 @@ def eval_show(
     if as_json:
         console.print_json(status.to_json())
         return
-    _print_status(status)
+    print_status(status)
     if status.failures:
         table = Table(title="failed documents", title_justify="left", box=None)
         table.add_column("path", overflow="fold")
@@ -273,81 +274,6 @@ def eval_show(
         for f in status.failures:
             table.add_row(f["path"], console.short(f["error"], 200))
         console.out.print(table)
-
-
-def _print_status(status: BatchStatus) -> None:
-    console.out.print(follow.summary(status), soft_wrap=True)
-    for line in follow.parked_lines(status):
-        console.out.print(line, soft_wrap=True)
-    if status.budget is not None or status.spent:
-        parts = [
-            f"budget {dollars(status.budget, unpriced='none')}",
-            f"spent {dollars(status.spent)}",
-            f"reserved {dollars(status.reserved)}",
-        ]
-        if status.estimated:
-            parts.append(f"of which {dollars(status.estimated)} estimated (calls cut off"
-                         " mid-call, at their worst case)")  # fmt: skip
-        console.out.print(", ".join(parts), soft_wrap=True)
-    if status.unpriced:
-        console.out.print(
-            f"unpriced models: {', '.join(status.unpriced)} (add them to"
-            " HERD_PRICES); their calls are counted, not priced",
-            soft_wrap=True,
-        )
-    if status.limits:
-        console.out.print(
-            "batch limits " + ", ".join(f"{k} {v}" for k, v in sorted(status.limits.items()))
-        )
-    if status.limit_usage:
-        use = Table(title="provider limits (fleet-wide)", title_justify="left", box=None)
-        for col in ("scope", "requests", "tokens", "in flight", "waited", "429s"):
-            use.add_column(col, justify="left" if col == "scope" else "right", overflow="fold")
-        for u in status.limit_usage:
-            lim = u["limit"]
-
-            def of(now: float, name: str, lim: dict[str, Any] = lim) -> str:
-                return f"{now:,.0f}/{lim[name]:,}" if lim.get(name) else f"{now:,.0f}"
-
-            paused = f" (paused {u['paused_for']:.1f} s)" if u["paused_for"] else ""
-            use.add_row(u["scope"] + paused, of(u["requests_now"], "rpm"),
-                        of(u["tokens_now"], "tpm"), of(u["in_flight"], "max_concurrent"),
-                        f"{u['wait_seconds']:.1f} s", f"{u['rate_limited']:,}")  # fmt: skip
-        console.out.print(use)
-    led = status.ledger
-    table = Table(title="cost ledger", title_justify="left", box=None)
-    for col in ("", "calls", "tokens in", "tokens out", "cost"):
-        table.add_column(col, justify="right" if col else "left")
-    for kind, label in (
-        ("call", "provider calls"),
-        ("lost", "lost (lease lost mid-call)"),
-        ("failed", "failed after sending"),
-        ("cut_short", "cut short (worker died)"),
-        ("cache", "avoided: cache"),
-        ("singleflight", "avoided: singleflight"),
-        ("dedup", "avoided: dedup"),
-    ):
-        row = led.get(kind)
-        if row is None:
-            continue
-        paid = kind in ("call", "lost", "failed", "cut_short")
-        cost = dollars(row["cost"]) if paid else ""
-        if kind in ("lost", "failed", "cut_short") and row["cost"] is not None:
-            cost += " (estimate)"
-        table.add_row(label, f"{row['n']:,}", f"{row['input_tokens']:,}",
-                      f"{row['output_tokens']:,}", cost)  # fmt: skip
-    if led:
-        console.out.print(table)
-    pc = status.provider_cache
-    if pc.get("cached_input_tokens") or pc.get("cache_write_tokens"):
-        saved = pc.get("saved")
-        console.out.print(
-            f"provider cache: {pc['cached_input_tokens']:,} input tokens read from it,"
-            f" {pc['cache_write_tokens']:,} written"
-            + (f", {dollars(saved)} saved" if saved is not None else "")
-            + " (apart from herd's cache)",
-            soft_wrap=True,
-        )
 
 
 @eval_cli.command("budget")

@@ -284,3 +284,23 @@ async def test_money_is_exact(app, tmp_path, monkeypatch):
                               cost=cost)  # fmt: skip
     totals = await rt.store.totals("cents")
     assert totals["call"]["cost"] == 0.6  # not 0.6000000000000001
+
+
+async def test_a_fast_worker_clock_does_not_date_a_batch_handle(app, sim, tmp_path, monkeypatch):
+    """The handle's time, which bounds a takeover's search for its Anthropic batch, is the
+    store's clock: a worker 15 minutes fast would otherwise make a takeover miss its batch
+    and create a second, billed one (issue 29, item 10)."""
+    from herd.llm.providers.anthropic_batch import handle_time
+
+    real, real_ns = time.time, time.time_ns
+    monkeypatch.setattr(time, "time", lambda: real() + 900)
+    monkeypatch.setattr(time, "time_ns", lambda: real_ns() + 900 * 10**9)
+    await submit(app, [folder(tmp_path, 2)], SPEC, batch="skew", batch_api=True)
+    app.task(name=evaluate.spec.SUBMIT_TASK, queue=evaluate.QUEUE)(evaluate.batchapi.batch_submit)
+    await drain(app)
+    rt = await evaluate.EvalRuntime.of(app)
+    ((handle, now),) = await rt.store.execute(
+        "SELECT handle, extract(epoch FROM now())::float8 FROM herd_eval_provider_batches"
+    )
+    made = handle_time(handle)
+    assert made is not None and abs(made - now) < 60

@@ -16,8 +16,8 @@ from herd.api import metrics, overview
 from herd.limits import scope_name
 from herd.limits.base import key_id
 from herd.llm import eval as evaluate
-from herd.llm.cli import _print_status
 from herd.llm.eval import EvalSpec, enqueue_documents
+from herd.llm.follow import print_status as _print_status
 from tests.conftest import truncate
 from tests.helpers import eventually
 from tests.llm.conftest import clean_eval_tables

@@ -23,12 +23,12 @@ def as_float(value: Decimal | float | None) -> float | None:
 
 
 def dollars(value: Decimal | float | None, *, unpriced: str = "unpriced") -> str:
-    """``$0.77`` (cents), ``$0.0042`` for amounts under a cent, ``unpriced`` for None:
-    a cost nobody knows is never shown as $0."""
+    """``$0.77`` (cents), ``$0.0042`` (to a millionth) for amounts under a cent,
+    ``unpriced`` for None: a cost nobody knows is never shown as $0."""
     if value is None:
         return unpriced
     d = money(value)
     assert d is not None
     if d != 0 and abs(d) < Decimal("0.01"):
-        return f"${d:.4f}"
+        return "$" + f"{d:.6f}".rstrip("0")
     return f"${d:,.2f}"

@@ -37,15 +37,16 @@ async def rows(
         waiting = sorted({r[4] for r in page if r[1] in ("queued", "parked")})
         jobs = {j.id: j for j in await jobs_of(app, waiting)}
         calls = await rt.store.key_calls(batch, sorted({r[5] for r in page}))
-        for path, status, source, result, job_id, key, _at, model, _provider in page:
-            yield _row(path, status, source, result, jobs.get(job_id), calls.get(key), model)
+        for path, status, source, result, job_id, key, at, model, _provider in page:
+            yield _row(path, status, source, result, jobs.get(job_id), calls.get(key), model, at)
         after = page[-1][0]
         if left is not None:
             left -= len(page)
 
 
 def _row(path: str, status: str, source: str | None, result: Any, job: Any,
-         calls: tuple[Any, ...] | None, model: str | None) -> dict[str, Any]:  # fmt: skip
+         calls: tuple[Any, ...] | None, model: str | None,
+         finished: Any = None) -> dict[str, Any]:  # fmt: skip
     error = None
     if status in ("queued", "parked") and job is not None:
         if job.status == "dead":
@@ -63,9 +64,10 @@ def _row(path: str, status: str, source: str | None, result: Any, job: Any,
     cost: Decimal | None = None
     seconds = None
     if calls is not None and shown in ("call", "batch"):
-        i, ci, o, cost, unpriced, first, last, _n = calls
+        i, ci, o, cost, unpriced, first, _last, _n = calls
         cost = None if unpriced else cost
-        seconds = round((last - first).total_seconds(), 3) if first and last else None
+        # From its first call's request to its answer landing: what the document took.
+        seconds = round((finished - first).total_seconds(), 3) if first and finished else None
     elif status == "done" and shown == "call":
         shown = "dedup"  # answered by another batch's (or document's) call
     return {"path": path, "status": status, "model": answer.get("model") or model,
