@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import hashlib
 import io
 import json
 import time
@@ -304,3 +305,23 @@ async def test_a_fast_worker_clock_does_not_date_a_batch_handle(app, sim, tmp_pa
     )
     made = handle_time(handle)
     assert made is not None and abs(made - now) < 60
+
+
+async def test_a_job_enqueued_by_the_old_code_drains_after_the_upgrade(app, sim):
+    """The payload herd.llm.evaluate enqueued (batch, path, doc, spec, key: hashes only)
+    is what the package's task reads: jobs queued before an upgrade finish after it."""
+    rt = await evaluate.EvalRuntime.of(app)
+    text = "An old paper.\nIt was queued before the upgrade."
+    doc = hashlib.sha256(text.encode()).hexdigest()
+    await rt.store.put_batch("old", budget=None, limits=None)
+    await rt.store.put_spec(SPEC)
+    await rt.store.put_documents({doc: text})
+    key = SPEC.key(text)
+    job = await app.enqueue(
+        "herd.eval", {"batch": "old", "path": "old.txt", "doc": doc, "spec": SPEC.hash, "key": key},
+        queue="eval", dedup_key=key,
+    )  # fmt: skip
+    await rt.store.put_items("old", SPEC.hash, [("old.txt", key, job.job_id, doc)])
+    await drain(app)
+    status = await evaluate.batch_status(app, "old")
+    assert (status.documents, status.done) == (1, 1) and sim.stats()["calls"] == 1
