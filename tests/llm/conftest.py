@@ -15,7 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
+from herd import Worker
+from herd.llm.eval import QUEUE
 from herd.testing.simulator import SimulatorProcess
+from tests.helpers import eventually
 
 SECRET = "sk-test-SECRET"
 
@@ -98,3 +101,16 @@ def clean_eval_tables(url: str) -> None:
         pool.submit(asyncio.run, migrated()).result()
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"TRUNCATE {EVAL_TABLES}")
+
+
+async def run_until(app, probe, *, concurrency: int = 1):  # type: ignore[no-untyped-def]
+    """Run an evaluation worker until ``probe`` holds (a parked batch's jobs stay queued,
+    so a worker that stops when idle would never stop)."""
+    worker = Worker(app, queues=[QUEUE], concurrency=concurrency, poll_interval=0.05,
+                    install_signal_handlers=False)  # fmt: skip
+    run = asyncio.create_task(worker.run())
+    try:
+        return await eventually(probe, timeout=20)
+    finally:
+        worker.stop(immediate=True)
+        await run

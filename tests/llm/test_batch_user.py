@@ -4,7 +4,6 @@ document, and the hardening of what a batch reads (issues 28 and 29)."""
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import hashlib
 import io
@@ -20,8 +19,8 @@ from herd.llm import eval as evaluate
 from herd.llm.eval import EvalSpec, enqueue_documents, submit
 from herd.llm.eval.spec import validate_answer
 from tests.conftest import truncate
-from tests.helpers import eventually, priced
-from tests.llm.conftest import clean_eval_tables
+from tests.helpers import priced
+from tests.llm.conftest import clean_eval_tables, run_until
 from tests.test_cli import herd
 
 SCHEMA = {
@@ -56,25 +55,12 @@ def folder(tmp: Path, n: int) -> Path:
     return docs
 
 
-async def until(app: App, probe):  # type: ignore[no-untyped-def]
-    """Run a worker until ``probe`` holds (a parked batch's jobs stay queued, so a worker
-    that stops when idle would never stop)."""
-    worker = Worker(app, queues=[evaluate.QUEUE], concurrency=1, poll_interval=0.05,
-                    install_signal_handlers=False)  # fmt: skip
-    run = asyncio.create_task(worker.run())
-    try:
-        return await eventually(probe, timeout=20)
-    finally:
-        worker.stop(immediate=True)
-        await run
-
-
 async def parked(app: App, batch: str):  # type: ignore[no-untyped-def]
     async def probe():  # type: ignore[no-untyped-def]
         found = await evaluate.batch_status(app, batch)
         return found if found.parked and not found.queued and not found.running else None
 
-    return await until(app, probe)
+    return await run_until(app, probe)
 
 
 async def drain(app: App, concurrency: int = 1) -> None:

@@ -3,7 +3,6 @@ status`, run as a user runs them (a subprocess each), against the suite's Postgr
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import uuid
@@ -11,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from herd import App, Worker
+from herd import App
 from herd.llm import eval as evaluate
 from tests.conftest import truncate
-from tests.helpers import eventually
-from tests.llm.conftest import clean_eval_tables
+from tests.llm.conftest import clean_eval_tables, run_until
 from tests.test_cli import herd
 
 # One token costs $0.001 either way: a short document's worst case is under $0.1.
@@ -109,21 +107,11 @@ async def test_raising_the_budget_of_a_parked_batch_resumes_it(files, url, sim, 
     app.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=5.0)(evaluate.task.evaluate)
     async with app:
 
-        async def run_until(probe):  # type: ignore[no-untyped-def]
-            worker = Worker(app, queues=[evaluate.QUEUE], concurrency=3, poll_interval=0.05,
-                            install_signal_handlers=False)  # fmt: skip
-            run = asyncio.create_task(worker.run())
-            try:
-                return await eventually(probe, timeout=20)
-            finally:
-                worker.stop(immediate=True)
-                await run
-
         async def parked():  # type: ignore[no-untyped-def]
             s = (await evaluate.batch_status(app, batch)).to_json()
             return s if s["parked"] == "budget" and s["parked_items"] == 3 else None
 
-        await run_until(parked)
+        await run_until(app, parked, concurrency=3)
         assert sim.stats()["calls"] == 0
 
         raised = herd("eval", "budget", batch, "1.0", "--json", url=url)
@@ -137,7 +125,7 @@ async def test_raising_the_budget_of_a_parked_batch_resumes_it(files, url, sim, 
             s = (await evaluate.batch_status(app, batch)).to_json()
             return s if s["done"] == 3 else None
 
-        final = await run_until(finished)
+        final = await run_until(app, finished, concurrency=3)
         assert 0 < final["spent"] <= 1.0 and sim.stats()["calls"] == 3
 
 
