@@ -589,7 +589,9 @@ async def finalize(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             )
         if left:
             raise Retry(f"{left} chunks still to embed", after=1.0)
-    async with rt.store.connection() as conn, conn.transaction():
+    # Fenced by the job's lease: a finalize that lost it (paused, taken over) deletes
+    # nothing and swaps nothing.
+    async with ctx.fenced_transaction(rt.store.transaction) as conn:
         cur = await conn.execute(
             "SELECT files, folders FROM herd_ingest_runs WHERE id = %s", (payload["run"],)
         )
@@ -622,7 +624,7 @@ async def finalize(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     swapped = False
     if gen.status == "building":
         await rt.store.build_index(gen)
-        await rt.store.swap(gen)
+        await rt.store.swap(gen, lambda: ctx.fenced_transaction(rt.store.transaction))
         swapped = True
     dropped = await rt.store.drop_retired(ctx.app.settings.rag_retired_grace)
     return {"deleted": len(gone), "swapped": swapped, "generation": gen.id, "dropped": dropped}

@@ -24,8 +24,8 @@ frequency, which is what makes a rare name or number count).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from contextlib import AbstractContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -323,12 +323,18 @@ class RagStore:
         )
         return {r[0] for r in rows}
 
-    async def swap(self, gen: Generation) -> None:
-        """Make ``gen`` live after checking it covers every chunk at its current hash."""
+    async def swap(
+        self,
+        gen: Generation,
+        transaction: Callable[[], AbstractAsyncContextManager[AsyncConnection[Any]]] | None = None,
+    ) -> None:
+        """Make ``gen`` live after checking it covers every chunk at its current hash and
+        is still being built (a generation retired, or swapped in by another run, is never
+        made live again). ``transaction``: the caller's (a job's, fenced by its lease)."""
         store = self.vectors(gen.store)
         if not store.joins_transaction:
             await self._check_store(store, gen)
-        async with self.connection() as conn, conn.transaction():
+        async with (transaction or self.transaction)() as conn:
             await conn.execute(
                 "SELECT 1 FROM herd_collections WHERE name = %s FOR UPDATE", (gen.collection,)
             )
@@ -350,14 +356,20 @@ class RagStore:
                     f"generation {gen.id} of {gen.collection!r} does not match its chunks"
                     f" ({vectors} vectors for {chunks} chunks); not swapping"
                 )
+            cur = await conn.execute(
+                "UPDATE herd_generations SET status = 'live', swapped_at = now()"
+                " WHERE id = %s AND status = 'building'",
+                (gen.id,),
+            )
+            if cur.rowcount != 1:
+                raise IndexError_(
+                    f"generation {gen.id} of {gen.collection!r} is no longer being built;"
+                    " not swapping"
+                )
             await conn.execute(
                 "UPDATE herd_generations SET status = 'retired', retired_at = now()"
-                " WHERE collection = %s AND status = 'live'",
-                (gen.collection,),
-            )
-            await conn.execute(
-                "UPDATE herd_generations SET status = 'live', swapped_at = now() WHERE id = %s",
-                (gen.id,),
+                " WHERE collection = %s AND status = 'live' AND id <> %s",
+                (gen.collection, gen.id),
             )
             await conn.execute(
                 "UPDATE herd_collections SET live_generation = %s WHERE name = %s",

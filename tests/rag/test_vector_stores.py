@@ -160,6 +160,11 @@ async def test_swap_moves_queries_to_the_new_generation_and_drop_removes_the_old
     live = await store.live(name)
     assert live.id == new.id
     assert [h.chunk_id for h in await store.search(live, unit(0), 1)] == ["b"]
+    # A generation no longer being built (here: retired) is never made live again, as a
+    # finalize that lost its lease to a later run's could try (issue 29, item 18).
+    with pytest.raises(IndexError_, match="no longer being built"):
+        await store.swap(old)
+    assert (await store.live(name)).id == new.id
     # The generation swapped out answers until it is dropped, then says so.
     assert [h.chunk_id for h in await store.search(old, unit(0), 1)] == ["a"]
     assert old.id in await store.drop_retired(0)
