@@ -173,6 +173,9 @@ async def follow(
                 stop_workers()
             await workers
     if interrupted.is_set():
+        # The calls running here finished in the grace period (or were handed back):
+        # the counts and the spend as they stand now, not as they stood at Ctrl-C.
+        status = await batch_status(app, batch)
         left = status.documents - status.done - status.dead - status.lost - status.cancelled_items
         err.print(
             f"interrupted: batch {batch} has {left} documents still to answer; workers"
