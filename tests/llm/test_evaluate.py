@@ -198,10 +198,20 @@ REFUSED_PARAMS = [
     ({"max_tokens": 0}, "params.max_tokens"),
     ({"max_tokens": "lots"}, "params.max_tokens"),
     ({"max_completion_tokens": -1}, "params.max_completion_tokens"),
+    # Billed work beyond the answer's tokens (issue 29, item 20).
+    ({"web_search_options": {}}, "params.web_search_options"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "params.tools"),
+    ({"tools": [{"type": "code_execution_20250522", "name": "code_execution"}]}, "params.tools"),
+    ({"modalities": ["text", "audio"]}, "params.modalities"),
+    ({"audio": {"voice": "alloy", "format": "wav"}}, "params.audio"),
+    # An allow-list: what herd does not know is refused too.
+    ({"some_future_billed_option": True}, "params.some_future_billed_option"),
 ]
 
 
-@pytest.mark.parametrize(("params", "field"), REFUSED_PARAMS, ids=[f for _, f in REFUSED_PARAMS])
+@pytest.mark.parametrize(
+    ("params", "field"), REFUSED_PARAMS, ids=[f"{f}-{i}" for i, (_, f) in enumerate(REFUSED_PARAMS)]
+)
 def test_a_spec_refuses_params_that_change_price_or_fan_out(params, field):
     with pytest.raises(InvalidInput) as caught:
         EvalSpec(model="sim-1", system="s", params=params)
@@ -210,6 +220,9 @@ def test_a_spec_refuses_params_that_change_price_or_fan_out(params, field):
 
 def test_harmless_params_and_a_single_answer_are_accepted():
     EvalSpec(model="sim-1", system="s", params={"temperature": 0, "seed": 7, "n": 1, "best_of": 1})
+    EvalSpec(model="sim-1", system="s", params={"top_p": 0.9, "top_k": 5, "stop": ["\n"],
+             "stop_sequences": ["END"], "presence_penalty": 0.1, "frequency_penalty": 0.1,
+             "logit_bias": {"50256": -100}, "user": "u1"})  # fmt: skip
     spec = EvalSpec(model="sim-1", system="s", params={"max_tokens": EVAL_MAX_TOKENS})
     spec.check(Settings())  # the default bound is inclusive
 
