@@ -460,3 +460,26 @@ async def test_find_reads_a_bounded_number_of_pages(sim, monkeypatch):
             await api.find(batchapi.new_handle())
     finally:
         await api.aclose()
+
+
+async def test_an_anthropic_batch_made_before_ids_carried_whole_keys_is_still_filed(
+    app, sim, tmp_path, anthropic_env, monkeypatch
+):
+    from herd.llm.providers.anthropic_batch import AnthropicBatch
+
+    # The ids the previous release sent: the handle's prefix and the key's first 43 hex.
+    current = AnthropicBatch.custom_id
+    monkeypatch.setattr(AnthropicBatch, "custom_id", lambda _s, h, k: f"{h[:20]}-{k[:43]}")
+    await submit(app, [docs(tmp_path, 3)], ANTH_SPEC, batch="old", batch_api=True)
+    rt = await evaluate.EvalRuntime.of(app)
+
+    async def created() -> bool:
+        rows = await rt.store.execute("SELECT state FROM herd_eval_provider_batches")
+        return [s for (s,) in rows] == ["polling"]
+
+    await work_until(app, created)  # the poll job waits POLL_FIRST seconds: not run yet
+    monkeypatch.setattr(AnthropicBatch, "custom_id", current)  # the upgrade
+    await work_until(app, lambda: all_done(app, 3))
+    stats = sim.stats()
+    assert stats["batch_billed"] == 3 and stats["billed"] == 0
+    assert {src for _, src in await items(app)} == {"batch"}

@@ -243,7 +243,7 @@ async def _match(
     malformed line is counted and logged; the key it names, if any, fails (and is
     retried), and the others are filed as usual, so one bad line never loses a billed
     batch."""
-    ids = {api.custom_id(handle, key): key for key in keys}
+    ids = {**api.legacy_ids(handle, keys), **{api.custom_id(handle, key): key for key in keys}}
     out = _Matched()
     seen: set[str] = set()
     async for r in api.results(found):

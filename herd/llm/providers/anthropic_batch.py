@@ -42,6 +42,7 @@ MAX_REQUESTS = 100_000
 PAGE = 100  # batches per list page (Anthropic allows up to 1,000)
 PREFIX = 20  # the handle's first characters: 12 of time, 8 random
 KEY_CHARS = 43  # a 32-byte key in unpadded base64url; PREFIX + 1 + KEY_CHARS = 64
+LEGACY_KEY_CHARS = 43  # the hex of the key that custom_ids carried before (legacy_ids)
 # Pages of PAGE batches ``find`` reads before giving up: newest first, it stops at the
 # handle's time, so this many means batches made faster than it can tell apart.
 MAX_PAGES = 100
@@ -224,6 +225,19 @@ class AnthropicBatch(Anthropic):
 
     def custom_id(self, handle: str, key: str) -> str:
         return wire_id(handle, key)
+
+    def legacy_ids(self, handle: str, keys: list[str]) -> dict[str, str]:
+        """The ids of batches created before custom_ids carried whole keys (a batch runs
+        for up to 24 hours, across an upgrade): the handle's prefix and the key's first
+        LEGACY_KEY_CHARS hex. Matched whole, never by a prefix; one two keys of the
+        chunk share names neither (that herd refused such a chunk at upload)."""
+        out: dict[str, str] = {}
+        shared: set[str] = set()
+        for key in keys:
+            old = f"{handle[:PREFIX]}-{key[:LEGACY_KEY_CHARS]}"
+            if out.setdefault(old, key) != key:
+                shared.add(old)
+        return {i: k for i, k in out.items() if i not in shared}
 
     async def results(self, batch: ProviderBatch) -> AsyncIterator[Result]:
         n = 0

@@ -79,6 +79,10 @@ class BatchAPI(Protocol):
     # key, so the poll inverts it exactly (a table of its keys' ids).
     def custom_id(self, handle: str, key: str) -> str: ...
 
+    # Ids an older herd gave requests of the chunk (a batch that ran across an upgrade),
+    # each naming one key whole: {id: key}, matched exactly as custom_id's are.
+    def legacy_ids(self, handle: str, keys: list[str]) -> dict[str, str]: ...
+
     # The result lines one at a time, read as they arrive (a result file may be hundreds
     # of megabytes: it is never held whole).
     def results(self, batch: ProviderBatch) -> AsyncIterator[Result]: ...

@@ -137,6 +137,9 @@ class OpenAIBatch(OpenAICompatible):
     def custom_id(self, handle: str, key: str) -> str:
         return key  # a key is 64 hex; OpenAI's custom_id holds it whole
 
+    def legacy_ids(self, handle: str, keys: list[str]) -> dict[str, str]:
+        return {}  # the custom_id has always been the key
+
     def line(self, request: Request) -> dict[str, Any]:
         _, _, body = self._request(request.system, request.user, request.schema, request.params)
         return {"custom_id": request.custom_id, "method": "POST", "url": ENDPOINT, "body": body}
