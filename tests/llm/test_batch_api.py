@@ -483,3 +483,29 @@ async def test_an_anthropic_batch_made_before_ids_carried_whole_keys_is_still_fi
     stats = sim.stats()
     assert stats["batch_billed"] == 3 and stats["billed"] == 0
     assert {src for _, src in await items(app)} == {"batch"}
+
+
+async def test_anthropic_find_reads_a_bounded_number_of_pages(sim, anthropic_env, monkeypatch):
+    from herd.llm.providers import anthropic_batch
+    from herd.llm.providers.batch import Request
+
+    monkeypatch.setattr(anthropic_batch, "PAGE", 1)
+    monkeypatch.setattr(anthropic_batch, "MAX_PAGES", 2)
+    sim.configure(batch_latency=0.05)
+    api = anthropic_batch.AnthropicBatch(model="sim-1")
+    try:
+        mine = batchapi.new_handle()  # made before the others: none can be ruled out by time
+        made = []
+        for _ in range(3):
+            other = batchapi.new_handle()
+            marker = await api.upload(other, [Request("a" * 64, "s", "u", None, {})])
+            made.append(await api.create(other, marker))
+
+        async def ended() -> bool:
+            return all([(await api.retrieve(b)).ended for b in made])
+
+        await eventually(ended, timeout=10)
+        with pytest.raises(ProviderError, match="more than 2 pages"):
+            await api.find(mine)
+    finally:
+        await api.aclose()
