@@ -32,8 +32,12 @@ def canonical_key(
     params: dict[str, Any],
     document: str,
     version: int = KEY_VERSION,
+    endpoint: str | None = None,
 ) -> str:
-    """sha256 over canonical JSON of everything that determines a model's answer."""
+    """sha256 over canonical JSON of everything that determines a model's answer.
+
+    ``endpoint``: the server asked, when it is not the provider's default one; None
+    leaves it out, so keys made before it existed still match (herd.llm.eval.spec)."""
     payload = {
         "v": version,
         "model": model,
@@ -42,4 +46,6 @@ def canonical_key(
         "params": params,
         "document": normalize_document(document),
     }
+    if endpoint is not None:
+        payload["endpoint"] = endpoint
     return hashlib.sha256(canonical(payload).encode()).hexdigest()

@@ -356,9 +356,156 @@ async def test_anthropic_find_waits_on_a_batch_in_progress_it_cannot_rule_out(si
         # A handle made after it (beyond the clock skew) cannot own it.
         later = f"{int((time.time() + 2 * CLOCK_SKEW) * 1000):012x}" + "0" * 20
         assert await api.find(later) == Found()
-        # Two keys one custom_id cannot tell apart are refused, not merged.
-        same = [Request("b" * 63 + c, "s", "u", None, {}) for c in "01"]
-        with pytest.raises(ProviderError, match="share their first 43"):
-            await api.upload(batchapi.new_handle(), same)
+        # Keys that share all but their last character get ids of their own: a custom_id
+        # carries its whole key.
+        handle = batchapi.new_handle()
+        ids = [api.custom_id(handle, "b" * 63 + c) for c in "01"]
+        assert ids[0] != ids[1] and all(len(i) == 64 for i in ids)
+    finally:
+        await api.aclose()
+
+
+# Result lines: matched exactly, read line by line, never lost to one bad line.
+
+
+async def poll_result(app: App, submit_job: int) -> dict:
+    job = await app.get_job(submit_job)
+    return (await app.get_job(job.result["poll_job"])).result
+
+
+async def ledger_kinds(app: App) -> dict[str, int]:
+    rt = await evaluate.EvalRuntime.of(app)
+    rows = await rt.store.execute("SELECT kind, count(*) FROM herd_eval_ledger GROUP BY kind")
+    return {k: int(n) for k, n in rows}
+
+
+@pytest.mark.parametrize("spec", [SPEC, ANTH_SPEC], ids=["openai", "anthropic"])
+async def test_result_lines_answer_only_the_key_their_custom_id_names_exactly(
+    app, sim, tmp_path, spec, anthropic_env
+):
+    # A line with custom_id "", the last answer under its id cut in half (which the
+    # prefix match took for its key's), the first line twice.
+    sim.configure(batch_result_faults=["empty_id", "unknown_id", "duplicate"])
+    report = await submit(app, [docs(tmp_path, 3)], spec, batch="ids", batch_api=True)
+    await work_until(app, lambda: all_done(app, 3))
+    stats = sim.stats()
+    assert stats["batches"]["created"] == 1 and stats["batch_billed"] == 3
+    # The cut id answered nothing: its document went once through the synchronous path.
+    assert stats["billed"] == 1
+    sources = sorted(src for _, src in await items(app))
+    assert sources[:2] == ["batch", "batch"] and sources[2] in ("computed", "hit"), sources
+    found = await poll_result(app, report.job_ids[0])
+    assert (found["unknown_ids"], found["duplicate_ids"], found["bad_lines"]) == (2, 1, 0)
+    # The duplicate is filed once; the two unknown lines were answers the provider
+    # bills, so each has a 'failed' row of its own.
+    assert await ledger_kinds(app) == {"call": 3, "failed": 2}
+
+
+@pytest.mark.parametrize("spec", [SPEC, ANTH_SPEC], ids=["openai", "anthropic"])
+async def test_a_malformed_result_line_is_counted_and_the_rest_of_the_batch_filed(
+    app, sim, tmp_path, spec, anthropic_env
+):
+    # A line that is not JSON, and the first line's response (result) a string.
+    sim.configure(batch_result_faults=["not_json", "not_object"])
+    report = await submit(app, [docs(tmp_path, 3)], spec, batch="bad", batch_api=True)
+    await work_until(app, lambda: all_done(app, 3))
+    stats = sim.stats()
+    assert stats["batches"]["created"] == 1 and stats["batch_billed"] == 3
+    assert stats["billed"] == 1  # the unreadable line's document, retried once
+    sources = sorted(src for _, src in await items(app))
+    assert sources[:2] == ["batch", "batch"] and sources[2] in ("computed", "hit"), sources
+    found = await poll_result(app, report.job_ids[0])
+    assert found["bad_lines"] == 2 and found["answered"] == 2
+    assert await ledger_kinds(app) == {"call": 3}  # both readable batch lines, the retry
+
+
+async def test_the_result_parser_reads_one_line_at_a_time():
+    from herd.llm.providers.openai_batch import OpenAIBatch
+
+    api = OpenAIBatch("http://127.0.0.1:9", "k", model="sim-1")
+    read = 0
+
+    async def lines():
+        nonlocal read
+        answer = {"choices": [{"message": {"content": "{}"}}], "usage": {"prompt_tokens": 3}}
+        for raw in ["not json", json.dumps({"custom_id": "a", "response": {
+                "status_code": 200, "body": answer}})] * 1000:  # fmt: skip
+            read += 1
+            yield raw
+
+    try:
+        results = api.parse_lines(lines())
+        bad = await anext(results)
+        assert bad.custom_id is None and bad.malformed and read == 1
+        good = await anext(results)
+        assert good.custom_id == "a" and good.usage.input_tokens == 3 and read == 2
+        await results.aclose()
+    finally:
+        await api.aclose()
+
+
+async def test_find_reads_a_bounded_number_of_pages(sim, monkeypatch):
+    from herd.llm.providers import openai_batch
+    from herd.llm.providers.batch import Request
+
+    monkeypatch.setattr(openai_batch, "PAGE", 1)
+    monkeypatch.setattr(openai_batch, "MAX_PAGES", 2)
+    api = openai_batch.OpenAIBatch(sim.openai_url, SECRET, model="sim-1")
+    try:
+        for _ in range(3):
+            handle = batchapi.new_handle()
+            file_id = await api.upload(handle, [Request("a" * 64, "s", "u", None, {})])
+            await api.create(handle, file_id)
+        with pytest.raises(ProviderError, match="after 2 pages"):
+            await api.find(batchapi.new_handle())
+    finally:
+        await api.aclose()
+
+
+async def test_an_anthropic_batch_made_before_ids_carried_whole_keys_is_still_filed(
+    app, sim, tmp_path, anthropic_env, monkeypatch
+):
+    from herd.llm.providers.anthropic_batch import AnthropicBatch
+
+    # The ids the previous release sent: the handle's prefix and the key's first 43 hex.
+    current = AnthropicBatch.custom_id
+    monkeypatch.setattr(AnthropicBatch, "custom_id", lambda _s, h, k: f"{h[:20]}-{k[:43]}")
+    await submit(app, [docs(tmp_path, 3)], ANTH_SPEC, batch="old", batch_api=True)
+    rt = await evaluate.EvalRuntime.of(app)
+
+    async def created() -> bool:
+        rows = await rt.store.execute("SELECT state FROM herd_eval_provider_batches")
+        return [s for (s,) in rows] == ["polling"]
+
+    await work_until(app, created)  # the poll job waits POLL_FIRST seconds: not run yet
+    monkeypatch.setattr(AnthropicBatch, "custom_id", current)  # the upgrade
+    await work_until(app, lambda: all_done(app, 3))
+    stats = sim.stats()
+    assert stats["batch_billed"] == 3 and stats["billed"] == 0
+    assert {src for _, src in await items(app)} == {"batch"}
+
+
+async def test_anthropic_find_reads_a_bounded_number_of_pages(sim, anthropic_env, monkeypatch):
+    from herd.llm.providers import anthropic_batch
+    from herd.llm.providers.batch import Request
+
+    monkeypatch.setattr(anthropic_batch, "PAGE", 1)
+    monkeypatch.setattr(anthropic_batch, "MAX_PAGES", 2)
+    sim.configure(batch_latency=0.05)
+    api = anthropic_batch.AnthropicBatch(model="sim-1")
+    try:
+        mine = batchapi.new_handle()  # made before the others: none can be ruled out by time
+        made = []
+        for _ in range(3):
+            other = batchapi.new_handle()
+            marker = await api.upload(other, [Request("a" * 64, "s", "u", None, {})])
+            made.append(await api.create(other, marker))
+
+        async def ended() -> bool:
+            return all([(await api.retrieve(b)).ended for b in made])
+
+        await eventually(ended, timeout=10)
+        with pytest.raises(ProviderError, match="more than 2 pages"):
+            await api.find(mine)
     finally:
         await api.aclose()

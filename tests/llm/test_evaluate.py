@@ -198,10 +198,20 @@ REFUSED_PARAMS = [
     ({"max_tokens": 0}, "params.max_tokens"),
     ({"max_tokens": "lots"}, "params.max_tokens"),
     ({"max_completion_tokens": -1}, "params.max_completion_tokens"),
+    # Billed work beyond the answer's tokens (issue 29, item 20).
+    ({"web_search_options": {}}, "params.web_search_options"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "params.tools"),
+    ({"tools": [{"type": "code_execution_20250522", "name": "code_execution"}]}, "params.tools"),
+    ({"modalities": ["text", "audio"]}, "params.modalities"),
+    ({"audio": {"voice": "alloy", "format": "wav"}}, "params.audio"),
+    # An allow-list: what herd does not know is refused too.
+    ({"some_future_billed_option": True}, "params.some_future_billed_option"),
 ]
 
 
-@pytest.mark.parametrize(("params", "field"), REFUSED_PARAMS, ids=[f for _, f in REFUSED_PARAMS])
+@pytest.mark.parametrize(
+    ("params", "field"), REFUSED_PARAMS, ids=[f"{f}-{i}" for i, (_, f) in enumerate(REFUSED_PARAMS)]
+)
 def test_a_spec_refuses_params_that_change_price_or_fan_out(params, field):
     with pytest.raises(InvalidInput) as caught:
         EvalSpec(model="sim-1", system="s", params=params)
@@ -210,6 +220,9 @@ def test_a_spec_refuses_params_that_change_price_or_fan_out(params, field):
 
 def test_harmless_params_and_a_single_answer_are_accepted():
     EvalSpec(model="sim-1", system="s", params={"temperature": 0, "seed": 7, "n": 1, "best_of": 1})
+    EvalSpec(model="sim-1", system="s", params={"top_p": 0.9, "top_k": 5, "stop": ["\n"],
+             "stop_sequences": ["END"], "presence_penalty": 0.1, "frequency_penalty": 0.1,
+             "logit_bias": {"50256": -100}, "user": "u1"})  # fmt: skip
     spec = EvalSpec(model="sim-1", system="s", params={"max_tokens": EVAL_MAX_TOKENS})
     spec.check(Settings())  # the default bound is inclusive
 
@@ -276,3 +289,50 @@ async def test_the_http_api_answers_422_naming_the_param(app):
             if "max_tokens" in field:
                 assert str(EVAL_MAX_TOKENS) in r.text
     assert await app.list_jobs() == []
+
+
+# -- the server asked is part of the exact cache's key (issue 29, item 19)
+
+
+async def test_two_servers_behind_one_model_name_do_not_share_answers(
+    app, sim, tmp_path, monkeypatch
+):
+    doc = tmp_path / "a.txt"
+    doc.write_text("Paper A.\nIt has results.\n")
+    await submit(app, [doc], SPEC, batch="first-server")
+    await run_until_idle(app)
+    assert sim.stats()["calls"] == 1
+    # Another server serving "sim-1" (the simulator's unversioned routes): its own answer.
+    monkeypatch.setenv("OPENAI_BASE_URL", sim.url)
+    other = await submit(app, [doc], SPEC, batch="second-server")
+    await run_until_idle(app)
+    assert sim.stats()["calls"] == 2 and other.queued == 1
+    # The same server named with a trailing slash: the same endpoint, answered by the cache.
+    monkeypatch.setenv("OPENAI_BASE_URL", sim.url + "/")
+    await submit(app, [doc], SPEC, batch="same-server")
+    await run_until_idle(app)
+    assert sim.stats()["calls"] == 2
+    rt = await EvalRuntime.of(app)
+    rows = await rt.store.execute("SELECT batch, source FROM herd_eval_items ORDER BY batch")
+    assert rows == [("first-server", "computed"), ("same-server", "hit"),
+                    ("second-server", "computed")]  # fmt: skip
+
+
+def test_the_default_public_endpoint_keeps_the_keys_cached_before(monkeypatch):
+    from herd.cache import canonical_key
+
+    text = "Paper A."
+    before = canonical_key(model="openai:sim-1", system=SPEC.system, schema=SCHEMA, params={},
+                           document=text)  # fmt: skip
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    assert SPEC.key(text) == before
+    monkeypatch.setenv("OPENAI_BASE_URL", "https://API.openai.com:443/v1/")
+    assert SPEC.key(text) == before
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://10.0.0.7:8000/v1")
+    assert SPEC.key(text) != before
+    anthropic = EvalSpec(model="sim-1", provider="anthropic", system="s")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://10.0.0.7:8000")
+    assert anthropic.key(text) != SPEC.key(text)
+    moved = anthropic.key(text)
+    monkeypatch.delenv("ANTHROPIC_BASE_URL")
+    assert anthropic.key(text) != moved

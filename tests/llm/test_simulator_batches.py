@@ -326,3 +326,28 @@ def test_batch_flags() -> None:
     config = config_from(build_parser().parse_args(["--batch-latency", "0.5", "--batch-expire"]))
     assert config.batch_latency == 0.5 and config.batch_expire
     assert config_from(build_parser().parse_args([])).batch_latency == 1.0
+
+
+def test_result_faults_go_into_both_apis_results(sim: Sim) -> None:
+    with pytest.raises(AssertionError, match="batch_result_faults"):
+        sim.configure(batch_result_faults=["no_such_fault"])
+    faults = ["empty_id", "unknown_id", "duplicate", "not_json", "not_object"]
+    sim.configure(batch_latency=0.05, batch_result_faults=faults)
+    o = oai(sim)
+    done = ended_openai(o, openai_batch(o, 2).id)
+    raw = o.files.content(done.output_file_id).text.splitlines()
+    with pytest.raises(ValueError):
+        json.loads(raw[-1])  # not JSON
+    lines = [json.loads(x) for x in raw[:-1]]
+    assert [x["custom_id"] for x in lines] == ["req-0", "re", "req-0", ""]
+    assert lines[0]["response"] == "oops" and lines[2]["response"]["status_code"] == 200
+    headers = {"x-api-key": "sk-any", "anthropic-version": "2023-06-01"}
+    a = ant(sim)
+    ab = a.messages.batches.create(
+        requests=[{"custom_id": f"a-{i}", "params": message_params(i)} for i in range(2)]  # type: ignore[misc]
+    )
+    ended_anthropic(a, ab.id)
+    raw = sim.http.get(f"/v1/messages/batches/{ab.id}/results", headers=headers).text.splitlines()
+    lines = [json.loads(x) for x in raw[:-1]]
+    assert [x["custom_id"] for x in lines] == ["a-0", "a", "a-0", ""]
+    assert lines[0]["result"] == "oops" and lines[2]["result"]["type"] == "succeeded"

@@ -34,8 +34,10 @@ files what the provider answered before it stopped, which is billed.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -50,9 +52,11 @@ from herd.llm.eval.spec import POLL_TASK, QUEUE, SUBMIT_TASK, TASK, EvalSpec, va
 from herd.llm.eval.store import EvalStore
 from herd.llm.eval.task import fenced
 from herd.llm.pricing import Price
-from herd.llm.providers.batch import Found, Request
+from herd.llm.providers.batch import BatchAPI, Found, ProviderBatch, Request
 from herd.queue.base import Job
 from herd.tasks import JobContext
+
+log = logging.getLogger("herd.eval")
 
 POLL_FIRST = 2.0
 POLL_MAX = 60.0
@@ -174,29 +178,9 @@ async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]
         await rt.store.execute("polled", {"status": found.status, "handle": handle})
         after = POLL_FIRST if cancelled else min(POLL_MAX, POLL_FIRST * 2 ** min(polls, 10))
         raise Snooze(f"provider batch {batch_id} is {found.status}", after=after)
-    answered = {r.custom_id: r for r in await api.results(found)}
-    # A provider whose custom_id cannot hold a whole key answers under a key prefix; an
-    # empty id answers nothing.
-    widths = sorted({len(c) for c in answered if c}, reverse=True)
+    matched = await _match(api, found, handle, keys, spec)
+    good, failed, billed = matched.good, matched.failed, matched.billed
     price = rt.prices.lookup(spec.model, spec.provider)
-    good: dict[str, dict[str, Any]] = {}
-    failed: dict[str, str] = {}
-    billed = []
-    for key in keys:
-        r = next((answered[key[:n]] for n in widths if key[:n] in answered), None)
-        if r is None:
-            failed[key] = f"the provider batch ended {found.status} without answering it"
-            continue
-        if r.usage is not None:
-            billed.append((key, r.usage))
-        if r.error is not None or r.text is None:
-            failed[key] = r.error or "no answer"
-            continue
-        value, error = validate_answer(r.text, spec.schema)
-        if error is not None:
-            failed[key] = error
-        else:
-            good[key] = {"output": value, "model": r.model or spec.model}
     for key, value in good.items():
         await rt.cache.put(key, value)
     # Retried once; enqueued before the fan-out commits, so a takeover enqueues them
@@ -211,13 +195,17 @@ async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]
     if failed:
         fallback = await _retry(ctx, batch, spec_hash, handle, failed, bool(payload.get("retry")))
     async with fenced(ctx, rt.store) as conn:
-        for key, usage in billed:
+        for key, usage, kind in billed:
+            # A billed line whose usage cannot be read gets its row all the same, its
+            # tokens and cost unknown (NULL), so the ledger never omits a paid request.
             await ledger.record(conn, {
-                "batch": batch, "job": ctx.job_id, "key": key, "kind": "call",
-                "model": spec.model, "provider": spec.provider, "i": usage.input_tokens,
-                "o": usage.output_tokens, "cost": batch_cost(price, usage),
-                "ci": usage.cached_input_tokens, "cw": usage.cache_write_tokens,
-                "ps": None if price is None else price.batch_cache_saved(usage),
+                "batch": batch, "job": ctx.job_id, "key": key, "kind": kind,
+                "model": spec.model, "provider": spec.provider,
+                "i": usage.input_tokens if usage else 0, "o": usage.output_tokens if usage else 0,
+                "cost": batch_cost(price, usage) if usage else None,
+                "ci": usage.cached_input_tokens if usage else 0,
+                "cw": usage.cache_write_tokens if usage else 0,
+                "ps": None if price is None or not usage else price.batch_cache_saved(usage),
             })  # fmt: skip
         for key, value in good.items():
             result = {"key": key, "source": "batch", **value}
@@ -226,9 +214,77 @@ async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]
         for key, job_id in fallback.items():
             await EvalStore.on(conn, "move_key", to=job_id, jobs=serving, key=key)
         await EvalStore.on(conn, "provider_batch_done", status=found.status, handle=handle)
-    telemetry.model_batch(spec.provider, spec.model, [u for _, u in billed], price=price)
+    telemetry.model_batch(spec.provider, spec.model, [u for _, u, _ in billed if u], price=price)
     return {"handle": handle, "provider_batch": batch_id, "status": found.status,
-            "answered": len(good), "fallback": len(fallback)}  # fmt: skip
+            "answered": len(good), "fallback": len(fallback), "unknown_ids": matched.unknown,
+            "duplicate_ids": matched.duplicate, "bad_lines": matched.malformed}  # fmt: skip
+
+
+@dataclass
+class _Matched:
+    good: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> cached value
+    failed: dict[str, str] = field(default_factory=dict)  # key -> why
+    billed: list[tuple[str, Usage | None, str]] = field(default_factory=list)  # key, usage, kind
+    unknown: int = 0  # lines whose custom_id names no request of the chunk
+    duplicate: int = 0  # lines for a request answered by an earlier line
+    malformed: int = 0  # lines that do not follow the wire format
+
+
+async def _match(
+    api: BatchAPI, found: ProviderBatch, handle: str, keys: list[str], spec: EvalSpec
+) -> _Matched:
+    """The provider batch's result lines, read one at a time, matched to the chunk's keys.
+
+    A line answers the key whose custom_id it carries exactly (the ids are a table of
+    the chunk's own: an empty, cut or foreign id answers nothing, so it can never hand
+    one document's answer to another, nor into the exact cache). Unknown ids and any
+    line after the first for a key are counted, logged and dropped: a key is applied,
+    and ledgered, once; an unknown line the provider billed is ledgered as 'failed'. A
+    malformed line is counted and logged; the key it names, if any, fails (and is
+    retried), and the others are filed as usual, so one bad line never loses a billed
+    batch."""
+    ids = {**api.legacy_ids(handle, keys), **{api.custom_id(handle, key): key for key in keys}}
+    out = _Matched()
+    seen: set[str] = set()
+    async for r in api.results(found):
+        if r.malformed:
+            out.malformed += 1
+            log.warning("provider batch %s: a malformed result line (custom_id %r): %s",
+                        found.id, _short(r.custom_id), r.error)  # fmt: skip
+        key = None if r.custom_id is None else ids.get(r.custom_id)
+        if key is None:
+            if r.billed:  # paid, though it answers none of ours: a 'failed' row of its own
+                out.billed.append((f"unknown-id:{_short(r.custom_id)}", r.usage, "failed"))
+            if r.custom_id is not None:
+                out.unknown += 1
+                log.warning("provider batch %s: dropped a result line whose custom_id %r"
+                            " names no request of handle %s", found.id, _short(r.custom_id),
+                            handle)  # fmt: skip
+            continue
+        if key in seen:
+            out.duplicate += 1
+            log.warning("provider batch %s: dropped a second result line for custom_id %r",
+                        found.id, _short(r.custom_id))  # fmt: skip
+            continue
+        seen.add(key)
+        if r.billed:
+            out.billed.append((key, r.usage, "call" if r.usage else "failed"))
+        if r.error is not None or r.text is None:
+            out.failed[key] = r.error or "no answer"
+            continue
+        value, error = validate_answer(r.text, spec.schema)
+        if error is not None:
+            out.failed[key] = error
+        else:
+            out.good[key] = {"output": value, "model": r.model or spec.model}
+    for key in keys:
+        if key not in seen:
+            out.failed[key] = f"the provider batch ended {found.status} without answering it"
+    return out
+
+
+def _short(custom_id: str | None) -> str | None:
+    return None if custom_id is None else custom_id[:100]  # a provider's id, bounded in logs
 
 
 async def _retry(

@@ -207,6 +207,14 @@ class EvalSpec:
         return hashlib.sha256(canonical(asdict(self)).encode()).hexdigest()
 
     def key(self, document: str) -> str:
+        """The exact cache's key of ``document`` under this spec, as asked of the server
+        this process is configured for (the provider's base URL: two servers serving
+        one model name answer differently). Computed at submission; a job carries it
+        in its payload, so jobs enqueued before the endpoint joined the key still drain
+        under theirs. The default public endpoint's keys leave it out: the answers
+        cached before it joined were (mostly) its, and paid for, so they keep working
+        there; an answer cached from another server under such a key can only be read
+        from the public endpoint, until HERD_CACHE_TTL purges it."""
         return canonical_key(
             model=f"{self.provider}:{self.model}",
             system=self.system,
@@ -214,6 +222,7 @@ class EvalSpec:
             # Where the provider reads the prompt from does not change the answer.
             params={k: v for k, v in self.params.items() if k != promptcache.PARAM},
             document=document,
+            endpoint=registry.kind(self.provider).endpoint(),
         )
 
 

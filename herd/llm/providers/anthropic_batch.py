@@ -2,11 +2,12 @@
 
 Anthropic has no file upload, so ``upload`` only keeps the requests (in this process)
 and returns a local marker; ``create`` posts them. Its batches carry no metadata, so
-the handle travels in every request's custom_id instead: ``<prefix>-<key prefix>``,
-the handle's first PREFIX characters and the cache key's first KEY_CHARS (custom_id
-allows 64 of ``[a-zA-Z0-9_-]``, a key is 64 hex). Results come back under the key
-prefix; batch_poll matches a key by it, and ``upload`` refuses a chunk in which two
-keys share one (a 172-bit prefix: never seen, but detected).
+the handle travels in every request's custom_id instead: ``<prefix>-<key>``, the
+handle's first PREFIX characters and the whole cache key, its 32 bytes in unpadded
+base64url (43 characters: custom_id allows 64 of ``[a-zA-Z0-9_-]``, and a key's 64 hex
+would not fit beside the handle). The encoding is one-to-one, so batch_poll matches
+each result line to its key exactly (``custom_id``), never by a prefix: a line whose
+id is empty, cut short or another's answers no key.
 
 ``find`` lists the account's batches newest first and reads the first result line of
 each ended one created since the handle was made (the handle starts with its creation
@@ -15,12 +16,16 @@ The API shows no custom_id of a batch in progress, so a batch in progress in tha
 window cannot be told apart from this handle's: ``find`` then asks to be run again
 once it may have ended (Snooze) rather than risk a second, billed batch. batch_submit
 calls ``find`` only when a predecessor may have created one (a takeover), so a first
-run never waits on the other chunks' batches.
+run never waits on the other chunks' batches. It reads MAX_PAGES pages at most, then
+refuses with an error rather than list without end.
+
+Results are read line by line as they arrive and handed on one at a time.
 """
 
 from __future__ import annotations
 
-import json
+import base64
+from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import datetime
 from typing import Any
 
@@ -31,11 +36,16 @@ from herd.llm.errors import ProviderError, ProviderResponseInvalid
 from herd.llm.providers.anthropic import Anthropic
 from herd.llm.providers.base import excerpt
 from herd.llm.providers.batch import Found, ProviderBatch, Request, Result
+from herd.llm.providers.openai_batch import UNREADABLE, json_line
 
 MAX_REQUESTS = 100_000
 PAGE = 100  # batches per list page (Anthropic allows up to 1,000)
 PREFIX = 20  # the handle's first characters: 12 of time, 8 random
-KEY_CHARS = 64 - PREFIX - 1
+KEY_CHARS = 43  # a 32-byte key in unpadded base64url; PREFIX + 1 + KEY_CHARS = 64
+LEGACY_KEY_CHARS = 43  # the hex of the key that custom_ids carried before (legacy_ids)
+# Pages of PAGE batches ``find`` reads before giving up: newest first, it stops at the
+# handle's time, so this many means batches made faster than it can tell apart.
+MAX_PAGES = 100
 CLOCK_SKEW = 600.0  # seconds between this machine's clock and the provider's
 FIND_RETRY = 30.0  # seconds before a takeover looks again at a batch in progress
 MARKER = "local:"
@@ -50,7 +60,14 @@ def handle_time(handle: str) -> float | None:
 
 
 def wire_id(handle: str, key: str) -> str:
-    return f"{handle[:PREFIX]}-{key[:KEY_CHARS]}"
+    """``key`` (64 hex) under ``handle``'s prefix, whole: one id per key, one key per id."""
+    try:
+        raw = bytes.fromhex(key)
+    except ValueError:
+        raw = b""
+    if len(raw) != 32:
+        raise ValueError(f"a batch request's key is 64 hex characters, not {key!r}")
+    return f"{handle[:PREFIX]}-{base64.urlsafe_b64encode(raw).decode().rstrip('=')}"
 
 
 def _seconds(stamp: Any) -> float | None:
@@ -112,9 +129,8 @@ class AnthropicBatch(Anthropic):
             )
         return data
 
-    async def _result_lines(self, batch_id: str, first_only: bool = False) -> list[dict[str, Any]]:
+    async def _lines(self, batch_id: str) -> AsyncGenerator[str, None]:
         path = f"/v1/messages/batches/{batch_id}/results"
-        out: list[dict[str, Any]] = []
         try:
             async with self._client.stream(
                 "GET", self.base_url + path, headers=self._headers()
@@ -123,26 +139,28 @@ class AnthropicBatch(Anthropic):
                     await response.aread()
                     raise self._fail("GET", path, response)
                 async for raw in response.aiter_lines():
-                    if not raw.strip():
-                        continue
-                    try:
-                        line = json.loads(raw)
-                    except ValueError:
-                        continue
-                    if isinstance(line, dict) and isinstance(line.get("custom_id"), str):
-                        out.append(line)
-                        if first_only:
-                            break
+                    yield raw
         except httpx.HTTPError as exc:
             raise self._transport("GET", path, exc) from exc
-        return out
+
+    async def _first_id(self, batch_id: str) -> str | None:
+        """The custom_id of a batch's first readable result line."""
+        lines = self._lines(batch_id)
+        try:
+            async for raw in lines:
+                line = json_line(raw) if raw.strip() else None
+                if line is not None:
+                    return str(line["custom_id"])
+        finally:
+            await lines.aclose()  # the rest of the file is not read
+        return None
 
     async def find(self, handle: str) -> Found:
         made = handle_time(handle)
         since = None if made is None else made - CLOCK_SKEW
         prefix = handle[:PREFIX] + "-"
         after: str | None = None
-        while True:
+        for _ in range(MAX_PAGES):
             query: dict[str, Any] = {"limit": PAGE, **({"after_id": after} if after else {})}
             page = await self._json("GET", "/v1/messages/batches", params=query)
             items = page.get("data") or []
@@ -157,25 +175,23 @@ class AnthropicBatch(Anthropic):
                         f" {handle}'s: looking again once it may have ended",
                         after=FIND_RETRY,
                     )
-                first = await self._result_lines(batch_id, first_only=True)
-                if first and first[0]["custom_id"].startswith(prefix):
+                first = await self._first_id(batch_id)
+                if first is not None and first.startswith(prefix):
                     return Found(file_id=MARKER + handle, batch_id=batch_id)
             if not page.get("has_more") or not items:
                 return Found()
             after = str(items[-1]["id"])
+        raise ProviderError(
+            f"{self.name} batch: more than {MAX_PAGES} pages of {PAGE} batches made since"
+            f" handle {handle}; herd does not look further for a batch it may have made",
+            provider=self.name,
+            model=self.model,
+        )
 
     async def upload(self, handle: str, requests: list[Request]) -> str:
         lines: list[dict[str, Any]] = []
-        seen: dict[str, str] = {}
         for r in requests:
-            custom_id = wire_id(handle, r.custom_id)
-            if seen.setdefault(custom_id, r.custom_id) != r.custom_id:
-                raise ProviderError(
-                    f"{self.name} batch: keys {seen[custom_id]} and {r.custom_id} share their"
-                    f" first {KEY_CHARS} characters, the most a custom_id carries",
-                    provider=self.name,
-                    model=self.model,
-                )
+            custom_id = self.custom_id(handle, r.custom_id)
             _, _, body = self._request(r.system, r.user, r.schema, r.params)
             body.pop("stream", None)  # a batch request is never streamed
             lines.append({"custom_id": custom_id, "params": body})
@@ -207,25 +223,52 @@ class AnthropicBatch(Anthropic):
                 raise
         return await self.retrieve(batch_id)
 
-    async def results(self, batch: ProviderBatch) -> list[Result]:
-        out: list[Result] = []
-        for line in await self._result_lines(batch.id):
-            # The key prefix: batch_poll matches its keys by it.
-            custom_id = str(line["custom_id"]).partition("-")[2]
-            result = line.get("result") or {}
-            kind = result.get("type")
-            if kind == "succeeded":
-                try:
-                    text, usage, model, _, _ = self._parse(result["message"])
-                except (KeyError, IndexError, TypeError, ValueError) as exc:
-                    out.append(Result(custom_id, error=f"unreadable answer: {exc}"))
-                    continue
-                out.append(Result(custom_id, text=text, usage=usage, model=model))
-            elif kind == "errored":
-                error = (result.get("error") or {}).get("error") or {}
-                message = error.get("message") if isinstance(error, dict) else str(error)
-                kind_of = error.get("type") if isinstance(error, dict) else "error"
-                out.append(Result(custom_id, error=f"{kind_of}: {message}"))
-            else:
-                out.append(Result(custom_id, error=f"the request was {kind}"))
-        return out
+    def custom_id(self, handle: str, key: str) -> str:
+        return wire_id(handle, key)
+
+    def legacy_ids(self, handle: str, keys: list[str]) -> dict[str, str]:
+        """The ids of batches created before custom_ids carried whole keys (a batch runs
+        for up to 24 hours, across an upgrade): the handle's prefix and the key's first
+        LEGACY_KEY_CHARS hex. Matched whole, never by a prefix; one two keys of the
+        chunk share names neither (that herd refused such a chunk at upload)."""
+        out: dict[str, str] = {}
+        shared: set[str] = set()
+        for key in keys:
+            old = f"{handle[:PREFIX]}-{key[:LEGACY_KEY_CHARS]}"
+            if out.setdefault(old, key) != key:
+                shared.add(old)
+        return {i: k for i, k in out.items() if i not in shared}
+
+    async def results(self, batch: ProviderBatch) -> AsyncIterator[Result]:
+        n = 0
+        async for raw in self._lines(batch.id):
+            n += 1
+            if not raw.strip():
+                continue
+            line = json_line(raw)
+            if line is None:
+                yield Result(None, error=f"line {n} is not a JSON object with a custom_id",
+                             malformed=True)  # fmt: skip
+                continue
+            yield self._result(line)
+
+    def _result(self, line: dict[str, Any]) -> Result:
+        custom_id = line["custom_id"]
+        result = line.get("result")
+        if not isinstance(result, dict):
+            return Result(custom_id, error="the line's result is not an object", malformed=True)
+        kind = result.get("type")
+        if kind == "succeeded":
+            # Answered: billed, whether or not the answer can be read.
+            try:
+                text, usage, model, _, _ = self._parse(result["message"])
+            except UNREADABLE as exc:
+                return Result(custom_id, error=f"unreadable answer: {exc!r}", billed=True)
+            return Result(custom_id, text=text, usage=usage, model=model, billed=True)
+        if kind == "errored":
+            outer = result.get("error")
+            error = outer.get("error") if isinstance(outer, dict) else None
+            if not isinstance(error, dict):
+                return Result(custom_id, error=f"error: {str(outer)[:200]}")
+            return Result(custom_id, error=f"{error.get('type')}: {error.get('message')}")
+        return Result(custom_id, error=f"the request was {kind}")

@@ -8,7 +8,7 @@ nothing is uploaded or created twice. One module per provider implements it
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -45,13 +45,22 @@ class ProviderBatch:
 
 @dataclass(frozen=True)
 class Result:
-    """One request's outcome: ``text`` and ``usage`` when answered, else ``error``."""
+    """One line of a batch's results: ``text`` and ``usage`` when answered, else ``error``.
 
-    custom_id: str
+    ``custom_id`` is the id exactly as the line carries it (batch_poll matches it against
+    ``BatchAPI.custom_id`` of its keys, never by prefix); None for a line that could not
+    be read at all (not JSON, not an object, no string id): counted and skipped.
+    ``billed``: the provider charges the line (it answered), even when its answer or
+    usage could not be read (``usage`` None then). ``malformed``: the line does not
+    follow the wire format; counted and logged by the poll (its key, if any, fails)."""
+
+    custom_id: str | None
     text: str | None = None
     usage: Usage | None = None
     model: str | None = None
     error: str | None = None
+    billed: bool = False
+    malformed: bool = False
 
 
 class BatchAPI(Protocol):
@@ -66,7 +75,17 @@ class BatchAPI(Protocol):
 
     async def retrieve(self, batch_id: str) -> ProviderBatch: ...
 
-    async def results(self, batch: ProviderBatch) -> list[Result]: ...
+    # The custom_id a request for ``key`` goes under in the chunk ``handle``: one id per
+    # key, so the poll inverts it exactly (a table of its keys' ids).
+    def custom_id(self, handle: str, key: str) -> str: ...
+
+    # Ids an older herd gave requests of the chunk (a batch that ran across an upgrade),
+    # each naming one key whole: {id: key}, matched exactly as custom_id's are.
+    def legacy_ids(self, handle: str, keys: list[str]) -> dict[str, str]: ...
+
+    # The result lines one at a time, read as they arrive (a result file may be hundreds
+    # of megabytes: it is never held whole).
+    def results(self, batch: ProviderBatch) -> AsyncIterator[Result]: ...
 
     # Asks the provider to stop the batch; what it answered already is still billed and
     # comes back through ``results`` once it has ended. A batch that has ended is left.

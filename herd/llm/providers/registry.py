@@ -43,6 +43,14 @@ class ProviderKind:
     def base_url(self) -> str:
         return os.environ.get(self.base_url_variable) or self.default_base_url
 
+    def endpoint(self) -> str | None:
+        """The server answering for this kind, normalised, as the exact cache's key names
+        it (herd.llm.eval.spec.EvalSpec.key): two servers serving one model name give
+        different answers. None for the default public endpoint: its entries keep the key
+        they had before the endpoint was part of it (the cache's answers were paid for)."""
+        here = normalize_url(self.base_url())
+        return None if here == normalize_url(self.default_base_url) else here
+
     def check_key(self) -> None:
         """Refuse, before anything is enqueued, a call that could only fail for want of
         a key: the variable unset (or empty) where the server needs one."""
@@ -53,6 +61,21 @@ class ProviderKind:
             f" {self.base_url()} needs a key (set it, or {self.base_url_variable} for a"
             " server that needs none)"
         )
+
+
+def normalize_url(url: str) -> str:
+    """``url`` without what does not change the server: case of scheme and host, the
+    default port, credentials, a trailing slash."""
+    try:
+        u = httpx.URL(url.strip())
+    except (httpx.InvalidURL, TypeError):
+        return url.strip()  # not a URL: the text is the best name it has
+    if not u.scheme or not u.host:
+        return url.strip()
+    port = "" if u.port is None else f":{u.port}"  # httpx drops the scheme's default
+    path = u.path.rstrip("/")
+    query = f"?{u.query.decode()}" if u.query else ""
+    return f"{u.scheme.lower()}://{u.host.lower()}{port}{path}{query}"
 
 
 def _openai(model: str, _max: int, retry: RetryPolicy | None) -> Provider:

@@ -38,6 +38,13 @@ hang make the line errored (OpenAI: in the error file with its status code; Anth
 ``/_sim/stats`` gains ``batches`` ({created, created_by_api, by_status}),
 ``batch_billed`` (requests answered in batches) and ``batch_tokens``.
 
+``batch_result_faults`` (``/_sim/config``, taken when a batch is created) makes its
+results carry faults a client must survive (``faulty``): an extra line with
+custom_id ``""`` (empty_id), the last answer under its id cut in half (unknown_id),
+the first line twice (duplicate), a line that is not JSON (not_json), the first line's
+``response`` (Anthropic: ``result``) a string (not_object). OpenAI's go in the output
+file (the error file when nothing succeeded).
+
 Work is done lazily: whatever reads a batch or the stats first advances every batch to
 the present, so no thread runs. State is bounded: at most ``MAX_BATCHES`` batches and
 ``MAX_FILES`` files (``MAX_STORED_BYTES`` in all); past that the oldest ended batches and
@@ -137,6 +144,7 @@ class _Batch:
     output_file_id: str | None = None
     error_file_id: str | None = None
     tokens: list[int] = field(default_factory=lambda: [0, 0])
+    faults: tuple[str, ...] = ()  # batch_result_faults when it was created
 
     @property
     def ended(self) -> bool:
@@ -293,9 +301,11 @@ class BatchStore:
                     }
                 )
         if out:
-            b.output_file_id = self._add_file(f"{b.id}_output.jsonl", "batch_output", out).id
+            data = faulty("openai", out, b.faults)
+            b.output_file_id = self._add_file(f"{b.id}_output.jsonl", "batch_output", data).id
         if err:
-            b.error_file_id = self._add_file(f"{b.id}_error.jsonl", "batch_output", err).id
+            data = faulty("openai", err, () if out else b.faults)
+            b.error_file_id = self._add_file(f"{b.id}_error.jsonl", "batch_output", data).id
 
     # Storage ------------------------------------------------------------------------
 
@@ -479,6 +489,7 @@ class BatchStore:
             errors.append({"code": "mismatched_model", "line": None, "message": message})
         with self.state.lock:
             latency, expire = self.state.config.batch_latency, self.state.config.batch_expire
+            faults = tuple(self.state.config.batch_result_faults)
         b = _Batch(
             api="openai",
             id=f"batch_{uuid.uuid4().hex[:24]}",
@@ -491,6 +502,7 @@ class BatchStore:
             metadata=metadata,
             model=str(next(iter(models))) if len(models) == 1 else None,
             errors=[{**e, "param": None} for e in errors],
+            faults=faults,
         )
         self._add_batch(b)
         return b
@@ -513,9 +525,11 @@ class BatchStore:
                         self.state.config.batch_latency,
                         self.state.config.batch_expire,
                     )
+                    faults = tuple(self.state.config.batch_result_faults)
                 b = _Batch(
                     "anthropic", f"msgbatch_{uuid.uuid4().hex[:24]}", now, latency, expire, requests
                 )
+                b.faults = faults
                 self._add_batch(b)
                 h.send_json(200, _anth_public(b, base))
             elif route == ("GET", 0):
@@ -537,7 +551,9 @@ class BatchStore:
                 b = self._batch("anthropic", seg[0])
                 if not b.ended:
                     raise BadRequest(404, f"Batch {b.id} has no results until it has ended.")
-                _send_bytes(h, _jsonl(_anth_results(b)), "application/x-jsonl")
+                _send_bytes(
+                    h, faulty("anthropic", _anth_results(b), b.faults), "application/x-jsonl"
+                )
             elif route == ("POST", 2) and seg[1] == "cancel":
                 b = self._batch("anthropic", seg[0])
                 if b.ended or b.cancel_at is not None:
@@ -551,6 +567,26 @@ class BatchStore:
 
 
 # Wire formats -----------------------------------------------------------------------
+
+
+def faulty(api: str, lines: list[dict[str, Any]], faults: tuple[str, ...]) -> bytes:
+    """The results JSONL of ``lines`` carrying ``faults`` (config.RESULT_FAULTS)."""
+    if not faults or not lines:
+        return _jsonl(lines)
+    lines = [dict(x) for x in lines]
+    first, last = dict(lines[0]), lines[-1]
+    if "unknown_id" in faults:  # the last answer under an id that names no request
+        last["custom_id"] = last["custom_id"][: len(last["custom_id"]) // 2]
+    if "not_object" in faults:
+        lines[0] = {**lines[0], ("result" if api == "anthropic" else "response"): "oops"}
+    if "duplicate" in faults:
+        lines.append(dict(first))
+    if "empty_id" in faults:
+        lines.append({**first, "custom_id": ""})
+    data = _jsonl(lines)
+    if "not_json" in faults:
+        data += b'{"custom_id": "cut off mid-line\n'
+    return data
 
 
 def _failure(api: str, status: int, kind: str, message: str) -> dict[str, Any]:

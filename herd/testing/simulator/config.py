@@ -15,6 +15,11 @@ from herd.errors import ConfigError
 OUTCOMES = ("ok", "rate_limit", "server_error", "malformed", "schema_invalid", "hang")
 ALIASES = {"429": "rate_limit", "500": "server_error", "invalid": "schema_invalid"}
 CONTENT_MODES = ("schema", "echo", "fixed")
+# Faults a batch's results can carry (batches.py, ``faulty``), for testing the clients:
+# a line with custom_id "", the last answer under a cut (unknown) id, the first line
+# twice, a line that is not JSON, a line whose response (Anthropic: result) is not an
+# object.
+RESULT_FAULTS = ("empty_id", "unknown_id", "duplicate", "not_json", "not_object")
 
 
 @dataclass
@@ -36,6 +41,8 @@ class SimConfig:
     limit_retry_after: bool = True
     batch_latency: float = 1.0  # seconds from a batch's creation to its end (batches.py)
     batch_expire: bool = False  # batches created while set end expired, nothing answered
+    # RESULT_FAULTS in the results of batches created while set (taken at creation)
+    batch_result_faults: list[str] = field(default_factory=list)
     prompt_cache_ttl: float = 300.0  # seconds a cached prompt prefix lives (promptcache.py)
 
     def update(self, changes: dict[str, Any]) -> None:
@@ -65,6 +72,12 @@ class SimConfig:
                 if not isinstance(value, bool):
                     raise ConfigError(f"{key} must be true or false")
                 setattr(new, key, value)
+            elif key == "batch_result_faults":
+                if not isinstance(value, list) or any(v not in RESULT_FAULTS for v in value):
+                    raise ConfigError(
+                        f"batch_result_faults is a list of {', '.join(RESULT_FAULTS)}"
+                    )
+                new.batch_result_faults = [str(v) for v in value]
             elif key in ("rpm", "tpm"):
                 setattr(new, key, parse_limit(key, value))
             elif key in ("fixed_text", "api_key"):
