@@ -15,6 +15,7 @@ from herd.api.models import (
     BudgetIn,
     BudgetOut,
     CancelOut,
+    ErrorOut,
     EvalIn,
     EvalOut,
     EvalStatusOut,
@@ -39,7 +40,11 @@ def _caller(request: Request) -> evals.Caller:
 Caller = Annotated[evals.Caller, Depends(_caller)]
 
 
-@router.post("/evals", status_code=status.HTTP_201_CREATED)
+@router.post(
+    "/evals",
+    status_code=status.HTTP_201_CREATED,
+    responses={409: {"model": ErrorOut, "description": "a batch name another caller made"}},
+)
 async def submit(body: EvalIn, app: HerdApp, caller: Caller) -> EvalOut:
     """Enqueue one evaluation per document; `herd worker` processes run them. Refused
     (422) before anything is enqueued: an invalid schema, a provider key that is not
