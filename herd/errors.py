@@ -44,6 +44,14 @@ class BatchNotFound(HerdError):
     """No evaluation batch has that name."""
 
 
+class NotBatchOwner(HerdError):
+    """A caller may not change (or read) a batch another caller made (HTTP 403)."""
+
+
+class BatchNameTaken(HerdError):
+    """A submission under a batch name another caller made (HTTP 409)."""
+
+
 class NotDeadLettered(HerdError):
     """The job is not in the dead-letter queue."""
 

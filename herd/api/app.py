@@ -20,6 +20,7 @@ from herd.api.security import (
     BearerAuth,
     BodyLimit,
     LocalOrTrusted,
+    SameOrigin,
     SecurityHeaders,
     weakest,
     with_security_headers,
@@ -27,6 +28,7 @@ from herd.api.security import (
 from herd.app import App
 from herd.config import Settings
 from herd.errors import (
+    BatchNameTaken,
     BatchNotFound,
     BrokerError,
     BrokerUnavailable,
@@ -34,6 +36,7 @@ from herd.errors import (
     HerdError,
     InvalidInput,
     JobNotFound,
+    NotBatchOwner,
     NotDeadLettered,
     NotJSONSerializable,
 )
@@ -46,6 +49,8 @@ log = logging.getLogger("herd.api")
 _STATUS: list[tuple[type[HerdError], int]] = [
     (JobNotFound, 404),
     (BatchNotFound, 404),
+    (NotBatchOwner, 403),
+    (BatchNameTaken, 409),
     (NotDeadLettered, 409),
     (DedupKeyHeld, 409),
     (NotJSONSerializable, 422),
@@ -61,7 +66,10 @@ def _error(description: str) -> dict[str, Any]:
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: _error("a Host name this server does not answer for, or a request herd refuses"),
     401: _error("missing or wrong bearer token"),
-    403: _error("a client off loopback, and no token (or one under 16 characters) configured"),
+    403: _error(
+        "a client off loopback with no token (or one under 16 characters) configured, a"
+        " cross-site request, or a batch another caller made"
+    ),
     413: _error("request body past HERD_API_BODY_LIMIT"),
     422: _error("a field or parameter is invalid: each is named with the reason"),
 }
@@ -114,6 +122,7 @@ def create_app(
     # who and which host name, then authentication before a byte of the body is read.
     api.add_middleware(BodyLimit, limit=body_limit or settings.api_body_limit)
     api.add_middleware(BearerAuth, token=token, bound=settings.api_tokens)
+    api.add_middleware(SameOrigin)  # before a token is looked at: a page cannot send one
     hosts = settings.api_trusted_hosts if trusted_hosts is None else tuple(trusted_hosts)
     api.add_middleware(
         LocalOrTrusted,

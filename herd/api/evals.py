@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, status
+from fastapi import APIRouter, Depends, Path, Query, Request, status
 
 from herd.api.deps import HerdApp
 from herd.api.models import (
@@ -15,11 +15,13 @@ from herd.api.models import (
     BudgetIn,
     BudgetOut,
     CancelOut,
+    ErrorOut,
     EvalIn,
     EvalOut,
     EvalStatusOut,
     ResultPage,
 )
+from herd.api.security import CALLER_KEY
 from herd.errors import InvalidInput
 from herd.llm import eval as evals
 from herd.llm.eval import results
@@ -28,11 +30,25 @@ router = APIRouter(tags=["evaluations"])
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such batch"}}
 
 
-@router.post("/evals", status_code=status.HTTP_201_CREATED)
-async def submit(body: EvalIn, app: HerdApp) -> EvalOut:
+def _caller(request: Request) -> evals.Caller:
+    """Who asks: the token sent (BearerAuth's note), or with no token configured the
+    local owner, as the CLI (the server then answers loopback clients only)."""
+    found = request.scope.get("state", {}).get(CALLER_KEY)
+    return evals.Caller(*found) if found else evals.LOCAL
+
+
+Caller = Annotated[evals.Caller, Depends(_caller)]
+
+
+@router.post(
+    "/evals",
+    status_code=status.HTTP_201_CREATED,
+    responses={409: {"model": ErrorOut, "description": "a batch name another caller made"}},
+)
+async def submit(body: EvalIn, app: HerdApp, caller: Caller) -> EvalOut:
     """Enqueue one evaluation per document; `herd worker` processes run them. Refused
     (422) before anything is enqueued: an invalid schema, a provider key that is not
-    set, an unpriced model with a budget."""
+    set, an unpriced model with a budget; (409) a batch name another caller made."""
     spec = evals.EvalSpec(
         model=body.model,
         system=body.system,
@@ -45,6 +61,7 @@ async def submit(body: EvalIn, app: HerdApp) -> EvalOut:
     report = await evals.submit_texts(
         app, spec, {d.name: d.text for d in body.documents}, batch=body.batch,
         priority=body.priority, budget=body.budget, limits=limits, batch_api=body.batch_api,
+        caller=caller,
     )  # fmt: skip
     return EvalOut(batch=report.batch, queued=report.queued,
                    deduplicated=report.deduplicated, job_ids=report.job_ids)  # fmt: skip
@@ -77,9 +94,12 @@ async def list_batches(
 
 
 @router.get("/evals/{batch}", responses=NOT_FOUND)
-async def batch_status(batch: Annotated[BatchName, Path()], app: HerdApp) -> EvalStatusOut:
+async def batch_status(
+    batch: Annotated[BatchName, Path()], app: HerdApp, caller: Caller
+) -> EvalStatusOut:
     """Progress of a batch, why it waits and what resumes it, failed documents by path,
     and its cost ledger (calls made and avoided)."""
+    await _own(app, batch, caller)
     found = await evals.batch_status(app, batch)
     return EvalStatusOut.model_validate(found.to_json())
 
@@ -88,11 +108,13 @@ async def batch_status(batch: Annotated[BatchName, Path()], app: HerdApp) -> Eva
 async def batch_results(
     batch: Annotated[BatchName, Path()],
     app: HerdApp,
+    caller: Caller,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     after: Annotated[str | None, Query(max_length=1000)] = None,
 ) -> ResultPage:
     """One row per document by path, dead ones with their error; ``after``: the ``next``
     of the page before."""
+    await _own(app, batch, caller)
     rows = [r async for r in results.rows(app, batch, after=after, limit=limit)]
     return ResultPage.model_validate(
         {"results": rows, "next": rows[-1]["path"] if len(rows) == limit else None}
@@ -101,22 +123,33 @@ async def batch_results(
 
 @router.post("/evals/{batch}/budget", responses=NOT_FOUND)
 async def set_budget(
-    batch: Annotated[BatchName, Path()], body: BudgetIn, app: HerdApp
+    batch: Annotated[BatchName, Path()], body: BudgetIn, app: HerdApp, caller: Caller
 ) -> BudgetOut:
     """Raise or lower a batch's budget; a parked batch with room again resumes."""
-    found = await evals.set_budget(app, batch, body.budget)
+    found = await evals.set_budget(app, batch, body.budget, caller=caller)
     return BudgetOut.model_validate({"batch": batch, **found})
 
 
 @router.post("/evals/{batch}/resume", responses=NOT_FOUND)
-async def resume_batch(batch: Annotated[BatchName, Path()], app: HerdApp) -> BudgetOut:
+async def resume_batch(
+    batch: Annotated[BatchName, Path()], app: HerdApp, caller: Caller
+) -> BudgetOut:
     """Continue a batch parked because the provider refused its key or model."""
-    found = await evals.resume(app, batch)
+    found = await evals.resume(app, batch, caller=caller)
     return BudgetOut.model_validate(found)
 
 
 @router.post("/evals/{batch}/cancel", responses=NOT_FOUND)
-async def cancel_batch(batch: Annotated[BatchName, Path()], app: HerdApp) -> CancelOut:
+async def cancel_batch(
+    batch: Annotated[BatchName, Path()], app: HerdApp, caller: Caller
+) -> CancelOut:
     """Stop a batch: no more calls for it, its provider batches cancelled; answers
     already paid for are kept."""
-    return CancelOut.model_validate(await evals.cancel(app, batch))
+    return CancelOut.model_validate(await evals.cancel(app, batch, caller=caller))
+
+
+async def _own(app: HerdApp, batch: str, caller: evals.Caller) -> None:
+    """A batch's status and answers are its owner's (and the admin's) to read."""
+    from herd.llm.eval import control
+
+    await control.check_owner(await evals.EvalRuntime.of(app), batch, caller)

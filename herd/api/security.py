@@ -7,6 +7,7 @@ read (a client may lie in Content-Length, or send chunks with none).
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -30,6 +31,26 @@ OPEN_PREFIXES = ("/static/",)
 # not the fleet's operator.
 TENANT_ROUTES = (("POST", "/query"), ("GET", "/healthz"))
 TENANTS_KEY = "herd.tenants"  # in the ASGI scope's state: the tenants a request may use
+# ... and the evaluations' routes, on batches it made only (herd.llm.eval.control):
+# a batch records the hash of the token that made it.
+TENANT_PREFIXES = (("POST", "/evals/"), ("GET", "/evals/"))
+TENANT_ROUTES_EVAL = (("POST", "/evals"),)
+CALLER_KEY = "herd.caller"  # in the scope's state: (owner, admin) of the token sent
+# Requests that change nothing: a browser may send them cross-site without harm.
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+
+def token_owner(token: bytes) -> str:
+    """What a batch made with ``token`` records: a hash, never the token."""
+    return "token:" + hashlib.sha256(token).hexdigest()[:32]
+
+
+def tenant_may(method: str, path: str) -> bool:
+    return (
+        (method, path) in TENANT_ROUTES
+        or (method, path) in TENANT_ROUTES_EVAL
+        or any(method == m and path.startswith(p) for m, p in TENANT_PREFIXES)
+    )
 
 
 def is_loopback(host: str) -> bool:
@@ -189,7 +210,7 @@ class BearerAuth:
             path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
         )
 
-    def _match(self, scope: Scope) -> tuple[bool, frozenset[str] | None]:
+    def _match(self, scope: Scope) -> tuple[bool, frozenset[str] | None, bytes]:
         scheme, _, given = (_header(scope, b"authorization") or b"").partition(b" ")
         given = given.strip()
         found, tenants = False, None
@@ -198,12 +219,12 @@ class BearerAuth:
         for token, bound in self._tokens:
             if hmac.compare_digest(given, token):
                 found, tenants = True, bound
-        return found and scheme.lower() == b"bearer", tenants
+        return found and scheme.lower() == b"bearer", tenants, given
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self._tokens or scope["type"] != "http" or self._open(scope):
             return await self.app(scope, receive, send)
-        found, tenants = self._match(scope)
+        found, tenants, given = self._match(scope)
         if not found:
             return await send_json(
                 send,
@@ -211,15 +232,83 @@ class BearerAuth:
                 {"error": "missing or wrong bearer token (Authorization: Bearer <HERD_API_TOKEN>)"},
                 [(b"www-authenticate", b'Bearer realm="herd"')],
             )
+        state = scope.setdefault("state", {})
+        state[CALLER_KEY] = (token_owner(given), tenants is None)
         if tenants is not None:
-            if (scope.get("method"), scope.get("path")) not in TENANT_ROUTES:
+            if not tenant_may(str(scope.get("method")), str(scope.get("path"))):
                 routes = ", ".join(f"{m} {p}" for m, p in TENANT_ROUTES)
                 return await send_json(
                     send,
                     403,
-                    {"error": f"this token is bound to tenants: it may call {routes} only"},
+                    {
+                        "error": f"this token is bound to tenants: it may call {routes}"
+                        " and the evaluations' routes of batches it made only"
+                    },
                 )
-            scope.setdefault("state", {})[TENANTS_KEY] = tenants
+            state[TENANTS_KEY] = tenants
+        await self.app(scope, receive, send)
+
+
+def _origin_of(value: str) -> tuple[str, str] | None:
+    """(scheme, host:port) of an Origin header, the port made explicit; None if malformed."""
+    scheme, sep, rest = value.strip().lower().partition("://")
+    if not sep or scheme not in ("http", "https") or not rest or "/" in rest:
+        return None
+    return scheme, _with_port(rest, scheme)
+
+
+def _with_port(host: str, scheme: str) -> str:
+    """``name:port`` of a Host (or an Origin's authority), the scheme's port when none
+    is given; '' when malformed."""
+    name = host_name(host)
+    if name is None:
+        return ""
+    rest = host[host.find("]") + 1 :] if host.startswith("[") else host.partition(":")[1:][1]
+    port = rest.lstrip(":") if host.startswith("[") else rest
+    return f"{name}:{port or ('443' if scheme == 'https' else '80')}"
+
+
+class SameOrigin:
+    """403 for a request that changes something (POST, PUT, DELETE, ...) sent by a page
+    of another site: ``Sec-Fetch-Site`` other than same-origin or none (typed by the
+    user), or an ``Origin`` whose scheme, host and port are not the server's own.
+
+    Without a token a loopback server trusts any local client, and a browser sends a
+    page's request to 127.0.0.1 without asking first when it is "simple" (a POST with
+    no body, or a text/plain one): a page on any site could cancel a batch. Clients
+    that are not browsers send neither header, and are not refused.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    def _refused(self, scope: Scope) -> str | None:
+        site = _header(scope, b"sec-fetch-site")
+        if site is not None and site.strip().lower() not in (b"same-origin", b"none"):
+            return f"Sec-Fetch-Site: {site.decode('latin-1')[:40]}"
+        origin = _header(scope, b"origin")
+        if origin is None:
+            return None
+        shown = origin.decode("latin-1")
+        found = _origin_of(shown)
+        host = _header(scope, b"host")
+        scheme = str(scope.get("scheme", "http"))
+        own = _with_port(host.decode("latin-1").strip().lower(), scheme) if host else ""
+        if found is None or not own or found != (scheme, own):
+            return f"Origin: {shown[:80]}"
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") in SAFE_METHODS:
+            return await self.app(scope, receive, send)
+        why = self._refused(scope)
+        if why is not None:
+            return await send_json(
+                send,
+                403,
+                {"error": f"refused a cross-site request ({why}): send it from this"
+                          " server's own pages, or from a client that is not a browser"},
+            )  # fmt: skip
         await self.app(scope, receive, send)
 
 

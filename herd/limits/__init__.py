@@ -11,7 +11,15 @@ kept in the job store so every worker of a fleet shares them.
 
 from herd.errors import CapacityTimeout
 from herd.limits.acquire import LIMITERS, Slot, for_broker, hold
-from herd.limits.base import Grant, Limit, Limiter, LimitStats, key_id, scope_name
+from herd.limits.base import (
+    Grant,
+    Limit,
+    Limiter,
+    LimitStats,
+    batch_scope,
+    key_id,
+    scope_name,
+)
 from herd.limits.config import LimitsFile, load
 from herd.limits.postgres import PostgresLimiter
 from herd.limits.redis import RedisLimiter
@@ -28,6 +36,7 @@ __all__ = [
     "PostgresLimiter",
     "RedisLimiter",
     "Slot",
+    "batch_scope",
     "estimate",
     "estimate_input",
     "estimate_output",

@@ -34,6 +34,7 @@ __all__ = [
     "Rate",
     "key_id",
     "pause_seconds",
+    "batch_scope",
     "scope_name",
 ]
 
@@ -147,6 +148,20 @@ def key_id(api_key: str | None) -> str:
 
 def scope_name(provider: str, model: str, key: str) -> str:
     return f"{provider}:{model}:{key}"
+
+
+# The longest batch name a batch's scope carries as it is; a longer one, or one with a
+# brace (a Redis hash tag), is carried as a hash of it.
+BATCH_NAME_BYTES = 200
+
+
+def batch_scope(batch: str, provider: str, model: str) -> str:
+    """The scope of one batch's own limit (its --rpm, --tpm, --max-concurrent) on a
+    provider's model: a scope of its own, taken in addition to the fleet's, so that a
+    batch's limit never becomes the limit, or the rate state, of every batch on the key."""
+    plain = len(batch.encode()) <= BATCH_NAME_BYTES and not any(c in batch for c in "{}#")
+    name = batch if plain else "#" + hashlib.sha256(batch.encode()).hexdigest()[:16]
+    return f"batch:{name}:{provider}:{model}"
 
 
 def check_request(scope: str, limit: Limit, tokens: int, hold_for: float) -> None:

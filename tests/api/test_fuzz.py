@@ -73,3 +73,19 @@ def test_no_500_and_every_answer_is_documented(
 ) -> None:
     url, headers = api
     case.call_and_validate(base_url=url, headers=headers, checks=CHECKS)
+
+
+def test_the_fuzzed_operations_include_every_evaluation_route() -> None:
+    # schema.parametrize() fuzzes what the document names: a route left out of it (or
+    # one renamed) would silently not be fuzzed.
+    operations = {(m.upper(), p) for p, item in DOCUMENT["paths"].items() for m in item}
+    routes = [("GET", "/evals"), ("POST", "/evals"), ("GET", "/evals/{batch}"),
+              ("GET", "/evals/{batch}/results"), ("POST", "/evals/{batch}/budget"),
+              ("POST", "/evals/{batch}/resume"), ("POST", "/evals/{batch}/cancel")]  # fmt: skip
+    for route in routes:
+        assert route in operations, route
+        # ... with every refusal it can give documented, so the fuzzer checks them: 403
+        # (another caller's batch, a cross-site request) and 409 (a name taken).
+        responses = DOCUMENT["paths"][route[1]][route[0].lower()]["responses"]
+        assert "403" in responses, route
+    assert "409" in DOCUMENT["paths"]["/evals"]["post"]["responses"]

@@ -62,11 +62,15 @@ async def test_a_bound_token_queries_as_its_tenants_only(pg_app):
 async def test_a_bound_token_calls_nothing_but_query(pg_app):
     bind(pg_app)
     async with client_of(pg_app, token=TOKEN) as c:
-        for method, path in [("GET", "/jobs"), ("GET", "/overview"), ("POST", "/jobs")]:
+        # GET /evals lists every caller's batches: the admin's. The routes of one batch
+        # are open to it, on batches it made only (tests/api/test_batch_owners.py).
+        for method, path in [("GET", "/jobs"), ("GET", "/overview"), ("POST", "/jobs"),
+                             ("GET", "/evals")]:  # fmt: skip
             r = await c.request(method, path, json={"task": "t"}, headers=bearer(ACME))
             assert r.status_code == 403, path
             assert r.json()["error"] == (
-                "this token is bound to tenants: it may call POST /query, GET /healthz only"
+                "this token is bound to tenants: it may call POST /query, GET /healthz"
+                " and the evaluations' routes of batches it made only"
             )
         assert (await c.get("/healthz", headers=bearer(ACME))).status_code == 200
         assert (await c.get("/jobs", headers=bearer(TOKEN))).status_code == 200

@@ -7,18 +7,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 
 from herd import App, JobStatus, Worker, console
 from herd.api import metrics, overview
-from herd.limits import scope_name
+from herd.limits import batch_scope, scope_name
 from herd.limits.base import key_id
 from herd.llm import eval as evaluate
 from herd.llm.eval import EvalSpec, enqueue_documents
 from herd.llm.follow import print_status as _print_status
-from tests.conftest import truncate
+from tests.conftest import flush_redis, truncate
 from tests.helpers import eventually
 from tests.llm.conftest import clean_eval_tables
 
@@ -177,3 +178,55 @@ async def test_a_call_larger_than_its_token_limit_is_dead_lettered_at_once_unsen
 async def _done(app: App, batch: str, n: int) -> dict[str, object] | None:
     status = (await evaluate.batch_status(app, batch)).to_json()
     return status if status["done"] + status["failed"] == n else None
+
+
+@pytest.fixture(params=["postgres", "redis"])
+def shared_key_env(request, pg_url, sim, monkeypatch, tmp_path):
+    """HERD_LIMITS of 600 rpm for a model of this test's own, the jobs (and so the
+    limiter) on each backend."""
+    model = f"sim-share-{uuid.uuid4().hex[:8]}"  # limiter scopes outlive a test
+    limits = tmp_path / "limits.toml"
+    limits.write_text(f'[[limits]]\nprovider = "openai"\nmodel = "{model}"\nrpm = 600\n')
+    monkeypatch.setenv("HERD_LIMITS", str(limits))
+    monkeypatch.setenv("HERD_LIMIT_MAX_WAIT", "1")
+    monkeypatch.setenv("OPENAI_BASE_URL", sim.openai_url)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    if request.param == "redis":
+        redis_url = request.getfixturevalue("redis_stack")
+        flush_redis(redis_url)
+        monkeypatch.setenv("HERD_BROKER", "redis")
+        monkeypatch.setenv("HERD_REDIS_URL", redis_url)
+    truncate(pg_url)
+    clean_eval_tables(pg_url)
+    return pg_url, model
+
+
+async def test_a_batch_limit_is_a_scope_of_its_own_and_slows_no_other_batch(shared_key_env, sim):
+    url, model = shared_key_env
+    async with worker_app(url) as a:
+        # Another client's batch limited to 1 request a minute: its first call passes,
+        # its second waits a minute.
+        await enqueue_documents(a, spec(model), "slow", docs(2, "s"), limits={"rpm": 1})
+        async with running(a, 2):
+            await sim.wait_for(lambda s: s["billed"] >= 1, timeout=10)
+            # The same provider, model and key, no limit of its own: only the fleet's
+            # 600 a minute applies (30 requests of burst), so its 10 calls pass at once.
+            await enqueue_documents(a, spec(model), "fast", docs(10, "f"))
+            status = await eventually(lambda: _done(a, "fast", 10), timeout=15, interval=0.1)
+        assert status["failed"] == 0
+        slow = (await evaluate.batch_status(a, "slow")).to_json()
+        assert slow["done"] == 1  # its own limit still holds it back
+        rt = await evaluate.EvalRuntime.of(a)
+        assert rt.limiter is not None
+        fleet = scope_name("openai", model, key_id(KEY))
+        own = batch_scope("slow", "openai", model)
+        found = {s.scope: s for s in await rt.limiter.stats([fleet, own])}
+        # The fleet's scope keeps HERD_LIMITS's limit, whoever called last; the batch's
+        # rpm 1 is kept, and counted, under its own scope.
+        assert found[fleet].limit.rpm == 600 and found[fleet].requests == 11
+        assert found[own].limit.rpm == 1 and found[own].requests == 1
+        (shown,) = [r for r in await overview.limits(a) if r.scope == fleet]
+        assert shown.rpm == 600
+        # `herd eval status` of the slow batch shows its own limit beside the fleet's.
+        usage = {u["scope"]: u for u in slow["limit_usage"]}
+        assert usage[own]["limit"]["rpm"] == 1 and usage[fleet]["limit"]["rpm"] == 600

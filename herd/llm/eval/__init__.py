@@ -17,7 +17,7 @@ The CLI (herd.llm.cli), the HTTP API (herd.api.evals) and Python callers use the
 
 from herd.llm.eval.control import cancel, resume, set_budget
 from herd.llm.eval.runtime import EvalRuntime
-from herd.llm.eval.spec import QUEUE, TASK, EvalSpec, validate_answer
+from herd.llm.eval.spec import LOCAL, QUEUE, TASK, Caller, EvalSpec, validate_answer
 from herd.llm.eval.status import BatchStatus, batch_status, list_batches, settle
 from herd.llm.eval.store import EvalStore
 from herd.llm.eval.submit import (
@@ -30,9 +30,11 @@ from herd.llm.eval.submit import (
 )
 
 __all__ = [
+    "LOCAL",
     "QUEUE",
     "TASK",
     "BatchStatus",
+    "Caller",
     "EvalRuntime",
     "EvalSpec",
     "EvalStore",

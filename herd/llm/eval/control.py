@@ -16,20 +16,37 @@ import logging
 from typing import Any
 
 from herd.app import App
-from herd.errors import HerdError
+from herd.errors import BatchNotFound, HerdError, NotBatchOwner
 from herd.jsonvalue import check_text
 from herd.llm.eval.runtime import EvalRuntime
-from herd.llm.eval.spec import check_budget
+from herd.llm.eval.spec import LOCAL, Caller, check_budget
 
 log = logging.getLogger("herd.eval")
 
 
-async def set_budget(app: App, batch: str, budget: float | None) -> dict[str, Any]:
+async def check_owner(rt: EvalRuntime, batch: str, caller: Caller) -> None:
+    """BatchNotFound without such a batch; NotBatchOwner unless ``caller`` made it or is
+    an admin. A batch's owner never changes once made, so checking before the change
+    leaves no window."""
+    owner = await rt.store.owner(batch)
+    if owner is None:
+        raise BatchNotFound(f"no batch named {batch!r}")
+    if not caller.admin and owner != caller.owner:
+        raise NotBatchOwner(
+            f"batch {batch!r} was made by another caller: only it, or the admin token"
+            " (HERD_API_TOKEN), may change or read it"
+        )
+
+
+async def set_budget(
+    app: App, batch: str, budget: float | None, *, caller: Caller = LOCAL
+) -> dict[str, Any]:
     """Raise or lower a batch's budget (None: no budget). A parked batch with room
     again resumes: its items are queued and its jobs due at once."""
     check_text(batch, "batch")
     budget = check_budget(budget)
     rt = await EvalRuntime.of(app)
+    await check_owner(rt, batch, caller)
     found, ids = await rt.store.set_budget(batch, budget)
     if ids:
         await app.broker.reschedule(ids, 0)
@@ -37,12 +54,13 @@ async def set_budget(app: App, batch: str, budget: float | None) -> dict[str, An
     return {**found, "resumed": len(ids)}
 
 
-async def resume(app: App, batch: str) -> dict[str, Any]:
+async def resume(app: App, batch: str, *, caller: Caller = LOCAL) -> dict[str, Any]:
     """Continue a batch parked because the provider refused its key or model (once
     fixed) or for its budget (as it stands: it parks again if there is still no room).
     BatchNotFound if there is no such batch."""
     check_text(batch, "batch")
     rt = await EvalRuntime.of(app)
+    await check_owner(rt, batch, caller)
     ids = await rt.store.resume(batch)
     if ids:
         await app.broker.reschedule(ids, 0)
@@ -52,11 +70,12 @@ async def resume(app: App, batch: str) -> dict[str, Any]:
     return {"batch": batch, **found, "resumed": len(ids)}
 
 
-async def cancel(app: App, batch: str) -> dict[str, Any]:
+async def cancel(app: App, batch: str, *, caller: Caller = LOCAL) -> dict[str, Any]:
     """Cancel ``batch`` (BatchNotFound if there is none). Returns the items cancelled,
     the provider batches asked to stop, and those whose cancel failed (their poll jobs
     ask again)."""
     rt = await EvalRuntime.of(app)
+    await check_owner(rt, batch, caller)
     jobs, provider_batches = await rt.store.cancel(batch)
     if jobs:
         await app.broker.reschedule(jobs, 0)

@@ -26,13 +26,19 @@ SELECT %(batch)s, p, k, j, d, %(spec)s
 ON CONFLICT DO NOTHING;
 
 -- name: put_batch
--- A later submit to the same batch leaves its budget and limits unless given.
-INSERT INTO herd_eval_batches AS b (batch, budget, limits)
-VALUES (%(b)s, %(budget)s, coalesce(%(limits)s, '{}'::jsonb))
+-- A later submit to the same batch leaves its budget and limits unless given; one by
+-- another owner changes nothing and returns no row (the caller refuses it).
+INSERT INTO herd_eval_batches AS b (batch, budget, limits, owner)
+VALUES (%(b)s, %(budget)s, coalesce(%(limits)s, '{}'::jsonb), %(owner)s)
 ON CONFLICT (batch) DO UPDATE SET
    budget = CASE WHEN %(set)s THEN excluded.budget ELSE b.budget END,
    limits = coalesce(%(limits)s, b.limits), updated_at = now()
+ WHERE coalesce(b.owner, 'local') = %(owner)s
 RETURNING parked;
+
+-- name: batch_owner
+-- A batch made before batches had owners is the local owner's.
+SELECT coalesce(owner, 'local') FROM herd_eval_batches WHERE batch = %(b)s;
 
 -- name: batch
 SELECT budget, spent, reserved, parked, limits, parked_reason, created_at

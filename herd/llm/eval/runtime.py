@@ -154,16 +154,18 @@ class EvalRuntime:
             return min(own, self.max_tokens), True
         return self.max_tokens, False
 
-    async def limit_for(self, spec: EvalSpec, key: str, batch: str | None) -> Limit:
-        """The limit a call of ``spec`` under API key id ``key`` obeys: HERD_LIMITS's entry
-        and the batch's own limits, the stricter of each."""
-        limit = (
-            self.limits_file.limit_for(spec.provider, spec.model, key)
-            if self.limits_file
-            else Limit()
-        )
+    def limit_for(self, spec: EvalSpec, key: str) -> Limit:
+        """The fleet's limit of a call of ``spec`` under API key id ``key``: HERD_LIMITS's
+        entry alone (a batch's own limit is a scope of its own: ``batch_limit``)."""
+        if self.limits_file is None:
+            return Limit()
+        return self.limits_file.limit_for(spec.provider, spec.model, key)
+
+    async def batch_limit(self, batch: str | None) -> Limit:
+        """The batch's own limits (rpm, tpm, max_concurrent), read again after
+        BATCH_LIMITS_TTL; an empty Limit for none."""
         if batch is None:
-            return limit
+            return Limit()
         now = time.monotonic()
         cached = self._batch_limits.get(batch)
         if cached is None or now - cached[0] > BATCH_LIMITS_TTL:
@@ -176,4 +178,4 @@ class EvalRuntime:
             if len(self._batch_limits) > 1000:  # bounded: batches come and go
                 self._batch_limits.clear()
             cached = self._batch_limits[batch] = (now, own)
-        return limit.stricter(cached[1])
+        return cached[1]

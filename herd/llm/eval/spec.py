@@ -39,6 +39,21 @@ LIMIT_NAMES = ("rpm", "tpm", "max_concurrent")
 MAX_ANSWER_CHARS = 1_000_000
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who asks to make, change or read a batch. ``owner``: what a batch it makes records
+    ('local', or 'token:<hash>' of the bearer token an API caller sent); ``admin``: may
+    change any batch (the CLI, Python callers and HERD_API_TOKEN)."""
+
+    owner: str
+    admin: bool = False
+
+
+# The CLI and Python callers: they reach the database themselves, so they are the fleet's
+# operator; an API served without tokens (loopback only) acts as them.
+LOCAL = Caller("local", admin=True)
+
+
 class OverBudget(Exception):
     """The next call would pass the batch's budget, or the batch is parked."""
 

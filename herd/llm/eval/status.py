@@ -12,6 +12,7 @@ from psycopg.types.json import Jsonb
 
 from herd.app import App
 from herd.errors import BatchNotFound
+from herd.limits import batch_scope
 from herd.llm.eval import batchapi
 from herd.llm.eval.ledger import ESTIMATED
 from herd.llm.eval.runtime import EvalRuntime
@@ -167,7 +168,7 @@ async def limit_usage(rt: EvalRuntime, batch: str | None) -> list[dict[str, Any]
     """The fleet-wide limits a batch's calls count against (all of them: None, those
     used in the last hour), with their use, waits and 429s. A limit is per provider,
     model and key: the batch's specs name the first two; every key's limit of those is
-    shown."""
+    shown, and the batch's own limits (scopes of their own, herd.limits.batch_scope)."""
     if rt.limiter is None:
         return []
     found = await rt.limiter.stats()
@@ -175,7 +176,8 @@ async def limit_usage(rt: EvalRuntime, batch: str | None) -> list[dict[str, Any]
     if batch is not None:
         specs = await rt.store.execute("batch_specs", {"b": batch})
         prefixes = tuple(f"{p}:{m}:" for p, m in specs)
-        found = [s for s in found if s.scope.startswith(prefixes)] if prefixes else []
+        own = {batch_scope(batch, p, m) for p, m in specs}  # the batch's own limits
+        found = [s for s in found if s.scope in own or (prefixes and s.scope.startswith(prefixes))]
     else:
         # A limit in use now (or paused): one batch's --rpm long done is not shown.
         found = [s for s in found if s.requests_now or s.in_flight or (s.paused_until or 0) > now]

@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 from herd.cache.retention import PURGE_EVERY, Periodic, in_batches
 from herd.config import EVAL_TTL, LEDGER_TTL
 from herd.db import postgres as pgdb
-from herd.errors import BatchNotFound, Fatal, InvalidInput
+from herd.errors import BatchNameTaken, BatchNotFound, Fatal, InvalidInput
 from herd.llm.eval import ledger
 from herd.llm.eval.money import as_float, money
 from herd.llm.eval.spec import EvalSpec
@@ -101,16 +101,27 @@ class EvalStore:
             )  # fmt: skip
 
     async def put_batch(
-        self, batch: str, *, budget: float | None, limits: dict[str, int] | None
+        self,
+        batch: str,
+        *,
+        budget: float | None,
+        limits: dict[str, int] | None,
+        owner: str = "local",
     ) -> None:
-        """Create the batch's row, or update what is given. A cancelled batch takes no
+        """Create the batch's row, owned by ``owner``, or update what is given. A batch
+        of another owner is refused (BatchNameTaken), changed in nothing: a submission
+        must not reset another caller's budget or limits. A cancelled batch takes no
         more documents: its jobs would make no call."""
         rows = await self.execute(
             "put_batch",
             {"b": batch, "budget": money(budget), "set": budget is not None,
-             "limits": Jsonb(limits) if limits is not None else None},
+             "limits": Jsonb(limits) if limits is not None else None, "owner": owner},
         )  # fmt: skip
-        if rows and rows[0][0] == "cancelled":
+        if not rows:
+            raise BatchNameTaken(
+                f"batch: {batch!r} is in use by another submitter; submit under another name"
+            )
+        if rows[0][0] == "cancelled":
             raise InvalidInput(
                 f"batch: {batch!r} was cancelled; submit under another name", field="batch"
             )
@@ -142,6 +153,14 @@ class EvalStore:
         return {"budget": as_float(budget), "spent": as_float(spent),
                 "reserved": as_float(reserved), "parked": parked, "limits": limits,
                 "parked_reason": reason, "created_at": created}  # fmt: skip
+
+    async def owner(self, batch: str) -> str | None:
+        """Who made the batch ('local', or 'token:<hash>'); None: there is no such batch."""
+        rows = await self.execute("batch_owner", {"b": batch})
+        if rows:
+            return str(rows[0][0])
+        # Items with no batch row: submitted before batches had rows, locally.
+        return "local" if await self.exists(batch) else None
 
     async def exists(self, batch: str) -> bool:
         rows = await self.execute("batch_exists", {"b": batch})

@@ -22,7 +22,16 @@ from herd.llm.documents import DocumentError, find_documents, read_document
 from herd.llm.errors import MissingAPIKey
 from herd.llm.eval import control
 from herd.llm.eval.runtime import EvalRuntime, prices_in_force
-from herd.llm.eval.spec import QUEUE, SUBMIT_TASK, TASK, EvalSpec, check_budget, check_limits
+from herd.llm.eval.spec import (
+    LOCAL,
+    QUEUE,
+    SUBMIT_TASK,
+    TASK,
+    Caller,
+    EvalSpec,
+    check_budget,
+    check_limits,
+)
 from herd.llm.pricing import PriceTable
 from herd.llm.providers import registry
 from herd.llm.providers.openai_batch import OpenAIBatch
@@ -131,12 +140,14 @@ async def enqueue_documents(
     budget: float | None = None,
     limits: dict[str, Any] | None = None,
     checked: bool = False,
+    caller: Caller = LOCAL,
 ) -> list[EnqueueResult]:
     """One job per (name, normalized text); identical evaluations share a job.
 
     Stores the batch's row (its budget and limits, where given), the documents, the
     batch's items and a dedup ledger row for each document that joined an existing
     job, so ``herd eval status`` sees it all. ``checked``: check_submission ran.
+    ``caller``: who submits; a batch another caller made is refused (BatchNameTaken).
     """
     rows = _rows(spec, batch, items)
     if not checked:
@@ -146,9 +157,9 @@ async def enqueue_documents(
         return []
     rt = await EvalRuntime.of(app)
     # Before the jobs: a worker that claims one finds the budget already in force.
-    await rt.store.put_batch(batch, budget=budget, limits=limits)
+    await rt.store.put_batch(batch, budget=budget, limits=limits, owner=caller.owner)
     if budget is not None:  # raised by this submission: parked jobs may resume
-        await control.set_budget(app, batch, budget)
+        await control.set_budget(app, batch, budget, caller=caller)
     await rt.store.put_spec(spec)
     await rt.store.put_documents(
         {d: text for (_, d, _), (_, text) in zip(rows, items, strict=True)}
@@ -191,6 +202,7 @@ async def enqueue_batch_documents(
     *,
     priority: int = 0,
     checked: bool = False,
+    caller: Caller = LOCAL,
 ) -> list[EnqueueResult]:
     """Like ``enqueue_documents``, but the keys the exact cache does not hold go into
     one batch-submit job per chunk; the cached ones take the synchronous path (their
@@ -201,17 +213,19 @@ async def enqueue_batch_documents(
     if not items:
         return []
     rt = await EvalRuntime.of(app)
+    # Before anything is enqueued: a batch of another caller is refused here.
+    await rt.store.put_batch(batch, budget=None, limits=None, owner=caller.owner)
     cached = {k for k in {k for _, _, k in rows} if await rt.cache.get(k) is not None}
     out: dict[int, EnqueueResult] = {}
     sync = [i for i, (_, _, k) in enumerate(rows) if k in cached]
     if sync:
         done = await enqueue_documents(
-            app, spec, batch, [items[i] for i in sync], priority=priority, checked=True
-        )
+            app, spec, batch, [items[i] for i in sync], priority=priority, checked=True,
+            caller=caller,
+        )  # fmt: skip
         out.update(zip(sync, done, strict=True))
     rest = [i for i in range(len(rows)) if i not in out]
     if rest:
-        await rt.store.put_batch(batch, budget=None, limits=None)
         await rt.store.put_spec(spec)
         await rt.store.put_documents({rows[i][1]: items[i][1] for i in rest})
         keys = list(dict.fromkeys(rows[i][2] for i in rest))
@@ -272,6 +286,7 @@ async def submit(
     budget: float | None = None,
     limits: dict[str, Any] | None = None,
     batch_api: bool = False,
+    caller: Caller = LOCAL,
 ) -> SubmitReport:
     """Enqueue one evaluation job per readable document; report the unreadable ones.
 
@@ -298,12 +313,12 @@ async def submit(
                 report.errors.append(str(exc))
         if batch_api:
             enqueued = await enqueue_batch_documents(
-                app, spec, report.batch, items, priority=priority, checked=True
+                app, spec, report.batch, items, priority=priority, checked=True, caller=caller
             )
         else:
             enqueued = await enqueue_documents(
                 app, spec, report.batch, items, priority=priority, budget=budget,
-                limits=limits, checked=True,
+                limits=limits, checked=True, caller=caller,
             )  # fmt: skip
         for r in enqueued:
             report.job_ids.append(r.job_id)
@@ -326,20 +341,23 @@ async def submit_texts(
     budget: float | None = None,
     limits: dict[str, int] | None = None,
     batch_api: bool = False,
+    caller: Caller = LOCAL,
 ) -> SubmitReport:
     """One evaluation job per document (name -> text), stored as ``submit`` stores
-    files, so status and results see API batches alike."""
+    files, so status and results see API batches alike. ``caller``: who submits (a
+    batch another caller made is refused: BatchNameTaken)."""
     budget, limits = check_submission(spec, app.settings, budget=budget, limits=limits,
                                       batch_api=batch_api, batch=batch)  # fmt: skip
     report = SubmitReport(batch or f"eval-{uuid.uuid4().hex[:8]}")
     items = [(path, normalize_document(text)) for path, text in documents.items()]
     if batch_api:
         results = await enqueue_batch_documents(
-            app, spec, report.batch, items, priority=priority, checked=True
+            app, spec, report.batch, items, priority=priority, checked=True, caller=caller
         )
     else:
         results = await enqueue_documents(app, spec, report.batch, items, priority=priority,
-                                          budget=budget, limits=limits, checked=True)  # fmt: skip
+                                          budget=budget, limits=limits, checked=True,
+                                          caller=caller)  # fmt: skip
     report.job_ids = [r.job_id for r in results]
     report.queued = sum(r.created for r in results)
     report.deduplicated = len(results) - report.queued

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from decimal import Decimal
 from typing import Any
 
@@ -25,7 +25,7 @@ from herd import telemetry
 from herd.app import App
 from herd.errors import Fatal, InvalidInput, Snooze
 from herd.jsonvalue import JSON
-from herd.limits import CapacityTimeout, Limit, hold, scope_name
+from herd.limits import CapacityTimeout, Limit, Slot, batch_scope, hold, scope_name
 from herd.limits.tokens import estimate_input, estimate_output, requested_max
 from herd.llm.completion import Completion, Usage
 from herd.llm.errors import (
@@ -125,14 +125,19 @@ class Evaluation:
         self.price = rt.prices.lookup(spec.model, spec.provider)
         self.plain = rt.provider(spec)
         self.scope = scope_name(spec.provider, spec.model, self.plain.key_id)
-        self.limit = Limit()
+        self.limit = Limit()  # the fleet's (HERD_LIMITS), kept under self.scope
+        # The batch's own, under a scope of its own: merged into the fleet's, it would
+        # become the limit (and the rate state) of every batch on the key.
+        self.batch_scope = batch_scope(self.batch, spec.provider, spec.model) if self.batch else ""
+        self.batch_limit = Limit()
         self.provider = self.plain
 
     async def limited(self) -> None:
-        """Take the fleet's limit of this call's scope, when one is set."""
+        """Take the fleet's limit of this call's scope and the batch's own, where set."""
         if self.rt.limiter:
-            self.limit = await self.rt.limit_for(self.spec, self.plain.key_id, self.batch)
-        if self.limit:
+            self.limit = self.rt.limit_for(self.spec, self.plain.key_id)
+            self.batch_limit = await self.rt.batch_limit(self.batch)
+        if self.limit or self.batch_limit:
             self.provider = self.rt.provider(self.spec, limited=True)
 
     def priced(self, i: int, o: int = 0) -> Decimal | None:
@@ -164,13 +169,14 @@ class Evaluation:
             return await ledger.open_call(conn, row)
 
     async def call(self, user: str) -> Completion:
-        """One provider call under the fleet's limit of its scope, when one is set.
+        """One provider call under the limits that apply to it: the batch's own scope
+        first, then the fleet's scope (provider, model, key), both held for the call.
 
         Capacity is taken before the budget and the ledger row: a job that waits too
         long is handed back (Snooze: no attempt, no lease held meanwhile) with nothing to
-        undo. A 429 pauses the limit for the whole fleet and the call waits its turn
-        again; the reservation is reconciled with what the provider counts."""
-        if not self.limit:
+        undo. A 429 pauses the fleet's scope for the whole fleet and the call waits its
+        turn again; the reservations are reconciled with what the provider counts."""
+        if not (self.limit or self.batch_limit):
             return await self.send(user)
         rt, spec, ctx = self.rt, self.spec, self.ctx
         assert rt.limiter is not None
@@ -179,28 +185,42 @@ class Evaluation:
             spec.params, spec.schema, most
         )
         holder = f"{ctx.worker_id}:{ctx.job_id}:{ctx.lease.token}:{uuid.uuid4().hex[:8]}"
+        # The batch's scope first: a call waiting on its own batch's limit holds no share
+        # of the fleet's meanwhile. The fleet's scope is held even with no HERD_LIMITS
+        # entry (an empty limit): a 429 pauses it, and this batch must wait that out too.
+        scopes = [(self.batch_scope, self.batch_limit)] if self.batch_limit else []
+        scopes.append((self.scope, self.limit))
         for _ in range(MAX_RATE_LIMITED):
+            slots: list[Slot] = []
             try:
-                async with hold(
-                    rt.limiter, self.scope, self.limit, tokens, holder=holder,
-                    hold_for=SLOT_HOLD, max_wait=rt.max_wait,
-                ) as slot:  # fmt: skip
+                async with AsyncExitStack() as held:
+                    for scope, limit in scopes:
+                        try:
+                            slots.append(await held.enter_async_context(hold(
+                                rt.limiter, scope, limit, tokens, holder=holder,
+                                hold_for=SLOT_HOLD, max_wait=rt.max_wait,
+                            )))  # fmt: skip
+                        except CapacityTimeout:
+                            # Nothing was sent: the tokens the batch's scope took are
+                            # given back (its slot is released on leaving the stack).
+                            await _charge(slots, 0)
+                            raise
                     try:
                         done = await self.send(user)
                     except RateLimited as exc:
                         # The provider's own count disagrees with ours (another client on
                         # the key, a lower tier): everyone waits, not only this worker.
-                        await slot.adjust(0)  # a refusal is charged nothing
+                        await _charge(slots, 0)  # a refusal is charged nothing
                         await rt.limiter.pause(self.scope, _pause_for(exc))
                         continue
                     except (Snooze, BatchCancelled):  # parked or cancelled: nothing was sent
-                        await slot.adjust(0)
+                        await _charge(slots, 0)
                         raise
                     # What the provider's limiter counted: the input it reports, and the
                     # max output the request named (OpenAI counts max_tokens up front,
                     # whatever the answer), else the output reported.
                     out = most if named else done.usage.output_tokens
-                    await slot.adjust(done.usage.input_tokens + out)
+                    await _charge(slots, done.usage.input_tokens + out)
                     return done
             except CapacityTimeout as exc:
                 raise Snooze(str(exc), after=max(1.0, exc.retry_in)) from None
@@ -276,6 +296,11 @@ class Evaluation:
         raise Fatal(
             f"invalid model output after one repair: {error2}; raw output: {second.text[:2000]}"
         )
+
+
+async def _charge(slots: list[Slot], tokens: int) -> None:
+    for slot in slots:
+        await slot.adjust(tokens)
 
 
 def _pause_for(exc: RateLimited) -> float:
