@@ -92,6 +92,7 @@ def test_flags_set_the_behaviour_at_start(tmp_path) -> None:
         "batch_latency": 1.0,
         "batch_expire": False,
         "prompt_cache_ttl": 60.0,
+        "batch_result_faults": [],
     }
     assert first.status_code == 500
     assert (second.status_code, second.headers["retry-after"]) == (429, "2")
