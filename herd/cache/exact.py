@@ -99,10 +99,7 @@ class ExactCache:
         """
         deadline = time.monotonic() + self.wait
         waited = False
-        # A miss is counted with the lookup's outcome, not before it: a computation that
-        # hands its job back (Snooze: a parked batch, a limit) was neither a miss nor an
-        # error, and its next run looks again.
-        missed = False
+        first = True
         while True:
             entry = await self.store.get(self.namespace, key, stale_for=self.swr)
             if entry is not None and entry.fresh:
@@ -110,17 +107,16 @@ class ExactCache:
                     early = await self._compute(key, compute, "early", lookup_first=False)
                     if early is not None:
                         return early
-                return await self._counted(
-                    Lookup(entry.value, "waited" if waited else "hit"), missed=missed
-                )
+                return await self._counted(Lookup(entry.value, "waited" if waited else "hit"))
             if entry is not None:  # expired, inside the stale-while-revalidate window
                 self._refresh_in_background(key, compute)
-                return await self._counted(Lookup(entry.value, "stale"), missed=missed)
-            missed = True
+                return await self._counted(Lookup(entry.value, "stale"))
+            if first:
+                await self.store.count({"misses": 1}, self.namespace)
+                first = False
             done = await self._compute(
-                key, compute, "computed", lookup_first=True, waited=waited, owner=owner,
-                missed=True,
-            )  # fmt: skip
+                key, compute, "computed", lookup_first=True, waited=waited, owner=owner
+            )
             if done is not None:
                 return done
             waited = True
@@ -141,7 +137,6 @@ class ExactCache:
         lookup_first: bool,
         waited: bool = False,
         owner: str | None = None,
-        missed: bool = False,
     ) -> Lookup | None:
         """Compute under the key's lock; None if another caller holds it."""
         hold = self.locks.hold(
@@ -153,23 +148,25 @@ class ExactCache:
                     entry = await self.store.get(self.namespace, key)
                     if entry is not None and entry.fresh:
                         return await self._counted(
-                            Lookup(entry.value, "waited" if waited else "hit"), missed=missed
+                            Lookup(entry.value, "waited" if waited else "hit")
                         )
                 started = time.monotonic()
                 try:
                     value = await compute()
                 except Snooze:
+                    # Handed back (a parked batch, a limit): not an error, and its next
+                    # run looks again, so this lookup's miss is taken back.
+                    await self.store.count({"misses": -1}, self.namespace)
                     raise
                 except Exception:
-                    counted = {"errors": 1, **({"misses": 1} if missed else {})}
-                    await self.store.count(counted, self.namespace)
+                    await self.store.count({"errors": 1}, self.namespace)
                     raise
                 await self.put(key, value, delta=time.monotonic() - started)
-                return await self._counted(Lookup(value, source), missed=missed)
+                return await self._counted(Lookup(value, source))
         except LockNotAcquired:
             return None
 
-    async def _counted(self, lookup: Lookup, *, missed: bool = False) -> Lookup:
+    async def _counted(self, lookup: Lookup) -> Lookup:
         name = {
             "hit": "hits",
             "waited": "waited",
@@ -177,7 +174,7 @@ class ExactCache:
             "stale": "stale",
             "early": "early_refresh",
         }[lookup.source]
-        await self.store.count({name: 1, **({"misses": 1} if missed else {})}, self.namespace)
+        await self.store.count({name: 1}, self.namespace)
         return lookup
 
     def _refresh_in_background(self, key: str, compute: Callable[[], Awaitable[JSON]]) -> None:
