@@ -42,7 +42,6 @@ class Settled:
     # Parked items counted above (dead, lost or running): not among those parked waiting.
     parked_counted: int = 0
     failures: list[dict[str, Any]] = field(default_factory=list)  # path, job, error
-    dead_jobs: dict[int, str] = field(default_factory=dict)  # job -> its error
 
 
 @dataclass
@@ -133,9 +132,9 @@ async def settle(app: App, batch: str | None) -> Settled:
                 out.failures.append({"path": path, "job": job_id, "error": GONE})
         elif job.status == "dead":
             out.dead += 1
-            out.dead_jobs[job_id] = job.last_error or job.dead_reason or "dead-lettered"
             if len(out.failures) < FAILURES_SHOWN:
-                out.failures.append({"path": path, "job": job_id, "error": out.dead_jobs[job_id]})
+                error = job.last_error or job.dead_reason or "dead-lettered"
+                out.failures.append({"path": path, "job": job_id, "error": error})
         elif job.status == "processing":
             out.running += 1
         elif job.status == "succeeded" and job.task in BATCH_API_TASKS:
