@@ -21,6 +21,7 @@ from psycopg.rows import dict_row
 
 from herd import aio
 from herd.db.postgres import SessionLock, SharedPool, migrate, translate_errors
+from herd.db.queries import named
 from herd.errors import BrokerError, LeaseLost
 from herd.jsonvalue import dumps
 from herd.queue.base import (
@@ -41,7 +42,6 @@ from herd.queue.base import (
     trace_of,
     trace_text,
 )
-from herd.queue.sql import queries
 
 log = logging.getLogger("herd.postgres")
 
@@ -109,7 +109,7 @@ class PostgresBroker:
         self.throughput_ttl = float(throughput_ttl)
         self._next_purge = 0.0
         self._purging: asyncio.Task[int] | None = None
-        self._q = queries()
+        self._q = named("herd.queue.sql")
         self._pool = SharedPool(
             url, max_size=max(2, pool_size), store="the job store", direct_url=direct_url
         )
