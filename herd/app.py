@@ -13,6 +13,8 @@ from typing import Any, overload
 
 from herd import telemetry
 from herd.config import Settings, pool_size
+from herd.db.postgres import set_auto_migrate
+from herd.embedded import database_url
 from herd.errors import BrokerUnavailable, ConfigError, HerdError, InvalidInput, JobNotFound
 from herd.jsonvalue import JSON, check, check_text
 from herd.queue.base import (
@@ -28,6 +30,7 @@ from herd.queue.base import (
     QueueStats,
     RequeueResult,
 )
+from herd.queue.registry import make_broker
 from herd.sync import SyncApp
 from herd.tasks import Backoff, Task, TaskFunction
 
@@ -135,29 +138,7 @@ class App:
         return self._broker
 
     def _make_broker(self) -> Broker:
-        from herd.queue.postgres import PostgresBroker
-
-        if self.settings.broker == "redis":
-            from herd.queue.redis import RedisBroker
-
-            if not self.settings.redis_url:
-                raise ConfigError("the redis broker needs HERD_REDIS_URL (or --redis-url)")
-            return RedisBroker(
-                self.settings.redis_url,
-                finished_ttl=self.settings.finished_ttl,
-                pool_size=self.pool_size(),
-                throughput_ttl=self.settings.throughput_ttl,
-                max_queues=self.settings.max_queues,
-            )
-        if self.settings.broker != "postgres":
-            raise ConfigError(f"unknown broker {self.settings.broker!r}: use postgres or redis")
-        return PostgresBroker(
-            self.database_url(),
-            pool_size=self.pool_size(),
-            finished_ttl=self.settings.finished_ttl,
-            throughput_ttl=self.settings.throughput_ttl,
-            direct_url=self.settings.database_direct_url,
-        )
+        return make_broker(self.settings, self.database_url, self.pool_size())
 
     def pool_size(self, concurrency: int | None = None) -> int:
         """The broker's share of the process's pool; a Worker calls this with its
@@ -172,8 +153,6 @@ class App:
         A fleet restarted together with its broker (a deploy, a failover) would
         otherwise lose every worker that started a moment too early.
         """
-        from herd.db.postgres import set_auto_migrate
-
         # Every store this process opens later (the ledger's, a cache's) migrates by it.
         set_auto_migrate(self.settings.auto_migrate)
         deadline = time.monotonic() + wait
@@ -210,11 +189,7 @@ class App:
 
     def database_url(self) -> str:
         """herd's PostgreSQL (configured, else embedded): also home of the cache and ledgers."""
-        if self.settings.database_url is not None:
-            return self.settings.database_url
-        from herd.embedded import embedded_server
-
-        return embedded_server(self.settings.home).acquire()
+        return database_url(self.settings)
 
     async def close(self) -> None:
         while self._on_close:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -9,6 +10,7 @@ from psycopg.types.json import Jsonb
 
 from herd.cache.base import Entry
 from herd.cache.retention import PURGE_BATCH, PURGE_EVERY, Periodic
+from herd.config import Settings
 from herd.db import postgres as pgdb
 from herd.db.queries import named
 from herd.jsonvalue import JSON, dumps
@@ -114,3 +116,8 @@ class PostgresCacheStore:
         for ns, name, value in await self._exec(Q["stats"], {}):
             out.setdefault(ns, {})[name] = int(value)
         return out
+
+
+def home(settings: Settings, database_url: Callable[[], str]) -> str:
+    """HERD_CACHE=postgres (the default): herd's own PostgreSQL."""
+    return database_url()

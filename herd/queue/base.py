@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from herd.errors import InvalidInput
 from herd.jsonvalue import JSON, dumps, loads
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
 
 # What a job's fields may hold, checked at enqueue (App) and by the API's models. A
 # priority names a Redis stream and a PostgreSQL integer; names and keys are indexed.
@@ -231,10 +235,18 @@ def purge_period(finished_ttl: float) -> float:
 class Broker(Protocol):
     """What a worker and an App need from a job store."""
 
-    name: str
+    name: str  # its key in herd.queue.registry.BROKERS
+    url: str  # where its jobs live (the limiter that shares the store opens it too)
 
     async def open(self) -> None: ...
     async def close(self) -> None: ...
+
+    def fenced_transaction(
+        self, lease: Lease
+    ) -> AbstractAsyncContextManager[AsyncConnection[Any]] | None:
+        """A SQL transaction in the job store that commits only while ``lease`` is
+        held; None where the store has no SQL transactions to join the lease with."""
+        ...
 
     # -- producers
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]: ...

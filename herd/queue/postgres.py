@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
@@ -20,6 +20,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
 from herd import aio
+from herd.config import Settings
 from herd.db.postgres import SessionLock, SharedPool, migrate, translate_errors
 from herd.db.queries import named
 from herd.errors import BrokerError, LeaseLost
@@ -87,6 +88,20 @@ def _ids_tokens(leases: Sequence[Lease]) -> dict[str, list[int]]:
 
 class PostgresBroker:
     name = "postgres"
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, database_url: Callable[[], str], pool_size: int
+    ) -> PostgresBroker:
+        """The broker HERD_BROKER=postgres names (herd.queue.registry): herd's own
+        PostgreSQL, the embedded server when none is set."""
+        return cls(
+            database_url(),
+            pool_size=pool_size,
+            finished_ttl=settings.finished_ttl,
+            throughput_ttl=settings.throughput_ttl,
+            direct_url=settings.database_direct_url,
+        )
 
     def __init__(
         self,

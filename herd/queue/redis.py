@@ -42,7 +42,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from functools import cache
@@ -53,9 +53,9 @@ from redis import exceptions as rexc
 from redis.crc import key_slot
 
 from herd import aio
-from herd.config import MAX_QUEUES, mask_url
+from herd.config import MAX_QUEUES, Settings, mask_url
 from herd.db import redis as rdb
-from herd.errors import BrokerError
+from herd.errors import BrokerError, ConfigError
 from herd.jsonvalue import dumps, loads
 from herd.names import hash_tag
 from herd.queue.base import (
@@ -143,6 +143,21 @@ def _ms(value: str | None) -> datetime | None:
 class RedisBroker:
     name = "redis"
 
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, database_url: Callable[[], str], pool_size: int
+    ) -> RedisBroker:
+        """The broker HERD_BROKER=redis names (herd.queue.registry)."""
+        if not settings.redis_url:
+            raise ConfigError("the redis broker needs HERD_REDIS_URL (or --redis-url)")
+        return cls(
+            settings.redis_url,
+            finished_ttl=settings.finished_ttl,
+            pool_size=pool_size,
+            throughput_ttl=settings.throughput_ttl,
+            max_queues=settings.max_queues,
+        )
+
     def __init__(
         self,
         url: str,
@@ -206,6 +221,12 @@ class RedisBroker:
             return await self._scripts[script](keys=[p + "meta"], args=[p, *args])
 
     # -- lifecycle
+
+    def fenced_transaction(self, lease: Lease) -> None:
+        """None: Redis has no SQL transaction that a lease could join; a job's writes
+        elsewhere are fenced by a lease check before them (JobContext) and the job's
+        own result by the completion's compare-then-write."""
+        return None
 
     async def open(self) -> None:
         await self._client.open()
