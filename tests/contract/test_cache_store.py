@@ -14,12 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from herd.cache import ExactCache
+from herd.cache import ExactCache, canonical_key
 from herd.errors import InvalidInput
-from tests.cache.test_exact import key
 from tests.helpers import eventually_sync
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def fresh_key() -> str:
+    """A key no other test uses, shaped as an evaluation's."""
+    return canonical_key(
+        model="m1", system="Rate it.", schema=None, params={}, document=uuid.uuid4().hex
+    )
 
 
 def race(kind: str, url: str, k: str, callers: int, seconds: float) -> subprocess.Popen[str]:
@@ -34,7 +40,7 @@ def race(kind: str, url: str, k: str, callers: int, seconds: float) -> subproces
 async def test_hundred_callers_in_ten_processes_make_one_call(cache_backend):
     b = cache_backend
     store = b.store
-    k = key(uuid.uuid4().hex)
+    k = fresh_key()
     procs = [race(b.kind, b.url, k, 10, 1.0) for _ in range(10)]
     outputs = [await asyncio.to_thread(p.communicate, timeout=90) for p in procs]
     assert [p.returncode for p in procs] == [0] * 10, [o[1][-2000:] for o in outputs]
@@ -53,7 +59,7 @@ async def test_hundred_callers_in_ten_processes_make_one_call(cache_backend):
 @pytest.mark.timeout(120)
 async def test_holder_killed_mid_call_lets_one_waiter_take_over(cache_backend):
     b = cache_backend
-    k = key(uuid.uuid4().hex)
+    k = fresh_key()
     holder = race(b.kind, b.url, k, 1, 30.0)  # would compute for 30 s
     eventually_sync(lambda: len(b.calls(k)) == 1, timeout=30)
     waiters = race(b.kind, b.url, k, 5, 0.2)
