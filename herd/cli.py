@@ -224,7 +224,11 @@ def worker(
     async def work(a: App) -> Any:
         return await Worker(
             a,
-            queues=queue or sorted({"default", *(t.queue for t in app.tasks.values())}),
+            queues=queue
+            or sorted(
+                {"default", *(t.queue for t in app.tasks.values())}
+                | {s.queue for s in app.schedules.values()}
+            ),
             concurrency=concurrency,
             grace_period=grace,
             poll_interval=poll_interval,

@@ -24,7 +24,8 @@ class ScheduleView:
     policy: str
     catch_up: int
     paused: bool
-    next_run: datetime | None  # the first tick after the last fired (maybe overdue)
+    # The first tick after the last fired (maybe overdue: no worker ran); None if paused
+    next_run: datetime | None
     last_tick: datetime | None
     last_run_at: datetime | None
     last_job_id: int | None
@@ -52,7 +53,8 @@ async def views(
         out.append(
             ScheduleView(
                 name=s.name, task=s.task, queue=s.queue, when=s.when, policy=s.policy.value,
-                catch_up=s.catch_up, paused=st.paused, next_run=st.next_run(),
+                catch_up=s.catch_up, paused=st.paused,
+                next_run=None if st.paused else st.next_run(),
                 last_tick=st.last_tick, last_run_at=st.last_run_at, last_job_id=st.last_job_id,
                 last_outcome=outcome,
                 last_error=job.last_error if job is not None and job.status != JobStatus.SUCCEEDED
