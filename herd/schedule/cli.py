@@ -21,7 +21,7 @@ AsJson = Annotated[bool, typer.Option("--json")]
 
 def _table(views: list[ops.ScheduleView]) -> Table:
     table = Table(title=f"{len(views)} schedules", title_justify="left")
-    for col in ("name", "task", "queue", "when", "policy", "state", "next run", "last run",
+    for col in ("name", "task (queue)", "when", "policy", "state", "next run", "last run",
                 "outcome", "runs"):  # fmt: skip
         table.add_column(col, justify="right" if col == "runs" else "left")
     for v in views:
@@ -32,7 +32,7 @@ def _table(views: list[ops.ScheduleView]) -> Table:
         if v.last_error:
             outcome += f": {console.short(v.last_error, 40)}"
         table.add_row(
-            v.name, v.task, v.queue, v.when, policy, "paused" if v.paused else "active",
+            v.name, f"{v.task} ({v.queue})", v.when, policy, "paused" if v.paused else "active",
             console.when(v.next_run), console.when(v.last_run_at), outcome, str(v.runs),
         )  # fmt: skip
     return table

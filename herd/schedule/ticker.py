@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from herd.app import App
-from herd.errors import BrokerError
+from herd.errors import HerdError
 from herd.queue.base import NewJob
 from herd.schedule.model import Schedule, ScheduleState
 
@@ -135,10 +135,10 @@ class Ticker:
             try:
                 _, wait = await self.step()
                 failures = 0
-            except BrokerError as exc:
+            except HerdError as exc:  # the store failing, or a job the producer gate refused
                 failures += 1
                 wait = min(30.0, 0.5 * 2 ** min(failures, 6))
-                log.warning("schedules: %s; trying again in %.1fs", exc, wait)
+                log.error("schedules: %s; trying again in %.1fs", exc, wait)
             # A hair past the tick, spread a little: the fleet's workers do not all hit
             # the store in the same millisecond (the store would sort them out anyway).
             wait += random.uniform(0.0, 0.05)

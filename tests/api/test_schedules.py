@@ -23,6 +23,7 @@ async def test_schedules_are_listed_paused_resumed_and_run_now(any_app, any_clie
 
     r = await any_client.post(f"/schedules/{name}/pause")
     assert r.status_code == 200 and r.json()["paused"] is True
+    assert r.json()["next_run"] is None  # no tick fires while paused
     ov = (await any_client.get("/overview")).json()
     assert {x["name"]: x["paused"] for x in ov["schedules"]}[name] is True
 
