@@ -114,7 +114,9 @@ class Schedule:
             first = last - most + 1
             if after is not None:
                 first = max(first, math.floor(after.timestamp() / step) + 1)
-            return [datetime.fromtimestamp(k * step, UTC) for k in range(first, last + 1)]
+            ticks = [datetime.fromtimestamp(k * step, UTC) for k in range(first, last + 1)]
+            # A step like 0.1 divides a stored tick into k - 1e-9: never that tick again.
+            return [t for t in ticks if after is None or t > after]
         assert self.cron is not None
         # cronsim steps strictly before its start: a second past ``at`` keeps ``at``
         # itself (cron ticks fall on whole minutes).

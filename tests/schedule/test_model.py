@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -70,3 +70,13 @@ def test_periodic_composes_with_task_and_registers_both():
     assert (s.task, s.queue, s.priority, s.cron) == ("reindex", "nightly", 5, "0 2 * * *")
     with pytest.raises(ConfigError):
         app.periodic(every=5, name="reindex")(reindex)
+
+
+def test_a_fractional_interval_never_gives_the_stored_tick_again():
+    s = Schedule("tenth", "t", every=0.1)
+    after = utc(2026, 1, 1)
+    for _ in range(200):
+        (nxt,) = s.due(after, after + timedelta(seconds=0.101), 5)
+        assert nxt > after
+        after = nxt
+    assert s.due(after, after, 5) == []
