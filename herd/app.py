@@ -31,6 +31,7 @@ from herd.queue.base import (
     RequeueResult,
 )
 from herd.queue.registry import make_broker
+from herd.schedule.model import Policy, Schedule, policy_of
 from herd.sync import SyncApp
 from herd.tasks import Backoff, Task, TaskFunction
 
@@ -61,6 +62,7 @@ class App:
             database_url=database_url, broker=broker if isinstance(broker, str) else None
         )
         self.tasks: dict[str, Task] = {}
+        self.schedules: dict[str, Schedule] = {}  # herd.schedule: run by every worker
         self._broker = None if isinstance(broker, str) else broker
         self._pool_size = pool_size
         self._opened = False
@@ -128,6 +130,49 @@ class App:
         """Register every task of another app (built-in tasks, a plugin's tasks)."""
         for task in other.tasks.values():
             self.add_task(task)
+        for schedule in other.schedules.values():
+            self.add_schedule(schedule)
+
+    def periodic(
+        self,
+        *,
+        cron: str | None = None,
+        every: float | None = None,
+        timezone: str = "UTC",
+        queue: str | None = None,
+        policy: Policy | str = Policy.SKIP,
+        catch_up: int = 1,
+        name: str | None = None,
+    ) -> Callable[[Task | TaskFunction], Task]:
+        """Run a task by itself: at each tick of ``cron`` (5 fields, in ``timezone``) or
+        ``every`` seconds, one job for the whole fleet (herd.schedule). Put it above
+        ``@app.task`` (or on a bare function, registered as a task with defaults).
+        ``policy``: what a firing late runs, ``skip`` (the latest tick) or ``catch_up``
+        (the missed ticks too, the newest ``catch_up`` of them)."""
+
+        def register(target: Task | TaskFunction) -> Task:
+            task = target if isinstance(target, Task) else self.task(target)
+            self.add_schedule(
+                Schedule(
+                    name=name or task.name,
+                    task=task.name,
+                    queue=queue or task.queue,
+                    cron=cron,
+                    every=every,
+                    timezone=timezone,
+                    policy=policy_of(policy),
+                    catch_up=catch_up,
+                    priority=task.priority,
+                )
+            )
+            return task
+
+        return register
+
+    def add_schedule(self, schedule: Schedule) -> None:
+        if self.schedules.get(schedule.name, schedule) != schedule:
+            raise ConfigError(f"two different schedules are named {schedule.name!r}")
+        self.schedules[schedule.name] = schedule
 
     # -- lifecycle
 
