@@ -1,6 +1,7 @@
 """The `herd` command. Results go to stdout, logs and progress to stderr.
 
-Exit codes: 0 success, 1 the work failed, 2 a usage error.
+Exit codes: 0 success, 1 the work failed (what failed is named on stderr), 2 a usage
+error; `herd eval submit --wait` and `herd eval wait` add 3 (parked) and 130.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from herd._version import __version__
 from herd.app import App
 from herd.config import Settings, parse_duration
 from herd.console import (
+    Group,
     Options,
     err,
     jsonable,
@@ -40,17 +42,29 @@ from herd.queue.base import Job, JobStatus
 
 T = TypeVar("T")
 
+JSON_HELP = "Print it as JSON."
+JSON_LINES_HELP = "Print JSON lines, one per row."
+_STATUSES = ", ".join(s.value for s in JobStatus)
+
 
 class Broker(enum.StrEnum):
     postgres = "postgres"
     redis = "redis"
 
 
+EXIT_CODES = (
+    "Exit codes: 0 success; 1 the work failed, or part of it (what failed is named on"
+    " stderr); 2 a usage error (nothing was done). `herd eval submit --wait` and"
+    " `herd eval wait` add 3 (the batch is parked) and 130 (interrupted)."
+)
+
 cli = typer.Typer(
+    cls=Group,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
     help="herd: a crash-safe queue with fenced leases for expensive model work.",
+    epilog=EXIT_CODES,
 )
 jobs_cli = typer.Typer(no_args_is_help=True, help="Inspect jobs.")
 dlq_cli = typer.Typer(no_args_is_help=True, help="The dead-letter queue.")
@@ -94,16 +108,28 @@ def _root(
     ctx: typer.Context,
     database_url: Annotated[
         str | None,
-        typer.Option(help="PostgreSQL URL [env HERD_DATABASE_URL; default: the embedded server]"),
+        typer.Option(
+            metavar="URL",
+            help="PostgreSQL URL, postgresql://USER:PASSWORD@HOST:PORT/DB (env"
+            " HERD_DATABASE_URL); default: an embedded server in --home.",
+        ),
     ] = None,
     home: Annotated[
-        Path | None, typer.Option(help="Data folder for the embedded server [env HERD_HOME]")
+        Path | None,
+        typer.Option(metavar="DIR", help="Data folder of the embedded server (env HERD_HOME)."),
     ] = None,
     broker: Annotated[
-        Broker | None, typer.Option(help="Where jobs live [env HERD_BROKER; default postgres]")
+        Broker | None,
+        typer.Option(
+            metavar="postgres|redis",
+            help="Where jobs live (env HERD_BROKER); default postgres.",
+        ),
     ] = None,
-    redis_url: Annotated[str | None, typer.Option(help="Redis URL [env HERD_REDIS_URL]")] = None,
-    debug: Annotated[bool, typer.Option(help="Show tracebacks and debug logs.")] = False,
+    redis_url: Annotated[
+        str | None,
+        typer.Option(metavar="URL", help="Redis URL, redis://HOST:PORT (env HERD_REDIS_URL)."),
+    ] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")] = False,
     version: Annotated[
         bool,
         typer.Option(
@@ -192,23 +218,47 @@ def worker(
     app_spec: Annotated[
         str | None,
         typer.Argument(
-            metavar="[MODULE:APP]", help="Your app; without it, herd's built-in tasks only."
+            metavar="MODULE:APP", help="Your app; without it, herd's built-in tasks only."
         ),
     ] = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1)] = 10,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", min=1, metavar="N", help="Jobs run at once.")
+    ] = 10,
     queue: Annotated[
         list[str] | None,
-        typer.Option("--queue", "-q", help="Repeatable [default: every queue of the app's tasks]."),
+        typer.Option(
+            "--queue",
+            "-q",
+            metavar="NAME",
+            help="A queue to take jobs from; repeat it for more. Default: every queue of"
+            " the app's tasks.",
+        ),
     ] = None,
-    grace: Annotated[float, typer.Option(help="Seconds running jobs get after SIGTERM.")] = 30.0,
-    poll_interval: Annotated[float, typer.Option(min=0.01)] = 1.0,
-    exit_when_idle: Annotated[bool, typer.Option(help="Stop once the queues are empty.")] = False,
+    grace: Annotated[
+        float,
+        typer.Option(metavar="SECONDS", help="Time running jobs get to finish after SIGTERM."),
+    ] = 30.0,
+    poll_interval: Annotated[
+        float,
+        typer.Option(min=0.01, metavar="SECONDS", help="Time between looks at empty queues."),
+    ] = 1.0,
+    exit_when_idle: Annotated[
+        bool, typer.Option("--exit-when-idle", help="Stop once the queues are empty.")
+    ] = False,
     startup_wait: Annotated[
         float,
-        typer.Option(min=0, help="Seconds to retry a job store that is unreachable at start."),
+        typer.Option(
+            min=0,
+            metavar="SECONDS",
+            help="How long to retry a job store that is unreachable at start.",
+        ),
     ] = 30.0,
 ) -> None:
-    """Run jobs until SIGTERM/SIGINT (a second signal releases running jobs at once)."""
+    """Run jobs until SIGTERM or SIGINT.
+
+    A first signal stops claiming and gives running jobs --grace seconds; a second
+    releases them at once (another worker takes them over).
+    """
     from herd.builtin import tasks as builtin_tasks
     from herd.worker import Worker
 
@@ -240,11 +290,20 @@ def enqueue(
     ctx: typer.Context,
     task: Annotated[str, typer.Argument(help="Task name.")],
     payload: Annotated[str, typer.Argument(help="JSON payload.")] = "{}",
-    queue: Annotated[str | None, typer.Option()] = None,
-    priority: Annotated[int | None, typer.Option()] = None,
-    dedup_key: Annotated[str | None, typer.Option()] = None,
-    delay: Annotated[float, typer.Option(min=0)] = 0.0,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    queue: Annotated[
+        str | None, typer.Option(metavar="NAME", help="Default: the task's own queue.")
+    ] = None,
+    priority: Annotated[
+        int | None, typer.Option(metavar="N", help="Higher runs first; default the task's.")
+    ] = None,
+    dedup_key: Annotated[
+        str | None,
+        typer.Option(metavar="KEY", help="No second job with this key while one is active."),
+    ] = None,
+    delay: Annotated[
+        float, typer.Option(min=0, metavar="SECONDS", help="Run no sooner than this.")
+    ] = 0.0,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Add one job."""
     try:
@@ -265,7 +324,8 @@ def enqueue(
 
 @jobs_cli.command("stats")
 def jobs_stats(
-    ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] = False
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_LINES_HELP)] = False,
 ) -> None:
     """Jobs per queue and status."""
     stats = run(opts(ctx), lambda a: a.stats())
@@ -285,10 +345,13 @@ def jobs_stats(
 @jobs_cli.command("list")
 def jobs_list(
     ctx: typer.Context,
-    status: Annotated[JobStatus | None, typer.Option()] = None,
-    queue: Annotated[str | None, typer.Option()] = None,
-    limit: Annotated[int, typer.Option(min=1)] = 50,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    status: Annotated[
+        JobStatus | None,
+        typer.Option(metavar="STATUS", help=f"Only jobs in this status: {_STATUSES}."),
+    ] = None,
+    queue: Annotated[str | None, typer.Option(metavar="NAME", help="Only this queue.")] = None,
+    limit: Annotated[int, typer.Option(min=1, metavar="N", help="Jobs to show.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_LINES_HELP)] = False,
 ) -> None:
     """Recent jobs, newest first."""
     jobs = run(opts(ctx), lambda a: a.list_jobs(status=status, queue=queue, limit=limit))
@@ -301,7 +364,9 @@ def jobs_list(
 
 @jobs_cli.command("show")
 def jobs_show(
-    ctx: typer.Context, job_id: int, as_json: Annotated[bool, typer.Option("--json")] = False
+    ctx: typer.Context,
+    job_id: Annotated[int, typer.Argument(metavar="ID", help="The job's id.")],
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Everything about one job."""
     job = run(opts(ctx), lambda a: a.get_job(job_id))
@@ -319,9 +384,9 @@ def jobs_show(
 @dlq_cli.command("list")
 def dlq_list(
     ctx: typer.Context,
-    queue: Annotated[str | None, typer.Option()] = None,
-    limit: Annotated[int, typer.Option(min=1)] = 100,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    queue: Annotated[str | None, typer.Option(metavar="NAME", help="Only this queue.")] = None,
+    limit: Annotated[int, typer.Option(min=1, metavar="N", help="Jobs to show.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_LINES_HELP)] = False,
 ) -> None:
     """Dead-lettered jobs with their reasons."""
     jobs = run(opts(ctx), lambda a: a.dead_letters(queue=queue, limit=limit))
@@ -335,11 +400,16 @@ def dlq_list(
 @dlq_cli.command("requeue")
 def dlq_requeue(
     ctx: typer.Context,
-    job_ids: Annotated[list[int] | None, typer.Argument(metavar="[ID]...")] = None,
+    job_ids: Annotated[
+        list[int] | None, typer.Argument(metavar="ID", help="Dead-lettered jobs' ids.")
+    ] = None,
     all_: Annotated[bool, typer.Option("--all", help="Requeue every dead-lettered job.")] = False,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
-    """Send dead-lettered jobs back to their queue with fresh counters."""
+    """Send dead-lettered jobs back to their queue with fresh counters.
+
+    Exit code 1 when a job was not requeued (each is named on stderr).
+    """
     if bool(job_ids) == all_:
         raise typer.BadParameter("give job ids or --all (not both)")
     result = run(opts(ctx), lambda a: a.requeue(None if all_ else job_ids))
@@ -367,11 +437,15 @@ def dlq_purge(
     older_than: Annotated[
         str,
         typer.Option(
-            "--older-than", help="Delete jobs dead-lettered longer ago than this: 30s, 15m, 7d."
+            "--older-than",
+            metavar="AGE",
+            help="Delete jobs dead-lettered longer ago than this: 30s, 15m, 7d.",
         ),
     ],
-    queue: Annotated[str | None, typer.Option(help="Only this queue's dead letters.")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    queue: Annotated[
+        str | None, typer.Option(metavar="NAME", help="Only this queue's dead letters.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Delete dead-lettered jobs for good (nothing else removes them)."""
     try:
@@ -391,10 +465,16 @@ def migrate(
     ctx: typer.Context,
     vectors: Annotated[
         bool,
-        typer.Option(help="Also the corpus index's and the semantic cache's (need pgvector)."),
+        typer.Option(
+            "--vectors",
+            help="Also the corpus index's and the semantic cache's (need pgvector).",
+        ),
     ] = False,
 ) -> None:
-    """Bring herd's tables up to date (also done on connect unless HERD_AUTO_MIGRATE=0)."""
+    """Bring herd's tables up to date.
+
+    Also done on connect, unless HERD_AUTO_MIGRATE=0.
+    """
 
     async def work(a: App) -> list[int]:
         from herd.db.postgres import PLAIN_FEATURES, VECTOR_FEATURES, migrate_all
@@ -409,7 +489,9 @@ def migrate(
 
 
 @cli.command()
-def config(ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def config(
+    ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False
+) -> None:
     """The settings in force (secrets masked)."""
     values = {"version": __version__, **opts(ctx).settings.masked()}
     if as_json:
@@ -434,11 +516,18 @@ _DEMO_TEXTS = [
 @cli.command()
 def demo(
     ctx: typer.Context,
-    jobs: Annotated[int, typer.Option(min=1, help="How many jobs to enqueue.")] = 200,
-    workers: Annotated[int, typer.Option(min=1, help="Worker processes to run.")] = 2,
-    concurrency: Annotated[int, typer.Option(min=1)] = 8,
+    jobs: Annotated[int, typer.Option(min=1, metavar="N", help="How many jobs to enqueue.")] = 200,
+    workers: Annotated[int, typer.Option(min=1, metavar="N", help="Worker processes to run.")] = 2,
+    concurrency: Annotated[
+        int, typer.Option(min=1, metavar="N", help="Jobs each worker runs at once.")
+    ] = 8,
 ) -> None:
-    """Enqueue a batch of jobs, run worker processes until it is done, show the results."""
+    """Run a demo batch of jobs on worker processes started here.
+
+    Enqueues the jobs, runs the workers until the queue is empty and shows the results.
+
+    Exit code 1 when a job did not succeed or a worker failed.
+    """
     o = opts(ctx)
     batch = f"demo-{int(time.time())}"
     payloads = [
@@ -543,4 +632,4 @@ def main() -> None:
     command = _command_of(sys.argv[1:])
     if command not in _core_commands():
         _add_feature_commands(command)
-    cli()
+    cli(prog_name="herd")

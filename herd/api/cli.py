@@ -37,17 +37,27 @@ def _of(now: float, limit: int | None) -> str:
 def serve(
     ctx: typer.Context,
     host: Annotated[
-        str, typer.Option(help="Address to bind; beyond loopback needs HERD_API_TOKEN.")
+        str,
+        typer.Option(
+            metavar="ADDRESS", help="Address to bind; beyond loopback needs HERD_API_TOKEN."
+        ),
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, metavar="PORT", help="Port to listen on.")
+    ] = 8000,
     body_limit: Annotated[
         int | None,
         typer.Option(
-            min=1, help="Largest request body in bytes (env HERD_API_BODY_LIMIT; default 1 MiB)."
+            min=1,
+            metavar="BYTES",
+            help="Largest request body (env HERD_API_BODY_LIMIT); default 1 MiB.",
         ),
     ] = None,
 ) -> None:
-    """Serve the HTTP API, the dashboard (/) and Prometheus metrics (/metrics)."""
+    """Serve the HTTP API, the dashboard and Prometheus metrics.
+
+    The dashboard is at /, the metrics at /metrics.
+    """
     import uvicorn
 
     from herd.api.app import create_app
@@ -86,11 +96,16 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def status(
     ctx: typer.Context,
-    minutes: Annotated[int, typer.Option(min=1, max=120, help="Throughput window.")] = 30,
-    limit: Annotated[int, typer.Option(min=1, max=500, help="Rows per table.")] = 20,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    minutes: Annotated[
+        int, typer.Option(min=1, max=120, metavar="N", help="Throughput window in minutes.")
+    ] = 30,
+    limit: Annotated[int, typer.Option(min=1, max=500, metavar="N", help="Rows per table.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
 ) -> None:
-    """Queues, running jobs, throughput, dead letters, caches and the cost ledger."""
+    """The dashboard in a terminal: queues, jobs, caches, spend.
+
+    Queues, running jobs, throughput, dead letters, caches and the cost ledger.
+    """
     ov = console.run(console.opts(ctx), lambda app: overview(app, minutes=minutes, limit=limit))
     if as_json:
         sys.stdout.write(ov.model_dump_json() + "\n")

@@ -19,7 +19,8 @@ cache_cli = typer.Typer(
 
 @cache_cli.command("stats")
 def cache_stats(
-    ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] = False
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print them as JSON.")] = False,
 ) -> None:
     """Entries, hits, misses and computations of the exact and the semantic cache."""
 
@@ -85,13 +86,16 @@ def _quantile(hist: dict[str, Any], q: float) -> str:
 def cache_clear(
     ctx: typer.Context,
     namespace: Annotated[
-        str | None, typer.Option(help="One exact-cache namespace [default: all].")
+        str | None,
+        typer.Option(metavar="NAME", help="One exact-cache namespace; default: all."),
     ] = None,
     collection: Annotated[
         str | None,
-        typer.Option(help="Only the semantic cache's answers about this collection."),
+        typer.Option(
+            metavar="NAME", help="Only the semantic cache's answers about this collection."
+        ),
     ] = None,
-    which: Annotated[str, typer.Option(help="exact, semantic or both")] = "both",
+    which: Annotated[str, typer.Option(metavar="CACHE", help="exact, semantic or both.")] = "both",
 ) -> None:
     """Remove cached results (the next request for them computes again)."""
     if which not in ("exact", "semantic", "both"):
