@@ -19,16 +19,18 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+from rich import box
 from rich.table import Table
 
 from herd._version import __version__
 from herd.app import App
-from herd.config import Settings, parse_duration
+from herd.config import Settings, check_database_url, parse_duration
 from herd.console import (
     Group,
     Options,
     err,
     jsonable,
+    listing,
     mask_logs,
     opts,
     out,
@@ -146,6 +148,9 @@ def _root(
     flags = {k: v for k, v in flags.items() if v is not None}
     try:
         settings = Settings.from_env().override(**flags)
+        if settings.database_url:
+            given = "--database-url" if database_url else "HERD_DATABASE_URL"
+            check_database_url(settings.database_url, given)
     except ConfigError as exc:  # a bad HERD_* variable: one line, not a traceback
         err.print(f"herd: error: {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
@@ -165,32 +170,47 @@ def _root(
         warnings.filterwarnings("ignore", category=FallbackWarning)
 
 
-def _jobs_table(jobs: list[Job], *, title: str, dead: bool = False) -> Table:
-    table = Table(title=title, title_justify="left")
-    for col in ("id", "task", "queue", "status", "prio", "tries", "stalls"):
-        table.add_column(
-            col, justify="right" if col in ("id", "prio", "tries", "stalls") else "left"
-        )
-    table.add_column("reason / last error" if dead else "result / error")
-    table.add_column("finished" if dead else "created")
+def runs(job: Job) -> int:
+    """How often the job was started: its failed attempts and stalls, and the run
+    that is going on or succeeded (``attempts`` counts errors only)."""
+    current = job.status in (JobStatus.PROCESSING, JobStatus.SUCCEEDED)
+    return job.attempts + job.stalls + int(current)
+
+
+def _print_jobs(jobs: list[Job], *, title: str, dead: bool = False) -> None:
+    """One line of identifiers per job, its result or error on the lines below."""
+    columns = ["id", "task", "queue", "runs"]
+    columns += ["reason", "finished"] if dead else ["status", "created"]
+    rows = []
     for j in jobs:
-        detail = (
-            f"{j.dead_reason}: {j.last_error}"
-            if j.status == JobStatus.DEAD
-            else (short(j.result) if j.status == JobStatus.SUCCEEDED else (j.last_error or ""))
-        )
-        table.add_row(
-            str(j.id),
-            j.task,
-            j.queue,
-            j.status.value,
-            str(j.priority),
-            str(j.attempts),
-            str(j.stalls),
-            short(detail),
-            when(j.finished_at if dead else j.created_at),
-        )
-    return table
+        cells = [str(j.id), j.task, j.queue, str(runs(j))]
+        if dead:
+            cells += [j.dead_reason or "", when(j.finished_at)]
+        else:
+            cells += [j.status.value, when(j.created_at)]
+        if j.status == JobStatus.SUCCEEDED:
+            text = "result: " + short(j.result, 200)
+        else:
+            text = short(j.last_error or "", 400)
+        rows.append((cells, text))
+    listing(title, columns, rows, right=("id", "runs"))
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(map(str, ids))
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def child_env(o: Options) -> dict[str, str]:
+    """The environment of a herd process this one starts: the root options given on
+    the command line travel as the variables they stand for (else `herd --broker
+    redis demo` would run its workers on PostgreSQL, where no job waits)."""
+    env = dict(os.environ, HERD_HOME=str(o.settings.home))
+    env.update({_FLAG_ENV[name]: str(value) for name, value in o.flags.items()})
+    return env
 
 
 # -- worker
@@ -333,9 +353,11 @@ def jobs_stats(
         for s in stats:
             print_json(s)
         return
-    table = Table(title="queues", title_justify="left")
+    table = Table(title="queues", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("queue", *[s.value for s in JobStatus], "ready", "oldest ready"):
-        table.add_column(col, justify="left" if col == "queue" else "right")
+        table.add_column(
+            col, justify="left" if col == "queue" else "right", overflow="fold", min_width=5
+        )
     for s in stats:
         age = f"{s.oldest_ready_age:.1f}s" if s.oldest_ready_age is not None else ""
         table.add_row(s.queue, *[str(s.counts.get(st, 0)) for st in JobStatus], str(s.ready), age)
@@ -359,7 +381,7 @@ def jobs_list(
         for j in jobs:
             print_json(j)
     else:
-        out.print(_jobs_table(jobs, title=f"{len(jobs)} jobs"))
+        _print_jobs(jobs, title=_count(len(jobs), "job"))
 
 
 @jobs_cli.command("show")
@@ -373,11 +395,13 @@ def jobs_show(
     if as_json:
         print_json(job)
         return
-    table = Table(show_header=False, title=f"job {job.id}", title_justify="left")
-    table.add_column(style="bold")
-    table.add_column()
+    table = Table(show_header=False, title=f"job {job.id}", title_justify="left", box=None)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
     for key, value in jsonable(job).items():
         table.add_row(key, value if isinstance(value, str) else json.dumps(value))
+        if key == "stalls":
+            table.add_row("runs", str(runs(job)))
     out.print(table)
 
 
@@ -394,7 +418,7 @@ def dlq_list(
         for j in jobs:
             print_json(j)
     else:
-        out.print(_jobs_table(jobs, title=f"{len(jobs)} dead-lettered jobs", dead=True))
+        _print_jobs(jobs, title=_count(len(jobs), "dead-lettered job"), dead=True)
 
 
 @dlq_cli.command("requeue")
@@ -417,7 +441,7 @@ def dlq_requeue(
     if as_json:
         print_json(result)
     else:
-        out.print(f"requeued {len(done)} jobs" + (f": {done}" if done else ""))
+        out.print(f"requeued {_count(len(done), 'job')}" + (f": {_ids(done)}" if done else ""))
     for c in result.skipped:
         err.print(
             f"herd: skipped job {c.job_id}: active job {c.held_by} holds its dedup key"
@@ -426,7 +450,7 @@ def dlq_requeue(
         )
     missing = set(job_ids or []) - set(done) - {c.job_id for c in result.skipped}
     if missing:
-        err.print(f"not in the dead-letter queue: {sorted(missing)}")
+        err.print(f"herd: not in the dead-letter queue: {_ids(sorted(missing))}", soft_wrap=True)
     if missing or result.skipped:
         raise typer.Exit(1)
 
@@ -497,7 +521,9 @@ def config(
     if as_json:
         print_json(values)
         return
-    table = Table(show_header=False)
+    table = Table(show_header=False, box=None)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
     for key, value in values.items():
         table.add_row(key, value)
     out.print(table)
@@ -545,9 +571,7 @@ def demo(
 
     ids = run(o, submit)
     err.print(f"enqueued {len(ids)} jobs on queue {batch}; starting {workers} worker processes")
-    env = dict(os.environ, HERD_HOME=str(o.settings.home))
-    if o.settings.database_url:
-        env["HERD_DATABASE_URL"] = o.settings.database_url
+    env = child_env(o)
     started = time.monotonic()
     procs = [
         subprocess.Popen(
@@ -555,6 +579,7 @@ def demo(
                 sys.executable,
                 "-m",
                 "herd",
+                *(["--debug"] if o.debug else []),
                 "worker",
                 "--queue",
                 batch,
@@ -579,14 +604,14 @@ def demo(
     for j in done:
         by_status[j.status.value] = by_status.get(j.status.value, 0) + 1
     table = Table(title=f"first {min(8, len(done))} of {len(done)} jobs", title_justify="left")
-    for col in ("id", "status", "tries", "words", "sha256", "worker"):
+    for col in ("id", "status", "runs", "words", "sha256", "worker"):
         table.add_column(col)
     for j in done[:8]:
         r = j.result if isinstance(j.result, dict) else {}
         table.add_row(
             str(j.id),
             j.status.value,
-            str(j.attempts),
+            str(runs(j)),
             str(r.get("words", "")),
             str(r.get("sha256", "")),
             str(r.get("worker", "")),
@@ -596,14 +621,34 @@ def demo(
     for j in done:
         if isinstance(j.result, dict):
             per_worker[j.result["worker"]] = per_worker.get(j.result["worker"], 0) + 1
+    statuses = ", ".join(f"{n} {status}" for status, n in sorted(by_status.items()))
+    shares = ", ".join(map(str, sorted(per_worker.values(), reverse=True)))
     out.print(
-        f"status: {by_status}; retried: {sum(1 for j in done if j.attempts)}; "
-        f"jobs per worker: {sorted(per_worker.values(), reverse=True)}; "
-        f"{len(done) / elapsed:.0f} jobs/s including worker start-up"
+        f"{statuses}; {sum(1 for j in done if j.attempts)} retried; jobs per worker:"
+        f" {shares}; {len(done) / elapsed:.0f} jobs/s including worker start-up"
     )
-    if any(codes) or by_status.get("succeeded", 0) != len(done):
+    failed = [j.id for j in done if j.status != JobStatus.SUCCEEDED]
+    if failed:
+        err.print(
+            f"herd: {_count(len(failed), 'job')} did not succeed: {_ids(failed[:20])}"
+            + (" …" if len(failed) > 20 else "")
+            + " (`herd jobs list` shows them)",
+            soft_wrap=True,
+        )
+    for n, code in enumerate(codes):
+        if code:
+            err.print(f"herd: worker process {n + 1} exited with code {code}", soft_wrap=True)
+    if any(codes) or failed:
         raise typer.Exit(1)
 
+
+# Each root option's variable: what a herd process started by this one reads it from.
+_FLAG_ENV = {
+    "database_url": "HERD_DATABASE_URL",
+    "home": "HERD_HOME",
+    "broker": "HERD_BROKER",
+    "redis_url": "HERD_REDIS_URL",
+}
 
 # The root options that take a value: the word after one is not a command.
 _VALUED = frozenset({"--database-url", "--home", "--broker", "--redis-url"})

@@ -13,6 +13,7 @@ import enum
 import json
 import logging
 import sys
+import textwrap
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -178,6 +179,42 @@ def print_json(value: Any) -> None:
 
 def when(value: datetime | None) -> str:
     return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else ""
+
+
+def listing(
+    title: str,
+    columns: Sequence[str],
+    rows: Sequence[tuple[Sequence[str], str]],
+    *,
+    right: Sequence[str] = (),
+) -> None:
+    """Rows of short cells in aligned columns, each followed by its free text (an
+    error, a result) on indented lines of its own, wrapped to the terminal.
+
+    A table cell for free text gets what is left of 80 columns after the
+    identifiers: a word a line. Its own lines give it the whole width.
+    """
+    width = max(out.width, 40)
+    widths = [max([len(c), *(len(cells[i]) for cells, _ in rows)]) for i, c in enumerate(columns)]
+    cap = max(8, (width - 2 * len(columns)) // 3)  # no column takes more than a third
+
+    def line(cells: Sequence[str]) -> str:
+        shown = []
+        for i, cell in enumerate(cells):
+            w = min(widths[i], cap)
+            cell = cell if len(cell) <= w else cell[: w - 1] + "…"
+            shown.append(cell.rjust(w) if columns[i] in right else cell.ljust(w))
+        return "  ".join(shown).rstrip()
+
+    out.print(title, soft_wrap=True)
+    if not rows:
+        return
+    out.print(line(columns), style="bold", soft_wrap=True)
+    for cells, text in rows:
+        out.print(line(cells), soft_wrap=True)
+        for para in text.splitlines() or ([text] if text else []):
+            for part in textwrap.wrap(para, width - 4) or [""]:
+                out.print("    " + part, soft_wrap=True)
 
 
 def short(value: Any, width: int = 60) -> str:

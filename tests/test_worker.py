@@ -177,7 +177,7 @@ async def test_errors_retry_with_backoff_then_dead_letter_with_traceback(app, ca
     assert "in flaky" in job.last_traceback and job.last_worker == worker.name
     # A Retry is how a task waits (finalize does, every ingest): not a warning.
     retries = [(x.levelname, x.getMessage()) for x in caplog.records if "retry in" in x.message]
-    asked = f"job {r.job_id} (flaky) asked to be retried, retry in 0.3s: Retry: not yet"
+    asked = f"job {r.job_id} (flaky) asked to be retried, retry in 0.3s: not yet"
     assert retries[0] == ("INFO", asked)
     assert retries[1][0] == "WARNING" and "failed" in retries[1][1]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.table import Table
 
 from herd import console
@@ -35,30 +36,55 @@ def cache_stats(
     if as_json:
         console.print_json(stats)
         return
-    cols = ("entries", "hits", "misses", "computed", "waited", "stale", "early_refresh", "errors")
-    table = Table(title="exact cache", title_justify="left")
-    table.add_column("namespace")
-    for col in cols:
-        table.add_column(col, justify="right")
-    for ns, counters in sorted(stats["exact"].items()):
-        table.add_row(ns, *[str(counters.get(c, 0)) for c in cols])
-    console.out.print(table)
+    _print_exact_stats(stats["exact"])
     _print_semantic_stats(stats["semantic"])
 
 
+# Counters as columns: short words, so that a namespace and all of them fit 80 columns.
+_EXACT = {"entries": "entries", "hits": "hits", "misses": "misses", "computed": "computed",
+          "waited": "waited", "stale": "stale", "early_refresh": "early",
+          "errors": "errors"}  # fmt: skip
+_SEMANTIC = {"entries": "entries", "hits": "hits", "misses": "misses", "hit_rate": "hit rate",
+             "guard_rejections": "guard rejections", "lock_waits": "lock waits",
+             "stampedes_suppressed": "stampedes suppressed", "stale": "stale answers",
+             "evictions": "evictions"}  # fmt: skip
+
+
+def _print_exact_stats(stats: dict[str, dict[str, Any]]) -> None:
+    if not stats:
+        console.out.print("exact cache: no entries or lookups yet")
+        return
+    table = Table(title="exact cache", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("namespace", overflow="fold", min_width=9)
+    for label in _EXACT.values():
+        table.add_column(label, justify="right", no_wrap=True)
+    for ns, counters in sorted(stats.items()):
+        table.add_row(ns, *[f"{counters.get(c, 0):,}" for c in _EXACT])
+    console.out.print(table)
+    console.out.print(
+        "early: entries refreshed before they expired; waited: lookups that waited for"
+        " another's computation",
+        style="dim",
+    )
+
+
 def _print_semantic_stats(stats: dict[str, dict[str, Any]]) -> None:
-    cols = ("entries", "hits", "misses", "hit_rate", "guard_rejections", "lock_waits",
-            "stampedes_suppressed", "stale", "evictions", "p50 lookup")  # fmt: skip
-    table = Table(title="semantic cache", title_justify="left")
-    table.add_column("cache")
-    for col in cols:
-        table.add_column(col.replace("_", " "), justify="right")
-    for name, figures in stats.items():
-        cells = [
-            f"{figures['hit_rate']:.1%}" if c == "hit_rate" else str(figures.get(c, 0))
-            for c in cols[:-1]
-        ]
-        table.add_row(name, *cells, _quantile(figures["lookup_seconds"], 0.5))
+    """One column per cache, one row per figure: eleven figures side by side do not
+    fit 80 columns, and there are few caches."""
+    if not stats:
+        console.out.print("semantic cache: no entries or lookups yet")
+        return
+    table = Table(title="semantic cache", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False)  # fmt: skip
+    table.add_column("", no_wrap=True)
+    for name in stats:
+        table.add_column(name, justify="right", overflow="fold")
+    for key, label in _SEMANTIC.items():
+        table.add_row(label, *[
+            f"{f['hit_rate']:.1%}" if key == "hit_rate" else f"{f.get(key, 0):,}"
+            for f in stats.values()
+        ])  # fmt: skip
+    table.add_row("p50 lookup", *[_quantile(f["lookup_seconds"], 0.5) for f in stats.values()])
     console.out.print(table)
     for name, figures in stats.items():
         sims = figures["nearest_similarity"]
