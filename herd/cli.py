@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich import box
 from rich.table import Table
 
 from herd._version import __version__
@@ -353,7 +352,9 @@ def jobs_stats(
         for s in stats:
             print_json(s)
         return
-    table = Table(title="queues", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(
+        title="queues", title_justify="left", box=None, pad_edge=False, header_style="bold"
+    )
     for col in ("queue", *[s.value for s in JobStatus], "ready", "oldest ready"):
         table.add_column(
             col, justify="left" if col == "queue" else "right", overflow="fold", min_width=5

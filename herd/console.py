@@ -206,7 +206,7 @@ def listing(
             shown.append(cell.rjust(w) if columns[i] in right else cell.ljust(w))
         return "  ".join(shown).rstrip()
 
-    out.print(title, soft_wrap=True)
+    out.print(title, style="bold", soft_wrap=True)
     if not rows:
         return
     out.print(line(columns), style="bold", soft_wrap=True)

@@ -28,7 +28,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -79,11 +79,9 @@ class WorkerStats:
     renew_statements: int = 0
 
     def __str__(self) -> str:
-        """What a log line shows: the counts that are not zero, in words."""
-        shown = [
-            f"{n} {f.name.replace('_', ' ')}" for f in fields(self) if (n := getattr(self, f.name))
-        ]
-        return ", ".join(shown) or "no jobs"
+        """What a log line shows: the job counts that are not zero, in words."""
+        jobs = ("claimed", "succeeded", "retried", "dead", "lost", "refused", "snoozed")
+        return ", ".join(f"{n} {name}" for name in jobs if (n := getattr(self, name))) or "no jobs"
 
 
 @dataclass

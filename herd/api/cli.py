@@ -139,7 +139,9 @@ def sparkline(counts: list[int]) -> str:
 
 
 def _table(title: str, *columns: str) -> Table:
-    table = Table(title=title, title_justify="left", title_style="bold")
+    # No box: its lines and padding cost a third of an 80-column terminal.
+    table = Table(title=title, title_justify="left", title_style="bold", box=None,
+                  pad_edge=False, header_style="bold")  # fmt: skip
     for col in columns:
         right = col.startswith(">")
         # Identifiers and numbers stay on one line; free text (errors) wraps.
@@ -159,7 +161,7 @@ def print_overview(ov: OverviewOut) -> None:
     out.print(
         Text.assemble(
             ("herd", "bold"),
-            f"  broker {ov.broker}  ·  {ov.now:%Y-%m-%d %H:%M:%S} UTC  ·  last {tp.minutes} min: ",
+            f"  broker {ov.broker}  ·  {ov.now:%Y-%m-%d %H:%M:%S} UTC\nlast {tp.minutes} min: ",
             (f"{done} succeeded", "green"),
             ", ",
             (f"{dead} dead-lettered", "red" if dead else ""),
@@ -199,17 +201,16 @@ def print_overview(ov: OverviewOut) -> None:
         r.add_row(str(run.id), run.task, run.queue, run.owner or "", str(run.attempts + 1), left)
     out.print(r if ov.running else Text("running: none", style="dim"))
 
-    d = _table("dead-letter queue", ">id", "task", "queue", "reason", "last error", "finished")
-    for job in ov.dead:
-        d.add_row(
-            str(job.id),
-            job.task,
-            job.queue,
-            job.dead_reason or "",
-            console.short(job.last_error or "", 60),
-            console.when(job.finished_at),
-        )
-    out.print(d if ov.dead else Text("dead-letter queue: empty", style="dim"))
+    if ov.dead:  # each error on lines of its own: in a column it reads a word a line
+        dead = [
+            ([str(job.id), job.task, job.queue, job.dead_reason or "",
+              console.when(job.finished_at)], console.short(job.last_error or "", 200))
+            for job in ov.dead
+        ]  # fmt: skip
+        console.listing("dead-letter queue", ["id", "task", "queue", "reason", "finished"],
+                        dead, right=("id",))  # fmt: skip
+    else:
+        out.print(Text("dead-letter queue: empty", style="dim"))
 
     c = _table("caches", "cache", "namespace", ">hit rate", ">hits", ">misses", ">entries")
     for cache in ov.caches:

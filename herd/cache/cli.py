@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich import box
 from rich.table import Table
 
 from herd import console
@@ -54,7 +53,9 @@ def _print_exact_stats(stats: dict[str, dict[str, Any]]) -> None:
     if not stats:
         console.out.print("exact cache: no entries or lookups yet")
         return
-    table = Table(title="exact cache", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(
+        title="exact cache", title_justify="left", box=None, pad_edge=False, header_style="bold"
+    )
     table.add_column("namespace", overflow="fold", min_width=9)
     for label in _EXACT.values():
         table.add_column(label, justify="right", no_wrap=True)
@@ -74,7 +75,7 @@ def _print_semantic_stats(stats: dict[str, dict[str, Any]]) -> None:
     if not stats:
         console.out.print("semantic cache: no entries or lookups yet")
         return
-    table = Table(title="semantic cache", title_justify="left", box=box.SIMPLE_HEAD,
+    table = Table(title="semantic cache", title_justify="left", box=None, header_style="bold",
                   pad_edge=False)  # fmt: skip
     table.add_column("", no_wrap=True)
     for name in stats:
