@@ -202,13 +202,13 @@ def print_overview(ov: OverviewOut) -> None:
     out.print(r if ov.running else Text("running: none", style="dim"))
 
     if ov.dead:  # each error on lines of its own: in a column it reads a word a line
-        dead = [
+        dead_rows = [
             ([str(job.id), job.task, job.queue, job.dead_reason or "",
               console.when(job.finished_at)], console.short(job.last_error or "", 200))
             for job in ov.dead
         ]  # fmt: skip
         console.listing("dead-letter queue", ["id", "task", "queue", "reason", "finished"],
-                        dead, right=("id",))  # fmt: skip
+                        dead_rows, right=("id",))  # fmt: skip
     else:
         out.print(Text("dead-letter queue: empty", style="dim"))
 
