@@ -31,12 +31,12 @@ from herd.console import (
     jsonable,
     listing,
     mask_logs,
+    moment,
     opts,
     out,
     print_json,
     run,
     short,
-    when,
 )
 from herd.errors import ConfigError, FallbackWarning
 from herd.queue.base import Job, JobStatus
@@ -184,9 +184,9 @@ def _print_jobs(jobs: list[Job], *, title: str, dead: bool = False) -> None:
     for j in jobs:
         cells = [str(j.id), j.task, j.queue, str(runs(j))]
         if dead:
-            cells += [j.dead_reason or "", when(j.finished_at)]
+            cells += [j.dead_reason or "", moment(j.finished_at)]
         else:
-            cells += [j.status.value, when(j.created_at)]
+            cells += [j.status.value, moment(j.created_at)]
         if j.status == JobStatus.SUCCEEDED:
             text = "result: " + short(j.result, 200)
         else:
@@ -353,12 +353,16 @@ def jobs_stats(
             print_json(s)
         return
     table = Table(
-        title="queues", title_justify="left", box=None, pad_edge=False, header_style="bold"
-    )
-    for col in ("queue", *[s.value for s in JobStatus], "ready", "oldest ready"):
+        title="queues", title_justify="left", box=None, pad_edge=False, header_style="bold",
+        collapse_padding=True,
+    )  # fmt: skip
+    # "running" for processing, as `herd status` says: the queue's name keeps the width.
+    headers = {JobStatus.PROCESSING.value: "running"}
+    for col in ("queue", *[s.value for s in JobStatus], "ready", "oldest wait"):
         table.add_column(
-            col, justify="left" if col == "queue" else "right", overflow="fold", min_width=5
-        )
+            headers.get(col, col), justify="left" if col == "queue" else "right",
+            overflow="fold", min_width=5,
+        )  # fmt: skip
     for s in stats:
         age = f"{s.oldest_ready_age:.1f}s" if s.oldest_ready_age is not None else ""
         table.add_row(s.queue, *[str(s.counts.get(st, 0)) for st in JobStatus], str(s.ready), age)
@@ -604,9 +608,10 @@ def demo(
     by_status: dict[str, int] = {}
     for j in done:
         by_status[j.status.value] = by_status.get(j.status.value, 0) + 1
-    table = Table(title=f"first {min(8, len(done))} of {len(done)} jobs", title_justify="left")
+    table = Table(title=f"first {min(8, len(done))} of {len(done)} jobs", title_justify="left",
+                  box=None, pad_edge=False, header_style="bold")  # fmt: skip
     for col in ("id", "status", "runs", "words", "sha256", "worker"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col != "worker", overflow="fold")
     for j in done[:8]:
         r = j.result if isinstance(j.result, dict) else {}
         table.add_row(

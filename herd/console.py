@@ -196,12 +196,17 @@ def listing(
     """
     width = max(out.width, 40)
     widths = [max([len(c), *(len(cells[i]) for cells, _ in rows)]) for i, c in enumerate(columns)]
-    cap = max(8, (width - 2 * len(columns)) // 3)  # no column takes more than a third
+    # Too wide: the widest text column gives a character at a time (numbers keep theirs).
+    while sum(widths) + 2 * (len(widths) - 1) > width:
+        i = max((i for i, c in enumerate(columns) if c not in right), key=lambda i: widths[i])
+        if widths[i] <= 8:
+            break
+        widths[i] -= 1
 
     def line(cells: Sequence[str]) -> str:
         shown = []
         for i, cell in enumerate(cells):
-            w = min(widths[i], cap)
+            w = widths[i]
             cell = cell if len(cell) <= w else cell[: w - 1] + "…"
             shown.append(cell.rjust(w) if columns[i] in right else cell.ljust(w))
         return "  ".join(shown).rstrip()
@@ -215,6 +220,11 @@ def listing(
         for para in text.splitlines() or ([text] if text else []):
             for part in textwrap.wrap(para, width - 4) or [""]:
                 out.print("    " + part, soft_wrap=True)
+
+
+def moment(value: datetime | None) -> str:
+    """A time in a listing, where a column's characters are dear: no year, no seconds."""
+    return value.astimezone().strftime("%m-%d %H:%M") if value else ""
 
 
 def short(value: Any, width: int = 60) -> str:

@@ -204,7 +204,7 @@ def print_overview(ov: OverviewOut) -> None:
     if ov.dead:  # each error on lines of its own: in a column it reads a word a line
         dead_rows = [
             ([str(job.id), job.task, job.queue, job.dead_reason or "",
-              console.when(job.finished_at)], console.short(job.last_error or "", 200))
+              console.moment(job.finished_at)], console.short(job.last_error or "", 200))
             for job in ov.dead
         ]  # fmt: skip
         console.listing("dead-letter queue", ["id", "task", "queue", "reason", "finished"],

@@ -180,7 +180,10 @@ def ingest(
 
 def query(
     ctx: typer.Context,
-    texts: Annotated[list[str] | None, typer.Argument(metavar="TEXT", help="Queries.")] = None,
+    texts: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="QUERY", help="What to search for; one query per argument."),
+    ] = None,
     collection: Annotated[
         str,
         typer.Option(metavar="NAME", help="The collection to search.", callback=_collection_name),
