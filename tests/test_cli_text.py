@@ -8,13 +8,16 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import uuid
 from typing import Any
 
 import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
+from herd import App
 from herd import cli as herd_cli
+from herd.llm.eval import EvalRuntime
 from herd.queue.base import Completion, DeadReason, Failure
 from herd.queue.postgres import PostgresBroker
 from tests.helpers import job
@@ -145,6 +148,13 @@ async def _seed(url: str) -> None:
         await broker.complete_if_leased([Completion(lease, {"answer": 42})])
     finally:
         await broker.close()
+    async with App(database_url=url) as app:  # a lookup in the exact cache: a row to show
+        cache = (await EvalRuntime.of(app)).cache
+
+        async def compute() -> dict[str, int]:
+            return {"score": 7}
+
+        await cache.get_or_compute(uuid.uuid4().hex, compute)
 
 
 def _check_output(text: str, what: str) -> None:
@@ -184,6 +194,9 @@ def test_listings_at_80_columns_fold_the_error_and_show_no_reprs(clean_pg):
     assert cache.returncode == 0, cache.stderr
     _check_output(cache.stdout, "cache stats")
     assert "…" not in cache.stdout
+    head = cache.stdout.splitlines()[1].split()
+    assert head == ["namespace", "entries", "hits", "misses", "computed", "waited", "stale",
+                    "early", "errors"]  # fmt: skip
 
 
 def test_requeue_names_the_jobs_in_words(clean_pg):

@@ -251,16 +251,17 @@ def eval_list(
     if not found:
         console.err.print("no batches yet: `herd eval submit` makes one")
         return
-    table = Table(box=None, pad_edge=False)
+    table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("batch", "created", "answered", "spent", "state"):
+        # Names and states fold when they must; times and figures stay on one line.
         table.add_column(col, justify="right" if col in ("answered", "spent") else "left",
-                         overflow="fold")  # fmt: skip
+                         overflow="fold", no_wrap=col not in ("batch", "state"))  # fmt: skip
     for b in found:
         finished = b["done"] + b["cancelled_items"] >= b["documents"]
         state = f"parked ({b['parked']})" if b["parked"] else "done" if finished else "running"
         spent = dollars(b["spent"]) + (f" / {dollars(b['budget'])}" if b["budget"] is not None
                                       else "")  # fmt: skip
-        table.add_row(b["batch"], b["created_at"][:19].replace("T", " "),
+        table.add_row(b["batch"], b["created_at"][5:16].replace("T", " "),
                       f"{b['done']}/{b['documents']}", spent, state)  # fmt: skip
     console.out.print(table)
 
