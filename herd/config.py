@@ -342,15 +342,12 @@ def check_database_url(url: str, name: str) -> None:
     if sep and scheme not in ("postgresql", "postgres"):
         raise ConfigError(f"{name} is a {scheme}:// URL ({shown}); expected {DATABASE_URL_FORM}")
     try:
-        parts = conninfo_to_dict(url)
+        conninfo_to_dict(url)
     except ProgrammingError:
         raise ConfigError(
             f"{name} is not a PostgreSQL URL: {shown!r}; expected {DATABASE_URL_FORM}"
             " (or libpq's 'host=HOST dbname=DATABASE ...')"
         ) from None
-    port = str(parts.get("port") or "")
-    if port and not all(p.isdigit() for p in port.split(",")):
-        raise ConfigError(f"{name} has a port that is not a number: {port!r} in {shown}")
 
 
 def _vector_url(env: dict[str, str]) -> str | None:

@@ -20,6 +20,7 @@ from herd import cli as herd_cli
 from herd.llm.eval import EvalRuntime
 from herd.queue.base import Completion, DeadReason, Failure
 from herd.queue.postgres import PostgresBroker
+from tests.conftest import flush_redis
 from tests.helpers import job
 from tests.test_cli import herd
 
@@ -207,3 +208,14 @@ def test_requeue_names_the_jobs_in_words(clean_pg):
     assert r.returncode == 1
     assert r.stdout == f"requeued 1 job: {dead}\n"
     assert r.stderr == "herd: not in the dead-letter queue: 999999\n"
+
+
+def test_the_root_options_reach_the_workers_demo_starts(pg_url, redis_stack):
+    # --broker and --redis-url given as options only: the worker processes must get
+    # them too, or they wait on PostgreSQL while the jobs sit in Redis.
+    flush_redis(redis_stack)
+    r = herd("--broker", "redis", "--redis-url", redis_stack, "demo", "--jobs", "4",
+             "--workers", "1", url=pg_url, COLUMNS="80")  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "4 succeeded; " in r.stdout, r.stdout
+    _check_output(r.stdout, "demo")
