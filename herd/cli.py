@@ -164,6 +164,8 @@ def _root(
     logging.getLogger("herd").setLevel(logging.DEBUG if debug else logging.INFO)
     # The pool logs every failed reconnect; herd reports outages itself, once.
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR if not debug else logging.DEBUG)
+    # pypdf warns about each malformed PDF; herd names the file it could not read, once.
+    logging.getLogger("pypdf").setLevel(logging.ERROR if not debug else logging.DEBUG)
     mask_logs()
     if not sys.warnoptions:  # a fallback is logged as an error already: say it once
         warnings.filterwarnings("ignore", category=FallbackWarning)
