@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import uuid
 from typing import Any
 
@@ -22,7 +26,7 @@ from herd.queue.base import Completion, DeadReason, Failure
 from herd.queue.postgres import PostgresBroker
 from tests.conftest import flush_redis
 from tests.helpers import job
-from tests.test_cli import herd
+from tests.test_cli import ROOT, herd
 
 WIDTH = 80
 # Types typer or click would print where a metavar says nothing: `<bool>`, `<list[str]>`,
@@ -219,3 +223,31 @@ def test_the_root_options_reach_the_workers_demo_starts(pg_url, redis_stack):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "4 succeeded; " in r.stdout, r.stdout
     _check_output(r.stdout, "demo")
+
+
+def test_a_normal_sigterm_is_logged_at_info_and_the_stats_in_words(clean_pg):
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("HERD_")}
+    environ.update(PYTHONPATH=str(ROOT), HERD_DATABASE_URL=clean_pg)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "herd", "worker", "--poll-interval", "0.1"],
+        env=environ,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:  # until the worker says it runs: then it handles signals
+            seen.append(line)
+            if "herd.worker: worker " in line and "queues" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, "".join(seen) + rest
+    said = [line for line in rest.splitlines() if "SIGTERM: no new jobs" in line]
+    assert len(said) == 1 and " INFO " in said[0], rest
+    assert " WARNING " not in rest, rest
+    stopped = next(line for line in rest.splitlines() if " stopped: " in line)
+    assert stopped.endswith("stopped: no jobs"), stopped  # not WorkerStats(claimed=0, ...)
