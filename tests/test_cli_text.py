@@ -71,6 +71,9 @@ def test_every_commands_help_fits_80_columns_without_type_noise_or_stray_dots():
         assert not _wide(text), (path, _wide(text))
         assert not TYPE_NOISE.search(text), (path, TYPE_NOISE.search(text), text)
         assert not STRAY_DOT.search(text), (path, text)
+        # A command's line in its group's list is its help's first sentence, whole.
+        cut = [line for line in text.splitlines() if line.endswith("...") and "Usage:" not in line]
+        assert not cut, (path, cut)
         assert "╭" not in text and "│" not in text, (path, text)  # no boxes
         assert "Usage: herd" in text, (path, text)
 

@@ -22,7 +22,11 @@ def cache_stats(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Print them as JSON.")] = False,
 ) -> None:
-    """Entries, hits, misses and computations of the exact and the semantic cache."""
+    """Entries, hits and misses of the exact and the semantic cache.
+
+    Also the exact cache's computations and the semantic cache's guard rejections,
+    lock waits, evictions and lookup times.
+    """
 
     async def work(app: App) -> dict[str, Any]:
 
