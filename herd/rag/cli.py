@@ -264,9 +264,11 @@ def query(
             continue
         title = Text(a.query)
         title.append(f"  ({_cache_note(a)})", style="dim")
-        table = Table(title=title, title_justify="left", show_lines=False)
+        # No box: at 80 columns its lines would take what the chunk's text needs.
+        table = Table(title=title, title_justify="left", box=None, pad_edge=False,
+                      header_style="bold")  # fmt: skip
         for col in ("score", "reference", "text"):
-            table.add_column(col)
+            table.add_column(col, no_wrap=col == "score", overflow="fold")
         for h in a.hits:
             text = h["text"] if len(h["text"]) <= 160 else h["text"][:159] + "…"
             # Text, not markup: KJV marks added words as [was], which rich would eat.
