@@ -104,7 +104,7 @@ def _plain(command: Any) -> None:
 def _usage_error(exc: typer.TyperException) -> int:
     """One line on stderr for what click would print as usage, hint and error."""
     if type(exc).__name__ == "NoArgsIsHelpError":  # the help itself (typer tests it so)
-        err.print(exc.format_message(), soft_wrap=True)
+        out.print(exc.format_message(), soft_wrap=True)  # on stdout, as before: `herd | less`
         return exc.exit_code
     ctx = getattr(exc, "ctx", None)
     hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""

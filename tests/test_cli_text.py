@@ -125,6 +125,13 @@ def test_a_usage_error_is_one_line_with_one_error_prefix(args, says):
     assert r.stdout == ""
 
 
+def test_a_group_without_its_command_prints_its_help_and_exits_2():
+    r = _invoke("jobs")
+    assert r.exit_code == 2 and r.stderr == ""
+    assert r.stdout.startswith("Usage: herd jobs [OPTIONS] COMMAND [ARGS]...")
+    assert not _wide(r.stdout) and "╭" not in r.stdout
+
+
 def test_a_malformed_database_url_says_what_is_wrong_and_the_form_expected():
     r = herd("jobs", "list", HERD_DATABASE_URL="notaurl")
     assert r.returncode == 2, r.stderr
