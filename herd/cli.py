@@ -322,7 +322,7 @@ def enqueue(
         typer.Option(metavar="KEY", help="No second job with this key while one is active."),
     ] = None,
     delay: Annotated[
-        float, typer.Option(min=0, metavar="SECONDS", help="Run no sooner than this.")
+        float, typer.Option(min=0, metavar="SECONDS", help="Run it no sooner than this from now.")
     ] = 0.0,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
