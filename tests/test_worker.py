@@ -203,6 +203,8 @@ async def test_unknown_task_fatal_and_non_json_result_go_to_the_dlq(app):
     await run
     assert [j.dead_reason for j in jobs] == ["unknown_task", "fatal", "bad_result", "fatal"]
     assert "no.such.task" in jobs[0].last_error
+    # Its message alone: the dead reason says fatal already ("fatal: Fatal: ..." in a list).
+    assert jobs[1].last_error == "the document is not a PDF"
     assert [j.attempts for j in jobs] == [1, 1, 1, 1]
     assert "garbage \\0 in" in jobs[3].last_error and len(jobs[3].last_error) < 5_000
 
