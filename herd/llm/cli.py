@@ -83,31 +83,50 @@ def _run(ctx: typer.Context, work: Any) -> Any:
 @eval_cli.command("submit", epilog=follow.EXIT_CODES)
 def eval_submit(
     ctx: typer.Context,
-    paths: Annotated[list[Path], typer.Argument(help="Documents or folders (.txt .md .pdf).")],
-    prompt: Annotated[Path, typer.Option(help="File with the system prompt.")],
-    model: Annotated[str, typer.Option(help="Model name as the provider knows it.")],
-    schema: Annotated[Path | None, typer.Option(help="JSON Schema file for the answer.")] = None,
+    paths: Annotated[
+        list[Path], typer.Argument(metavar="PATH", help="Documents or folders (.txt .md .pdf).")
+    ],
+    prompt: Annotated[Path, typer.Option(metavar="FILE", help="File with the system prompt.")],
+    model: Annotated[
+        str, typer.Option(metavar="NAME", help="Model name as the provider knows it.")
+    ],
+    schema: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="JSON Schema file for the answer.")
+    ] = None,
     provider: Annotated[
         str,
-        typer.Option(help=f"One of {', '.join(registry.names())} (openai: any compatible server)."),
-    ] = "openai",
+        typer.Option(
+            metavar="NAME",
+            help=f"One of {', '.join(registry.names())} (openai: any compatible server).",
+        ),
+    ] = "openai",  # fmt: skip
     params: Annotated[
-        str, typer.Option(help='Request parameters as JSON, e.g. {"temperature":0}.')
+        str, typer.Option(metavar="JSON", help='Request parameters, e.g. {"temperature":0}.')
     ] = "{}",
-    priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
-    batch: Annotated[str | None, typer.Option(help="Batch name [default: generated].")] = None,
+    priority: Annotated[int, typer.Option(metavar="N", help="Higher runs first.")] = 0,
+    batch: Annotated[
+        str | None, typer.Option(metavar="NAME", help="Batch name; default: generated.")
+    ] = None,
     wait: Annotated[
         bool, typer.Option("--wait", help="Run workers here and follow this batch to its end.")
     ] = False,
-    concurrency: Annotated[int, typer.Option(min=1, help="Workers' concurrency with --wait.")] = 8,
+    concurrency: Annotated[
+        int, typer.Option(min=1, metavar="N", help="Workers' concurrency with --wait.")
+    ] = 8,
     budget: Annotated[
         float | None,
-        typer.Option(help="USD the batch's calls may cost; past it, its jobs are parked."),
+        typer.Option(
+            metavar="USD", help="What the batch's calls may cost; past it, its jobs are parked."
+        ),
     ] = None,
-    rpm: Annotated[int | None, typer.Option(min=1, help="Requests per minute, fleet-wide.")] = None,
-    tpm: Annotated[int | None, typer.Option(min=1, help="Tokens per minute, fleet-wide.")] = None,
+    rpm: Annotated[
+        int | None, typer.Option(min=1, metavar="N", help="Requests per minute, fleet-wide.")
+    ] = None,
+    tpm: Annotated[
+        int | None, typer.Option(min=1, metavar="N", help="Tokens per minute, fleet-wide.")
+    ] = None,
     max_concurrent: Annotated[
-        int | None, typer.Option(min=1, help="Calls in flight at once, fleet-wide.")
+        int | None, typer.Option(min=1, metavar="N", help="Calls in flight at once, fleet-wide.")
     ] = None,
     batch_api: Annotated[
         bool,
@@ -118,7 +137,10 @@ def eval_submit(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
 ) -> None:
-    """Enqueue one evaluation per document (identical ones are evaluated once)."""
+    """Enqueue one evaluation per document.
+
+    Identical documents are evaluated once.
+    """
     given = {"rpm": rpm, "tpm": tpm, "max_concurrent": max_concurrent}
     limits = {k: v for k, v in given.items() if v is not None} or None
     try:
@@ -192,10 +214,13 @@ def eval_submit(
 @eval_cli.command("wait", epilog=follow.EXIT_CODES)
 def eval_wait(
     ctx: typer.Context,
-    batch: Annotated[str, typer.Argument(help="The batch to follow.")],
+    batch: Annotated[str, typer.Argument(metavar="BATCH", help="The batch to follow.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the end status as JSON.")] = False,
 ) -> None:
-    """Follow a batch (workers elsewhere run it) until it is answered, dead or parked."""
+    """Follow a batch until it is answered, dead or parked.
+
+    Workers elsewhere (`herd worker`) run it.
+    """
 
     async def work(app: App) -> tuple[int, BatchStatus]:
         return await follow.follow(app, batch, console.err)
@@ -211,10 +236,13 @@ def eval_wait(
 @eval_cli.command("list")
 def eval_list(
     ctx: typer.Context,
-    limit: Annotated[int, typer.Option(min=1, max=1000, help="Batches to show.")] = 20,
+    limit: Annotated[int, typer.Option(min=1, max=1000, metavar="N", help="Batches to show.")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines, one per batch.")] = False,
 ) -> None:
-    """The batches, newest first: documents answered, spend, and whether parked."""
+    """The batches, newest first.
+
+    Documents answered, spend, and whether parked.
+    """
     found = console.run(console.opts(ctx), lambda app: list_batches(app, limit=limit))
     if as_json:
         for b in found:
@@ -223,16 +251,17 @@ def eval_list(
     if not found:
         console.err.print("no batches yet: `herd eval submit` makes one")
         return
-    table = Table(box=None, pad_edge=False)
+    table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("batch", "created", "answered", "spent", "state"):
+        # Names and states fold when they must; times and figures stay on one line.
         table.add_column(col, justify="right" if col in ("answered", "spent") else "left",
-                         overflow="fold")  # fmt: skip
+                         overflow="fold", no_wrap=col not in ("batch", "state"))  # fmt: skip
     for b in found:
         finished = b["done"] + b["cancelled_items"] >= b["documents"]
         state = f"parked ({b['parked']})" if b["parked"] else "done" if finished else "running"
         spent = dollars(b["spent"]) + (f" / {dollars(b['budget'])}" if b["budget"] is not None
                                       else "")  # fmt: skip
-        table.add_row(b["batch"], b["created_at"][:19].replace("T", " "),
+        table.add_row(b["batch"], b["created_at"][5:16].replace("T", " "),
                       f"{b['done']}/{b['documents']}", spent, state)  # fmt: skip
     console.out.print(table)
 
@@ -240,13 +269,18 @@ def eval_list(
 @eval_cli.command("status")
 def eval_status(
     ctx: typer.Context,
-    batch: Annotated[str | None, typer.Argument(help="One batch [default: all].")] = None,
+    batch: Annotated[
+        str | None, typer.Argument(metavar="BATCH", help="One batch; default: all.")
+    ] = None,
     batch_opt: Annotated[
-        str | None, typer.Option("--batch", help="The same, as an option.")
+        str | None, typer.Option("--batch", metavar="NAME", help="The same, as an option.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
 ) -> None:
-    """Progress, failures, spend and the cost ledger (calls made and avoided)."""
+    """Progress, failures, spend and the cost ledger.
+
+    The ledger counts the calls made and those avoided.
+    """
     name = batch or batch_opt
     status = console.run(console.opts(ctx), lambda app: batch_status(app, name))
     if as_json:
@@ -258,10 +292,13 @@ def eval_status(
 @eval_cli.command("show")
 def eval_show(
     ctx: typer.Context,
-    batch: Annotated[str, typer.Argument(help="The batch.")],
+    batch: Annotated[str, typer.Argument(metavar="BATCH", help="The batch.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
 ) -> None:
-    """One batch: progress, why it waits and what to run, failed documents by path."""
+    """One batch, with its failed documents.
+
+    Progress, why it waits and what to run, failed documents by path.
+    """
     status = console.run(console.opts(ctx), lambda app: batch_status(app, batch))
     if as_json:
         console.print_json(status.to_json())
@@ -279,11 +316,14 @@ def eval_show(
 @eval_cli.command("budget")
 def eval_budget(
     ctx: typer.Context,
-    batch: Annotated[str, typer.Argument(help="The batch.")],
-    usd: Annotated[float, typer.Argument(help="The new budget in USD.")],
+    batch: Annotated[str, typer.Argument(metavar="BATCH", help="The batch.")],
+    usd: Annotated[float, typer.Argument(metavar="USD", help="The new budget in USD.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
 ) -> None:
-    """Raise or lower a batch's budget; a parked batch with room again resumes."""
+    """Raise or lower a batch's budget.
+
+    A batch parked for its budget resumes once it has room again.
+    """
     try:
         check_budget(usd, "USD")
     except InvalidInput as exc:
@@ -303,11 +343,14 @@ def eval_budget(
 @eval_cli.command("resume")
 def eval_resume(
     ctx: typer.Context,
-    batch: Annotated[str, typer.Argument(help="The batch.")],
+    batch: Annotated[str, typer.Argument(metavar="BATCH", help="The batch.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
 ) -> None:
-    """Continue a batch parked because the provider refused its key or model (once
-    fixed), or for its budget."""
+    """Continue a parked batch.
+
+    One parked because the provider refused its key or model (once fixed), or for its
+    budget.
+    """
     found = _run(ctx, lambda app: resume(app, batch))
     if as_json:
         console.print_json(found)
@@ -318,11 +361,13 @@ def eval_resume(
 @eval_cli.command("cancel")
 def eval_cancel(
     ctx: typer.Context,
-    batch: Annotated[str, typer.Argument(help="The batch.")],
+    batch: Annotated[str, typer.Argument(metavar="BATCH", help="The batch.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
 ) -> None:
-    """Stop a batch: no more calls for it, its provider batches cancelled; answers
-    already paid for are kept."""
+    """Stop a batch; answers already paid for are kept.
+
+    No more calls are made for it and its provider batches are cancelled.
+    """
     found = console.run(console.opts(ctx), lambda app: cancel(app, batch))
     if as_json:
         console.print_json(found)
@@ -343,17 +388,25 @@ def eval_cancel(
 @eval_cli.command("results")
 def eval_results(
     ctx: typer.Context,
-    batch: Annotated[str | None, typer.Argument(help="The batch.")] = None,
+    batch: Annotated[str | None, typer.Argument(metavar="BATCH", help="The batch.")] = None,
     batch_opt: Annotated[
-        str | None, typer.Option("--batch", help="The same, as an option.")
+        str | None, typer.Option("--batch", metavar="NAME", help="The same, as an option.")
     ] = None,
-    fmt: Annotated[str, typer.Option("--format", help="jsonl, csv or parquet.")] = "jsonl",
+    fmt: Annotated[
+        str, typer.Option("--format", metavar="FORMAT", help="jsonl, csv or parquet.")
+    ] = "jsonl",
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Write to this file [parquet: needed].")
+        Path | None,
+        typer.Option(
+            "--output", "-o", metavar="FILE", help="Write to this file (needed for parquet)."
+        ),
     ] = None,
 ) -> None:
-    """One row per document, dead ones included with their error: path, status, model,
-    source, tokens, cost, seconds, and the answer (a column per schema field in csv)."""
+    """One row per document, dead ones included with their error.
+
+    Path, status, model, source, tokens, cost, seconds, and the answer (a column per
+    schema field in csv).
+    """
     name = batch or batch_opt
     if name is None:
         raise _usage("name the batch (`herd eval list` shows them)", "BATCH")

@@ -107,7 +107,7 @@ class Display:
         if self.live:
             self.bar = Progress(
                 TextColumn("[bold]{task.description}"),
-                BarColumn(),
+                BarColumn(bar_width=12),  # the line beside it is what tells: it gets the room
                 TextColumn("{task.fields[line]}"),
                 console=err,
                 transient=False,
