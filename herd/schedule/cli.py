@@ -16,7 +16,7 @@ schedule_cli = typer.Typer(
 )
 
 Name = Annotated[str, typer.Argument(help="The schedule's name (`herd schedule list`).")]
-AsJson = Annotated[bool, typer.Option("--json")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 def _table(views: list[ops.ScheduleView]) -> Table:
@@ -40,7 +40,10 @@ def _table(views: list[ops.ScheduleView]) -> Table:
 
 @schedule_cli.command("list")
 def schedule_list(ctx: typer.Context, as_json: AsJson = False) -> None:
-    """Every schedule: when it runs, next run, last run and its outcome, paused or not."""
+    """Every schedule, its next run and its last outcome.
+
+    When it runs, next run, last run and its outcome, paused or not.
+    """
     views = console.run(console.opts(ctx), ops.views)
     if as_json:
         for v in views:
@@ -58,7 +61,10 @@ def schedule_pause(ctx: typer.Context, name: Name, as_json: AsJson = False) -> N
 
 @schedule_cli.command("resume")
 def schedule_resume(ctx: typer.Context, name: Name, as_json: AsJson = False) -> None:
-    """Fire the schedule's ticks again from the next one (the pause's ticks are dropped)."""
+    """Fire the schedule's ticks again from the next one.
+
+    The ticks that fell while it was paused are dropped.
+    """
     view = console.run(console.opts(ctx), lambda app: ops.resume(app, name))
     _said(view, f"resumed {name}: next run {console.when(view.next_run)}", as_json)
 
