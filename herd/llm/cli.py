@@ -28,6 +28,8 @@ from herd.llm.eval import (
 )
 from herd.llm.eval import results as export
 from herd.llm.eval.money import dollars
+from herd.llm.eval.pipeline import load as load_pipeline
+from herd.llm.eval.pipesubmit import check_pipeline, submit_pipeline
 from herd.llm.eval.spec import QUEUE, check_budget
 from herd.llm.eval.status import BatchStatus
 from herd.llm.follow import print_status
@@ -84,8 +86,12 @@ def _run(ctx: typer.Context, work: Any) -> Any:
 def eval_submit(
     ctx: typer.Context,
     paths: Annotated[list[Path], typer.Argument(help="Documents or folders (.txt .md .pdf).")],
-    prompt: Annotated[Path, typer.Option(help="File with the system prompt.")],
-    model: Annotated[str, typer.Option(help="Model name as the provider knows it.")],
+    prompt: Annotated[Path | None, typer.Option(help="File with the system prompt.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model name as the provider knows it.")] = None,
+    pipeline: Annotated[
+        Path | None,
+        typer.Option(help="A pipeline TOML (split, map, reduce, chain) instead of --prompt."),
+    ] = None,
     schema: Annotated[Path | None, typer.Option(help="JSON Schema file for the answer.")] = None,
     provider: Annotated[
         str,
@@ -121,6 +127,17 @@ def eval_submit(
     """Enqueue one evaluation per document (identical ones are evaluated once)."""
     given = {"rpm": rpm, "tpm": tpm, "max_concurrent": max_concurrent}
     limits = {k: v for k, v in given.items() if v is not None} or None
+    if pipeline is not None:
+        if prompt is not None or model is not None or schema is not None:
+            raise _usage("give --pipeline, or --prompt and --model, not both", "--pipeline")
+        if batch_api:
+            raise _usage("a pipeline does not go through the Batch API yet", "--batch-api")
+        _submit_pipeline(ctx, paths, pipeline, batch=batch, priority=priority, wait=wait,
+                         concurrency=concurrency, budget=budget, limits=limits,
+                         as_json=as_json)  # fmt: skip
+        return
+    if prompt is None or model is None:
+        raise _usage("give --prompt and --model (or --pipeline FILE)", "--prompt")
     try:
         system = prompt.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -181,6 +198,68 @@ def eval_submit(
     if as_json:
         console.print_json({"batch": report.batch, "queued": report.queued,
                             "deduplicated": report.deduplicated, "errors": report.errors,
+                            "status": status.to_json() if status else None})  # fmt: skip
+    else:
+        console.out.print(f"batch {report.batch}")
+        if status:
+            print_status(status)
+    raise typer.Exit(code)
+
+
+async def _follow(
+    app: App, batch: str, concurrency: int, debug: bool
+) -> tuple[int, BatchStatus]:
+    """Run workers here and follow ``batch`` to its end (submit --wait)."""
+    if not debug:  # the display says what the worker's INFO lines would
+        logging.getLogger("herd.worker").setLevel(logging.WARNING)
+    worker = Worker(app, queues=[QUEUE], concurrency=concurrency, poll_interval=0.2,
+                    install_signal_handlers=False, grace_period=10.0)  # fmt: skip
+    return await follow.follow(
+        app, batch, console.err, run_workers=worker.run, stop_workers=worker.stop
+    )
+
+
+def _submit_pipeline(
+    ctx: typer.Context, paths: list[Path], path: Path, *, batch: str | None, priority: int,
+    wait: bool, concurrency: int, budget: float | None, limits: dict[str, int] | None,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """`herd eval submit DOCS --pipeline FILE`: every stage checked before anything is
+    stored (one line, exit 2), the documents split and their first stage enqueued."""
+    opts = console.opts(ctx)
+    try:
+        pipe = load_pipeline(path)
+        check_pipeline(pipe, opts.settings, budget=budget, limits=limits, batch=batch)
+        missing = [p for p in paths if not p.exists()]
+        if missing:
+            raise InvalidInput(f"{missing[0]}: no such file or directory", field="paths")
+    except InvalidInput as exc:
+        raise _usage(str(exc), "--pipeline" if exc.field != "paths" else "PATHS") from None
+
+    async def work(app: App) -> tuple[Any, int, BatchStatus | None]:
+        from herd.builtin import tasks as builtin_tasks  # as eval_submit: for --wait
+
+        app.include(builtin_tasks)
+        report = await submit_pipeline(app, paths, pipe, batch=batch, priority=priority,
+                                       budget=budget, limits=limits)  # fmt: skip
+        console.err.print(
+            f"batch {report.batch}: {report.queued} pieces queued for stage"
+            f" {pipe.calls[0].name!r}, {len(report.errors)} unreadable",
+            soft_wrap=True,
+        )
+        for error in report.errors:
+            console.err.print(f"  skipped: {error}", soft_wrap=True)
+        if not wait:
+            return report, 1 if report.errors else 0, None
+        code, status = await _follow(app, report.batch, concurrency, opts.debug)
+        if report.errors and code == follow.ALL_ANSWERED:
+            code = follow.SOME_DEAD
+        return report, code, status
+
+    report, code, status = _run(ctx, work)
+    if as_json:
+        console.print_json({"batch": report.batch, "queued": report.queued,
+                            "errors": report.errors,
                             "status": status.to_json() if status else None})  # fmt: skip
     else:
         console.out.print(f"batch {report.batch}")

@@ -404,8 +404,10 @@ UPDATE herd_eval_keys
 -- name: waiting_items
 -- The items still waiting on a job (of a batch, or of all), with the key each job
 -- must answer: a job id that names another key was reused after its store lost data.
+-- A pipeline's documents wait on their pieces' jobs (herd.llm.eval.stages), not one job.
 SELECT path, job_id, key, status FROM herd_eval_items
  WHERE status IN ('queued', 'parked') AND (%(b)s::text IS NULL OR batch = %(b)s)
+   AND pipeline IS NULL
  ORDER BY path;
 
 -- name: recent_rate

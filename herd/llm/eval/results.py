@@ -17,6 +17,8 @@ from herd.llm.eval.status import GONE, jobs_of
 FIXED = ("path", "status", "model", "source", "input_tokens", "cached_input_tokens",
          "output_tokens", "cost", "seconds", "error")  # fmt: skip
 PAGE = 500
+# The job of a pipeline's document: none of its own (its stages' jobs answer it).
+PIPELINE = object()
 
 
 async def rows(
@@ -38,6 +40,9 @@ async def rows(
         jobs = {j.id: j for j in await jobs_of(app, waiting)}
         calls = await rt.store.key_calls(batch, sorted({r[5] for r in page}))
         for path, status, source, result, job_id, key, at, model, _provider in page:
+            if job_id == 0:  # a pipeline's document: its stages' jobs answer it
+                yield _row(path, status, source, result, PIPELINE, calls.get(key), model, at)
+                continue
             yield _row(path, status, source, result, jobs.get(job_id), calls.get(key), model, at)
         after = page[-1][0]
         if left is not None:
@@ -48,7 +53,11 @@ def _row(path: str, status: str, source: str | None, result: Any, job: Any,
          calls: tuple[Any, ...] | None, model: str | None,
          finished: Any = None) -> dict[str, Any]:  # fmt: skip
     error = None
-    if status in ("queued", "parked") and job is not None:
+    if status == "failed":  # a pipeline's document: the stage and piece that failed it
+        status, error = "dead", (result or {}).get("error")
+    elif job is PIPELINE:
+        pass
+    elif status in ("queued", "parked") and job is not None:
         if job.status == "dead":
             status, error = "dead", job.last_error or job.dead_reason
         elif job.status == "processing":
