@@ -31,6 +31,7 @@ from herd.llm.eval.money import dollars
 from herd.llm.eval.pipeline import load as load_pipeline
 from herd.llm.eval.pipesubmit import check_pipeline, submit_pipeline
 from herd.llm.eval.spec import QUEUE, check_budget
+from herd.llm.eval.stageview import stage_rows
 from herd.llm.eval.status import BatchStatus
 from herd.llm.follow import print_status
 from herd.llm.providers import registry
@@ -419,6 +420,26 @@ def eval_cancel(
         )
 
 
+def _stage_results(ctx: typer.Context, batch: str, stage: str, output: Path | None) -> None:
+    """`herd eval results BATCH --stage NAME`: one JSON line per piece of the stage."""
+
+    async def work(app: App) -> int:
+        sink = output.open("w", encoding="utf-8") if output else sys.stdout
+        n = 0
+        try:
+            async for row in stage_rows(app, batch, stage):
+                export.write_jsonl(sink, row)
+                n += 1
+        finally:
+            if sink is not sys.stdout:
+                sink.close()
+        return n
+
+    n = _run(ctx, work)
+    if output is not None:
+        console.err.print(f"wrote {n} rows to {output}")
+
+
 @eval_cli.command("results")
 def eval_results(
     ctx: typer.Context,
@@ -430,6 +451,11 @@ def eval_results(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write to this file [parquet: needed].")
     ] = None,
+    stage: Annotated[
+        str | None,
+        typer.Option(help="A pipeline's stage: its answers per piece, with page, section"
+                     " and characters (jsonl)."),
+    ] = None,
 ) -> None:
     """One row per document, dead ones included with their error: path, status, model,
     source, tokens, cost, seconds, and the answer (a column per schema field in csv)."""
@@ -440,6 +466,11 @@ def eval_results(
         raise _usage("use jsonl, csv or parquet", "--format")
     if fmt == "parquet" and output is None:
         raise _usage("parquet is written to a file: give --output FILE", "--output")
+    if stage is not None:
+        if fmt != "jsonl":
+            raise _usage("a stage's answers are written as jsonl", "--format")
+        _stage_results(ctx, name, stage, output)
+        return
 
     async def work(app: App) -> int:
         rt = await EvalRuntime.of(app)

@@ -256,16 +256,6 @@ def load(path: Path) -> Pipeline:
 
 def single(spec: EvalSpec) -> Pipeline:
     """One prompt as a pipeline: the one-stage case."""
-    return Pipeline(
-        stages=[
-            CallStage(
-                name="answer",
-                kind="map",
-                prompt=spec.system,
-                model=spec.model,
-                provider=spec.provider,
-                schema=spec.schema,
-                params=spec.params,
-            )
-        ],  # type: ignore[call-arg]  # fmt: skip
-    )
+    stage = {"name": "answer", "kind": "map", "prompt": spec.system, "model": spec.model,
+             "provider": spec.provider, "schema": spec.schema, "params": spec.params}  # fmt: skip
+    return from_json({"stages": [stage]})
