@@ -111,6 +111,13 @@ async def test_three_stages_answer_every_document_and_show_each_stage(app, sim, 
     seen = [(progress[n]["done"], progress[n]["pieces"], progress[n]["calls"])
             for n in ("notes", "summary", "verdict")]  # fmt: skip
     assert seen == [(9, 9, 9), (2, 2, 2), (2, 2, 2)]
+    # Each reduce read every answer of its document, in document order.
+    read = await rt.store.execute(
+        "SELECT p.path, d.text FROM herd_eval_pieces p JOIN herd_eval_documents d"
+        " ON d.hash = p.doc WHERE p.batch = 'p1' AND p.stage = 'summary' ORDER BY p.path"
+    )
+    assert [[r["piece"] for r in json.loads(t)] for _, t in read] == [[0, 1, 2, 3],
+                                                                      [0, 1, 2, 3, 4]]  # fmt: skip
     status = await batch_status(app, "p1")
     assert status.documents == 2 and status.done == 2 and status.finished
     assert [s["stage"] for s in status.stages] == ["notes", "summary", "verdict"]
