@@ -79,9 +79,12 @@ async def test_a_worker_killed_mid_pipeline_leaves_one_reduce_per_document(
         fleet.start(1)
 
         async def all_done() -> bool:
-            return count(
-                "SELECT count(*) FROM herd_eval_items WHERE batch = 'chaos' AND status = 'done'"
-            ) == DOCS
+            return (
+                count(
+                    "SELECT count(*) FROM herd_eval_items WHERE batch = 'chaos' AND status = 'done'"
+                )
+                == DOCS
+            )
 
         await wait_until(all_done, 120, what="every document answered")
     # Exactly one reduce per document: one piece each, one call each at the provider.

@@ -39,10 +39,13 @@ async def stage_progress(rt: EvalRuntime, batch: str) -> list[dict[str, Any]]:
 
 async def failed_documents(rt: EvalRuntime, batch: str) -> tuple[int, list[dict[str, Any]]]:
     """How many of the batch's documents a stage failed, and the first of them: (path,
-    error naming the stage and the piece)."""
+    job 0 (a pipeline's document has none of its own), error naming the stage and the
+    piece)."""
     ((n,),) = await rt.store.execute(Q["failed_count"], {"b": batch})
     rows = await rt.store.execute(Q["failed_docs"], {"b": batch, "limit": FAILURES_SHOWN})
-    return int(n), [{"path": p, "job": None, "error": (r or {}).get("error")} for p, r in rows]
+    return int(n), [
+        {"path": p, "job": 0, "error": (r or {}).get("error") or "failed"} for p, r in rows
+    ]
 
 
 async def stage_rows(app: App, batch: str, stage: str) -> AsyncIterator[dict[str, Any]]:
