@@ -18,6 +18,7 @@ from herd.llm.eval.runtime import EvalRuntime
 from herd.llm.eval.stageview import stage_progress, stage_rows
 from herd.llm.eval.status import batch_status
 from tests.conftest import truncate
+from tests.helpers import eventually
 from tests.llm.conftest import clean_eval_tables
 
 NOTE = {
@@ -192,3 +193,28 @@ def test_a_pipeline_is_checked_whole_before_anything_is_stored():
         from_json({"defaults": {"model": "m"},
                    "stages": [{"name": "m", "kind": "map", "prompt": "x"},
                               {"name": "c", "kind": "chain", "prompt": "y"}]})  # fmt: skip
+
+
+async def test_a_piece_whose_job_dies_of_stalls_is_settled_by_its_policy(pg_url, app, sim):
+    """A worker killed on every attempt never runs the piece's code to its end: the job
+    is dead-lettered at a claim. The batch's status counts the piece then."""
+    stalling = App(database_url=pg_url)
+    stalling.task(name=stages.STAGE_TASK, queue=evaluate.QUEUE, lease_seconds=0.2,
+                  max_stalls=1)(stages.run_stage)  # fmt: skip
+    async with stalling:
+        whole = pipeline()
+        whole["stages"] = whole["stages"][1:]  # no split: the document is the one piece
+        await submit_pipeline_texts(stalling, from_json(whole), {"pump.md": manual("Pump", 1)},
+                                    batch="stall")  # fmt: skip
+        (lease,) = await stalling.broker.claim([evaluate.QUEUE], "doomed", 1)
+
+        async def dead() -> bool:  # claims after its leases expired dead-letter the job
+            await stalling.broker.claim([evaluate.QUEUE], "doomed", 1)
+            job = await stalling.broker.get_job(lease.job_id)
+            return job is not None and job.status == "dead"
+
+        await eventually(dead, timeout=20)
+    status = await batch_status(app, "stall")
+    assert status.dead == 1 and status.finished
+    assert "stage 'notes': piece 0, chars 0-" in status.failures[0]["error"]
+    assert "lease expired" in status.failures[0]["error"]

@@ -9,12 +9,13 @@ import psycopg
 import pytest
 
 from herd import App, JobStatus
+from herd.config import Settings
 from herd.llm import eval as evaluate
 from herd.llm.eval import stages
 from herd.llm.eval.pipeline import from_json
 from herd.llm.eval.pipesubmit import submit_pipeline_texts
 from herd.testing.fleet import Fleet, herd_worker, wait_until, worker_env
-from tests.conftest import truncate
+from tests.conftest import flush_redis, truncate
 from tests.llm.conftest import SECRET, clean_eval_tables
 from tests.llm.test_pipeline import NOTE, PIPE_TABLES, SUMMARY, manual
 
@@ -32,15 +33,21 @@ PIPE = {
 }  # fmt: skip
 
 
-@pytest.fixture
-async def producer(pg_url, sim, monkeypatch):
+@pytest.fixture(params=["postgres", "redis"])
+async def producer(request, pg_url, sim, monkeypatch):
+    """The submitting app on each broker (the store, cache and ledger on PostgreSQL)."""
     monkeypatch.setenv("OPENAI_BASE_URL", sim.openai_url)
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     truncate(pg_url)
     clean_eval_tables(pg_url)
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(f"TRUNCATE {PIPE_TABLES}")
-    app = App(database_url=pg_url)
+    settings = Settings(database_url=pg_url, broker=request.param)
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_stack")
+        flush_redis(url)
+        settings = settings.override(redis_url=url)
+    app = App(settings=settings)
     # The producer's registry gives the map jobs short leases: a killed holder's piece
     # is taken over in seconds.
     app.task(name=stages.STAGE_TASK, queue=evaluate.QUEUE, lease_seconds=2.0,
@@ -57,7 +64,9 @@ async def test_a_worker_killed_mid_pipeline_leaves_one_reduce_per_document(
     texts = {f"doc{d}.md": manual(f"Unit {d}", 4 + d) for d in range(DOCS)}
     maps = sum(5 + d for d in range(DOCS))
     await submit_pipeline_texts(producer, from_json(PIPE), texts, batch="chaos")
-    env = worker_env(database_url=pg_url, pythonpath=[ROOT], OPENAI_BASE_URL=sim.openai_url,
+    settings = producer.settings
+    env = worker_env(broker=settings.broker, database_url=pg_url, redis_url=settings.redis_url,
+                     pythonpath=[ROOT], OPENAI_BASE_URL=sim.openai_url,
                      OPENAI_API_KEY=SECRET)  # fmt: skip
     argv = herd_worker("--queue", evaluate.QUEUE, "--concurrency", "2", "--poll-interval",
                        "0.1", "--grace", "5")  # fmt: skip

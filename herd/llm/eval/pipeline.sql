@@ -112,3 +112,8 @@ SELECT path, seq, status, source, result, error, loc FROM herd_eval_pieces
  WHERE batch = %(b)s AND stage = %(stage)s
    AND (%(after)s::text IS NULL OR (path, seq) > (%(after)s, %(after_seq)s))
  ORDER BY path, seq LIMIT %(limit)s;
+
+-- name: waiting_pieces
+-- The pieces of a batch sent to a job and not answered: settled against their jobs.
+SELECT path, stage, seq, job_id FROM herd_eval_pieces
+ WHERE batch = %(b)s AND status = 'queued' AND job_id IS NOT NULL;

@@ -9,7 +9,8 @@ from typing import Any
 from herd.app import App
 from herd.errors import BatchNotFound, InvalidInput
 from herd.llm.eval.runtime import EvalRuntime
-from herd.llm.eval.stages import Q, load_pipeline
+from herd.llm.eval.stages import Q, advance, load_pipeline, on, send_unsent
+from herd.queue.base import JobStatus
 
 FAILURES_SHOWN = 50
 PAGE = 500
@@ -35,6 +36,38 @@ async def stage_progress(rt: EvalRuntime, batch: str) -> list[dict[str, Any]]:
                     "input_tokens": int(i), "output_tokens": int(o),
                     "cost": None if unpriced or cost is None else float(cost)})  # fmt: skip
     return out
+
+
+async def settle_pieces(app: App, rt: EvalRuntime, batch: str) -> int:
+    """Count as failed the pieces whose job is dead-lettered without its task having
+    counted them (its lease expired too often: a worker killed on every attempt), and
+    run their stage's fan-in as the task would have. The job is dead, so no run of it
+    can count the piece too; the move out of 'queued' is conditional all the same.
+    Returns how many were settled."""
+    waiting = await rt.store.execute(Q["waiting_pieces"], {"b": batch})
+    if not waiting:
+        return 0
+    found = await rt.store.execute(Q["batch_pipeline"], {"b": batch})
+    pipe = await load_pipeline(rt, found[0][0])
+    ids = sorted({job for *_, job in waiting})
+    jobs = {}
+    for start in range(0, len(ids), 1000):
+        jobs.update({j.id: j for j in await app.broker.get_jobs(ids[start : start + 1000])})
+    settled = 0
+    for path, stage, seq, job_id in waiting:
+        job = jobs.get(job_id)
+        if job is None or job.status != JobStatus.DEAD:
+            continue
+        error = job.last_error or job.dead_reason or "dead-lettered"
+        async with rt.store.transaction() as conn:
+            ended = await on(conn, "piece_end", status="failed", source=None, result=None,
+                             error=str(error)[:2000], b=batch, path=path, stage=stage,
+                             seq=seq)  # fmt: skip
+            if ended:
+                await advance(conn, pipe, batch, path, stage)
+                settled += 1
+        await send_unsent(app, rt, pipe.hash, batch, path)
+    return settled
 
 
 async def failed_documents(rt: EvalRuntime, batch: str) -> tuple[int, list[dict[str, Any]]]:

@@ -17,7 +17,7 @@ from herd.llm.eval import batchapi
 from herd.llm.eval.ledger import ESTIMATED
 from herd.llm.eval.runtime import EvalRuntime
 from herd.llm.eval.spec import BATCH_API_TASKS, TASK
-from herd.llm.eval.stageview import failed_documents, stage_progress
+from herd.llm.eval.stageview import failed_documents, settle_pieces, stage_progress
 from herd.queue.base import Job
 
 FAILURES_SHOWN = 50
@@ -210,6 +210,8 @@ async def batch_status(app: App, batch: str | None) -> BatchStatus:
         if row is None and not await rt.store.exists(batch):
             raise BatchNotFound(f"no batch named {batch!r}; `herd eval list` shows them")
     settled = await settle(app, batch)
+    if batch is not None:  # a pipeline's pieces whose jobs died uncounted
+        await settle_pieces(app, rt, batch)
     ((documents, done, parked, cancelled),) = await rt.store.execute("counts", {"b": batch})
     # The ledger's summary (of the batch, or of all time), not its rows: it costs
     # O(kinds) and keeps the totals of rows past HERD_LEDGER_TTL.
