@@ -50,7 +50,7 @@ async def producer(request, pg_url, sim, monkeypatch):
     app = App(settings=settings)
     # The producer's registry gives the map jobs short leases: a killed holder's piece
     # is taken over in seconds.
-    app.task(name=stages.STAGE_TASK, queue=evaluate.QUEUE, lease_seconds=2.0,
+    app.task(name=stages.STAGE_TASK, queue=evaluate.QUEUE, lease_seconds=5.0,
              max_attempts=3)(stages.run_stage)  # fmt: skip
     async with app:
         yield app
