@@ -11,7 +11,7 @@ import pytest
 from herd import App, Worker
 from herd.errors import InvalidInput
 from herd.llm import eval as evaluate
-from herd.llm.eval import stages
+from herd.llm.eval import results, stages
 from herd.llm.eval.pipeline import from_json
 from herd.llm.eval.pipesubmit import submit_pipeline, submit_pipeline_texts
 from herd.llm.eval.runtime import EvalRuntime
@@ -122,6 +122,11 @@ async def test_three_stages_answer_every_document_and_show_each_stage(app, sim, 
     status = await batch_status(app, "p1")
     assert status.documents == 2 and status.done == 2 and status.finished
     assert [s["stage"] for s in status.stages] == ["notes", "summary", "verdict"]
+    # Results: the last stage's answer per document, with what all its stages' calls cost.
+    rows = [r async for r in results.rows(app, "p1")]
+    assert [(r["status"], r["source"], set(r["output"])) for r in rows] == [
+        ("done", "pipeline", {"ok"})] * 2  # fmt: skip
+    assert all(r["input_tokens"] > 0 and r["output_tokens"] > 0 for r in rows)
     pieces = [r async for r in stage_rows(app, "p1", "notes")]
     assert len(pieces) == 9
     first = [p for p in pieces if p["path"].endswith("m0.md")]
@@ -169,6 +174,8 @@ async def test_a_dead_piece_fails_its_document_or_leaves_a_marked_gap(app, sim):
     assert failed.dead == 1 and failed.done == 0 and failed.finished
     assert "stage 'notes': piece 1" in failed.failures[0]["error"]
     assert "section 'Pump › Register 1 of Pump'" in failed.failures[0]["error"]
+    (row,) = [r async for r in results.rows(app, "dead-fail")]
+    assert row["status"] == "dead" and "piece 1" in row["error"]
     skipped = await batch_status(app, "dead-skip")
     assert skipped.done == 1 and skipped.dead == 0
     # The reduce read the two answers and the gap, in document order.

@@ -117,3 +117,14 @@ SELECT path, seq, status, source, result, error, loc FROM herd_eval_pieces
 -- The pieces of a batch sent to a job and not answered: settled against their jobs.
 SELECT path, stage, seq, job_id FROM herd_eval_pieces
  WHERE batch = %(b)s AND status = 'queued' AND job_id IS NOT NULL;
+
+-- name: doc_calls
+-- What each document's calls cost over all its stages (a key it shares with another
+-- document counted for both), in the shape of queries.sql's key_calls.
+SELECT p.path, sum(l.input_tokens), sum(l.cached_input_tokens), sum(l.output_tokens),
+       sum(l.cost), bool_or(l.cost IS NULL), min(l.at), max(l.at), count(*)
+  FROM (SELECT DISTINCT path, key FROM herd_eval_pieces
+         WHERE batch = %(b)s AND path = ANY(%(paths)s)) p
+  JOIN herd_eval_ledger l ON l.batch = %(b)s AND l.key = p.key
+ WHERE l.state = 'closed' AND l.kind IN ('call', 'lost', 'failed', 'cut_short')
+ GROUP BY p.path;

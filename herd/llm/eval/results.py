@@ -12,6 +12,7 @@ from typing import IO, Any
 from herd.app import App
 from herd.errors import BatchNotFound
 from herd.llm.eval.runtime import EvalRuntime
+from herd.llm.eval.stageview import doc_calls
 from herd.llm.eval.status import GONE, jobs_of
 
 FIXED = ("path", "status", "model", "source", "input_tokens", "cached_input_tokens",
@@ -39,9 +40,10 @@ async def rows(
         waiting = sorted({r[4] for r in page if r[1] in ("queued", "parked")})
         jobs = {j.id: j for j in await jobs_of(app, waiting)}
         calls = await rt.store.key_calls(batch, sorted({r[5] for r in page}))
+        staged = await doc_calls(rt, batch, [r[0] for r in page if r[4] == 0])
         for path, status, source, result, job_id, key, at, model, _provider in page:
             if job_id == 0:  # a pipeline's document: its stages' jobs answer it
-                yield _row(path, status, source, result, PIPELINE, calls.get(key), model, at)
+                yield _row(path, status, source, result, PIPELINE, staged.get(path), model, at)
                 continue
             yield _row(path, status, source, result, jobs.get(job_id), calls.get(key), model, at)
         after = page[-1][0]
@@ -72,7 +74,7 @@ def _row(path: str, status: str, source: str | None, result: Any, job: Any,
     i = ci = o = 0
     cost: Decimal | None = None
     seconds = None
-    if calls is not None and shown in ("call", "batch"):
+    if calls is not None and shown in ("call", "batch", "pipeline"):
         i, ci, o, cost, unpriced, first, _last, _n = calls
         cost = None if unpriced else cost
         # From its first call's request to its answer landing: what the document took.

@@ -70,6 +70,16 @@ async def settle_pieces(app: App, rt: EvalRuntime, batch: str) -> int:
     return settled
 
 
+async def doc_calls(rt: EvalRuntime, batch: str, paths: list[str]) -> dict[str, tuple[Any, ...]]:
+    """Per document of a pipeline, what its calls of every stage cost: (input, cached
+    input, output tokens, cost, any unpriced, first at, last at, calls)."""
+    if not paths:
+        return {}
+    rows = await rt.store.execute(Q["doc_calls"], {"b": batch, "paths": paths})
+    return {p: (int(i), int(ci), int(o), c, unpriced, a, z, int(n))
+            for p, i, ci, o, c, unpriced, a, z, n in rows}  # fmt: skip
+
+
 async def failed_documents(rt: EvalRuntime, batch: str) -> tuple[int, list[dict[str, Any]]]:
     """How many of the batch's documents a stage failed, and the first of them: (path,
     job 0 (a pipeline's document has none of its own), error naming the stage and the
