@@ -42,6 +42,10 @@ PLAIN_EVERY = 10.0  # seconds between progress lines when stderr is not a termin
 def summary(s: BatchStatus) -> str:
     """One line: answered / dead / queued of the total, rate, ETA, spend."""
     parts = [f"{s.done}/{s.documents} answered"]
+    for stage in s.stages:  # a batch in stages: the pieces of each stage under way
+        ended = stage["done"] + stage["failed"] + stage["cancelled"]
+        if ended < stage["pieces"]:
+            parts.append(f"{stage['stage']} {ended}/{stage['pieces']}")
     if s.dead or s.lost:
         parts.append(f"{s.dead + s.lost} dead")
     if s.running:

@@ -16,7 +16,8 @@ from herd.llm.eval.pipeline import from_json
 from herd.llm.eval.pipesubmit import submit_pipeline, submit_pipeline_texts
 from herd.llm.eval.runtime import EvalRuntime
 from herd.llm.eval.stageview import stage_progress, stage_rows
-from herd.llm.eval.status import batch_status
+from herd.llm.eval.status import BatchStatus, batch_status
+from herd.llm.follow import summary
 from tests.conftest import truncate
 from tests.helpers import eventually
 from tests.llm.conftest import clean_eval_tables
@@ -186,6 +187,14 @@ async def test_a_dead_piece_fails_its_document_or_leaves_a_marked_gap(app, sim):
     read = json.loads(doc[0])
     assert [("answer" in r, "missing" in r) for r in read] == [(True, False), (False, True),
                                                                (True, False)]  # fmt: skip
+
+
+def test_the_progress_line_shows_the_stages_under_way():
+    stage = {"done": 40, "failed": 1, "cancelled": 0}
+    status = BatchStatus(batch="b", documents=2, queued=2, stages=[
+        {**stage, "stage": "notes", "pieces": 91},
+        {**stage, "stage": "summary", "pieces": 0, "done": 0, "failed": 0}])  # fmt: skip
+    assert summary(status) == "0/2 answered, notes 41/91, 2 queued"
 
 
 def test_a_pipeline_is_checked_whole_before_anything_is_stored():
