@@ -234,3 +234,15 @@ async def test_a_piece_whose_job_dies_of_stalls_is_settled_by_its_policy(pg_url,
     assert status.dead == 1 and status.finished
     assert "stage 'notes': piece 0, chars 0-" in status.failures[0]["error"]
     assert "lease expired" in status.failures[0]["error"]
+
+
+async def test_a_finished_pipeline_is_purged_with_its_items(app, sim):
+    await submit_pipeline_texts(app, from_json(pipeline()), {"pump.md": manual("Pump", 1)},
+                                batch="old")  # fmt: skip
+    await drain(app)
+    rt = await EvalRuntime.of(app)
+    count = "SELECT (SELECT count(*) FROM herd_eval_pieces), (SELECT count(*) FROM herd_eval_fanin)"
+    assert (await rt.store.execute(count))[0] == (3, 1)  # 2 maps, 1 reduce; 1 fan-in
+    await rt.store.purge(eval_ttl=0.001, ledger_ttl=0)
+    assert (await rt.store.execute(count))[0] == (0, 0)
+    assert (await rt.store.execute("SELECT count(*) FROM herd_eval_pipelines"))[0] == (0,)

@@ -128,3 +128,28 @@ SELECT p.path, sum(l.input_tokens), sum(l.cached_input_tokens), sum(l.output_tok
   JOIN herd_eval_ledger l ON l.batch = %(b)s AND l.key = p.key
  WHERE l.state = 'closed' AND l.kind IN ('call', 'lost', 'failed', 'cut_short')
  GROUP BY p.path;
+
+-- Retention (herd.llm.eval.store.purge, HERD_EVAL_TTL): a document's pieces and fan-in
+-- go with its item (purged HERD_EVAL_TTL after it finished); a pipeline no item names
+-- goes after HERD_EVAL_TTL.
+
+-- name: purge_pieces
+DELETE FROM herd_eval_pieces WHERE (batch, path, stage, seq) IN (
+    SELECT batch, path, stage, seq FROM herd_eval_pieces p
+     WHERE NOT EXISTS (SELECT 1 FROM herd_eval_items i
+                        WHERE i.batch = p.batch AND i.path = p.path)
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
+
+-- name: purge_fanin
+DELETE FROM herd_eval_fanin WHERE (batch, path, stage) IN (
+    SELECT batch, path, stage FROM herd_eval_fanin f
+     WHERE NOT EXISTS (SELECT 1 FROM herd_eval_items i
+                        WHERE i.batch = f.batch AND i.path = f.path)
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
+
+-- name: purge_pipelines
+DELETE FROM herd_eval_pipelines WHERE hash IN (
+    SELECT hash FROM herd_eval_pipelines p
+     WHERE created_at < now() - make_interval(secs => %(keep)s)
+       AND NOT EXISTS (SELECT 1 FROM herd_eval_items i WHERE i.pipeline = p.hash)
+     ORDER BY created_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED);

@@ -368,6 +368,9 @@ DELETE FROM herd_eval_documents WHERE hash IN (
      WHERE created_at < now() - make_interval(secs => %(keep)s)
        AND NOT EXISTS (SELECT 1 FROM herd_eval_items i
                         WHERE i.status IN ('queued', 'parked') AND i.doc = d.hash)
+       -- a pipeline's piece still to answer reads its input from here
+       AND NOT EXISTS (SELECT 1 FROM herd_eval_pieces p
+                        WHERE p.status = 'queued' AND p.doc = d.hash)
      ORDER BY created_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
 
 -- name: purge_specs
