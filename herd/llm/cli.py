@@ -207,9 +207,7 @@ def eval_submit(
     raise typer.Exit(code)
 
 
-async def _follow(
-    app: App, batch: str, concurrency: int, debug: bool
-) -> tuple[int, BatchStatus]:
+async def _follow(app: App, batch: str, concurrency: int, debug: bool) -> tuple[int, BatchStatus]:
     """Run workers here and follow ``batch`` to its end (submit --wait)."""
     if not debug:  # the display says what the worker's INFO lines would
         logging.getLogger("herd.worker").setLevel(logging.WARNING)
@@ -453,8 +451,10 @@ def eval_results(
     ] = None,
     stage: Annotated[
         str | None,
-        typer.Option(help="A pipeline's stage: its answers per piece, with page, section"
-                     " and characters (jsonl)."),
+        typer.Option(
+            help="A pipeline's stage: its answers per piece, with page, section"
+            " and characters (jsonl)."
+        ),
     ] = None,
 ) -> None:
     """One row per document, dead ones included with their error: path, status, model,
