@@ -28,7 +28,10 @@ from herd.llm.eval import (
 )
 from herd.llm.eval import results as export
 from herd.llm.eval.money import dollars
+from herd.llm.eval.pipeline import load as load_pipeline
+from herd.llm.eval.pipesubmit import check_pipeline, submit_pipeline
 from herd.llm.eval.spec import QUEUE, check_budget
+from herd.llm.eval.stageview import stage_rows
 from herd.llm.eval.status import BatchStatus
 from herd.llm.follow import print_status
 from herd.llm.providers import registry
@@ -86,10 +89,18 @@ def eval_submit(
     paths: Annotated[
         list[Path], typer.Argument(metavar="PATH", help="Documents or folders (.txt .md .pdf).")
     ],
-    prompt: Annotated[Path, typer.Option(metavar="FILE", help="File with the system prompt.")],
+    prompt: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="File with the system prompt.")
+    ] = None,
     model: Annotated[
-        str, typer.Option(metavar="NAME", help="Model name as the provider knows it.")
-    ],
+        str | None, typer.Option(metavar="NAME", help="Model name as the provider knows it.")
+    ] = None,
+    pipeline: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE", help="A pipeline TOML (split, map, reduce, chain) instead of --prompt."
+        ),
+    ] = None,
     schema: Annotated[
         Path | None, typer.Option(metavar="FILE", help="JSON Schema file for the answer.")
     ] = None,
@@ -143,6 +154,17 @@ def eval_submit(
     """
     given = {"rpm": rpm, "tpm": tpm, "max_concurrent": max_concurrent}
     limits = {k: v for k, v in given.items() if v is not None} or None
+    if pipeline is not None:
+        if prompt is not None or model is not None or schema is not None:
+            raise _usage("give --pipeline, or --prompt and --model, not both", "--pipeline")
+        if batch_api:
+            raise _usage("a pipeline does not go through the Batch API yet", "--batch-api")
+        _submit_pipeline(ctx, paths, pipeline, batch=batch, priority=priority, wait=wait,
+                         concurrency=concurrency, budget=budget, limits=limits,
+                         as_json=as_json)  # fmt: skip
+        return
+    if prompt is None or model is None:
+        raise _usage("give --prompt and --model (or --pipeline FILE)", "--prompt")
     try:
         system = prompt.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -203,6 +225,66 @@ def eval_submit(
     if as_json:
         console.print_json({"batch": report.batch, "queued": report.queued,
                             "deduplicated": report.deduplicated, "errors": report.errors,
+                            "status": status.to_json() if status else None})  # fmt: skip
+    else:
+        console.out.print(f"batch {report.batch}")
+        if status:
+            print_status(status)
+    raise typer.Exit(code)
+
+
+async def _follow(app: App, batch: str, concurrency: int, debug: bool) -> tuple[int, BatchStatus]:
+    """Run workers here and follow ``batch`` to its end (submit --wait)."""
+    if not debug:  # the display says what the worker's INFO lines would
+        logging.getLogger("herd.worker").setLevel(logging.WARNING)
+    worker = Worker(app, queues=[QUEUE], concurrency=concurrency, poll_interval=0.2,
+                    install_signal_handlers=False, grace_period=10.0)  # fmt: skip
+    return await follow.follow(
+        app, batch, console.err, run_workers=worker.run, stop_workers=worker.stop
+    )
+
+
+def _submit_pipeline(
+    ctx: typer.Context, paths: list[Path], path: Path, *, batch: str | None, priority: int,
+    wait: bool, concurrency: int, budget: float | None, limits: dict[str, int] | None,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """`herd eval submit DOCS --pipeline FILE`: every stage checked before anything is
+    stored (one line, exit 2), the documents split and their first stage enqueued."""
+    opts = console.opts(ctx)
+    try:
+        pipe = load_pipeline(path)
+        check_pipeline(pipe, opts.settings, budget=budget, limits=limits, batch=batch)
+        missing = [p for p in paths if not p.exists()]
+        if missing:
+            raise InvalidInput(f"{missing[0]}: no such file or directory", field="paths")
+    except InvalidInput as exc:
+        raise _usage(str(exc), "--pipeline" if exc.field != "paths" else "PATHS") from None
+
+    async def work(app: App) -> tuple[Any, int, BatchStatus | None]:
+        from herd.builtin import tasks as builtin_tasks  # as eval_submit: for --wait
+
+        app.include(builtin_tasks)
+        report = await submit_pipeline(app, paths, pipe, batch=batch, priority=priority,
+                                       budget=budget, limits=limits)  # fmt: skip
+        console.err.print(
+            f"batch {report.batch}: {report.queued} pieces queued for stage"
+            f" {pipe.calls[0].name!r}, {len(report.errors)} unreadable",
+            soft_wrap=True,
+        )
+        for error in report.errors:
+            console.err.print(f"  skipped: {error}", soft_wrap=True)
+        if not wait:
+            return report, 1 if report.errors else 0, None
+        code, status = await _follow(app, report.batch, concurrency, opts.debug)
+        if report.errors and code == follow.ALL_ANSWERED:
+            code = follow.SOME_DEAD
+        return report, code, status
+
+    report, code, status = _run(ctx, work)
+    if as_json:
+        console.print_json({"batch": report.batch, "queued": report.queued,
+                            "errors": report.errors,
                             "status": status.to_json() if status else None})  # fmt: skip
     else:
         console.out.print(f"batch {report.batch}")
@@ -385,6 +467,26 @@ def eval_cancel(
         )
 
 
+def _stage_results(ctx: typer.Context, batch: str, stage: str, output: Path | None) -> None:
+    """`herd eval results BATCH --stage NAME`: one JSON line per piece of the stage."""
+
+    async def work(app: App) -> int:
+        sink = output.open("w", encoding="utf-8") if output else sys.stdout
+        n = 0
+        try:
+            async for row in stage_rows(app, batch, stage):
+                export.write_jsonl(sink, row)
+                n += 1
+        finally:
+            if sink is not sys.stdout:
+                sink.close()
+        return n
+
+    n = _run(ctx, work)
+    if output is not None:
+        console.err.print(f"wrote {n} rows to {output}")
+
+
 @eval_cli.command("results")
 def eval_results(
     ctx: typer.Context,
@@ -401,6 +503,14 @@ def eval_results(
             "--output", "-o", metavar="FILE", help="Write to this file (needed for parquet)."
         ),
     ] = None,
+    stage: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME",
+            help="A pipeline's stage: its answers per piece, with page, section"
+            " and characters (jsonl).",
+        ),
+    ] = None,
 ) -> None:
     """One row per document, dead ones included with their error.
 
@@ -414,6 +524,11 @@ def eval_results(
         raise _usage("use jsonl, csv or parquet", "--format")
     if fmt == "parquet" and output is None:
         raise _usage("parquet is written to a file: give --output FILE", "--output")
+    if stage is not None:
+        if fmt != "jsonl":
+            raise _usage("a stage's answers are written as jsonl", "--format")
+        _stage_results(ctx, name, stage, output)
+        return
 
     async def work(app: App) -> int:
         rt = await EvalRuntime.of(app)
