@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Request, status
+from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 
 from herd.api.deps import HerdApp
 from herd.api.models import (
@@ -19,12 +19,14 @@ from herd.api.models import (
     EvalIn,
     EvalOut,
     EvalStatusOut,
+    PlanOut,
     ResultPage,
 )
 from herd.api.security import CALLER_KEY
+from herd.cache.keys import normalize_document
 from herd.errors import InvalidInput
 from herd.llm import eval as evals
-from herd.llm.eval import results
+from herd.llm.eval import plan, results
 
 router = APIRouter(tags=["evaluations"])
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such batch"}}
@@ -45,10 +47,13 @@ Caller = Annotated[evals.Caller, Depends(_caller)]
     status_code=status.HTTP_201_CREATED,
     responses={409: {"model": ErrorOut, "description": "a batch name another caller made"}},
 )
-async def submit(body: EvalIn, app: HerdApp, caller: Caller) -> EvalOut:
+async def submit(
+    body: EvalIn, app: HerdApp, caller: Caller, response: Response
+) -> EvalOut | PlanOut:
     """Enqueue one evaluation per document; `herd worker` processes run them. Refused
     (422) before anything is enqueued: an invalid schema, a provider key that is not
-    set, an unpriced model with a budget; (409) a batch name another caller made."""
+    set, an unpriced model with a budget; (409) a batch name another caller made.
+    With `"plan": true` nothing is enqueued: 200 and what it would cost and take."""
     spec = evals.EvalSpec(
         model=body.model,
         system=body.system,
@@ -58,6 +63,13 @@ async def submit(body: EvalIn, app: HerdApp, caller: Caller) -> EvalOut:
     )
     given = {"rpm": body.rpm, "tpm": body.tpm, "max_concurrent": body.max_concurrent}
     limits = {k: v for k, v in given.items() if v is not None} or None
+    if body.plan:
+        from_texts = [(d.name, normalize_document(d.text)) for d in body.documents]
+        found = await plan.plan_items(app, spec, from_texts, batch_api=body.batch_api,
+                                      limits=limits, budget=body.budget,
+                                      batch=body.batch)  # fmt: skip
+        response.status_code = status.HTTP_200_OK
+        return PlanOut.model_validate(found.to_json())
     report = await evals.submit_texts(
         app, spec, {d.name: d.text for d in body.documents}, batch=body.batch,
         priority=body.priority, budget=body.budget, limits=limits, batch_api=body.batch_api,

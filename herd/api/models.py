@@ -339,6 +339,8 @@ class EvalIn(Strict):
     max_concurrent: Annotated[int, Field(ge=1)] | None = None
     # Through the provider's Batch API (herd.llm.eval.batchapi): half the price, within 24 h.
     batch_api: bool = False
+    # Enqueue nothing: answer what the submission would cost and take (PlanOut).
+    plan: bool = False
 
     @field_validator("json_schema", "params")
     @classmethod
@@ -357,6 +359,34 @@ class EvalOut(BaseModel):
     queued: int
     deduplicated: int
     job_ids: list[int]
+
+
+class PlanOut(BaseModel):
+    """What a submission would do (herd.llm.eval.plan): nothing enqueued or paid. Tokens
+    and dollars are those of the calls to make; ``usd`` the path asked for."""
+
+    provider: str
+    model: str
+    batch_api: bool
+    documents: int
+    unreadable: list[str]
+    unique: int  # distinct evaluations after dedup
+    cached: int  # answered by herd's exact cache
+    in_flight: int  # queued or running under an earlier submission
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    tokenizer: Literal["registered", "rule"]
+    prefix_tokens: int  # the shared prefix the provider caches, per call
+    provider_cached_input_tokens: int
+    provider_cache_share: float
+    sync_usd: float | None  # None: the model has no price
+    batch_usd: float | None  # None too where the provider has no Batch API
+    usd: float | None
+    limits: dict[str, float]
+    minutes: float | None  # at the limits in force; None: no rpm/tpm binds
+    binds: str | None
+    budget: float | None
 
 
 class ProviderCacheOut(BaseModel):

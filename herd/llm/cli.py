@@ -28,6 +28,8 @@ from herd.llm.eval import (
 )
 from herd.llm.eval import results as export
 from herd.llm.eval.money import dollars
+from herd.llm.eval.plan import Plan, plan_paths
+from herd.llm.eval.plan import render as render_plan
 from herd.llm.eval.spec import QUEUE, check_budget
 from herd.llm.eval.status import BatchStatus
 from herd.llm.follow import print_status
@@ -117,6 +119,14 @@ def eval_submit(
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
+    plan: Annotated[
+        bool,
+        typer.Option(
+            "--plan",
+            help="Enqueue nothing: print the documents, tokens, dollars (synchronous and"
+            " Batch API), provider-cache share and time at the limits.",
+        ),
+    ] = False,
 ) -> None:
     """Enqueue one evaluation per document (identical ones are evaluated once)."""
     given = {"rpm": rpm, "tpm": tpm, "max_concurrent": max_concurrent}
@@ -145,6 +155,10 @@ def eval_submit(
                 "provider": "--provider", "batch_api": "--batch-api",
                 "paths": "PATHS"}.get((exc.field or "").split(".")[0])  # fmt: skip
         raise _usage(str(exc), hint) from None
+    if plan:
+        _print_plan(ctx, paths, spec, limits=limits, batch_api=batch_api, budget=budget,
+                    batch=batch, as_json=as_json)  # fmt: skip
+        return
 
     async def work(app: App) -> tuple[Any, int, BatchStatus | None]:
         from herd.builtin import tasks as builtin_tasks  # the worker's tasks, for --wait
@@ -187,6 +201,25 @@ def eval_submit(
         if status:
             print_status(status)
     raise typer.Exit(code)
+
+
+def _print_plan(ctx: typer.Context, paths: list[Path], spec: EvalSpec, *,
+                limits: dict[str, Any] | None, batch_api: bool, budget: float | None,
+                batch: str | None, as_json: bool) -> None:  # fmt: skip
+    """``submit --plan``: what the submission would cost and take; nothing enqueued."""
+
+    async def work(app: App) -> Plan:
+        return await plan_paths(app, paths, spec, limits=limits, batch_api=batch_api,
+                                budget=budget, batch=batch)  # fmt: skip
+
+    found: Plan = _run(ctx, work)
+    if as_json:
+        console.print_json(found.to_json())
+        return
+    for line in render_plan(found):
+        console.out.print(line, soft_wrap=True, highlight=False, markup=False)
+    for error in found.unreadable:
+        console.err.print(f"  unreadable: {error}", soft_wrap=True)
 
 
 @eval_cli.command("wait", epilog=follow.EXIT_CODES)
