@@ -70,10 +70,11 @@ SCHEMA: dict[str, Any] = {
 }
 PROMPT = "You grade reports. Rate clarity from 1 to 5 and label it. Answer in JSON only."
 WORDS = (
-    "the of and to a in is that for it as was with be by on not this are at from which"
-    " ledger contract river harvest signal archive committee budget engine winter clause"
-    " measure survey council border witness repair market station licence quarter tenant"
-).split()
+    "the", "of", "and", "to", "a", "in", "is", "that", "for", "it", "as", "was", "with",
+    "be", "by", "on", "not", "this", "are", "at", "from", "which", "ledger", "contract",
+    "river", "harvest", "signal", "archive", "committee", "budget", "engine", "winter",
+    "clause", "measure", "survey", "council", "border", "witness", "repair", "market",
+)  # fmt: skip
 MODES = (("sync", False, False), ("sync+rubric", False, True),
          ("batch", True, False), ("batch+rubric", True, True))  # fmt: skip
 
@@ -215,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         usd = [f"${r[k]:.4f}" for k in ("billed_usd", "planned_usd", "planned_usd_rule")]
         print(f"{r['mode']:<14}{usd[0]:>11}{usd[1]:>11}"
               f"{r['error']:>8}{usd[2]:>11}{r['error_rule']:>8}"
-              f"{r['provider_cache_share']:>7.0%}{planned_min:>9}{r['wall_min']:>9.2f}")  # fmt: skip
+              f"{r['provider_cache_share']:>7.0%}{planned_min:>9}"
+              f"{r['wall_min']:>9.2f}")  # fmt: skip
     worst = max(abs(float(r["error"].rstrip("%"))) for r in rows if r["error"] != "n/a")
     print(f"worst error with the tokenizer: {worst:.1f}% (goal: within 10%)")
     return 0 if worst <= 10 else 1
