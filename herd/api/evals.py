@@ -73,7 +73,7 @@ async def submit(
     report = await evals.submit_texts(
         app, spec, {d.name: d.text for d in body.documents}, batch=body.batch,
         priority=body.priority, budget=body.budget, limits=limits, batch_api=body.batch_api,
-        caller=caller,
+        caller=caller, fallbacks=body.fallbacks,
     )  # fmt: skip
     return EvalOut(batch=report.batch, queued=report.queued,
                    deduplicated=report.deduplicated, job_ids=report.job_ids)  # fmt: skip

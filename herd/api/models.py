@@ -341,6 +341,8 @@ class EvalIn(Strict):
     batch_api: bool = False
     # Enqueue nothing: answer what the submission would cost and take (PlanOut).
     plan: bool = False
+    # provider:model, in order, to move to while the model is unavailable.
+    fallbacks: Annotated[list[SafeText], Field(max_length=4)] = Field(default_factory=list)
 
     @field_validator("json_schema", "params")
     @classmethod

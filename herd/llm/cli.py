@@ -119,6 +119,14 @@ def eval_submit(
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
+    fallback: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--fallback",
+            help="provider:model to move to while the model is unavailable; repeat for"
+            " an ordered list.",
+        ),
+    ] = None,
     plan: Annotated[
         bool,
         typer.Option(
@@ -131,6 +139,7 @@ def eval_submit(
     """Enqueue one evaluation per document (identical ones are evaluated once)."""
     given = {"rpm": rpm, "tpm": tpm, "max_concurrent": max_concurrent}
     limits = {k: v for k, v in given.items() if v is not None} or None
+    fallbacks = fallback or []
     try:
         system = prompt.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -146,13 +155,13 @@ def eval_submit(
         )
         # Checked here too, so a mistake is a usage error before the store is opened.
         check_submission(spec, opts.settings, budget=budget, limits=limits,
-                         batch_api=batch_api, batch=batch)  # fmt: skip
+                         batch_api=batch_api, batch=batch, fallbacks=fallbacks)  # fmt: skip
         missing = [p for p in paths if not p.exists()]
         if missing:
             raise InvalidInput(f"{missing[0]}: no such file or directory", field="paths")
     except InvalidInput as exc:
         hint = {"schema": "--schema", "params": "--params", "budget": "--budget",
-                "provider": "--provider", "batch_api": "--batch-api",
+                "provider": "--provider", "batch_api": "--batch-api", "fallbacks": "--fallback",
                 "paths": "PATHS"}.get((exc.field or "").split(".")[0])  # fmt: skip
         raise _usage(str(exc), hint) from None
     if plan:
@@ -170,7 +179,8 @@ def eval_submit(
                 console.err.print(f"submitting: {n}/{total} documents read", soft_wrap=True)
 
         report = await submit(app, paths, spec, batch=batch, priority=priority, progress=read,
-                              budget=budget, limits=limits, batch_api=batch_api)  # fmt: skip
+                              budget=budget, limits=limits, batch_api=batch_api,
+                              fallbacks=fallbacks)  # fmt: skip
         console.err.print(
             f"batch {report.batch}: {report.queued} queued, {report.deduplicated} already"
             f" queued or answered, {len(report.errors)} unreadable",
