@@ -14,6 +14,7 @@ from herd import App
 from herd.errors import InvalidInput
 from herd.llm import eval as evaluate
 from herd.llm.eval import EvalRuntime, EvalSpec, batch_status, enqueue_documents
+from herd.llm.eval import results as export
 from herd.llm.eval.fallback import breaker_of
 from herd.llm.eval.fallback import specs as fallback_specs
 from tests.conftest import truncate
@@ -56,13 +57,15 @@ async def app(pg_url, sim, monkeypatch, tmp_path):
         yield the_app
 
 
-async def run(app: App, batch: str, items: list[tuple[str, str]], **kw: Any) -> list[dict]:
+async def run(
+    app: App, batch: str, items: list[tuple[str, str]], concurrency: int = 2, **kw: Any
+) -> list[dict]:
     await enqueue_documents(app, SPEC, batch, items, **kw)
 
     async def finished() -> bool:
         return (await batch_status(app, batch)).finished
 
-    await run_until(app, finished, concurrency=2)
+    await run_until(app, finished, concurrency=concurrency)
     rt = await EvalRuntime.of(app)
     rows = await rt.store.execute(
         "SELECT status, result FROM herd_eval_items WHERE batch = %s ORDER BY path", (batch,)
@@ -96,12 +99,18 @@ async def test_calls_move_to_the_fallback_while_the_model_is_down_and_back_after
         assert await rt.cache.get(SPEC.key(text)) is None  # never under the model's key
         assert await rt.cache.get(FALLBACK.key(text)) is not None
     assert sim.stats()["spell_errors"].get("sim-main", 0) >= 1
+    # The results name each answer's model, and its cost is its own call's.
+    exported = [row async for row in export.rows(app, "outage")]
+    assert {(r["model"], r["source"]) for r in exported} == {("claude-fb", "call")}
+    assert all(r["cost"] and r["input_tokens"] for r in exported)
 
     # The model answers again: once the cooldown is over, calls move back to it.
     sim.configure(spells=[])
     breaker = breaker_of(app)
-    await eventually(lambda: breaker.available(SPEC), timeout=10)
-    back = await run(app, "recovered", docs("r"), fallbacks=FALLBACKS)
+    await eventually(lambda: not breaker.passed_over(SPEC), timeout=10)
+    # One call probes it (concurrent ones keep to the fallback until it is answered):
+    # one at a time, every call after the probe is the model's.
+    back = await run(app, "recovered", docs("r"), concurrency=1, fallbacks=FALLBACKS)
     assert {(r["model"], r.get("fallback")) for r in back} == {("sim-main", None)}
     # The documents the fallback answered are asked of the model itself, not served
     # the fallback's cached answers.

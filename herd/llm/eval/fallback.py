@@ -8,7 +8,7 @@ fails past the provider client's retries with a 5xx or 529 or a connection that 
 answers, when the provider refuses its key or model (401, 403, 404), or when a 429 asks
 for a pause longer than HERD_FALLBACK_AFTER. The call then goes to the next model in the
 list, and the model is passed over by this process for HERD_FALLBACK_COOLDOWN seconds;
-after that the next call tries it again, and it is back when that call is answered.
+after that one call tries it again, and it is back when that call is answered.
 
 An answer is cached under the key of the model that gave it (herd.llm.eval.spec.
 EvalSpec.key names the provider and model), so it is never served as another model's:
@@ -136,10 +136,24 @@ class Breaker:
         return f"{spec.provider}:{spec.model}"
 
     def available(self, spec: EvalSpec) -> bool:
-        return self._until.get(self.name(spec), 0.0) <= time.monotonic()
+        """Whether a call may try ``spec``'s model: yes unless it is passed over; once its
+        cooldown is over, one call tries it (the others keep to the fallback until that
+        call is answered, or fails and passes it over again)."""
+        name, now = self.name(spec), time.monotonic()
+        until = self._until.get(name)
+        if until is None:
+            return True
+        if until > now:
+            return False
+        self._until[name] = now + self.cooldown  # this caller probes it
+        return True
+
+    def passed_over(self, spec: EvalSpec) -> bool:
+        """Whether ``spec``'s model is passed over now (read-only: no probe is taken)."""
+        return self._until.get(self.name(spec), 0.0) > time.monotonic()
 
     def trip(self, spec: EvalSpec, reason: str) -> None:
-        if self.available(spec):
+        if self.name(spec) not in self._until:
             log.warning("%s: %s; moving to the fallback for %g s", self.name(spec),
                         reason, self.cooldown)  # fmt: skip
         self._until[self.name(spec)] = time.monotonic() + self.cooldown

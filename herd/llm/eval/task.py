@@ -369,7 +369,7 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
                               model=model_spec.model, provider=model_spec.provider)  # fmt: skip
     result = {"key": key, "path": payload.get("path"), "source": found.source, **dict(found.value)}
     if n:  # answered by a fallback: its model is in the answer, its provider and rank here
-        result.update(provider=model_spec.provider, fallback=n)
+        result.update(provider=model_spec.provider, fallback=n, answered_key=model_key)
     async with fenced(ctx, rt.store) as conn:  # lands only while this job's lease holds
         await EvalStore.on(conn, "job_done", source=found.source, result=Jsonb(result),
                            job=ctx.job_id, key=key)  # fmt: skip
