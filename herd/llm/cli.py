@@ -123,6 +123,7 @@ def eval_submit(
         list[str] | None,
         typer.Option(
             "--fallback",
+            metavar="PROVIDER:MODEL",
             help="provider:model to move to while the model is unavailable; repeat for"
             " an ordered list.",
         ),
