@@ -143,7 +143,17 @@ class Evaluation:
             self.limit = self.rt.limit_for(self.spec, self.plain.key_id)
             self.batch_limit = await self.rt.batch_limit(self.batch)
         if self.limit or self.batch_limit:
-            self.provider = self.rt.provider(self.spec, limited=True)
+            self.provider = self.rt.provider(self.spec, limited=True, failover=self.failover)
+
+    @property
+    def failover(self) -> bool:
+        return self.fallback_after is not None
+
+    def fall_back_after(self, seconds: float) -> None:
+        """This call has a fallback: the model's unavailability, or a 429 pause longer than
+        ``seconds``, raises ModelUnavailable; a 5xx is retried once, not backed off."""
+        self.fallback_after = seconds
+        self.plain = self.provider = self.rt.provider(self.spec, failover=True)
 
     def priced(self, i: int, o: int = 0) -> Decimal | None:
         return None if self.price is None else money(self.price.cost(Usage(i, o)))
@@ -342,7 +352,7 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         model_key = key if n == 0 else model_spec.key(document)
         run = Evaluation(rt, ctx, {**payload, "key": model_key}, model_spec)
         if not last:
-            run.fallback_after = float(ctx.app.settings.fallback_after)
+            run.fall_back_after(float(ctx.app.settings.fallback_after))
             if not breaker.available(model_spec) and await rt.cache.get(model_key) is None:
                 continue
         await run.limited()

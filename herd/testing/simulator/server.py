@@ -64,7 +64,7 @@ from typing import Any
 from herd.errors import ConfigError
 from herd.testing.simulator import batches
 from herd.testing.simulator.config import SimConfig
-from herd.testing.simulator.exchange import MAX_BODY_BYTES, Exchange, same_key
+from herd.testing.simulator.exchange import MAX_BODY_BYTES, Exchange, given_key, same_key
 from herd.testing.simulator.limits import Verdict, headers_for
 from herd.testing.simulator.spells import error_of
 from herd.testing.simulator.state import SimState
@@ -196,9 +196,7 @@ class _Handler(Exchange):
             key = state.config.api_key
             retry_after = state.config.retry_after
             hang_max = state.config.hang_max
-        bearer = (self.headers.get("authorization") or "").removeprefix("Bearer ").strip()
-        # Anthropic's SDK sends the key as x-api-key, or (2.x) as a bearer token.
-        given = (self.headers.get("x-api-key") or bearer or None) if api == "anthropic" else bearer
+        given = given_key(self.headers, api)
         if key is not None and not same_key(given, key):
             # Like the real services, the refusal names the key it got: the clients must
             # keep it out of their errors and logs.
