@@ -345,7 +345,10 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     document = await rt.store.document(payload["doc"])
     # The batch's model, then its fallbacks in order: a model found unavailable is passed
     # over for a while (fallback.Breaker); each answer is cached under its own model's key.
-    chain = [spec, *fallback.specs(spec, payload.get("fallbacks") or [])]
+    try:
+        chain = [spec, *fallback.specs(spec, payload.get("fallbacks") or [])]
+    except InvalidInput as exc:  # a provider this process does not know (any more)
+        raise Fatal(f"fallbacks: {exc}") from None
     breaker = fallback.breaker_of(ctx.app)
     for n, model_spec in enumerate(chain):
         last = n == len(chain) - 1
