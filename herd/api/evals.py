@@ -67,7 +67,7 @@ async def submit(
         from_texts = [(d.name, normalize_document(d.text)) for d in body.documents]
         found = await plan.plan_items(app, spec, from_texts, batch_api=body.batch_api,
                                       limits=limits, budget=body.budget,
-                                      batch=body.batch)  # fmt: skip
+                                      batch=body.batch, fallbacks=body.fallbacks)  # fmt: skip
         response.status_code = status.HTTP_200_OK
         return PlanOut.model_validate(found.to_json())
     report = await evals.submit_texts(

@@ -167,7 +167,7 @@ def eval_submit(
         raise _usage(str(exc), hint) from None
     if plan:
         _print_plan(ctx, paths, spec, limits=limits, batch_api=batch_api, budget=budget,
-                    batch=batch, as_json=as_json)  # fmt: skip
+                    batch=batch, fallbacks=fallbacks, as_json=as_json)  # fmt: skip
         return
 
     async def work(app: App) -> tuple[Any, int, BatchStatus | None]:
@@ -216,12 +216,12 @@ def eval_submit(
 
 def _print_plan(ctx: typer.Context, paths: list[Path], spec: EvalSpec, *,
                 limits: dict[str, Any] | None, batch_api: bool, budget: float | None,
-                batch: str | None, as_json: bool) -> None:  # fmt: skip
+                batch: str | None, fallbacks: list[str], as_json: bool) -> None:  # fmt: skip
     """``submit --plan``: what the submission would cost and take; nothing enqueued."""
 
     async def work(app: App) -> Plan:
         return await plan_paths(app, paths, spec, limits=limits, batch_api=batch_api,
-                                budget=budget, batch=batch)  # fmt: skip
+                                budget=budget, batch=batch, fallbacks=fallbacks)  # fmt: skip
 
     found: Plan = _run(ctx, work)
     if as_json:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -207,10 +207,13 @@ async def plan_items(
     budget: float | None = None,
     batch: str | None = None,
     unreadable: list[str] | None = None,
+    fallbacks: Sequence[str] = (),
 ) -> Plan:
-    """The plan of (name, normalized text) items, checked as a submission is."""
+    """The plan of (name, normalized text) items, checked as a submission is (the
+    fallbacks too; the plan prices the batch's own model)."""
     budget, checked = check_submission(spec, app.settings, budget=budget, limits=limits,
-                                       batch_api=batch_api, batch=batch)  # fmt: skip
+                                       batch_api=batch_api, batch=batch,
+                                       fallbacks=fallbacks)  # fmt: skip
     rt = await EvalRuntime.of(app)
     keys = {spec.key(text): text for _, text in items}
     found = await asyncio.gather(*(rt.cache.get(k) for k in keys))
@@ -241,10 +244,11 @@ async def plan_paths(
     limits: dict[str, Any] | None = None,
     budget: float | None = None,
     batch: str | None = None,
+    fallbacks: Sequence[str] = (),
 ) -> Plan:
     """The plan of the documents under ``paths``, read as ``submit`` reads them."""
     check_submission(spec, app.settings, budget=budget, limits=limits, batch_api=batch_api,
-                     batch=batch)  # fmt: skip
+                     batch=batch, fallbacks=fallbacks)  # fmt: skip
     items: list[tuple[str, str]] = []
     errors: list[str] = []
     for path in check_paths(paths):
@@ -253,7 +257,8 @@ async def plan_paths(
         except DocumentError as exc:
             errors.append(str(exc))
     return await plan_items(app, spec, items, batch_api=batch_api, limits=limits,
-                            budget=budget, batch=batch, unreadable=errors)  # fmt: skip
+                            budget=budget, batch=batch, unreadable=errors,
+                            fallbacks=fallbacks)  # fmt: skip
 
 
 def _n(value: int) -> str:
