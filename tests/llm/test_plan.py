@@ -175,3 +175,23 @@ async def test_api_plan_answers_200_and_enqueues_nothing(app, sim):
         assert refused.status_code == 422
     assert await jobs(app) == 0
     assert sim.stats()["billed"] == 0
+
+
+def test_anthropic_prefix_is_written_once_then_read_at_its_rates():
+    # A registered tokenizer: 4 characters a token, so the figures are exact.
+    register_tokenizer("claude-plan-test", estimate_tokens)
+    system = "abcd" * 1500  # 1,500 tokens: past Sonnet's 1,024 minimum
+    spec = EvalSpec(model="claude-plan-test", system=system, provider="anthropic",
+                    params={"max_tokens": 10})  # fmt: skip
+    price = Price.of("claude-plan-test", 3.0, 15.0)  # reads 0.1 x, writes 1.25 x
+    plan = estimate(spec, ["efgh" * 100] * 3, price, default_max=4096, batch_api=False,
+                    has_batch=True)  # fmt: skip
+    i = 3 + (4 + 1500) + (4 + 100)  # the limiter's estimate: per request and message
+    assert (plan.prefix_tokens, plan.cached_input_tokens) == (1500, 2 * 1500)
+    first = (i - 1500) * 3.0 + 1500 * 3.0 * 1.25 + 10 * 15.0
+    others = (i - 1500) * 3.0 + 1500 * 0.3 + 10 * 15.0
+    assert plan.sync_usd == pytest.approx(Decimal(str((first + 2 * others) / 1e6)))
+    off = EvalSpec(model="claude-plan-test", system=system, provider="anthropic",
+                   params={"max_tokens": 10, "prompt_cache": False})  # fmt: skip
+    assert estimate(off, ["x", "y"], price, default_max=4096, batch_api=False,
+                    has_batch=True).prefix_tokens == 0  # fmt: skip
