@@ -33,6 +33,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from herd import App, Worker  # noqa: E402
+from herd.builtin import tasks as builtin_tasks  # noqa: E402
 from herd.embedded import embedded_server  # noqa: E402
 from herd.llm.eval import EvalRuntime, EvalSpec, batch_status, enqueue_documents  # noqa: E402
 from herd.llm.eval.spec import QUEUE  # noqa: E402
@@ -56,8 +57,6 @@ def documents(n: int, tag: str) -> list[tuple[str, str]]:
 
 async def run(args: argparse.Namespace, url: str, sim_url: str, name: str) -> dict[str, Any]:
     app = App(database_url=url)
-    from herd.builtin import tasks as builtin_tasks
-
     app.include(builtin_tasks)
     spec = EvalSpec(model=MODEL, system=f"Rate the report from 1 to 5 ({name}).", schema=SCHEMA)
     docs = documents(args.docs, name)

@@ -47,6 +47,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from herd import App, Worker  # noqa: E402
+from herd.builtin import tasks as builtin_tasks  # noqa: E402
 from herd.cache.keys import normalize_document  # noqa: E402
 from herd.embedded import embedded_server  # noqa: E402
 from herd.limits.tokens import register_tokenizer  # noqa: E402
@@ -141,8 +142,6 @@ def pct(planned: Decimal | None, actual: Decimal) -> str:
 
 async def main_async(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
     app = App(database_url=url)
-    from herd.builtin import tasks as builtin_tasks
-
     app.include(builtin_tasks)
     rows: list[dict[str, Any]] = []
     async with app:
