@@ -28,6 +28,10 @@ THROUGHPUT_TTL = 2 * 86400
 # batch, short enough that answers of a model alias that has since moved on expire.
 LEDGER_TTL = 90 * 86400
 LIMIT_MAX_WAIT = 30
+# Fallbacks (herd.llm.eval.fallback): how long a model found unavailable is passed over
+# before a call tries it again, and the longest 429 pause waited out before moving on.
+FALLBACK_COOLDOWN = 30
+FALLBACK_AFTER = 60
 EVAL_TTL = 30 * 86400
 CACHE_TTL = 30 * 86400
 
@@ -137,6 +141,10 @@ class Settings:
     # Seconds a call may wait for capacity under a provider limit before its job is handed
     # back with a delay (no attempt counted) instead of holding a worker slot.
     limit_max_wait: int = LIMIT_MAX_WAIT
+    # Fallbacks: seconds a model found unavailable is passed over (then tried again), and
+    # the longest pause a 429 asks for that a batch with a fallback waits out.
+    fallback_cooldown: int = FALLBACK_COOLDOWN
+    fallback_after: int = FALLBACK_AFTER
     # How a request that a provider batch answered with an error, or let expire, gets its
     # one retry: "sync" (a synchronous call at the full price) or "batch" (a new provider
     # batch, half price, up to a day later). A second failure is dead-lettered.
@@ -213,6 +221,12 @@ class Settings:
             pg_pool_size=_bytes(env, "HERD_PG_POOL_SIZE", 0, unit="connections") or None,
             limits_path=Path(env["HERD_LIMITS"]).expanduser() if env.get("HERD_LIMITS") else None,
             limit_max_wait=_bytes(env, "HERD_LIMIT_MAX_WAIT", LIMIT_MAX_WAIT, unit="seconds"),
+            fallback_cooldown=_bytes(
+                env, "HERD_FALLBACK_COOLDOWN", FALLBACK_COOLDOWN, unit="seconds", zero=True
+            ),
+            fallback_after=_bytes(
+                env, "HERD_FALLBACK_AFTER", FALLBACK_AFTER, unit="seconds", zero=True
+            ),
             eval_batch_retry=_choice(env, "HERD_EVAL_BATCH_RETRY", ("sync", "batch")),
             semantic_mode=_choice(env, "HERD_SEMANTIC_MODE", ("guarded", "bounded")),
             semantic_error_bound=_probability(env, "HERD_SEMANTIC_ERROR_BOUND", 0.05),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Request, status
+from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 
 from herd.api.deps import HerdApp
 from herd.api.models import (
@@ -19,12 +19,14 @@ from herd.api.models import (
     EvalIn,
     EvalOut,
     EvalStatusOut,
+    PlanOut,
     ResultPage,
 )
 from herd.api.security import CALLER_KEY
+from herd.cache.keys import normalize_document
 from herd.errors import InvalidInput
 from herd.llm import eval as evals
-from herd.llm.eval import pipeline, results
+from herd.llm.eval import pipeline, plan, results
 from herd.llm.eval.pipesubmit import submit_pipeline_texts
 
 router = APIRouter(tags=["evaluations"])
@@ -46,14 +48,19 @@ Caller = Annotated[evals.Caller, Depends(_caller)]
     status_code=status.HTTP_201_CREATED,
     responses={409: {"model": ErrorOut, "description": "a batch name another caller made"}},
 )
-async def submit(body: EvalIn, app: HerdApp, caller: Caller) -> EvalOut:
+async def submit(
+    body: EvalIn, app: HerdApp, caller: Caller, response: Response
+) -> EvalOut | PlanOut:
     """Enqueue one evaluation per document; `herd worker` processes run them. Refused
     (422) before anything is enqueued: an invalid schema, a provider key that is not
-    set, an unpriced model with a budget; (409) a batch name another caller made."""
+    set, an unpriced model with a budget; (409) a batch name another caller made.
+    With `"plan": true` nothing is enqueued: 200 and what it would cost and take."""
     given = {"rpm": body.rpm, "tpm": body.tpm, "max_concurrent": body.max_concurrent}
     limits = {k: v for k, v in given.items() if v is not None} or None
     documents = {d.name: d.text for d in body.documents}
     if body.pipeline is not None:
+        if body.plan or body.fallbacks:
+            raise InvalidInput("a pipeline takes no plan or fallbacks yet: submit it without them")
         report = await submit_pipeline_texts(
             app, pipeline.from_json(body.pipeline), documents, batch=body.batch,
             priority=body.priority, budget=body.budget, limits=limits, caller=caller,
@@ -67,10 +74,17 @@ async def submit(body: EvalIn, app: HerdApp, caller: Caller) -> EvalOut:
         provider=body.provider,
         params=body.params,
     )
+    if body.plan:
+        from_texts = [(d.name, normalize_document(d.text)) for d in body.documents]
+        found = await plan.plan_items(app, spec, from_texts, batch_api=body.batch_api,
+                                      limits=limits, budget=body.budget,
+                                      batch=body.batch, fallbacks=body.fallbacks)  # fmt: skip
+        response.status_code = status.HTTP_200_OK
+        return PlanOut.model_validate(found.to_json())
     report = await evals.submit_texts(
         app, spec, documents, batch=body.batch,
         priority=body.priority, budget=body.budget, limits=limits, batch_api=body.batch_api,
-        caller=caller,
+        caller=caller, fallbacks=body.fallbacks,
     )  # fmt: skip
     return EvalOut(batch=report.batch, queued=report.queued,
                    deduplicated=report.deduplicated, job_ids=report.job_ids)  # fmt: skip

@@ -343,6 +343,10 @@ class EvalIn(Strict):
     max_concurrent: Annotated[int, Field(ge=1)] | None = None
     # Through the provider's Batch API (herd.llm.eval.batchapi): half the price, within 24 h.
     batch_api: bool = False
+    # Enqueue nothing: answer what the submission would cost and take (PlanOut).
+    plan: bool = False
+    # provider:model, in order, to move to while the model is unavailable.
+    fallbacks: Annotated[list[SafeText], Field(max_length=4)] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _one_kind(self) -> EvalIn:
@@ -372,6 +376,34 @@ class EvalOut(BaseModel):
     queued: int
     deduplicated: int
     job_ids: list[int]
+
+
+class PlanOut(BaseModel):
+    """What a submission would do (herd.llm.eval.plan): nothing enqueued or paid. Tokens
+    and dollars are those of the calls to make; ``usd`` the path asked for."""
+
+    provider: str
+    model: str
+    batch_api: bool
+    documents: int
+    unreadable: list[str]
+    unique: int  # distinct evaluations after dedup
+    cached: int  # answered by herd's exact cache
+    in_flight: int  # queued or running under an earlier submission
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    tokenizer: Literal["registered", "rule"]
+    prefix_tokens: int  # the shared prefix the provider caches, per call
+    provider_cached_input_tokens: int
+    provider_cache_share: float
+    sync_usd: float | None  # None: the model has no price
+    batch_usd: float | None  # None too where the provider has no Batch API
+    usd: float | None
+    limits: dict[str, float]
+    minutes: float | None  # at the limits in force; None: no rpm/tpm binds
+    binds: str | None
+    budget: float | None
 
 
 class ProviderCacheOut(BaseModel):

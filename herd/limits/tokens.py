@@ -32,6 +32,11 @@ def register_tokenizer(model_prefix: str, count: Callable[[str], int]) -> None:
     _TOKENIZERS[model_prefix] = count
 
 
+def has_tokenizer(model: str) -> bool:
+    """Whether a registered tokenizer counts ``model``'s tokens (else the rule does)."""
+    return any(model.startswith(prefix) for prefix in _TOKENIZERS)
+
+
 def count_text(text: str, model: str = "") -> int:
     for prefix in sorted(_TOKENIZERS, key=len, reverse=True):
         if model.startswith(prefix):

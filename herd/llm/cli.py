@@ -30,6 +30,8 @@ from herd.llm.eval import results as export
 from herd.llm.eval.money import dollars
 from herd.llm.eval.pipeline import load as load_pipeline
 from herd.llm.eval.pipesubmit import check_pipeline, submit_pipeline
+from herd.llm.eval.plan import Plan, plan_paths
+from herd.llm.eval.plan import render as render_plan
 from herd.llm.eval.spec import QUEUE, check_budget
 from herd.llm.eval.stageview import stage_rows
 from herd.llm.eval.status import BatchStatus
@@ -147,6 +149,23 @@ def eval_submit(
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
+    fallback: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--fallback",
+            metavar="PROVIDER:MODEL",
+            help="provider:model to move to while the model is unavailable; repeat for"
+            " an ordered list.",
+        ),
+    ] = None,
+    plan: Annotated[
+        bool,
+        typer.Option(
+            "--plan",
+            help="Enqueue nothing: print the documents, tokens, dollars (synchronous and"
+            " Batch API), provider-cache share and time at the limits.",
+        ),
+    ] = False,
 ) -> None:
     """Enqueue one evaluation per document.
 
@@ -159,12 +178,15 @@ def eval_submit(
             raise _usage("give --pipeline, or --prompt and --model, not both", "--pipeline")
         if batch_api:
             raise _usage("a pipeline does not go through the Batch API yet", "--batch-api")
+        if plan or fallback:
+            raise _usage("a pipeline takes no --plan or --fallback yet", "--pipeline")
         _submit_pipeline(ctx, paths, pipeline, batch=batch, priority=priority, wait=wait,
                          concurrency=concurrency, budget=budget, limits=limits,
                          as_json=as_json)  # fmt: skip
         return
     if prompt is None or model is None:
         raise _usage("give --prompt and --model (or --pipeline FILE)", "--prompt")
+    fallbacks = fallback or []
     try:
         system = prompt.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -180,15 +202,19 @@ def eval_submit(
         )
         # Checked here too, so a mistake is a usage error before the store is opened.
         check_submission(spec, opts.settings, budget=budget, limits=limits,
-                         batch_api=batch_api, batch=batch)  # fmt: skip
+                         batch_api=batch_api, batch=batch, fallbacks=fallbacks)  # fmt: skip
         missing = [p for p in paths if not p.exists()]
         if missing:
             raise InvalidInput(f"{missing[0]}: no such file or directory", field="paths")
     except InvalidInput as exc:
         hint = {"schema": "--schema", "params": "--params", "budget": "--budget",
-                "provider": "--provider", "batch_api": "--batch-api",
+                "provider": "--provider", "batch_api": "--batch-api", "fallbacks": "--fallback",
                 "paths": "PATHS"}.get((exc.field or "").split(".")[0])  # fmt: skip
         raise _usage(str(exc), hint) from None
+    if plan:
+        _print_plan(ctx, paths, spec, limits=limits, batch_api=batch_api, budget=budget,
+                    batch=batch, fallbacks=fallbacks, as_json=as_json)  # fmt: skip
+        return
 
     async def work(app: App) -> tuple[Any, int, BatchStatus | None]:
         from herd.builtin import tasks as builtin_tasks  # the worker's tasks, for --wait
@@ -200,7 +226,8 @@ def eval_submit(
                 console.err.print(f"submitting: {n}/{total} documents read", soft_wrap=True)
 
         report = await submit(app, paths, spec, batch=batch, priority=priority, progress=read,
-                              budget=budget, limits=limits, batch_api=batch_api)  # fmt: skip
+                              budget=budget, limits=limits, batch_api=batch_api,
+                              fallbacks=fallbacks)  # fmt: skip
         console.err.print(
             f"batch {report.batch}: {report.queued} queued, {report.deduplicated} already"
             f" queued or answered, {len(report.errors)} unreadable",
@@ -291,6 +318,25 @@ def _submit_pipeline(
         if status:
             print_status(status)
     raise typer.Exit(code)
+
+
+def _print_plan(ctx: typer.Context, paths: list[Path], spec: EvalSpec, *,
+                limits: dict[str, Any] | None, batch_api: bool, budget: float | None,
+                batch: str | None, fallbacks: list[str], as_json: bool) -> None:  # fmt: skip
+    """``submit --plan``: what the submission would cost and take; nothing enqueued."""
+
+    async def work(app: App) -> Plan:
+        return await plan_paths(app, paths, spec, limits=limits, batch_api=batch_api,
+                                budget=budget, batch=batch, fallbacks=fallbacks)  # fmt: skip
+
+    found: Plan = _run(ctx, work)
+    if as_json:
+        console.print_json(found.to_json())
+        return
+    for line in render_plan(found):
+        console.out.print(line, soft_wrap=True, highlight=False, markup=False)
+    for error in found.unreadable:
+        console.err.print(f"  unreadable: {error}", soft_wrap=True)
 
 
 @eval_cli.command("wait", epilog=follow.EXIT_CODES)

@@ -93,6 +93,8 @@ def test_flags_set_the_behaviour_at_start(tmp_path) -> None:
         "batch_expire": False,
         "prompt_cache_ttl": 60.0,
         "batch_result_faults": [],
+        "spells": [],
+        "keys": {},
     }
     assert first.status_code == 500
     assert (second.status_code, second.headers["retry-after"]) == (429, "2")

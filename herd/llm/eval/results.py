@@ -39,16 +39,23 @@ async def rows(
             return
         waiting = sorted({r[4] for r in page if r[1] in ("queued", "parked")})
         jobs = {j.id: j for j in await jobs_of(app, waiting)}
-        calls = await rt.store.key_calls(batch, sorted({r[5] for r in page}))
+        calls = await rt.store.key_calls(batch, sorted({_paid_key(r[3], r[5]) for r in page}))
         staged = await doc_calls(rt, batch, [r[0] for r in page if r[4] == 0])
         for path, status, source, result, job_id, key, at, model, _provider in page:
             if job_id == 0:  # a pipeline's document: its stages' jobs answer it
                 yield _row(path, status, source, result, PIPELINE, staged.get(path), model, at)
                 continue
-            yield _row(path, status, source, result, jobs.get(job_id), calls.get(key), model, at)
+            paid = calls.get(_paid_key(result, key))
+            yield _row(path, status, source, result, jobs.get(job_id), paid, model, at)
         after = page[-1][0]
         if left is not None:
             left -= len(page)
+
+
+def _paid_key(result: Any, key: str) -> str:
+    """The key the answer's calls were made under: a fallback's own (fallback.py)."""
+    found = result.get("answered_key") if isinstance(result, dict) else None
+    return found if isinstance(found, str) else key
 
 
 def _row(path: str, status: str, source: str | None, result: Any, job: Any,

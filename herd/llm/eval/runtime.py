@@ -26,6 +26,9 @@ from herd.llm.providers.batch import BatchAPI
 # A batch's stored limits are read again after this long: a limit changed for a batch
 # reaches every worker within it.
 BATCH_LIMITS_TTL = 5.0
+# Tries of a call whose batch has a fallback: one retry rides out a blip; past it the
+# call moves to the fallback rather than back off for seconds more.
+FAILOVER_TRIES = 2
 
 
 def prices_in_force() -> PriceTable:
@@ -43,7 +46,7 @@ class EvalRuntime:
     store: EvalStore
     cache: ExactCache
     prices: PriceTable
-    providers: dict[tuple[str, str, bool], Provider] = field(default_factory=dict)
+    providers: dict[tuple[str, str, bool, bool], Provider] = field(default_factory=dict)
     batch_apis: dict[tuple[str, str], BatchAPI] = field(default_factory=dict)
     max_tokens: int = EVAL_MAX_TOKENS  # the setting eval_max_tokens
     # The fleet's provider limits, kept in the job store (None: a broker without one).
@@ -119,18 +122,29 @@ class EvalRuntime:
         app.on_close(close)
         return runtime
 
-    def provider(self, spec: EvalSpec, *, limited: bool = False) -> Provider:
+    def provider(
+        self, spec: EvalSpec, *, limited: bool = False, failover: bool = False
+    ) -> Provider:
         """The spec's provider client; ``limited``: one that raises a 429 at once, for the
-        fleet's limiter to pause the limit and decide when to try again."""
-        found = self.providers.get((spec.provider, spec.model, limited))
+        fleet's limiter to pause the limit and decide when to try again; ``failover``:
+        one that gives up on a 5xx after FAILOVER_TRIES, for a batch with a fallback
+        (herd.llm.eval.fallback) to move on rather than wait out the backoff."""
+        found = self.providers.get((spec.provider, spec.model, limited, failover))
         if found is None:
-            retry = RetryPolicy(retry_rate_limited=False) if limited else None
+            retry = (
+                RetryPolicy(
+                    max_tries=FAILOVER_TRIES if failover else RetryPolicy.max_tries,
+                    retry_rate_limited=not limited,
+                )
+                if limited or failover
+                else None
+            )
             try:
                 kind = registry.kind(spec.provider)
             except InvalidInput as exc:
                 raise Fatal(str(exc)) from None
             found = kind.sync(spec.model, self.max_tokens, retry)
-            self.providers[(spec.provider, spec.model, limited)] = found
+            self.providers[(spec.provider, spec.model, limited, failover)] = found
         return found
 
     def batch_api(self, spec: EvalSpec) -> BatchAPI:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from herd.errors import InvalidInput
 from herd.jsonvalue import canonical, check, check_text
 from herd.llm.documents import DocumentError, find_documents, read_document
 from herd.llm.errors import MissingAPIKey
-from herd.llm.eval import control
+from herd.llm.eval import control, fallback
 from herd.llm.eval.runtime import EvalRuntime, prices_in_force
 from herd.llm.eval.spec import (
     LOCAL,
@@ -66,6 +66,7 @@ def check_submission(
     batch_api: bool = False,
     batch: str | None = None,
     prices: PriceTable | None = None,
+    fallbacks: Sequence[str] = (),
 ) -> tuple[float | None, dict[str, int] | None]:
     """Everything a submission can be refused for, checked once before anything is
     stored: the spec against the settings (and its schema, when it was made), the
@@ -94,7 +95,9 @@ def check_submission(
                 " the Batch API yet; submit without one or the other",
                 field="batch_api",
             )
-    price = (prices or prices_in_force()).lookup(spec.model, spec.provider)
+    prices = prices or prices_in_force()
+    fallback.check(spec, fallbacks, budget=checked_budget, batch_api=batch_api, prices=prices)
+    price = prices.lookup(spec.model, spec.provider)
     if price is None and checked_budget is not None:
         raise InvalidInput(
             f"budget: model {spec.model!r} has no price, so a budget cannot be kept; add it"
@@ -141,6 +144,7 @@ async def enqueue_documents(
     limits: dict[str, Any] | None = None,
     checked: bool = False,
     caller: Caller = LOCAL,
+    fallbacks: Sequence[str] = (),
 ) -> list[EnqueueResult]:
     """One job per (name, normalized text); identical evaluations share a job.
 
@@ -152,7 +156,7 @@ async def enqueue_documents(
     rows = _rows(spec, batch, items)
     if not checked:
         budget, limits = check_submission(spec, app.settings, budget=budget, limits=limits,
-                                          batch=batch)  # fmt: skip
+                                          batch=batch, fallbacks=fallbacks)  # fmt: skip
     if not items:
         return []
     rt = await EvalRuntime.of(app)
@@ -166,7 +170,17 @@ async def enqueue_documents(
     )
     results = await app.enqueue_many(
         TASK,
-        [{"batch": batch, "path": p, "doc": d, "spec": spec.hash, "key": k} for p, d, k in rows],
+        [
+            {
+                "batch": batch,
+                "path": p,
+                "doc": d,
+                "spec": spec.hash,
+                "key": k,
+                **({"fallbacks": list(fallbacks)} if fallbacks else {}),
+            }
+            for p, d, k in rows
+        ],
         queue=QUEUE,
         priority=priority,
         dedup_keys=[k for _, _, k in rows],
@@ -287,6 +301,7 @@ async def submit(
     limits: dict[str, Any] | None = None,
     batch_api: bool = False,
     caller: Caller = LOCAL,
+    fallbacks: Sequence[str] = (),
 ) -> SubmitReport:
     """Enqueue one evaluation job per readable document; report the unreadable ones.
 
@@ -297,7 +312,8 @@ async def submit(
     provider's Batch API at half the price (herd.llm.eval.batchapi). ``progress``:
     called with (documents read, of all)."""
     budget, limits = check_submission(spec, app.settings, budget=budget, limits=limits,
-                                      batch_api=batch_api, batch=batch)  # fmt: skip
+                                      batch_api=batch_api, batch=batch,
+                                      fallbacks=fallbacks)  # fmt: skip
     files = check_paths(paths)
     if not files:
         raise InvalidInput("no document (.txt, .md, .pdf) under the paths given", field="paths")
@@ -318,7 +334,7 @@ async def submit(
         else:
             enqueued = await enqueue_documents(
                 app, spec, report.batch, items, priority=priority, budget=budget,
-                limits=limits, checked=True, caller=caller,
+                limits=limits, checked=True, caller=caller, fallbacks=fallbacks,
             )  # fmt: skip
         for r in enqueued:
             report.job_ids.append(r.job_id)
@@ -342,12 +358,14 @@ async def submit_texts(
     limits: dict[str, int] | None = None,
     batch_api: bool = False,
     caller: Caller = LOCAL,
+    fallbacks: Sequence[str] = (),
 ) -> SubmitReport:
     """One evaluation job per document (name -> text), stored as ``submit`` stores
     files, so status and results see API batches alike. ``caller``: who submits (a
     batch another caller made is refused: BatchNameTaken)."""
     budget, limits = check_submission(spec, app.settings, budget=budget, limits=limits,
-                                      batch_api=batch_api, batch=batch)  # fmt: skip
+                                      batch_api=batch_api, batch=batch,
+                                      fallbacks=fallbacks)  # fmt: skip
     report = SubmitReport(batch or f"eval-{uuid.uuid4().hex[:8]}")
     items = [(path, normalize_document(text)) for path, text in documents.items()]
     if batch_api:
@@ -357,7 +375,7 @@ async def submit_texts(
     else:
         results = await enqueue_documents(app, spec, report.batch, items, priority=priority,
                                           budget=budget, limits=limits, checked=True,
-                                          caller=caller)  # fmt: skip
+                                          caller=caller, fallbacks=fallbacks)  # fmt: skip
     report.job_ids = [r.job_id for r in results]
     report.queued = sum(r.created for r in results)
     report.deduplicated = len(results) - report.queued

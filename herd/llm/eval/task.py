@@ -15,6 +15,7 @@ import random
 import uuid
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 import httpx
@@ -35,7 +36,8 @@ from herd.llm.errors import (
     ProviderTimeout,
     RateLimited,
 )
-from herd.llm.eval import ledger
+from herd.llm.eval import fallback, ledger
+from herd.llm.eval.fallback import ModelUnavailable
 from herd.llm.eval.money import money
 from herd.llm.eval.runtime import EvalRuntime
 from herd.llm.eval.spec import (
@@ -131,6 +133,9 @@ class Evaluation:
         self.batch_scope = batch_scope(self.batch, spec.provider, spec.model) if self.batch else ""
         self.batch_limit = Limit()
         self.provider = self.plain
+        # With a fallback to move to (herd.llm.eval.fallback): the model's unavailability,
+        # and a 429 pause longer than this, raise ModelUnavailable instead.
+        self.fallback_after: float | None = None
 
     async def limited(self) -> None:
         """Take the fleet's limit of this call's scope and the batch's own, where set."""
@@ -138,7 +143,17 @@ class Evaluation:
             self.limit = self.rt.limit_for(self.spec, self.plain.key_id)
             self.batch_limit = await self.rt.batch_limit(self.batch)
         if self.limit or self.batch_limit:
-            self.provider = self.rt.provider(self.spec, limited=True)
+            self.provider = self.rt.provider(self.spec, limited=True, failover=self.failover)
+
+    @property
+    def failover(self) -> bool:
+        return self.fallback_after is not None
+
+    def fall_back_after(self, seconds: float) -> None:
+        """This call has a fallback: the model's unavailability, or a 429 pause longer than
+        ``seconds``, raises ModelUnavailable; a 5xx is retried once, not backed off."""
+        self.fallback_after = seconds
+        self.plain = self.provider = self.rt.provider(self.spec, failover=True)
 
     def priced(self, i: int, o: int = 0) -> Decimal | None:
         return None if self.price is None else money(self.price.cost(Usage(i, o)))
@@ -213,7 +228,7 @@ class Evaluation:
                         await _charge(slots, 0)  # a refusal is charged nothing
                         await rt.limiter.pause(self.scope, _pause_for(exc))
                         continue
-                    except (Snooze, BatchCancelled):  # parked or cancelled: nothing was sent
+                    except (Snooze, BatchCancelled, ModelUnavailable):  # nothing was sent or billed
                         await _charge(slots, 0)
                         raise
                     # What the provider's limiter counted: the input it reports, and the
@@ -254,12 +269,17 @@ class Evaluation:
                 raise
             except RateLimited as exc:
                 await rt.store.close_call(call_id, None)  # refused before generating: not billed
+                if self.fallback_after is not None and _pause_for(exc) > self.fallback_after:
+                    raise ModelUnavailable(f"paused {_pause_for(exc):g} s by a 429") from None
                 if self.limit:
                     raise
                 # Capacity, not the job, is at fault: handed back with no attempt counted.
                 raise Snooze(str(exc), after=_pause_for(exc) * (1 + random.random())) from None
             except ProviderError as exc:
                 await rt.store.close_call(call_id, sent_kind(exc))
+                down = fallback.unavailable(exc)
+                if self.fallback_after is not None and down is not None:
+                    raise ModelUnavailable(down) from None
                 reason = refusal(exc)
                 if reason is not None and batch is not None:
                     raise await park(
@@ -323,24 +343,46 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         # provider's error. Requeued from the dead letters, it runs synchronously.
         raise Fatal(f"the provider's batches failed this request twice: {payload['batch_error']}")
     document = await rt.store.document(payload["doc"])
-    run = Evaluation(rt, ctx, payload, spec)
-    await run.limited()
+    # The batch's model, then its fallbacks in order: a model found unavailable is passed
+    # over for a while (fallback.Breaker); each answer is cached under its own model's key.
     try:
-        # Owned by the job, not the process: a run that takes this job over from a
-        # worker that died mid-call takes its lock on the key at once, rather than
-        # waiting out the lock's ttl (HERD_EVAL_LOCK_TTL) for a holder that is gone.
-        found = await rt.cache.get_or_compute(
-            key, lambda: run.compute(document), owner=f"herd-job:{ctx.job_id}"
-        )
-    except BatchCancelled:
-        await rt.store.cancel_job_items(ctx.job_id)
-        return {"key": key, "path": payload.get("path"), "cancelled": True}
-    telemetry.model_served(spec.provider, spec.model, found.source)
+        chain = [spec, *fallback.specs(spec, payload.get("fallbacks") or [])]
+    except InvalidInput as exc:  # a provider this process does not know (any more)
+        raise Fatal(f"fallbacks: {exc}") from None
+    breaker = fallback.breaker_of(ctx.app)
+    for n, model_spec in enumerate(chain):
+        last = n == len(chain) - 1
+        model_key = key if n == 0 else model_spec.key(document)
+        run = Evaluation(rt, ctx, {**payload, "key": model_key}, model_spec)
+        if not last:
+            run.fall_back_after(float(ctx.app.settings.fallback_after))
+            if not breaker.available(model_spec) and await rt.cache.get(model_key) is None:
+                continue
+        await run.limited()
+        try:
+            # Owned by the job, not the process: a run that takes this job over from a
+            # worker that died mid-call takes its lock on the key at once, rather than
+            # waiting out the lock's ttl (HERD_EVAL_LOCK_TTL) for a holder that is gone.
+            found = await rt.cache.get_or_compute(
+                model_key, partial(run.compute, document), owner=f"herd-job:{ctx.job_id}"
+            )
+        except BatchCancelled:
+            await rt.store.cancel_job_items(ctx.job_id)
+            return {"key": key, "path": payload.get("path"), "cancelled": True}
+        except ModelUnavailable as exc:
+            breaker.trip(model_spec, exc.reason)
+            continue
+        if found.source == "computed":
+            breaker.recovered(model_spec)
+        break
+    telemetry.model_served(model_spec.provider, model_spec.model, found.source)
     if found.source in ("hit", "waited", "stale"):
         kind = "singleflight" if found.source == "waited" else "cache"
-        await rt.store.record(batch=batch, job_id=ctx.job_id, key=key, kind=kind,
-                              model=spec.model, provider=spec.provider)  # fmt: skip
+        await rt.store.record(batch=batch, job_id=ctx.job_id, key=model_key, kind=kind,
+                              model=model_spec.model, provider=model_spec.provider)  # fmt: skip
     result = {"key": key, "path": payload.get("path"), "source": found.source, **dict(found.value)}
+    if n:  # answered by a fallback: its model is in the answer, its provider and rank here
+        result.update(provider=model_spec.provider, fallback=n, answered_key=model_key)
     async with fenced(ctx, rt.store) as conn:  # lands only while this job's lease holds
         await EvalStore.on(conn, "job_done", source=found.source, result=Jsonb(result),
                            job=ctx.job_id, key=key)  # fmt: skip

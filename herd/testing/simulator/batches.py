@@ -66,7 +66,7 @@ from email.policy import HTTP
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from herd.testing.simulator.exchange import MAX_BODY_BYTES, Exchange, same_key
+from herd.testing.simulator.exchange import MAX_BODY_BYTES, Exchange, given_key, same_key
 from herd.testing.simulator.state import SimState
 from herd.testing.simulator.wire import Request, answer_payload, generate
 
@@ -383,11 +383,7 @@ class BatchStore:
         state = self.state
         with state.lock:
             key = state.config.api_key
-        given = (
-            handler.headers.get("x-api-key")
-            if api == "anthropic"
-            else (handler.headers.get("authorization") or "").removeprefix("Bearer ").strip()
-        )
+        given = given_key(handler.headers, api)
         message = ""
         if key is not None and not same_key(given, key):
             status, kind, message = 401, "authentication_error", "Invalid API key"

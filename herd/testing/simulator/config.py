@@ -7,10 +7,12 @@ is checked the same way wherever it comes from.
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from herd.errors import ConfigError
+from herd.testing.simulator.spells import KeyRule, Spell, masked, parse_keys, parse_spells
 
 OUTCOMES = ("ok", "rate_limit", "server_error", "malformed", "schema_invalid", "hang")
 ALIASES = {"429": "rate_limit", "500": "server_error", "invalid": "schema_invalid"}
@@ -44,6 +46,9 @@ class SimConfig:
     # RESULT_FAULTS in the results of batches created while set (taken at creation)
     batch_result_faults: list[str] = field(default_factory=list)
     prompt_cache_ttl: float = 300.0  # seconds a cached prompt prefix lives (promptcache.py)
+    # A model overloaded or down for a time, and keys with limits of their own (spells.py).
+    spells: list[Spell] = field(default_factory=list)
+    keys: dict[str, KeyRule] = field(default_factory=dict)
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply a partial JSON config; raise ``ConfigError`` naming what is wrong."""
@@ -80,6 +85,10 @@ class SimConfig:
                 new.batch_result_faults = [str(v) for v in value]
             elif key in ("rpm", "tpm"):
                 setattr(new, key, parse_limit(key, value))
+            elif key == "spells":
+                new.spells = parse_spells(value, time.monotonic())
+            elif key == "keys":
+                new.keys = parse_keys(value)
             elif key in ("fixed_text", "api_key"):
                 setattr(new, key, None if value is None else str(value))
         self.__dict__.update(new.__dict__)
@@ -88,6 +97,9 @@ class SimConfig:
         data = asdict(self)
         data["latency"] = list(self.latency)
         data["api_key"] = "***" if self.api_key else None
+        now = time.monotonic()
+        data["spells"] = [s.public(now) for s in self.spells]
+        data["keys"] = masked(self.keys)
         return data
 
 

@@ -53,3 +53,12 @@ def same_key(given: str | None, key: str) -> bool:
     return given is not None and hmac.compare_digest(
         given.encode("latin-1", "replace"), key.encode("utf-8")
     )
+
+
+def given_key(headers: Any, api: str) -> str | None:
+    """The API key a call carries: OpenAI's bearer token; Anthropic's ``x-api-key``, or a
+    bearer token, which its SDK (2.x) sends instead."""
+    bearer = (headers.get("authorization") or "").removeprefix("Bearer ").strip()
+    if api == "anthropic":
+        return headers.get("x-api-key") or bearer or None
+    return bearer

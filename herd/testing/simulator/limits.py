@@ -95,14 +95,16 @@ class RateLimits:
     def active(self) -> bool:
         return bool(self.rpm or self.tpm)
 
-    def _pair(self, key_id: str, model: str, now: float) -> dict[str, Bucket]:
+    def _pair(
+        self, key_id: str, model: str, now: float, rpm: int | None, tpm: int | None
+    ) -> dict[str, Bucket]:
         pair = self._buckets.get((key_id, model))
         if pair is None:
             pair = {}
-            if self.rpm:
-                pair["requests"] = Bucket(self.rpm, float(self.rpm), now)
-            if self.tpm:
-                pair["tokens"] = Bucket(self.tpm, float(self.tpm), now)
+            if rpm:
+                pair["requests"] = Bucket(rpm, float(rpm), now)
+            if tpm:
+                pair["tokens"] = Bucket(tpm, float(tpm), now)
             self._buckets[(key_id, model)] = pair
             while len(self._buckets) > MAX_BUCKETS:
                 self._buckets.popitem(last=False)
@@ -112,10 +114,19 @@ class RateLimits:
             bucket.refill(now)
         return pair
 
-    def admit(self, key_id: str, model: str, tokens: int) -> Verdict:
-        """Charge one request of ``tokens`` if both buckets hold enough, else refuse it."""
+    def admit(
+        self,
+        key_id: str,
+        model: str,
+        tokens: int,
+        *,
+        rpm: int | None = None,
+        tpm: int | None = None,
+    ) -> Verdict:
+        """Charge one request of ``tokens`` if both buckets hold enough, else refuse it.
+        ``rpm``/``tpm``: this key's own sizes (spells.KeyRule), over the simulator's."""
         now = self._clock()
-        pair = self._pair(key_id, model, now)
+        pair = self._pair(key_id, model, now, rpm or self.rpm, tpm or self.tpm)
         cost = {"requests": 1.0, "tokens": float(tokens)}
         waits = {name: b.wait_for(cost[name]) for name, b in pair.items()}
         short = {name: w for name, w in waits.items() if w > 0}

@@ -26,8 +26,10 @@ answer is 413 and the body is not read.
 
 What a model call gets is decided in this order: a wrong or missing key (when the
 simulator has one) → 401; an Anthropic call without ``anthropic-version`` → 400;
-``stream: true`` → 400; then the rate limits (``rpm``, ``tpm``; ``limits.py``): a
-call that does not fit is answered 429 at once; then the next entry of the script if
+``stream: true`` → 400; a key the config refuses (``keys``, ``spells.py``) → 401;
+then the rate limits (``rpm``, ``tpm``, a key's own; ``limits.py``): a call that does
+not fit is answered 429 at once; then a spell over the model (``spells``: 529/5xx for a
+time, ``spells.py``), at once, not billed; then the next entry of the script if
 any, else a random draw against the failure rates, else a normal answer. The latency
 applies to every outcome except 429 (rate limiters answer at once) and ``hang`` (which
 never answers: it waits until the client goes away, or ``hang_max`` seconds). With
@@ -62,8 +64,9 @@ from typing import Any
 from herd.errors import ConfigError
 from herd.testing.simulator import batches
 from herd.testing.simulator.config import SimConfig
-from herd.testing.simulator.exchange import MAX_BODY_BYTES, Exchange, same_key
+from herd.testing.simulator.exchange import MAX_BODY_BYTES, Exchange, given_key, same_key
 from herd.testing.simulator.limits import Verdict, headers_for
+from herd.testing.simulator.spells import error_of
 from herd.testing.simulator.state import SimState
 from herd.testing.simulator.wire import Request, answer_payload, generate, weight
 
@@ -193,14 +196,13 @@ class _Handler(Exchange):
             key = state.config.api_key
             retry_after = state.config.retry_after
             hang_max = state.config.hang_max
-        given = (
-            self.headers.get("x-api-key")
-            if api == "anthropic"
-            else (self.headers.get("authorization") or "").removeprefix("Bearer ").strip()
-        )
+        given = given_key(self.headers, api)
         if key is not None and not same_key(given, key):
             # Like the real services, the refusal names the key it got: the clients must
             # keep it out of their errors and logs.
+            self._error(api, generation, 401, "authentication_error", f"Invalid API key: {given}")
+            return
+        if state.refused_key(given):
             self._error(api, generation, 401, "authentication_error", f"Invalid API key: {given}")
             return
         if api == "anthropic" and not self.headers.get("anthropic-version"):
@@ -230,6 +232,11 @@ class _Handler(Exchange):
                 self._refuse(api, generation, model, verdict)
                 return
 
+        spell = state.spell(generation, model)
+        if spell is not None:
+            # An overloaded model answers at once, in its provider's words (spells.py).
+            self._error(api, generation, spell, *error_of(api, spell))
+            return
         outcome, latency = state.draw(generation)
         name, _, arg = outcome.partition(":")
         if name == "rate_limit":

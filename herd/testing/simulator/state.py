@@ -11,6 +11,7 @@ from typing import Any
 from herd.testing.simulator import promptcache
 from herd.testing.simulator.config import SimConfig
 from herd.testing.simulator.limits import RateLimits, Verdict, key_id
+from herd.testing.simulator.spells import spell_on
 
 TAGGED_MAX = 1_000_000  # tagged-call records kept until the next reset
 
@@ -39,6 +40,7 @@ class SimState:
         self.by_outcome: dict[str, int] = {}
         self.disconnected = 0
         self.rate_limited = 0
+        self.spell_errors: dict[str, int] = {}  # model -> calls a spell answered with an error
         self.billed = 0
         self.billed_tokens = [0, 0]
         self.input_tokens = 0
@@ -122,12 +124,30 @@ class SimState:
     def admit(self, generation: int, key: str | None, model: str, tokens: int) -> Verdict | None:
         """Weigh a call against the limits (None when there are none); count a refusal."""
         with self.lock:
-            if not self.limits.active:
+            rule = self.config.keys.get(key or "")
+            rpm, tpm = (rule.rpm, rule.tpm) if rule else (None, None)
+            if not (self.limits.active or rpm or tpm):
                 return None
-            verdict = self.limits.admit(key_id(key), model, tokens)
+            verdict = self.limits.admit(key_id(key), model, tokens, rpm=rpm, tpm=tpm)
             if not verdict.admitted and generation == self.generation:
                 self.rate_limited += 1
             return verdict
+
+    def refused_key(self, key: str | None) -> bool:
+        """Whether ``key`` is one the config says the provider refuses (spells.KeyRule)."""
+        with self.lock:
+            rule = self.config.keys.get(key or "")
+            return bool(rule and rule.refused)
+
+    def spell(self, generation: int, model: str) -> int | None:
+        """The status a spell over ``model`` answers this call with, counted; None if none."""
+        with self.lock:
+            found = spell_on(self.config.spells, model, time.monotonic())
+            if found is None or (found.rate < 1 and self.rng.random() >= found.rate):
+                return None
+            if generation == self.generation:
+                self.spell_errors[model] = self.spell_errors.get(model, 0) + 1
+            return found.status
 
     def bill(self, generation: int, tokens: tuple[int, int]) -> None:
         """A call began generating: the provider's bill counts it, answer delivered or not."""
@@ -193,6 +213,7 @@ class SimState:
                 "by_outcome": dict(self.by_outcome),
                 "disconnected": self.disconnected,
                 "rate_limited": self.rate_limited,
+                "spell_errors": dict(self.spell_errors),
                 "billed": self.billed,
                 "billed_tokens": {
                     "input": self.billed_tokens[0],
