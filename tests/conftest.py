@@ -27,8 +27,16 @@ from herd.testing.servers.redis_stack import RedisStackServer
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".herd-test"
-# Two suites on one machine (two checkouts, a helper's run) need databases of their own.
-TEST_DB = os.environ.get("HERD_TEST_DB", "herd_test")
+# Two suites on one machine (two checkouts, a helper's run) need databases of their own,
+# and so does each pytest-xdist worker of one suite (gw0, gw1, ...): a worker's session
+# drops and recreates its database. The servers are shared (PostgreSQL counts its
+# holders) or started per worker on free ports (Redis Stack, the cluster, PgBouncer).
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_BASE_DB = os.environ.get("HERD_TEST_DB", "herd_test")
+TEST_DB = f"{_BASE_DB}_{WORKER}" if WORKER and not _BASE_DB.endswith(f"_{WORKER}") else _BASE_DB
+# Tests that derive databases of their own from it (chaos, netns) and the processes
+# they start read it from the environment.
+os.environ["HERD_TEST_DB"] = TEST_DB
 
 
 @pytest.fixture(autouse=True)
@@ -174,3 +182,19 @@ def redis_cluster(redis_cluster_server: RedisCluster) -> str:
 def pytest_report_header(config: pytest.Config) -> str:
     ci = os.environ.get("CI", "")
     return f"herd test servers: embedded PostgreSQL and Redis Stack under {CACHE} (CI={ci})"
+
+
+# Tests that must not run beside each other under pytest-xdist (--dist loadgroup runs a
+# group's tests one after another on one worker): the chaos runs restart and drop the
+# one PostgreSQL server under .herd-test/chaos-home that they all use.
+GROUPS = {
+    "tests/chaos/test_chaos.py": "chaos-home",
+    "tests/chaos/test_partitions.py": "chaos-home",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = GROUPS.get(Path(item.path).relative_to(ROOT).as_posix())
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
