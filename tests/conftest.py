@@ -12,9 +12,11 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from herd.db.postgres import migrate
 from herd.embedded import embedded_server
@@ -184,17 +186,25 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"herd test servers: embedded PostgreSQL and Redis Stack under {CACHE} (CI={ci})"
 
 
-# Tests that must not run beside each other under pytest-xdist (--dist loadgroup runs a
-# group's tests one after another on one worker): the chaos runs restart and drop the
-# one PostgreSQL server under .herd-test/chaos-home that they all use.
+# Files whose tests must not run beside each other's: one unit of work for pytest-xdist,
+# run on one worker one after another. The chaos runs restart and drop the one PostgreSQL
+# server under .herd-test/chaos-home that they all use.
 GROUPS = {
     "tests/chaos/test_chaos.py": "chaos-home",
     "tests/chaos/test_partitions.py": "chaos-home",
 }
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        group = GROUPS.get(Path(item.path).relative_to(ROOT).as_posix())
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+class FileScheduling(LoadScopeScheduling):
+    """``--dist loadfile``, with the files of one group of GROUPS as one unit.
+
+    A file's tests stay together and in their order, as in one process (module
+    fixtures are set up once; a test never runs between two others of its file)."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        path = nodeid.split("::", 1)[0]
+        return GROUPS.get(path, path)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> FileScheduling | None:
+    return FileScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
