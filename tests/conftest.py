@@ -12,9 +12,11 @@ import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from herd.db.postgres import migrate
 from herd.embedded import embedded_server
@@ -29,8 +31,16 @@ from tests.helpers import flush_redis, truncate  # noqa: F401 - imported from he
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".herd-test"
-# Two suites on one machine (two checkouts, a helper's run) need databases of their own.
-TEST_DB = os.environ.get("HERD_TEST_DB", "herd_test")
+# Two suites on one machine (two checkouts, a helper's run) need databases of their own,
+# and so does each pytest-xdist worker of one suite (gw0, gw1, ...): a worker's session
+# drops and recreates its database. The servers are shared (PostgreSQL counts its
+# holders) or started per worker on free ports (Redis Stack, the cluster, PgBouncer).
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_BASE_DB = os.environ.get("HERD_TEST_DB", "herd_test")
+TEST_DB = f"{_BASE_DB}_{WORKER}" if WORKER and not _BASE_DB.endswith(f"_{WORKER}") else _BASE_DB
+# Tests that derive databases of their own from it (chaos, netns) and the processes
+# they start read it from the environment.
+os.environ["HERD_TEST_DB"] = TEST_DB
 
 
 @pytest.fixture(autouse=True)
@@ -131,3 +141,27 @@ def redis_cluster(redis_cluster_server: RedisCluster) -> str:
 def pytest_report_header(config: pytest.Config) -> str:
     ci = os.environ.get("CI", "")
     return f"herd test servers: embedded PostgreSQL and Redis Stack under {CACHE} (CI={ci})"
+
+
+# Files whose tests must not run beside each other's: one unit of work for pytest-xdist,
+# run on one worker one after another. The chaos runs restart and drop the one PostgreSQL
+# server under .herd-test/chaos-home that they all use.
+GROUPS = {
+    "tests/chaos/test_chaos.py": "chaos-home",
+    "tests/chaos/test_partitions.py": "chaos-home",
+}
+
+
+class FileScheduling(LoadScopeScheduling):
+    """``--dist loadfile``, with the files of one group of GROUPS as one unit.
+
+    A file's tests stay together and in their order, as in one process (module
+    fixtures are set up once; a test never runs between two others of its file)."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        path = nodeid.split("::", 1)[0]
+        return GROUPS.get(path, path)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> FileScheduling | None:
+    return FileScheduling(config, log) if config.getvalue("dist") == "loadfile" else None

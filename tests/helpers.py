@@ -14,6 +14,11 @@ from herd.testing.fleet import wait_until
 
 T = TypeVar("T")
 
+# Seconds a test waits for a process it started (a server, `herd serve`, a worker) to be
+# ready: a safety net, not a measure, long enough for a 2-core machine at a load of 8
+# and inside pytest's 120 s timeout. A process that exits fails the wait at once.
+STARTUP = 90.0
+
 
 def job(task: str = "t", payload: object = None, **kw: object) -> NewJob:
     kw.setdefault("lease_seconds", 30.0)

@@ -18,7 +18,7 @@ from herd.api import create_app
 from herd.app import App
 from herd.config import Settings
 from tests.conftest import flush_redis, truncate
-from tests.helpers import eventually_sync
+from tests.helpers import STARTUP, eventually_sync
 from tests.llm.conftest import clean_eval_tables
 
 TOKEN = "s3cret-token-for-tests"
@@ -128,7 +128,9 @@ def serving(
             return False
 
     try:
-        eventually_sync(up, timeout=30, interval=0.1)
+        # How long a process takes to start is not what any test here measures: the
+        # deadline is a safety net for a loaded machine (it fails at once if it exits).
+        eventually_sync(up, timeout=STARTUP, interval=0.1)
         yield url
     finally:
         proc.terminate()

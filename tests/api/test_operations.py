@@ -134,9 +134,9 @@ async def test_openapi_schema_lists_the_routes(client):
         assert path in schema["paths"], path
 
 
-async def test_caches_that_cannot_be_read_are_problems_not_an_outage(pg_url, herd_home):
+async def test_caches_that_cannot_be_read_are_problems_not_an_outage(clean_pg, herd_home):
     settings = Settings(
-        home=herd_home, database_url=pg_url, cache="redis", redis_url="redis://127.0.0.1:1/0"
+        home=herd_home, database_url=clean_pg, cache="redis", redis_url="redis://127.0.0.1:1/0"
     )
     async with App(settings=settings) as app, client_of(app) as c:
         await c.post("/jobs", json={"task": "t", "queue": "still-up"})

@@ -11,9 +11,11 @@ import pytest
 from herd.config import Settings
 from herd.db.postgres import migrate
 from herd.errors import ConfigError
+from tests.conftest import TEST_DB
 from tests.test_cli import herd
 
-FRESH = "herd_test_fresh_migrate"
+# Named after the suite's database: another suite, or another xdist worker, has its own.
+FRESH = f"{TEST_DB}_fresh_migrate"
 
 
 @pytest.fixture

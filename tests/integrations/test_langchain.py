@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
@@ -96,13 +97,42 @@ async def test_threads_and_tasks_of_one_process_make_one_model_call(cache_env, c
     cache = HerdCache(settings=Settings.from_env(cache_env), poll_interval=0.05)
     m = model(counter, tag, cache=cache, seconds=0.5)
     prompt = f"one process {tag}"
+    loop = asyncio.get_running_loop()
+    # The threads get a pool of their own. Not the loop's default executor (6 threads on
+    # 2 cores), which is where LangChain runs a task's model call (SimpleChatModel's
+    # _agenerate): had a task won the key while 6 threads were waiting for it, its
+    # model call would have queued behind them until they gave up (``wait``).
+    pool = ThreadPoolExecutor(10, thread_name_prefix="lc-caller")
     try:
-        threads = [asyncio.to_thread(m.invoke, prompt) for _ in range(10)]
+        threads = [loop.run_in_executor(pool, m.invoke, prompt) for _ in range(10)]
         tasks = [m.ainvoke(prompt) for _ in range(10)]
         answers = await asyncio.gather(*threads, *tasks)
         assert [a.content for a in answers] == ["the answer"] * 20
         assert calls(counter, tag) == 1
     finally:
+        pool.shutdown(wait=False)
+        await asyncio.to_thread(cache.close)
+
+
+async def test_a_task_holding_the_key_serves_threads_waiting_for_it(cache_env, counter, tag):
+    """The other order: a task has the key (its model call runs) before any thread asks."""
+    cache = HerdCache(settings=Settings.from_env(cache_env), poll_interval=0.05)
+    m = model(counter, tag, cache=cache, seconds=0.5)
+    prompt = f"task first {tag}"
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(10, thread_name_prefix="lc-caller")
+    try:
+        first = asyncio.ensure_future(m.ainvoke(prompt))
+        deadline = time.monotonic() + 30
+        while calls(counter, tag) == 0:  # the task is in its model call
+            assert time.monotonic() < deadline and not first.done()
+            await asyncio.sleep(0.01)
+        threads = [loop.run_in_executor(pool, m.invoke, prompt) for _ in range(10)]
+        answers = await asyncio.gather(first, *threads)
+        assert [a.content for a in answers] == ["the answer"] * 11
+        assert calls(counter, tag) == 1
+    finally:
+        pool.shutdown(wait=False)
         await asyncio.to_thread(cache.close)
 
 
