@@ -54,7 +54,7 @@ async def main(backend: str, url: str, name: str, contenders: int, rounds: int) 
     async def contender() -> None:
         nonlocal failures
         for _ in range(rounds):
-            lease = await locks.acquire(name, ttl=10.0, wait=12.0)
+            lease = await locks.acquire(name, ttl=10.0, wait=120.0)
             if lease is None:
                 failures += 1
                 continue
