@@ -25,8 +25,9 @@ from herd.rag import fusion as fusions
 from herd.rag import references
 from herd.rag.embedders import spec as specs
 from herd.rag.embedders.base import embed_queries
+from herd.rag.errors import IndexError_
 from herd.rag.ingest import RagRuntime
-from herd.rag.store import Generation, Hit, IndexError_
+from herd.rag.store import Generation, Hit
 from herd.semantic.cache import SemanticHit
 from herd.semantic.runtime import query_cache
 

@@ -38,21 +38,13 @@ from psycopg.types import TypeInfo
 from psycopg.types.json import Jsonb
 
 from herd.db import postgres as pgdb
-from herd.errors import HerdError
 from herd.rag import vectors as stores
+from herd.rag.errors import IndexError_, generation_gone
 from herd.rag.vectors import Row, Space, StoreUrl, VectorStore
 
 
 def translate_errors(url: str) -> AbstractContextManager[None]:
     return pgdb.translate_errors(url, store="the corpus index")
-
-
-class IndexError_(HerdError):  # noqa: N801 - "IndexError" would shadow the builtin
-    """The index is not in a state that allows this."""
-
-
-class GenerationGone(IndexError_):
-    """The generation was retired and its vectors dropped: resolve the live one again."""
 
 
 @dataclass(frozen=True)
@@ -96,15 +88,15 @@ class RagStore:
     def __init__(
         self, url: str, *, pool_size: int = 4, vector_url: StoreUrl | str | None = None
     ) -> None:
+        # Where new generations put their vectors (HERD_VECTOR_URL), checked first.
+        self.vector_url = (
+            vector_url if isinstance(vector_url, StoreUrl) else stores.parse(vector_url)
+        )
         self.url = url
         self.pool = pgdb.SharedPool(
             url, max_size=pool_size, store="the corpus index", adapt=self._adapt
         )
         self._vector_info: TypeInfo | None = None
-        # Where new generations put their vectors (HERD_VECTOR_URL).
-        self.vector_url = (
-            vector_url if isinstance(vector_url, StoreUrl) else stores.parse(vector_url)
-        )
         self._stores: dict[str, VectorStore] = {}
 
     async def open(self) -> None:
@@ -464,9 +456,7 @@ class RagStore:
             try:
                 cur = await conn.execute(query, params)
             except psycopg.errors.UndefinedTable:
-                raise GenerationGone(
-                    f"generation {gen.id} of {gen.collection!r} was swapped out and dropped"
-                ) from None
+                raise generation_gone(gen.id, gen.collection) from None
             except psycopg.errors.UndefinedColumn:
                 raise IndexError_(
                     f"generation {gen.id} of {gen.collection!r} predates lexical search:"

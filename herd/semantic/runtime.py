@@ -12,7 +12,8 @@ from typing import Any
 from herd.app import App
 from herd.cache.stores import cache_url
 from herd.semantic.base import SemanticStore
-from herd.semantic.cache import SemanticCache, store_for_url
+from herd.semantic.cache import SemanticCache
+from herd.semantic.stores import store_for_url
 
 QUERY_CACHE = "rag"  # the name of the cache in front of `herd query`
 

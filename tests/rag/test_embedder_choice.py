@@ -20,9 +20,9 @@ from herd.rag.corpora import kjv_lines
 from herd.rag.embedders import spec as specs
 from herd.rag.embedders.base import ModelUnavailable, embed_queries
 from herd.rag.embedders.onnx import minilm_files
+from herd.rag.errors import IndexError_
 from herd.rag.ingest import IngestError, RagRuntime, plan_and_apply
 from herd.rag.query import answer
-from herd.rag.store import IndexError_
 
 GENESIS_1 = [line for line in kjv_lines(1) if line.split()[1].startswith("1:")]
 

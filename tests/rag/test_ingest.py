@@ -206,7 +206,7 @@ async def test_a_query_on_the_generation_swapped_out_succeeds_until_its_grace_en
     )
     assert rows == [("retired", True)]
     # Past the grace, a search still holding it is told so (a 404 through the API).
-    from herd.rag.store import GenerationGone
+    from herd.rag.errors import GenerationGone
 
     with pytest.raises(GenerationGone, match="was swapped out and dropped"):
         await rt.store.search(resolved, vec, 3)

@@ -9,6 +9,8 @@ PostgreSQL, on Genesis 1-3.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -23,9 +25,10 @@ from herd.config import Settings
 from herd.errors import ConfigError
 from herd.rag import ingest, vectors
 from herd.rag.corpora import kjv_lines
+from herd.rag.errors import GenerationGone, IndexError_
 from herd.rag.ingest import RagRuntime, plan_and_apply
 from herd.rag.query import answer
-from herd.rag.store import GenerationGone, IndexError_, RagStore
+from herd.rag.store import RagStore
 from herd.rag.vectors.engine import alias
 
 STORES = ["pgvector", "milvus", "qdrant", "qdrant+edge"]
@@ -194,9 +197,24 @@ async def test_swap_refuses_a_generation_whose_store_lacks_a_vector(store):
     "url",
     ["redis://x", "milvus://", "milvus:///tmp/x.sqlite", "qdrant+edge://host:1/p", "qdrant:x"],
 )
-def test_a_bad_vector_url_names_the_variable_and_the_forms(url):
+def test_a_bad_vector_url_names_the_variable_and_the_forms(url, pg_url):
     with pytest.raises(ConfigError, match=r"HERD_VECTOR_URL .* use one of pgvector, milvus:"):
-        Settings.from_env({"HERD_VECTOR_URL": url})
+        RagStore(pg_url, vector_url=Settings.from_env({"HERD_VECTOR_URL": url}).vector_url)
+
+
+def test_herd_ingest_refuses_a_bad_vector_url_as_a_usage_error(tmp_path):
+    (tmp_path / "a.txt").write_text("Some text.\n")
+    env = {**os.environ, "HERD_VECTOR_URL": "milvus:///tmp/x.sqlite", "HERD_HOME": str(tmp_path)}
+    r = subprocess.run(
+        [sys.executable, "-m", "herd", "ingest", str(tmp_path / "a.txt"), "--collection", "c"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "HERD_VECTOR_URL" in r.stderr
+    assert "use one of pgvector, milvus:" in r.stderr
 
 
 def test_a_vector_url_records_its_place_without_credentials():

@@ -9,17 +9,15 @@ once costs a fraction of maintaining it through tens of thousands of inserts.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 import psycopg
 from pgvector.psycopg.vector import register_vector_info
 from psycopg import sql
 
-from herd.rag.vectors import Row, Space, StoreUrl
-
-if TYPE_CHECKING:
-    from herd.rag.store import RagStore
+from herd.rag.errors import generation_gone
+from herd.rag.vectors.base import Catalogue, Row, Space, StoreUrl
 
 
 def _table(space: Space) -> sql.Identifier:
@@ -29,7 +27,7 @@ def _table(space: Space) -> sql.Identifier:
 class PgVectors:
     joins_transaction = True
 
-    def __init__(self, url: StoreUrl, catalogue: RagStore) -> None:
+    def __init__(self, url: StoreUrl, catalogue: Catalogue) -> None:
         self.url, self.catalogue = url, catalogue
 
     async def create(self, conn: Any, space: Space) -> None:
@@ -96,8 +94,6 @@ class PgVectors:
     async def search(
         self, space: Space, vector: np.ndarray, k: int, ef: int
     ) -> list[tuple[str, float]]:
-        from herd.rag.store import GenerationGone
-
         async with self.catalogue.connection() as conn, conn.transaction():
             await conn.execute(
                 sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(max(ef, k)))
@@ -111,9 +107,7 @@ class PgVectors:
                     {"q": np.asarray(vector, dtype=np.float32), "k": k},
                 )
             except psycopg.errors.UndefinedTable:
-                raise GenerationGone(
-                    f"generation {space.id} of {space.collection!r} was swapped out and dropped"
-                ) from None
+                raise generation_gone(space.id, space.collection) from None
             return [(a, float(s)) for a, s in await cur.fetchall()]
 
     async def delete(self, space: Space, chunk_ids: Sequence[str]) -> None:
@@ -129,5 +123,5 @@ class PgVectors:
         pass  # the catalogue's pool is the catalogue's to close
 
 
-def open_store(url: StoreUrl, catalogue: RagStore) -> PgVectors:
+def open_store(url: StoreUrl, catalogue: Catalogue) -> PgVectors:
     return PgVectors(url, catalogue)
