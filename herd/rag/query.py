@@ -166,7 +166,7 @@ def embed_slots(app: App) -> EmbedSlots:
 
 
 def _spec_of(gen: Generation, asked: str | None) -> str:
-    own = str(gen.settings.get("embedder_spec") or specs.DEFAULT)
+    own = specs.recorded_spec(gen.settings)
     requested = specs.requested(asked)
     if requested is not None and specs.canonical(requested) != own:
         raise IndexError_(

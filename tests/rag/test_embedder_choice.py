@@ -17,6 +17,7 @@ from herd.builtin import tasks as builtin_tasks
 from herd.errors import InvalidInput
 from herd.rag import ingest
 from herd.rag.corpora import kjv_lines
+from herd.rag.embedders import folder as folders
 from herd.rag.embedders import spec as specs
 from herd.rag.embedders.base import ModelUnavailable, embed_queries
 from herd.rag.embedders.onnx import minilm_files
@@ -34,7 +35,7 @@ def model_folder(root: Path, config: dict | None = None) -> Path:
     shutil.copy(model, root / "model.onnx")
     shutil.copy(tokenizer, root / "tokenizer.json")
     if config is not None:
-        (root / specs.CONFIG_FILE).write_text(json.dumps(config))
+        (root / folders.CONFIG_FILE).write_text(json.dumps(config))
     return root
 
 
@@ -88,7 +89,7 @@ def test_a_sentence_transformers_export_is_read(tmp_path):
     (folder / "config_sentence_transformers.json").write_text(
         json.dumps({"prompts": {"query": "q: ", "document": "d: "}})
     )
-    embedder = specs.folder_embedder(folder)
+    embedder = folders.folder_embedder(folder)
     assert "pooling=cls" in embedder.id and "normalize=none" in embedder.id
     assert "prefix=d: " in embedder.id and "query_prefix=q: " in embedder.id
     assert not np.isclose(np.linalg.norm(embedder.embed(["light"])), 1.0)  # not normalized
@@ -105,7 +106,7 @@ def test_bad_specs_and_folders_are_refused_by_name(tmp_path):
         specs.build(specs.canonical(str(tmp_path)))
     bad = model_folder(tmp_path / "bad", {"pooling": "max"})
     with pytest.raises(InvalidInput, match="pooling must be one of mean, cls, not 'max'"):
-        specs.folder_embedder(bad)
+        folders.folder_embedder(bad)
     assert specs._remote_parts("http://h:1/v1/embeddings?model=bge&x=1", "f") == (
         "http://h:1/v1?x=1",
         "bge",

@@ -52,9 +52,9 @@ async def make_cache(backend_url: tuple[str, str]) -> AsyncIterator[MakeCache]:
 
 @pytest.fixture(scope="session")
 def embedder(herd_home: Path) -> Any:
-    from herd.rag.embedders import default_embedder
+    from herd.rag.embedders import minilm_embedder
 
-    return default_embedder(herd_home)
+    return minilm_embedder(herd_home)
 
 
 def unit(i: int, dim: int = DIM) -> np.ndarray:

@@ -390,9 +390,9 @@ def test_a_cache_used_without_opening_opens_itself(backend_url, embedder):
 README_SCRIPT = """
 import sys
 from herd import SemanticCache
-from herd.rag.embedders import default_embedder
+from herd.rag.embedders import minilm_embedder
 
-cache = SemanticCache(sys.argv[1], embedder=default_embedder(), name="script", ttl=3600)
+cache = SemanticCache(sys.argv[1], embedder=minilm_embedder(), name="script", ttl=3600)
 cache.store("Which sins are forgiven?", {"hits": ["kjv/matthew/12/31"]}, collection="kjv")
 hit = cache.lookup("Which sins will be forgiven?", collection="kjv")
 miss = cache.lookup("Which sins are not forgiven?", collection="kjv")
