@@ -1,4 +1,5 @@
-"""One fixture, both backends: every semantic cache test runs on pgvector and on Redis Stack."""
+"""One fixture, every backend: each semantic cache test runs on every semantic store
+(listed once, in tests/contract/search_backends.py: pgvector and Redis Stack)."""
 
 from __future__ import annotations
 
@@ -7,26 +8,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psycopg
 import pytest
 
 from herd.semantic import SemanticCache
-from tests.conftest import flush_redis
+from tests.contract.search_backends import SEMANTIC_STORES
 
 DIM = 8  # synthetic vectors: small, exact, and an index of their own
 
 
-@pytest.fixture(params=["postgres", "redis"])
+@pytest.fixture(params=list(SEMANTIC_STORES))
 def backend_url(request: pytest.FixtureRequest) -> tuple[str, str]:
-    if request.param == "postgres":
-        url = request.getfixturevalue("pg_url")
-        with psycopg.connect(url, autocommit=True) as conn:
-            if conn.execute("SELECT to_regclass('herd_semantic')").fetchone()[0]:  # type: ignore[index]
-                conn.execute("TRUNCATE herd_semantic, herd_semantic_stats, herd_semantic_sizes")
-    else:
-        url = request.getfixturevalue("redis_stack")
-        flush_redis(url)
-    return request.param, url
+    """(name, URL) of each semantic store (tests/contract/search_backends.py), emptied."""
+    return request.param, SEMANTIC_STORES[request.param](request)
 
 
 MakeCache = Callable[..., Awaitable[SemanticCache]]
