@@ -1,5 +1,5 @@
 """The backends of the two search seams, each listed once; each seam's suite runs on
-every entry through one fixture (``vector_store``, ``backend_url``).
+every entry through one fixture (``store`` there, ``backend_url``).
 
     vector store    tests/contract/test_vector_store.py  VECTOR_STORES    herd.rag.vectors
     semantic store  tests/semantic/ (conftest.py)        SEMANTIC_STORES  herd.semantic.stores

@@ -26,7 +26,7 @@ DIM = 8
 
 
 @pytest.fixture(params=list(VECTOR_STORES))
-async def vector_store(request, pg_url, tmp_path):
+async def store(request, pg_url, tmp_path):
     """herd's catalogue (``RagStore``) on each vector store, opened; ``.backend`` is the
     store's entry of VECTOR_STORES."""
     backend = VECTOR_STORES[request.param]
@@ -65,13 +65,21 @@ async def new_generation(store: RagStore, name: str, chunks: dict[str, str], tag
     return gen
 
 
+async def live_generation(store: RagStore, name: str, tag: str):
+    """A generation of chunks a (at unit 0) and b (at unit 1), indexed and swapped in."""
+    gen = await new_generation(store, name, {"a": "h", "b": "h"}, tag)
+    await write(store, gen, [("a", "h", unit(0), "a"), ("b", "h", unit(1), "b")], 1)
+    await store.build_index(gen)
+    await store.swap(gen)
+    return gen
+
+
 async def write(store: RagStore, gen, rows, token: int) -> None:
     async with store.connection() as conn, conn.transaction():
         await store.upsert_vectors(conn, gen, rows, token)
 
 
-async def test_upsert_then_search_ranks_by_cosine_and_reports_what_is_embedded(vector_store, capfd):
-    store = vector_store
+async def test_upsert_then_search_ranks_by_cosine_and_reports_what_is_embedded(store, capfd):
     name = f"c{uuid.uuid4().hex[:8]}"
     gen = await new_generation(store, name, {"a": "h1", "b": "h1", "c": "h1"}, "1")
     assert await store.count_missing(gen) == 3
@@ -110,13 +118,9 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
-async def test_another_process_answers_from_what_was_written(vector_store, pg_url):
-    store = vector_store
+async def test_another_process_answers_from_what_was_written(store, pg_url):
     name = f"c{uuid.uuid4().hex[:8]}"
-    gen = await new_generation(store, name, {"a": "h", "b": "h"}, "1")
-    await write(store, gen, [("a", "h", unit(0), "a"), ("b", "h", unit(1), "b")], 1)
-    await store.build_index(gen)
-    await store.swap(gen)
+    await live_generation(store, name, "1")
     await store.close()  # an embedded engine is one process's at a time
     url = store.vector_url.location
     reader = await asyncio.create_subprocess_exec(
@@ -128,8 +132,7 @@ async def test_another_process_answers_from_what_was_written(vector_store, pg_ur
     assert out.decode().split() == ["b", "a"]
 
 
-async def test_a_write_with_an_older_token_leaves_the_newer_vector(vector_store):
-    store = vector_store
+async def test_a_write_with_an_older_token_leaves_the_newer_vector(store):
     if store.vectors().joins_transaction:
         pytest.skip("pgvector's writes are fenced by the job's transaction, not by a token")
     name = f"c{uuid.uuid4().hex[:8]}"
@@ -144,13 +147,9 @@ async def test_a_write_with_an_older_token_leaves_the_newer_vector(vector_store)
     assert (await store.search(gen, unit(2), 1))[0].score == pytest.approx(1.0, abs=1e-4)
 
 
-async def test_swap_moves_queries_to_the_new_generation_and_drop_removes_the_old(vector_store):
-    store = vector_store
+async def test_swap_moves_queries_to_the_new_generation_and_drop_removes_the_old(store):
     name = f"c{uuid.uuid4().hex[:8]}"
-    old = await new_generation(store, name, {"a": "h", "b": "h"}, "1")
-    await write(store, old, [("a", "h", unit(0), "a"), ("b", "h", unit(1), "b")], 1)
-    await store.build_index(old)
-    await store.swap(old)
+    old = await live_generation(store, name, "1")
     assert (await store.live(name)).id == old.id
 
     new = await new_generation(store, name, {"a": "h", "b": "h"}, "2")
@@ -174,8 +173,7 @@ async def test_swap_moves_queries_to_the_new_generation_and_drop_removes_the_old
     assert [h.chunk_id for h in await store.search(live, unit(0), 1)] == ["b"]
 
 
-async def test_swap_refuses_a_generation_whose_store_lacks_a_vector(vector_store):
-    store = vector_store
+async def test_swap_refuses_a_generation_whose_store_lacks_a_vector(store):
     if store.vectors().joins_transaction:
         pytest.skip("pgvector's vectors are the catalogue rows the swap counts already")
     name = f"c{uuid.uuid4().hex[:8]}"
@@ -192,8 +190,7 @@ async def test_swap_refuses_a_generation_whose_store_lacks_a_vector(vector_store
     assert (await store.live(name)).id == gen.id
 
 
-async def test_the_alias_follows_each_swap(vector_store):
-    store = vector_store
+async def test_the_alias_follows_each_swap(store):
     aliased = store.backend.aliased
     if aliased is None:
         pytest.skip("this store has no aliases: herd's catalogue pointer is the alias")

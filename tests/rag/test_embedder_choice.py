@@ -12,10 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from herd import App, Worker
-from herd.builtin import tasks as builtin_tasks
 from herd.errors import InvalidInput
-from herd.rag import ingest
 from herd.rag.corpora import kjv_lines
 from herd.rag.embedders import folder as folders
 from herd.rag.embedders import spec as specs
@@ -24,6 +21,7 @@ from herd.rag.embedders.onnx import minilm_files
 from herd.rag.errors import IndexError_
 from herd.rag.ingest import IngestError, RagRuntime, plan_and_apply
 from herd.rag.query import answer
+from tests.rag.support import drain
 
 GENESIS_1 = [line for line in kjv_lines(1) if line.split()[1].startswith("1:")]
 
@@ -45,27 +43,6 @@ def e5_like(tmp_path_factory) -> Path:
         tmp_path_factory.mktemp("models") / "mini-e5",
         {"query_prefix": "query: ", "passage_prefix": "passage: ", "max_length": 128},
     )
-
-
-@pytest.fixture
-async def app(pg_url, herd_home, monkeypatch):
-    monkeypatch.delenv(specs.ENV, raising=False)
-    the_app = App(database_url=pg_url)
-    the_app.settings = the_app.settings.override(home=herd_home)
-    the_app.include(builtin_tasks)
-    async with the_app:
-        yield the_app
-
-
-async def drain(app: App) -> None:
-    await Worker(
-        app,
-        queues=[ingest.QUEUE],
-        concurrency=2,
-        poll_interval=0.05,
-        stop_when_idle=True,
-        install_signal_handlers=False,
-    ).run()
 
 
 def test_a_folder_model_with_e5_prefixes(e5_like):
