@@ -22,7 +22,7 @@ DSN = "postgresql"  # what a libpq key=value string (no scheme) is
 
 def store_for_url(url: str) -> SemanticStore:
     """The (unopened) semantic store at ``url``."""
-    scheme = url.partition("://")[0].lower() if "://" in url else DSN
+    scheme = url.partition("://")[0] if "://" in url else DSN
     make = STORES.get(scheme)
     if make is None:
         raise ConfigError(f"a semantic cache lives on redis:// or postgresql://, not {url[:20]!r}")
