@@ -37,6 +37,7 @@ from herd.console import (
 )
 from herd.errors import ConfigError, FallbackWarning
 from herd.queue.base import Job, JobStatus
+from herd.schedule.cli import schedule_cli
 
 T = TypeVar("T")
 
@@ -56,6 +57,7 @@ jobs_cli = typer.Typer(no_args_is_help=True, help="Inspect jobs.")
 dlq_cli = typer.Typer(no_args_is_help=True, help="The dead-letter queue.")
 cli.add_typer(jobs_cli, name="jobs")
 cli.add_typer(dlq_cli, name="dlq")
+cli.add_typer(schedule_cli, name="schedule")
 
 
 def _add_feature_commands(command: str | None = None) -> None:
@@ -222,7 +224,11 @@ def worker(
     async def work(a: App) -> Any:
         return await Worker(
             a,
-            queues=queue or sorted({"default", *(t.queue for t in app.tasks.values())}),
+            queues=queue
+            or sorted(
+                {"default", *(t.queue for t in app.tasks.values())}
+                | {s.queue for s in app.schedules.values()}
+            ),
             concurrency=concurrency,
             grace_period=grace,
             poll_interval=poll_interval,

@@ -46,6 +46,7 @@ from herd.errors import (
 from herd.jsonvalue import check
 from herd.masking import mask
 from herd.queue.base import Completion, DeadReason, Failure, JobStatus, Lease
+from herd.schedule.ticker import Ticker
 from herd.tasks import JobContext, call_task
 
 log = logging.getLogger("herd.worker")
@@ -137,6 +138,9 @@ class Worker:
             asyncio.create_task(self._heartbeat(), name="herd-heartbeat"),
             asyncio.create_task(self._completer(), name="herd-completer"),
         ]
+        if self.app.schedules:  # every worker ticks; the store lets one fire each tick
+            ticker = Ticker(self.app).run(self._stopping)
+            helpers.append(asyncio.create_task(ticker, name="herd-schedules"))
         log.info(
             "worker %s: queues %s, concurrency %d",
             self.name,

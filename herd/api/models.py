@@ -32,6 +32,7 @@ from herd.queue.base import (
     RunningJob,
     Throughput,
 )
+from herd.schedule.ops import ScheduleView
 
 
 def _storable(value: Any) -> Any:
@@ -303,6 +304,7 @@ class OverviewOut(BaseModel):
     ledger: list[LedgerRow]
     limits: list[LimitOut] = []  # the fleet's provider limits, O(limits)
     batches: list[BatchCardOut] = []  # the newest evaluation batches, and parked ones
+    schedules: list[ScheduleView] = []  # periodic jobs (herd.schedule), O(schedules)
     problems: list[str]  # sections that could not be read, and why
 
 

@@ -1,3 +1,10 @@
-"""Fixtures of the limiter tests (tests/limits/support.py)."""
+"""The fixtures of every seam's contract suite, over every backend (backends.py)."""
 
-from tests.limits.support import limiter, scope  # noqa: F401
+from tests.contract.backends import (  # noqa: F401
+    cache_backend,
+    limiter,
+    lock_backend,
+    milvus_server,
+    scope,
+    vector_store,
+)

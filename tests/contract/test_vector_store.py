@@ -1,4 +1,4 @@
-"""The vector store's contract, run on every store (tests/contract/search_backends.py:
+"""The vector store's contract, run on every store (tests/contract/backends.py:
 pgvector in the suite's PostgreSQL, Milvus Lite, a Milvus server, qdrant-client's local
 mode and qdrant-edge, each real).
 
@@ -19,28 +19,14 @@ from psycopg.types.json import Jsonb
 from herd.rag.errors import GenerationGone, IndexError_
 from herd.rag.store import RagStore
 from herd.rag.vectors.engine import alias
-from tests.contract import search_backends
-from tests.contract.search_backends import VECTOR_STORES
 
 DIM = 8
 
 
-@pytest.fixture(params=list(VECTOR_STORES))
-async def store(request, pg_url, tmp_path):
-    """herd's catalogue (``RagStore``) on each vector store, opened; ``.backend`` is the
-    store's entry of VECTOR_STORES."""
-    backend = VECTOR_STORES[request.param]
-    catalogue = RagStore(pg_url, vector_url=backend.url(request, tmp_path))
-    catalogue.backend = backend
-    await catalogue.open()
-    yield catalogue
-    await catalogue.close()
-
-
-@pytest.fixture(scope="session")
-def milvus_server(tmp_path_factory):
-    """A Milvus server for the session, started when a test first asks for it."""
-    yield from search_backends.milvus_server(tmp_path_factory.mktemp("milvus-server"))
+@pytest.fixture
+def store(vector_store):
+    """The vector store under test, through herd's catalogue (backends.py's ``vector_store``)."""
+    return vector_store
 
 
 def unit(i: int) -> np.ndarray:

@@ -22,7 +22,7 @@ from herd.rag.corpora import kjv_lines
 from herd.rag.ingest import RagRuntime, plan_and_apply
 from herd.rag.query import answer
 from herd.rag.store import RagStore
-from tests.contract.search_backends import VECTOR_STORES
+from tests.contract.backends import VECTOR_STORES
 
 # One ingest and query end to end per store outside PostgreSQL (their contract:
 # tests/contract/test_vector_store.py, on every store).

@@ -1,5 +1,5 @@
 """One fixture, every backend: each semantic cache test runs on every semantic store
-(listed once, in tests/contract/search_backends.py: pgvector and Redis Stack)."""
+(listed once, in tests/contract/backends.py: pgvector and Redis Stack)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from herd.semantic import SemanticCache
-from tests.contract.search_backends import SEMANTIC_STORES
+from tests.contract.backends import SEMANTIC_STORES
 
 DIM = 8  # synthetic vectors: small, exact, and an index of their own
 
 
 @pytest.fixture(params=list(SEMANTIC_STORES))
 def backend_url(request: pytest.FixtureRequest) -> tuple[str, str]:
-    """(name, URL) of each semantic store (tests/contract/search_backends.py), emptied."""
+    """(name, URL) of each semantic store (tests/contract/backends.py), emptied."""
     return request.param, SEMANTIC_STORES[request.param](request)
 
 
