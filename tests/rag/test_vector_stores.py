@@ -13,16 +13,17 @@ import uuid
 import numpy as np
 import pytest
 
-from herd import App, Worker
+from herd import App
 from herd.builtin import tasks as builtin_tasks
 from herd.config import Settings
 from herd.errors import ConfigError
-from herd.rag import ingest, vectors
+from herd.rag import vectors
 from herd.rag.corpora import kjv_lines
 from herd.rag.ingest import RagRuntime, plan_and_apply
 from herd.rag.query import answer
 from herd.rag.store import RagStore
 from tests.contract.backends import VECTOR_STORES
+from tests.rag.support import drain
 
 # One ingest and query end to end per store outside PostgreSQL (their contract:
 # tests/contract/test_vector_store.py, on every store).
@@ -74,10 +75,7 @@ async def test_ingest_and_query_answer_from_the_store(kind, request, pg_url, her
     async with app:
         plan = await plan_and_apply(app, [tmp_path / "kjv.txt"], name)
         assert plan.new_generation and plan.to_embed == len(GENESIS_1_3)
-        await Worker(
-            app, queues=[ingest.QUEUE], concurrency=2, poll_interval=0.05,
-            stop_when_idle=True, install_signal_handlers=False,
-        ).run()  # fmt: skip
+        await drain(app)
         rt = await RagRuntime.of(app)
         live = await rt.store.live(name)
         assert live is not None and live.store == vectors.parse(url).location
