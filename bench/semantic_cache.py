@@ -183,10 +183,10 @@ def _add(figures: dict[str, Any], latencies: list[float], right: int) -> None:
 
 async def run_pairs(url: str, home: Path) -> dict[str, Any]:
     """Hit rate on paraphrases, false-hit rate on near misses, with the real embedder."""
-    from herd.rag.embedders import default_embedder
+    from herd.rag.embedders import minilm_embedder
 
     pairs = [json.loads(line) for line in PAIRS.read_text(encoding="utf-8").splitlines() if line]
-    embedder = default_embedder(home)
+    embedder = minilm_embedder(home)
     vecs = embedder.embed([p["cached"] for p in pairs] + [p["asked"] for p in pairs])
     cached, asked = vecs[: len(pairs)], vecs[len(pairs) :]
     flush(url)
@@ -219,9 +219,9 @@ async def run_external(url: str, home: Path, pairs: list[dict[str, Any]]) -> dic
     """Hits per pair for each method on the external set (bounded: per seed, in order)."""
     import random
 
-    from herd.rag.embedders import default_embedder
+    from herd.rag.embedders import minilm_embedder
 
-    embedder = default_embedder(home)
+    embedder = minilm_embedder(home)
     vecs = embedder.embed([p["cached"] for p in pairs] + [p["asked"] for p in pairs])
     cached, asked = vecs[: len(pairs)], vecs[len(pairs) :]
     flush(url)

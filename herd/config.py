@@ -115,8 +115,9 @@ class Settings:
     # Seconds a corpus generation swapped out keeps its vectors, for the queries that
     # resolved it just before the swap; a later ingest's finalize drops it.
     rag_retired_grace: int = 300
-    # Where new corpus generations keep their vectors (herd.rag.vectors): None is
-    # pgvector in herd's database; milvus://, qdrant:// or qdrant+edge:// otherwise.
+    # Where new corpus generations keep their vectors: None is pgvector in herd's
+    # database; milvus://, qdrant:// or qdrant+edge:// otherwise. herd.rag.vectors,
+    # which knows the stores, checks it when the corpus index opens.
     vector_url: str | None = None
     # Seconds a succeeded job (and its result) is kept on either backend; 0 keeps them.
     finished_ttl: int = FINISHED_TTL
@@ -208,7 +209,7 @@ class Settings:
             max_result_bytes=_bytes(env, "HERD_MAX_RESULT_BYTES", MAX_BYTES),
             max_json_depth=_bytes(env, "HERD_MAX_JSON_DEPTH", MAX_DEPTH, unit="levels"),
             rag_retired_grace=_bytes(env, "HERD_RAG_RETIRED_GRACE", 300, unit="seconds"),
-            vector_url=_vector_url(env),
+            vector_url=env.get("HERD_VECTOR_URL", "").strip() or None,
             finished_ttl=_bytes(env, "HERD_FINISHED_TTL", FINISHED_TTL, unit="seconds", zero=True),
             ledger_ttl=_bytes(env, "HERD_LEDGER_TTL", LEDGER_TTL, unit="seconds", zero=True),
             eval_ttl=_bytes(env, "HERD_EVAL_TTL", EVAL_TTL, unit="seconds", zero=True),
@@ -362,15 +363,6 @@ def check_database_url(url: str, name: str) -> None:
             f"{name} is not a PostgreSQL URL: {shown!r}; expected {DATABASE_URL_FORM}"
             " (or libpq's 'host=HOST dbname=DATABASE ...')"
         ) from None
-
-
-def _vector_url(env: dict[str, str]) -> str | None:
-    """HERD_VECTOR_URL, refused at start when it names no store (its forms in the error)."""
-    from herd.rag.vectors import parse
-
-    raw = env.get("HERD_VECTOR_URL", "").strip() or None
-    parse(raw)
-    return raw
 
 
 def _tenant_tokens(env: dict[str, str], name: str) -> tuple[TenantToken, ...]:

@@ -10,8 +10,8 @@ from herd.api.models import Answer, CacheInfo, ErrorOut, Hit, QueryIn, QueryOut
 from herd.api.security import TENANTS_KEY
 from herd.config import Settings
 from herd.errors import InvalidInput
+from herd.rag.errors import IndexError_
 from herd.rag.query import answer
-from herd.rag.store import IndexError_
 
 router = APIRouter(tags=["retrieval"])
 

@@ -365,7 +365,7 @@ class HerdSemanticCache(PortalBacked, BaseCache):
     ) -> None:
         """
         settings: where the cache lives (default: the environment, as ``App()``).
-        embedder: turns prompts into vectors (default: herd's default embedder).
+        embedder: turns prompts into vectors (default: all-MiniLM-L6-v2, English).
         name, threshold, guards, ttl: as herd.SemanticCache.
         """
         super().__init__(f"herd-langchain-semantic-{name}")
@@ -374,9 +374,9 @@ class HerdSemanticCache(PortalBacked, BaseCache):
 
         self.settings = settings or Settings.from_env()
         if embedder is None:
-            from herd.rag.embedders import default_embedder
+            from herd.rag.embedders import minilm_embedder
 
-            embedder = default_embedder(self.settings.home)
+            embedder = minilm_embedder(self.settings.home)
         self.cache = SemanticCache(
             store_for(App(settings=self.settings)),
             embedder=embedder,

@@ -14,11 +14,12 @@ from rich.text import Text
 
 from herd import console
 from herd.app import App
-from herd.errors import InvalidInput
+from herd.errors import ConfigError, InvalidInput
 from herd.jsonvalue import check_text
+from herd.rag import vectors
+from herd.rag.errors import IndexError_
 from herd.rag.ingest import QUEUE, IngestError, Plan, RagRuntime, plan_and_apply
 from herd.rag.query import DEFAULT_MODE, MODES, Answer, answer
-from herd.rag.store import IndexError_
 
 
 def _collection_name(value: str) -> str:
@@ -26,6 +27,14 @@ def _collection_name(value: str) -> str:
     try:
         return check_text(value, "--collection")
     except InvalidInput as exc:
+        _fail(str(exc), code=2)
+
+
+def _check_vector_url(ctx: typer.Context) -> None:
+    """A bad HERD_VECTOR_URL is a usage error, refused before the index opens."""
+    try:
+        vectors.parse(console.opts(ctx).settings.vector_url)
+    except ConfigError as exc:
         _fail(str(exc), code=2)
 
 
@@ -92,6 +101,7 @@ def ingest(
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Index files: only chunks that are new or changed are embedded."""
+    _check_vector_url(ctx)
     if fmt != "auto":
         from herd.rag.chunkers import FORMATS
 
@@ -235,6 +245,7 @@ def query(
     with the same numbers, names, negations and scope words) is answered from the
     semantic cache, which says so, with the similarity.
     """
+    _check_vector_url(ctx)
     queries = list(texts or [])
     if file is not None:
         try:

@@ -25,14 +25,11 @@ import asyncio
 import functools
 import hashlib
 import logging
-import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
-from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from herd.app import App
@@ -42,7 +39,8 @@ from herd.locks import PostgresLocks
 from herd.queue.base import JobStatus
 from herd.rag.chunkers import FORMATS, ChunkError, chunk_file, format_of, get_chunker, place_of
 from herd.rag.embedders import spec as specs
-from herd.rag.embedders.onnx import OnnxEmbedder, default_embedder_like
+from herd.rag.embedders.base import Embedder
+from herd.rag.runs import RunStage
 from herd.rag.store import Generation, RagStore
 from herd.rag.vectors import DEFAULT as DEFAULT_STORE
 from herd.tasks import JobContext
@@ -51,13 +49,6 @@ log = logging.getLogger("herd.rag")
 
 EMBED_TASK, FINALIZE_TASK, QUEUE = "herd.rag.embed", "herd.rag.finalize", "embed"
 BATCH = 48  # chunks per job: big enough to amortize a round trip, small enough to retry
-
-
-class Embedder(Protocol):
-    id: str
-    dim: int
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
 class IngestError(HerdError):
@@ -84,7 +75,7 @@ def fingerprint(
     options: dict[str, Any],
     *,
     language: str = "english",
-    spec: str = "default",
+    spec: str = specs.UNRECORDED,
     vectors: str = DEFAULT_STORE,
 ) -> tuple[str, dict[str, Any]]:
     """What a generation's vectors and lexemes depend on: the embedder, every chunker's
@@ -101,20 +92,6 @@ def fingerprint(
         settings["vectors"] = vectors
     key = hashlib.sha256(canonical(settings).encode()).hexdigest()[:32]
     return key, {**settings, "embedder_spec": spec}
-
-
-# A run's deletion scope: the files it read and whatever lies under the folders it
-# was given. Folders compare as plain prefixes: under LIKE, the ``_``, ``%`` and
-# ``\`` of a folder's name would be wildcards reaching into its neighbours.
-SCOPE = (
-    "(c.source = ANY(%(files)s) OR EXISTS (SELECT 1 FROM unnest(%(folders)s::text[]) AS d(prefix)"
-    " WHERE starts_with(c.source, d.prefix)))"
-)
-
-
-def _prefixes(folders: Iterable[str | Path]) -> list[str]:
-    """What the paths under each folder start with (the root folder is its own prefix)."""
-    return [os.path.join(d, "") for d in folders]
 
 
 def _part(chunk_id: str, fmt_is_verse: bool, place: str) -> str:
@@ -160,10 +137,8 @@ class RagRuntime:
     async def embedder_for(self, spec: str, recorded: str | None = None) -> Embedder:
         """The embedder a canonical spec names, built once per process (models are big).
 
-        ``recorded`` is the id a generation was indexed with. The default spec names
-        two models, the fast CPU one and the shipped file a GPU runs (see
-        ``default_embedder``), so a generation built on one kind of machine gets its
-        own model on the other.
+        ``recorded`` is the id a generation was indexed with: a kind whose spec names
+        several models (see ``specs.variant``) gives the one with that id.
         """
         if spec not in self._embedders:
             async with self._building:
@@ -173,16 +148,14 @@ class RagRuntime:
                     built: Embedder = await asyncio.to_thread(specs.build, spec, self.home)
                     self._embedders[spec] = built
         found = self._embedders[spec]
-        if spec != specs.DEFAULT or recorded in (None, found.id):
-            return found
-        if not isinstance(found, OnnxEmbedder):  # one a test injected: nothing to pick
+        if recorded in (None, found.id):
             return found
         key = f"{spec}@{recorded}"
         if key not in self._embedders:
             async with self._building:
                 if key not in self._embedders:
                     self._embedders[key] = await asyncio.to_thread(
-                        functools.partial(default_embedder_like, recorded, self.home, first=found)
+                        specs.variant, spec, found, str(recorded), self.home
                     )
         return self._embedders[key]
 
@@ -202,7 +175,8 @@ class RagRuntime:
                     runtime = cls(
                         store,
                         locks,
-                        injected or functools.partial(default_embedder, app),
+                        injected
+                        or functools.partial(specs.build, specs.NEW_COLLECTIONS, app.settings.home),
                         app.settings.home,
                     )
                     app.state["rag"] = runtime
@@ -214,11 +188,6 @@ class RagRuntime:
                     app.on_close(close)
         assert isinstance(runtime, RagRuntime)
         return runtime
-
-
-def default_embedder(app: App) -> Embedder:
-    """The embedder of new collections (``specs.NEW_COLLECTIONS``)."""
-    return specs.build(specs.NEW_COLLECTIONS, app.settings.home)
 
 
 async def plan_and_apply(
@@ -247,7 +216,7 @@ async def plan_and_apply(
     places, folders, skipped = _expand(paths)
     spec = await _choose_embedder(collection, live, embedder, new_generation)
     # The live generation's model, when this run keeps its spec (see embedder_for).
-    same = live is not None and str(live.settings.get("embedder_spec") or specs.DEFAULT) == spec
+    same = live is not None and specs.recorded_spec(live.settings) == spec
     chosen = await rt.embedder_for(spec, live.settings.get("embedder") if same and live else None)
     lang = await _choose_language(rt.store, live, language, places, fmt)
     key, settings = fingerprint(
@@ -256,55 +225,29 @@ async def plan_and_apply(
     files = list(places)
     order = {f: i for i, f in enumerate(files)}
     chunk_format = None if fmt == "auto" else fmt
-    params = {
-        "c": collection,
-        "files": [str(f) for f in files],
-        "folders": _prefixes(folders),
-    }
-    async with rt.store.connection() as conn:
-        await conn.execute(
-            "CREATE TEMP TABLE IF NOT EXISTS herd_run_chunks (chunk_id text, source text,"
-            " part text, text text, breadcrumb text, metadata jsonb, hash text, ord integer)"
-        )
-        await conn.execute("TRUNCATE herd_run_chunks")
-        errors = skipped + await _load(conn, places, chunk_format, progress, order)
+    async with rt.store.stage_run(
+        collection, [str(f) for f in files], [str(d) for d in folders]
+    ) as stage:
+        errors = skipped + await _load(stage, places, chunk_format, progress, order)
         # A file whose ids are taken (by an earlier file of this run, or in the
         # collection by a file outside this run's scope) is read again with a place
         # that names it alone; ids that name their text stay and are reported below.
-        clashing = {Path(r[0]) for r in await (await conn.execute(_CLASHING, params)).fetchall()}
+        clashing = {Path(p) for p in await stage.clashing_sources()}
         if clashing:
             moved = {f: f"{places[f]}-{_digest(f)}" for f in files if f in clashing}
-            await conn.execute(
-                "DELETE FROM herd_run_chunks WHERE source = ANY(%s)", ([str(f) for f in moved],)
-            )
-            await _load(conn, moved, chunk_format, None, order)
-        await _refuse_clashes(conn, params)
-        counts = await (
-            await conn.execute(
-                "SELECT count(*) FILTER (WHERE c.chunk_id IS NULL),"
-                " count(*) FILTER (WHERE c.hash <> r.hash), count(*) FILTER (WHERE c.hash = r.hash)"
-                " FROM herd_run_chunks r LEFT JOIN herd_chunks c"
-                " ON c.collection = %(c)s AND c.chunk_id = r.chunk_id",
-                params,
-            )
-        ).fetchone()
-        deleted = await (
-            await conn.execute(
-                f"SELECT count(*) FROM herd_chunks c WHERE c.collection = %(c)s AND {SCOPE}"
-                " AND NOT EXISTS (SELECT 1 FROM herd_run_chunks r WHERE r.chunk_id = c.chunk_id)",
-                params,
-            )
-        ).fetchone()
-        assert counts is not None and deleted is not None
+            await stage.forget(str(f) for f in moved)
+            await _load(stage, moved, chunk_format, None, order)
+        await _refuse_clashes(stage)
+        added, changed, unchanged, deleted = await stage.changes()
         new_gen = live is None or live.fingerprint != key
         plan = Plan(
             collection,
             live.id if live and not new_gen else 0,
             new_gen,
-            added=counts[0],
-            changed=counts[1],
-            unchanged=counts[2],
-            deleted=deleted[0],
+            added=added,
+            changed=changed,
+            unchanged=unchanged,
+            deleted=deleted,
             errors=errors,
         )
         if not apply:
@@ -315,26 +258,7 @@ async def plan_and_apply(
             return plan
         gen, plan.new_generation = await rt.store.target(collection, key, settings, chosen.dim)
         plan.generation = gen.id
-        async with conn.transaction():
-            cur = await conn.execute(
-                "INSERT INTO herd_ingest_runs (collection, generation, files, folders)"
-                " VALUES (%(c)s, %(g)s, %(files)s, %(dirs)s) RETURNING id",
-                {**params, "g": gen.id, "dirs": [str(d) for d in folders]},
-            )
-            row = await cur.fetchone()
-            assert row is not None
-            plan.run = row[0]
-            await conn.execute(
-                "INSERT INTO herd_chunks (collection, chunk_id, source, part, text, breadcrumb,"
-                " metadata, hash, run_id) SELECT %(c)s, chunk_id, source, part, text, breadcrumb,"
-                " metadata, hash, %(run)s FROM herd_run_chunks ON CONFLICT (collection, chunk_id)"
-                " DO UPDATE SET source = excluded.source, part = excluded.part,"
-                " text = excluded.text, breadcrumb = excluded.breadcrumb,"
-                " metadata = excluded.metadata,"
-                " hash = excluded.hash, run_id = excluded.run_id",
-                {**params, "run": plan.run},
-            )
-        await conn.execute("DROP TABLE herd_run_chunks")
+        plan.run = await stage.store(gen.id)
     await enqueue_missing(app, rt, gen, plan)
     return plan
 
@@ -375,7 +299,7 @@ async def _choose_embedder(
     collection: str, live: Generation | None, asked: str | None, new_generation: bool
 ) -> str:
     requested = specs.requested(asked)
-    current = str(live.settings.get("embedder_spec") or specs.DEFAULT) if live else None
+    current = specs.recorded_spec(live.settings) if live else None
     if requested is None:
         return current or specs.NEW_COLLECTIONS
     spec = specs.canonical(requested)
@@ -396,7 +320,7 @@ async def _choose_language(
     fmt: str,
 ) -> str:
     if asked is not None:
-        known = sorted(r[0] for r in await store.fetch("SELECT cfgname FROM pg_ts_config"))
+        known = await store.text_search_configs()
         if asked not in known:
             raise IngestError(
                 f"--language {asked!r} is not a text-search configuration of this"
@@ -440,38 +364,19 @@ def _expand(paths: Sequence[Path]) -> tuple[dict[Path, str], list[Path], list[st
     return {f: p for f, p in files.items() if not text_problem(str(f))}, folders, skipped
 
 
-# The run's files whose chunk ids another file has: an earlier one of the run
-# (``ord``: the order the files were given), or one in the collection that this
-# run does not cover (one it covers gives its ids up: a text moved between files).
-_CLASHING = (
-    "SELECT source FROM (SELECT source, ord, min(ord) OVER (PARTITION BY chunk_id) AS first"
-    " FROM herd_run_chunks) r WHERE ord > first UNION SELECT r.source FROM herd_run_chunks r"
-    " JOIN herd_chunks c ON c.collection = %(c)s AND c.chunk_id = r.chunk_id"
-    f" WHERE c.source <> r.source AND NOT {SCOPE}"
-)
-
-
-async def _refuse_clashes(conn: Any, params: dict[str, Any]) -> None:
+async def _refuse_clashes(stage: RunStage) -> None:
     """Before anything is written: an id two files still share is an error naming both."""
-    cur = await conn.execute(
-        "SELECT chunk_id, array_agg(source ORDER BY ord) FROM herd_run_chunks GROUP BY chunk_id"
-        " HAVING count(*) > 1 LIMIT 1"
-    )
-    if row := await cur.fetchone():
+    if shared := await stage.shared_id():
+        chunk_id, sources = shared
         raise IngestError(
-            f"chunk id {row[0]!r} comes from both {row[1][0]} and {row[1][1]}: their ids"
+            f"chunk id {chunk_id!r} comes from both {sources[0]} and {sources[1]}: their ids"
             " name the text, not the file; ingest them into different collections"
         )
-    cur = await conn.execute(
-        "SELECT r.chunk_id, c.source, r.source FROM herd_run_chunks r JOIN herd_chunks c"
-        " ON c.collection = %(c)s AND c.chunk_id = r.chunk_id"
-        f" WHERE c.source <> r.source AND NOT {SCOPE} LIMIT 1",
-        params,
-    )
-    if row := await cur.fetchone():
+    if taken := await stage.taken_id():
+        chunk_id, theirs, ours = taken
         raise IngestError(
-            f"chunk id {row[0]!r} of {row[2]} is already in collection {params['c']!r},"
-            f" from {row[1]}: their ids name the text, not the file; ingest {row[1]} with"
+            f"chunk id {chunk_id!r} of {ours} is already in collection {stage.collection!r},"
+            f" from {theirs}: their ids name the text, not the file; ingest {theirs} with"
             " this run to replace it, or use another collection"
         )
 
@@ -481,7 +386,7 @@ def _digest(path: Path) -> str:
 
 
 async def _load(
-    conn: Any,
+    stage: RunStage,
     places: dict[Path, str],
     fmt: str | None,
     progress: Callable[[int], None] | None,
@@ -499,13 +404,7 @@ async def _load(
                 errors.append(f"{path}: the file is empty")
                 continue
             rows = 0
-            async with (
-                conn.transaction(),
-                conn.cursor().copy(
-                    "COPY herd_run_chunks (chunk_id, source, part, text, breadcrumb, metadata,"
-                    " hash, ord) FROM STDIN"
-                ) as copy,
-            ):
+            async with stage.file() as copy:
                 ord_ = order[path]
                 for chunk in chunk_file(path, format=fmt, place=place):
                     verse = "book" in chunk.metadata
@@ -543,7 +442,7 @@ async def embed_batch(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any
     rt = await RagRuntime.of(ctx.app)
     gen = await rt.store.generation(payload["generation"])
     embedder = await rt.embedder_for(
-        str(gen.settings.get("embedder_spec") or specs.DEFAULT), gen.settings.get("embedder")
+        specs.recorded_spec(gen.settings), gen.settings.get("embedder")
     )
     if embedder.id != gen.settings.get("embedder"):
         # Vectors of another model would corrupt the generation: refuse, loudly.
@@ -592,30 +491,7 @@ async def finalize(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     # Fenced by the job's lease: a finalize that lost it (paused, taken over) deletes
     # nothing and swaps nothing.
     async with ctx.fenced_transaction(rt.store.transaction) as conn:
-        cur = await conn.execute(
-            "SELECT files, folders FROM herd_ingest_runs WHERE id = %s", (payload["run"],)
-        )
-        row = await cur.fetchone()
-        files, folders = row if row else ([], [])
-        cur = await conn.execute(
-            "DELETE FROM herd_chunks c WHERE c.collection = %(c)s AND c.run_id < %(run)s AND"
-            f" {SCOPE} RETURNING chunk_id",
-            {
-                "c": gen.collection,
-                "run": payload["run"],
-                "files": files,
-                "folders": _prefixes(folders),
-            },
-        )
-        gone = [r[0] for r in await cur.fetchall()]
-        for table in await _vector_tables(conn, gen.collection):
-            await conn.execute(
-                sql.SQL("DELETE FROM {} WHERE chunk_id = ANY(%s)").format(table), (gone,)
-            )
-        await conn.execute(
-            "UPDATE herd_ingest_runs SET status = 'done', finished_at = now() WHERE id = %s",
-            (payload["run"],),
-        )
+        gone = await rt.store.finish_run(conn, payload["run"], gen.collection)
     if gone:
         # A store outside the catalogue after its commit; a crash in between leaves
         # vectors without chunks, which searches skip and the next swap removes.
@@ -645,14 +521,6 @@ async def _embedding_underway(app: App, gen_id: int) -> bool:
             # run whose jobs are still queued.
             return True
     return False
-
-
-async def _vector_tables(conn: Any, collection: str) -> list[sql.Identifier]:
-    cur = await conn.execute(
-        "SELECT id FROM herd_generations WHERE collection = %s AND status <> 'retired'",
-        (collection,),
-    )
-    return [sql.Identifier(f"herd_vectors_{r[0]}") for r in await cur.fetchall()]
 
 
 __all__ = ["Plan", "RagRuntime", "embed_batch", "finalize", "plan_and_apply"]

@@ -25,8 +25,9 @@ from herd.rag import fusion as fusions
 from herd.rag import references
 from herd.rag.embedders import spec as specs
 from herd.rag.embedders.base import embed_queries
+from herd.rag.errors import IndexError_
 from herd.rag.ingest import RagRuntime
-from herd.rag.store import Generation, Hit, IndexError_
+from herd.rag.store import Generation, Hit
 from herd.semantic.cache import SemanticHit
 from herd.semantic.runtime import query_cache
 
@@ -165,7 +166,7 @@ def embed_slots(app: App) -> EmbedSlots:
 
 
 def _spec_of(gen: Generation, asked: str | None) -> str:
-    own = str(gen.settings.get("embedder_spec") or specs.DEFAULT)
+    own = specs.recorded_spec(gen.settings)
     requested = specs.requested(asked)
     if requested is not None and specs.canonical(requested) != own:
         raise IndexError_(

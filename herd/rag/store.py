@@ -38,21 +38,22 @@ from psycopg.types import TypeInfo
 from psycopg.types.json import Jsonb
 
 from herd.db import postgres as pgdb
-from herd.errors import HerdError
+from herd.db.queries import named
 from herd.rag import vectors as stores
+from herd.rag.errors import IndexError_, generation_gone
+from herd.rag.runs import RunStage, finish
 from herd.rag.vectors import Row, Space, StoreUrl, VectorStore
+
+Q = named("herd.rag.sql")
+
+
+def _q(name: str, **parts: sql.Composable) -> sql.Composed:
+    """A named statement whose ``{placeholders}`` are identifiers or literals."""
+    return sql.SQL(Q[name]).format(**parts)
 
 
 def translate_errors(url: str) -> AbstractContextManager[None]:
     return pgdb.translate_errors(url, store="the corpus index")
-
-
-class IndexError_(HerdError):  # noqa: N801 - "IndexError" would shadow the builtin
-    """The index is not in a state that allows this."""
-
-
-class GenerationGone(IndexError_):
-    """The generation was retired and its vectors dropped: resolve the live one again."""
 
 
 @dataclass(frozen=True)
@@ -96,15 +97,15 @@ class RagStore:
     def __init__(
         self, url: str, *, pool_size: int = 4, vector_url: StoreUrl | str | None = None
     ) -> None:
+        # Where new generations put their vectors (HERD_VECTOR_URL), checked first.
+        self.vector_url = (
+            vector_url if isinstance(vector_url, StoreUrl) else stores.parse(vector_url)
+        )
         self.url = url
         self.pool = pgdb.SharedPool(
             url, max_size=pool_size, store="the corpus index", adapt=self._adapt
         )
         self._vector_info: TypeInfo | None = None
-        # Where new generations put their vectors (HERD_VECTOR_URL).
-        self.vector_url = (
-            vector_url if isinstance(vector_url, StoreUrl) else stores.parse(vector_url)
-        )
         self._stores: dict[str, VectorStore] = {}
 
     async def open(self) -> None:
@@ -146,26 +147,41 @@ class RagStore:
             cur = await conn.execute(query, params)
             return await cur.fetchall() if cur.description else []
 
+    # -- ingest runs: the only writer of herd_chunks and herd_ingest_runs
+
+    @asynccontextmanager
+    async def stage_run(
+        self, collection: str, files: list[str], folders: list[str]
+    ) -> AsyncIterator[RunStage]:
+        """A run's staging table on a connection of its own (see ``herd.rag.runs``)."""
+        async with self.connection() as conn:
+            await conn.execute(Q["create_run_table"])
+            await conn.execute(Q["truncate_run_table"])
+            yield RunStage(conn, collection, files, folders)
+            await conn.execute(Q["drop_run_table"])
+
+    async def finish_run(self, conn: AsyncConnection[Any], run: int, collection: str) -> list[str]:
+        """In ``conn``'s (fenced) transaction: remove what the run no longer saw, mark it
+        done; the chunk ids removed (their vectors outside PostgreSQL go after the commit,
+        with ``delete_vectors``)."""
+        return await finish(conn, run, collection)
+
+    async def text_search_configs(self) -> list[str]:
+        """The server's text-search configurations (a generation's ``language``)."""
+        return sorted(r[0] for r in await self.fetch(Q["text_search_configs"]))
+
     # -- generations
 
     async def live(self, collection: str) -> Generation | None:
-        rows = await self._generations(
-            "SELECT g.* FROM herd_generations g JOIN herd_collections c"
-            " ON c.live_generation = g.id WHERE c.name = %s",
-            (collection,),
-        )
+        rows = await self._generations(Q["live_generation"], (collection,))
         return rows[0] if rows else None
 
     async def active(self, collection: str) -> list[Generation]:
         """The collection's generations that are live or being built."""
-        return await self._generations(
-            "SELECT * FROM herd_generations WHERE collection = %s AND status <> 'retired'"
-            " ORDER BY id",
-            (collection,),
-        )
+        return await self._generations(Q["active_generations"], (collection,))
 
     async def generation(self, gen_id: int) -> Generation:
-        rows = await self._generations("SELECT * FROM herd_generations WHERE id = %s", (gen_id,))
+        rows = await self._generations(Q["generation"], (gen_id,))
         if not rows:
             raise IndexError_(f"no index generation {gen_id}")
         return rows[0]
@@ -192,38 +208,20 @@ class RagStore:
         live = await self.live(collection)
         if live is not None and live.fingerprint == fingerprint:
             return live, False
-        rows = await self._generations(
-            "SELECT * FROM herd_generations WHERE collection = %s AND fingerprint = %s"
-            " AND status = 'building' ORDER BY id DESC LIMIT 1",
-            (collection, fingerprint),
-        )
+        rows = await self._generations(Q["building_generation"], (collection, fingerprint))
         if rows:
             return rows[0], True
         async with self.connection() as conn, conn.transaction():
-            await conn.execute(
-                "INSERT INTO herd_collections (name) VALUES (%s) ON CONFLICT DO NOTHING",
-                (collection,),
-            )
+            await conn.execute(Q["add_collection"], (collection,))
             cur = await conn.execute(
-                "INSERT INTO herd_generations (collection, fingerprint, settings, dim)"
-                " VALUES (%s, %s, %s, %s) RETURNING id",
-                (collection, fingerprint, Jsonb(settings), dim),
+                Q["add_generation"], (collection, fingerprint, Jsonb(settings), dim)
             )
             row = await cur.fetchone()
             assert row is not None
             gen = Generation(row[0], collection, fingerprint, dim, "building", settings)
-            await conn.execute(
-                sql.SQL(
-                    "CREATE TABLE {} (chunk_id text PRIMARY KEY, hash text NOT NULL,"
-                    " lexemes tsvector NOT NULL)"
-                ).format(gen.table)
-            )
-            # Unlike HNSW, a GIN index takes single inserts cheaply (its pending list).
-            await conn.execute(
-                sql.SQL("CREATE INDEX {} ON {} USING gin (lexemes)").format(
-                    sql.Identifier(f"herd_vectors_{gen.id}_lexemes"), gen.table
-                )
-            )
+            await conn.execute(_q("create_generation_table", t=gen.table))
+            index = sql.Identifier(f"herd_vectors_{gen.id}_lexemes")
+            await conn.execute(_q("index_lexemes", index=index, t=gen.table))
             # The store's space last: a failure there rolls the catalogue back.
             await self.vectors(gen.store).create(conn, gen.space)
         return gen, True
@@ -253,12 +251,7 @@ class RagStore:
         if store.joins_transaction:
             return
         await conn.execute(
-            sql.SQL(
-                "INSERT INTO {} (chunk_id, hash, lexemes) SELECT i, h, to_tsvector({}::regconfig,"
-                " t) FROM unnest(%s::text[], %s::text[], %s::text[]) AS r(i, h, t)"
-                " ON CONFLICT (chunk_id) DO UPDATE SET hash = excluded.hash,"
-                " lexemes = excluded.lexemes"
-            ).format(gen.table, sql.Literal(gen.language)),
+            _q("upsert_lexemes", t=gen.table, language=sql.Literal(gen.language)),
             ([r[0] for r in rows], [r[1] for r in rows], [r[3] for r in rows]),
         )
 
@@ -277,25 +270,11 @@ class RagStore:
     async def missing(self, gen: Generation) -> list[tuple[str, str, str]]:
         """(chunk_id, hash, part) of the collection's chunks not embedded at their hash."""
         return [
-            (a, b, c)
-            for a, b, c in await self.fetch(
-                sql.SQL(
-                    "SELECT c.chunk_id, c.hash, c.part FROM herd_chunks c LEFT JOIN {} v"
-                    " ON v.chunk_id = c.chunk_id AND v.hash = c.hash"
-                    " WHERE c.collection = %s AND v.chunk_id IS NULL ORDER BY c.part, c.chunk_id"
-                ).format(gen.table),
-                (gen.collection,),
-            )
+            (a, b, c) for a, b, c in await self.fetch(_q("missing", t=gen.table), (gen.collection,))
         ]
 
     async def count_missing(self, gen: Generation) -> int:
-        rows = await self.fetch(
-            sql.SQL(
-                "SELECT count(*) FROM herd_chunks c LEFT JOIN {} v ON v.chunk_id = c.chunk_id"
-                " AND v.hash = c.hash WHERE c.collection = %s AND v.chunk_id IS NULL"
-            ).format(gen.table),
-            (gen.collection,),
-        )
+        rows = await self.fetch(_q("count_missing", t=gen.table), (gen.collection,))
         return int(rows[0][0])
 
     async def texts(
@@ -305,21 +284,14 @@ class RagStore:
         return [
             (a, b, c)
             for a, b, c in await self.fetch(
-                "SELECT c.chunk_id, c.hash, c.text FROM herd_chunks c JOIN unnest(%s::text[],"
-                " %s::text[]) AS i(id, hash) ON c.chunk_id = i.id AND c.hash = i.hash"
-                " WHERE c.collection = %s ORDER BY c.chunk_id",
-                ([i[0] for i in items], [i[1] for i in items], collection),
+                Q["current_texts"], ([i[0] for i in items], [i[1] for i in items], collection)
             )
         ]
 
     async def embedded(self, gen: Generation, items: Sequence[tuple[str, str]]) -> set[str]:
         """The items' chunk ids that already have a vector at that hash (acknowledged)."""
         rows = await self.fetch(
-            sql.SQL(
-                "SELECT v.chunk_id FROM {} v JOIN unnest(%s::text[], %s::text[]) AS i(id, hash)"
-                " ON v.chunk_id = i.id AND v.hash = i.hash"
-            ).format(gen.table),
-            ([i[0] for i in items], [i[1] for i in items]),
+            _q("embedded", t=gen.table), ([i[0] for i in items], [i[1] for i in items])
         )
         return {r[0] for r in rows}
 
@@ -335,19 +307,8 @@ class RagStore:
         if not store.joins_transaction:
             await self._check_store(store, gen)
         async with (transaction or self.transaction)() as conn:
-            await conn.execute(
-                "SELECT 1 FROM herd_collections WHERE name = %s FOR UPDATE", (gen.collection,)
-            )
-            cur = await conn.execute(
-                sql.SQL(
-                    "SELECT (SELECT count(*) FROM herd_chunks WHERE collection = %(c)s),"
-                    " (SELECT count(*) FROM {t}),"
-                    " (SELECT md5(string_agg(chunk_id || hash, ',' ORDER BY chunk_id))"
-                    "    FROM herd_chunks WHERE collection = %(c)s),"
-                    " (SELECT md5(string_agg(chunk_id || hash, ',' ORDER BY chunk_id)) FROM {t})"
-                ).format(t=gen.table),
-                {"c": gen.collection},
-            )
+            await conn.execute(Q["lock_collection"], (gen.collection,))
+            cur = await conn.execute(_q("swap_check", t=gen.table), {"c": gen.collection})
             row = await cur.fetchone()
             assert row is not None
             chunks, vectors, sum_chunks, sum_vectors = row
@@ -356,25 +317,14 @@ class RagStore:
                     f"generation {gen.id} of {gen.collection!r} does not match its chunks"
                     f" ({vectors} vectors for {chunks} chunks); not swapping"
                 )
-            cur = await conn.execute(
-                "UPDATE herd_generations SET status = 'live', swapped_at = now()"
-                " WHERE id = %s AND status = 'building'",
-                (gen.id,),
-            )
+            cur = await conn.execute(Q["make_live"], (gen.id,))
             if cur.rowcount != 1:
                 raise IndexError_(
                     f"generation {gen.id} of {gen.collection!r} is no longer being built;"
                     " not swapping"
                 )
-            await conn.execute(
-                "UPDATE herd_generations SET status = 'retired', retired_at = now()"
-                " WHERE collection = %s AND status = 'live' AND id <> %s",
-                (gen.collection, gen.id),
-            )
-            await conn.execute(
-                "UPDATE herd_collections SET live_generation = %s WHERE name = %s",
-                (gen.id, gen.collection),
-            )
+            await conn.execute(Q["retire_others"], (gen.collection, gen.id))
+            await conn.execute(Q["point_collection"], (gen.id, gen.collection))
         # After the commit: other readers of the alias move when herd's queries do.
         await self.vectors(gen.store).publish(gen.space)
 
@@ -384,16 +334,13 @@ class RagStore:
         back) is deleted, so the chunk counts as missing and the next run embeds it
         again; what else the store holds (a chunk deleted after a crash between the
         catalogue's commit and the store's delete) is removed."""
-        rows = await self.fetch(sql.SQL("SELECT chunk_id, hash FROM {}").format(gen.table))
+        rows = await self.fetch(_q("rows_of", t=gen.table))
         expected = {a: b for a, b in rows}
         held = await store.inventory(gen.space)
         wrong = [c for c, h in expected.items() if held.get(c) != h]
         if wrong:
             async with self.connection() as conn:
-                await conn.execute(
-                    sql.SQL("DELETE FROM {} WHERE chunk_id = ANY(%s)").format(gen.table),
-                    (wrong,),
-                )
+                await conn.execute(_q("delete_rows", t=gen.table), (wrong,))
             raise IndexError_(
                 f"generation {gen.id} of {gen.collection!r}: the vector store {gen.store} lacks"
                 f" {len(wrong)} of its {len(expected)} vectors at their hash (first:"
@@ -408,24 +355,13 @@ class RagStore:
         A query still reading a table holds the DROP back until it is done.
         """
         dropped = []
-        for gen in await self._generations(
-            "SELECT * FROM herd_generations WHERE status = 'retired' AND dropped_at IS NULL"
-            " AND (retired_at IS NULL OR retired_at <= now() - make_interval(secs => %s))"
-            " ORDER BY id",
-            (grace,),
-        ):
+        for gen in await self._generations(Q["retired_to_drop"], (grace,)):
             gen_id = gen.id
             # The store's space first: a crash after it leaves the catalogue to retry.
             await self.vectors(gen.store).drop(gen.space)
             async with self.connection() as conn, conn.transaction():
-                await conn.execute(
-                    sql.SQL("DROP TABLE IF EXISTS {}").format(
-                        sql.Identifier(f"herd_vectors_{gen_id}")
-                    )
-                )
-                await conn.execute(
-                    "UPDATE herd_generations SET dropped_at = now() WHERE id = %s", (gen_id,)
-                )
+                await conn.execute(_q("drop_generation_table", t=gen.table))
+                await conn.execute(Q["mark_dropped"], (gen_id,))
             dropped.append(gen_id)
         return dropped
 
@@ -438,11 +374,7 @@ class RagStore:
         found = await self.vectors(gen.store).search(gen.space, vector, k, ef_search)
         if not found:
             return []
-        rows = await self.fetch(
-            "SELECT c.chunk_id, c.breadcrumb, c.text, c.metadata FROM herd_chunks c"
-            " JOIN unnest(%s::text[]) AS i(id) ON c.chunk_id = i.id WHERE c.collection = %s",
-            ([c for c, _ in found], gen.collection),
-        )
+        rows = await self.fetch(Q["chunks_by_id"], ([c for c, _ in found], gen.collection))
         chunks = {a: (b, t, m) for a, b, t, m in rows}
         # A vector whose chunk was deleted since (see _check_store) is no answer.
         return [Hit(c, *chunks[c][:2], score, chunks[c][2]) for c, score in found if c in chunks]
@@ -458,15 +390,13 @@ class RagStore:
         stopwords), any of them may match (OR), and each counts by its inverse
         document frequency. The score is BM25's, not a cosine.
         """
-        query = sql.SQL(_BM25).format(t=gen.table)
+        query = _q("bm25", t=gen.table)
         params = {"cfg": gen.language, "q": text, "k": k, "c": gen.collection}
         async with self.connection() as conn:
             try:
                 cur = await conn.execute(query, params)
             except psycopg.errors.UndefinedTable:
-                raise GenerationGone(
-                    f"generation {gen.id} of {gen.collection!r} was swapped out and dropped"
-                ) from None
+                raise generation_gone(gen.id, gen.collection) from None
             except psycopg.errors.UndefinedColumn:
                 raise IndexError_(
                     f"generation {gen.id} of {gen.collection!r} predates lexical search:"
@@ -479,47 +409,8 @@ class RagStore:
         in the order of the patterns, then by id; score 1.0."""
         if not patterns:
             return []
-        rows = await self.fetch(
-            "SELECT c.chunk_id, c.breadcrumb, c.text, c.metadata FROM herd_chunks c"
-            " JOIN unnest(%s::text[]) WITH ORDINALITY AS p(pattern, n)"
-            " ON c.chunk_id LIKE p.pattern WHERE c.collection = %s"
-            " ORDER BY p.n, c.chunk_id LIMIT 50",
-            (list(patterns), collection),
-        )
+        rows = await self.fetch(Q["units"], (list(patterns), collection))
         seen: dict[str, Hit] = {}
         for a, b, t, m in rows:
             seen.setdefault(a, Hit(a, b, t, 1.0, m))
         return list(seen.values())
-
-
-# A query lexeme as a tsquery operand: quoted, so that no character of it is an operator.
-_OPERAND = r"('''' || replace(replace(lex, '\', '\\'), '''', '''''') || '''')"
-
-_BM25 = f"""
-WITH terms AS (
-    SELECT DISTINCT lex
-    FROM unnest(tsvector_to_array(to_tsvector(%(cfg)s::regconfig, %(q)s))) AS lex
-), df AS (
-    SELECT lex, (SELECT count(*) FROM {{t}} WHERE lexemes @@ {_OPERAND}::tsquery) AS df
-    FROM terms
-), stats AS (
-    SELECT count(*)::float8 AS n, greatest(avg(length(lexemes)), 1)::float8 AS avgdl FROM {{t}}
-), wanted AS (
-    SELECT string_agg({_OPERAND}, ' | ')::tsquery AS tsq FROM df WHERE df > 0
-), scored AS (
-    SELECT v.chunk_id, sum(
-        ln(1 + (stats.n - df.df + 0.5) / (df.df + 0.5))
-        * cardinality(u.positions) * 2.2
-        / (cardinality(u.positions) + 1.2 * (0.25 + 0.75 * length(v.lexemes) / stats.avgdl))
-    ) AS score
-    FROM wanted, stats, {{t}} v
-    CROSS JOIN LATERAL unnest(v.lexemes) AS u(lexeme, positions, weights)
-    JOIN df ON df.lex = u.lexeme
-    WHERE v.lexemes @@ wanted.tsq
-    GROUP BY v.chunk_id
-    ORDER BY score DESC, v.chunk_id LIMIT %(k)s
-)
-SELECT s.chunk_id, c.breadcrumb, c.text, s.score, c.metadata
-FROM scored s JOIN herd_chunks c ON c.collection = %(c)s AND c.chunk_id = s.chunk_id
-ORDER BY s.score DESC, s.chunk_id
-"""

@@ -1,6 +1,6 @@
 """The semantic query cache: an answer for a query close enough to one already answered.
 
-    cache = SemanticCache("postgresql://…", embedder=default_embedder())  # or redis://
+    cache = SemanticCache("postgresql://…", embedder=minilm_embedder())  # or redis://
     async with cache:
         hit = await cache.alookup("What does Pasal 5 say about wages?", collection="uu")
         if hit is None:
@@ -53,6 +53,7 @@ from herd.semantic.base import (
     similarities,
 )
 from herd.semantic.guards import Signature, signature
+from herd.semantic.stores import store_for_url
 
 Source = Literal["hit", "waited", "computed", "stale", "early"]
 # The index scores in float32: a candidate whose index similarity is this far below
@@ -639,15 +640,3 @@ class _Bridge:
 
     async def stats(self) -> dict[str, dict[str, int]]:
         return {self.cache.name: await self.cache.astats()}
-
-
-def store_for_url(url: str) -> SemanticStore:
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        from herd.semantic.redis import RedisSemanticStore
-
-        return RedisSemanticStore(url)
-    if url.startswith(("postgres://", "postgresql://")) or "://" not in url:  # or a libpq DSN
-        from herd.semantic.postgres import PostgresSemanticStore
-
-        return PostgresSemanticStore(url)
-    raise ConfigError(f"a semantic cache lives on redis:// or postgresql://, not {url[:20]!r}")

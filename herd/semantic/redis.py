@@ -33,6 +33,7 @@ from herd.db import redis as rdb
 from herd.errors import BrokerError, ConfigError
 from herd.jsonvalue import dumps, loads
 from herd.locks.base import BaseLocks
+from herd.locks.redis import RedisLocks
 from herd.names import hash_tag, tagged
 from herd.semantic.base import NEVER, Candidate, NewEntry, Scope, Vector
 
@@ -149,8 +150,6 @@ class RedisSemanticStore:
             return await coro
 
     def locks(self) -> BaseLocks:
-        from herd.locks.redis import RedisLocks
-
         return RedisLocks(self.url)
 
     async def open(self, dim: int | None) -> None:

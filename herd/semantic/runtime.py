@@ -12,7 +12,9 @@ from typing import Any
 from herd.app import App
 from herd.cache.stores import cache_url
 from herd.semantic.base import SemanticStore
-from herd.semantic.cache import SemanticCache, store_for_url
+from herd.semantic.cache import SemanticCache
+from herd.semantic.stats import summarize
+from herd.semantic.stores import store_for_url
 
 QUERY_CACHE = "rag"  # the name of the cache in front of `herd query`
 
@@ -74,8 +76,6 @@ async def _stats_store(app: App) -> SemanticStore:
 
 async def backend_stats(app: App) -> dict[str, dict[str, Any]]:
     """Every semantic cache's figures, by name (no embedder needed)."""
-    from herd.semantic.stats import summarize
-
     # The dashboard asks every 2 s: one store for the app's life, not one per read.
     store = await _stats_store(app)
     return {name: summarize(raw) for name, raw in sorted((await store.read_stats()).items())}

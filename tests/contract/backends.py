@@ -11,13 +11,17 @@ adding one entry to its table.
     limiter      tests/contract/test_limits.py                LIMITERS
     locks        tests/contract/test_locks.py                 LOCKS
     cache_store  tests/contract/test_cache_store.py           CACHE_STORES
+    vector_store tests/contract/test_vector_store.py          VECTOR_STORES
+    semantic     tests/semantic/ (its conftest's backend_url) SEMANTIC_STORES
 """
 
 from __future__ import annotations
 
+import socket
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -38,6 +42,7 @@ from herd.locks.redis import RedisLocks, lock_key
 from herd.queue.base import Broker
 from herd.queue.postgres import PostgresBroker
 from herd.queue.redis import RedisBroker
+from herd.rag.store import RagStore
 from tests.helpers import flush_redis, truncate
 
 Request = pytest.FixtureRequest
@@ -308,3 +313,90 @@ async def cache_backend(request: Request) -> AsyncIterator[CacheBackend]:
     finally:
         await b.locks.close()
         await b.store.close()
+
+
+# -- vector stores (herd.rag.vectors.BACKENDS)
+
+
+def _milvus_alias(client: Any, alias: str) -> str:
+    return str(client.describe_alias(alias)["collection_name"])
+
+
+def _qdrant_alias(client: Any, alias: str) -> str:
+    return {a.alias_name: a.collection_name for a in client.get_aliases().aliases}[alias]
+
+
+@dataclass(frozen=True)
+class VectorBackend:
+    url: Callable[[Request, Path], str]
+    """The HERD_VECTOR_URL of an empty store, given the test's folder."""
+    aliased: Callable[[Any, str], str] | None = None
+    """The collection the store's alias names, asked of its client (None: no aliases)."""
+    known_warning: str = ""
+    """A warning its client logs on a scan that is right for this backend, if any."""
+
+
+VECTOR_STORES: dict[str, VectorBackend] = {
+    "pgvector": VectorBackend(lambda r, d: "pgvector"),
+    "milvus-lite": VectorBackend(lambda r, d: f"milvus://{d}/vectors.db", _milvus_alias),
+    # pymilvus 3 asks a 2.3 server for a session timestamp it does not serve, and says
+    # that it uses the client's clock instead: true of that server, so it is shown.
+    "milvus-server": VectorBackend(
+        lambda r, d: str(r.getfixturevalue("milvus_server")),
+        _milvus_alias,
+        known_warning="failed to get mvccTs",
+    ),
+    "qdrant-local": VectorBackend(lambda r, d: f"qdrant://{d}/qdrant", _qdrant_alias),
+    "qdrant-edge": VectorBackend(lambda r, d: f"qdrant+edge://{d}/edge"),
+}
+
+
+@pytest.fixture(params=list(VECTOR_STORES))
+async def vector_store(request: Request, pg_url: str, tmp_path: Path) -> AsyncIterator[RagStore]:
+    """herd's catalogue (``RagStore``) on each vector store, opened; ``.backend`` is the
+    store's entry of VECTOR_STORES."""
+    backend = VECTOR_STORES[request.param]
+    catalogue = RagStore(pg_url, vector_url=backend.url(request, tmp_path))
+    catalogue.backend = backend  # type: ignore[attr-defined]
+    await catalogue.open()
+    yield catalogue
+    await catalogue.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def milvus_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Milvus standalone server (the ``milvus`` package: 2.3's binary with an embedded
+    etcd and local storage) for the session, started when a test first asks for it; its
+    ``milvus://`` URL."""
+    milvus = pytest.importorskip("milvus", reason="the milvus package (a Milvus server)")
+    port = _free_port()
+    folder = tmp_path_factory.mktemp("milvus-server")
+    server = milvus.MilvusServer(data_dir=str(folder), proxy_port=port)
+    server.start()  # returns once its /healthz answers
+    try:
+        yield f"milvus://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+# -- semantic stores (herd.semantic.stores.STORES)
+
+
+def _semantic_postgres(request: Request) -> str:
+    url = str(request.getfixturevalue("pg_url"))
+    with psycopg.connect(url, autocommit=True) as conn:
+        if conn.execute("SELECT to_regclass('herd_semantic')").fetchone()[0]:  # type: ignore[index]
+            conn.execute("TRUNCATE herd_semantic, herd_semantic_stats, herd_semantic_sizes")
+    return url
+
+
+SEMANTIC_STORES: dict[str, Callable[[Request], str]] = {
+    "postgres": _semantic_postgres,  # pgvector
+    "redis": redis_stack,  # Redis Stack's search module
+}

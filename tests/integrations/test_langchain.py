@@ -228,9 +228,9 @@ def test_herd_imports_no_langchain():
 
 @pytest.fixture(scope="module")
 def embedder(herd_home):
-    from herd.rag.embedders import default_embedder
+    from herd.rag.embedders import minilm_embedder
 
-    return default_embedder(herd_home)
+    return minilm_embedder(herd_home)
 
 
 def test_semantic_cache_serves_a_paraphrase_and_not_a_negation(cache_env, counter, tag, embedder):

@@ -19,11 +19,11 @@ from herd.rag.embedders import device as devices
 from herd.rag.embedders.base import EmbedError
 from herd.rag.embedders.onnx import (
     OnnxEmbedder,
-    default_embedder,
-    default_embedder_like,
+    minilm_embedder,
     minilm_files,
+    minilm_like,
 )
-from herd.rag.embedders.spec import DEFAULT
+from herd.rag.embedders.spec import MINILM
 from herd.rag.ingest import RagRuntime
 
 GPU_HERE = devices.CUDA in ort.get_available_providers()
@@ -49,7 +49,7 @@ def test_cuda_without_a_gpu_build_is_refused_with_the_fix(
     with pytest.raises(ConfigError, match=r"HERD_EMBED_DEVICE=cuda.*pip install 'herd\[gpu\]'"):
         devices.place()
     with pytest.raises(ConfigError, match="HERD_EMBED_DEVICE=cuda"):
-        default_embedder(fast=False)
+        minilm_embedder(fast=False)
 
 
 def test_an_unknown_device_names_the_variable_and_the_choices(
@@ -103,21 +103,21 @@ def test_on_a_gpu_a_batch_invariant_model_runs_in_large_batches_one_at_a_time() 
 def test_the_default_model_a_generation_was_built_with_is_found_on_any_machine(
     herd_home: Path,
 ) -> None:
-    fast = default_embedder(herd_home)
-    shipped = default_embedder(herd_home, fast=False)
+    fast = minilm_embedder(herd_home)
+    shipped = minilm_embedder(herd_home, fast=False)
     assert fast.id != shipped.id
-    assert default_embedder_like(shipped.id, herd_home).id == shipped.id
-    assert default_embedder_like("onnx:someone-else", herd_home).id == fast.id
+    assert minilm_like(shipped.id, herd_home).id == shipped.id
+    assert minilm_like("onnx:someone-else", herd_home).id == fast.id
 
 
 async def test_the_runtime_serves_a_generation_with_its_own_default_model(
     herd_home: Path,
 ) -> None:
     """An index built on a GPU (the shipped file) queried on a CPU machine."""
-    cpu = RagRuntime(None, None, lambda: default_embedder(herd_home), herd_home)  # type: ignore[arg-type]
-    fast = await cpu.embedder_for(DEFAULT)
-    shipped_id = default_embedder(herd_home, fast=False).id
+    cpu = RagRuntime(None, None, lambda: minilm_embedder(herd_home), herd_home)  # type: ignore[arg-type]
+    fast = await cpu.embedder_for(MINILM)
+    shipped_id = minilm_embedder(herd_home, fast=False).id
     assert fast.id != shipped_id
-    assert (await cpu.embedder_for(DEFAULT, shipped_id)).id == shipped_id
-    assert (await cpu.embedder_for(DEFAULT, fast.id)) is fast
-    assert (await cpu.embedder_for(DEFAULT, None)) is fast
+    assert (await cpu.embedder_for(MINILM, shipped_id)).id == shipped_id
+    assert (await cpu.embedder_for(MINILM, fast.id)) is fast
+    assert (await cpu.embedder_for(MINILM, None)) is fast

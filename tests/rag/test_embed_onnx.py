@@ -15,7 +15,7 @@ import pytest
 from herd.errors import FallbackWarning
 from herd.rag.embedders import optimize
 from herd.rag.embedders.base import Embedder, sha256_file
-from herd.rag.embedders.onnx import OnnxEmbedder, default_embedder, minilm_files
+from herd.rag.embedders.onnx import OnnxEmbedder, minilm_embedder, minilm_files
 
 VERSES = [
     "In the beginning God created the heaven and the earth.",
@@ -42,7 +42,7 @@ TEXTS = [f"{v} {o}".strip() for v in VERSES for o in OTHERS]  # 50 texts, 4 to 6
 
 @pytest.fixture(scope="module")
 def shipped() -> OnnxEmbedder:
-    return default_embedder(fast=False, threads=2)
+    return minilm_embedder(fast=False, threads=2)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def fast(cache_dir: Path) -> OnnxEmbedder:
-    embedder = default_embedder(cache_dir=cache_dir)  # builds the fast model (a few seconds)
+    embedder = minilm_embedder(cache_dir=cache_dir)  # builds the fast model (a few seconds)
     assert "/int8" not in embedder.id, "the fast model was not built"
     return embedder
 
@@ -133,7 +133,7 @@ def test_the_cached_fast_model_is_reused(
         raise AssertionError("rebuilt although the cached file exists")
 
     monkeypatch.setattr(optimize, "build_in_child", no_build)
-    again = default_embedder(cache_dir=cache_dir)
+    again = minilm_embedder(cache_dir=cache_dir)
     assert again.id == fast.id and again.model_path == fast.model_path
     assert again.model_path.stat().st_mtime_ns == stamp
     assert sorted(p.suffix for p in cache_dir.iterdir() if not p.name.startswith(".")) == [
@@ -153,7 +153,7 @@ def test_a_failed_build_falls_back_to_the_shipped_file(
         caplog.at_level(logging.WARNING, logger="herd.rag"),
         pytest.warns(FallbackWarning, match="no fusion today"),
     ):
-        embedder = default_embedder(cache_dir=tmp_path, threads=1)
+        embedder = minilm_embedder(cache_dir=tmp_path, threads=1)
     assert embedder.model_path == minilm_files()[0] and "/int8;" in embedder.id
     assert "no fusion today" in caplog.text and "shipped int8" in caplog.text
     assert caplog.records[-1].levelno == logging.ERROR  # loud: not a mere warning
@@ -169,7 +169,7 @@ def test_a_missing_build_dependency_is_named_with_what_to_install(
     monkeypatch.setattr(optimize, "build_in_child", no_build)
     monkeypatch.setitem(optimize.NEEDED_MODULES, "herd_no_such_module", "herd-no-such-dist")
     with pytest.warns(FallbackWarning, match="pip install herd-no-such-dist") as seen:
-        embedder = default_embedder(cache_dir=tmp_path, threads=1)
+        embedder = minilm_embedder(cache_dir=tmp_path, threads=1)
     assert "incomplete install" in str(seen[0].message)
     assert "/int8;" in embedder.id
 

@@ -12,17 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from herd import App, Worker
-from herd.builtin import tasks as builtin_tasks
 from herd.errors import InvalidInput
-from herd.rag import ingest
 from herd.rag.corpora import kjv_lines
+from herd.rag.embedders import folder as folders
 from herd.rag.embedders import spec as specs
 from herd.rag.embedders.base import ModelUnavailable, embed_queries
 from herd.rag.embedders.onnx import minilm_files
+from herd.rag.errors import IndexError_
 from herd.rag.ingest import IngestError, RagRuntime, plan_and_apply
 from herd.rag.query import answer
-from herd.rag.store import IndexError_
+from tests.rag.support import drain
 
 GENESIS_1 = [line for line in kjv_lines(1) if line.split()[1].startswith("1:")]
 
@@ -34,7 +33,7 @@ def model_folder(root: Path, config: dict | None = None) -> Path:
     shutil.copy(model, root / "model.onnx")
     shutil.copy(tokenizer, root / "tokenizer.json")
     if config is not None:
-        (root / specs.CONFIG_FILE).write_text(json.dumps(config))
+        (root / folders.CONFIG_FILE).write_text(json.dumps(config))
     return root
 
 
@@ -44,27 +43,6 @@ def e5_like(tmp_path_factory) -> Path:
         tmp_path_factory.mktemp("models") / "mini-e5",
         {"query_prefix": "query: ", "passage_prefix": "passage: ", "max_length": 128},
     )
-
-
-@pytest.fixture
-async def app(pg_url, herd_home, monkeypatch):
-    monkeypatch.delenv(specs.ENV, raising=False)
-    the_app = App(database_url=pg_url)
-    the_app.settings = the_app.settings.override(home=herd_home)
-    the_app.include(builtin_tasks)
-    async with the_app:
-        yield the_app
-
-
-async def drain(app: App) -> None:
-    await Worker(
-        app,
-        queues=[ingest.QUEUE],
-        concurrency=2,
-        poll_interval=0.05,
-        stop_when_idle=True,
-        install_signal_handlers=False,
-    ).run()
 
 
 def test_a_folder_model_with_e5_prefixes(e5_like):
@@ -88,7 +66,7 @@ def test_a_sentence_transformers_export_is_read(tmp_path):
     (folder / "config_sentence_transformers.json").write_text(
         json.dumps({"prompts": {"query": "q: ", "document": "d: "}})
     )
-    embedder = specs.folder_embedder(folder)
+    embedder = folders.folder_embedder(folder)
     assert "pooling=cls" in embedder.id and "normalize=none" in embedder.id
     assert "prefix=d: " in embedder.id and "query_prefix=q: " in embedder.id
     assert not np.isclose(np.linalg.norm(embedder.embed(["light"])), 1.0)  # not normalized
@@ -105,7 +83,7 @@ def test_bad_specs_and_folders_are_refused_by_name(tmp_path):
         specs.build(specs.canonical(str(tmp_path)))
     bad = model_folder(tmp_path / "bad", {"pooling": "max"})
     with pytest.raises(InvalidInput, match="pooling must be one of mean, cls, not 'max'"):
-        specs.folder_embedder(bad)
+        folders.folder_embedder(bad)
     assert specs._remote_parts("http://h:1/v1/embeddings?model=bge&x=1", "f") == (
         "http://h:1/v1?x=1",
         "bge",

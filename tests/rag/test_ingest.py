@@ -11,39 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from herd import App, Worker
+from herd import App
 from herd.builtin import tasks as builtin_tasks
 from herd.rag import ingest
 from herd.rag.corpora import kjv_lines
 from herd.rag.ingest import RagRuntime, plan_and_apply
 from tests.helpers import eventually
+from tests.rag.support import drain
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 GENESIS_1_3 = [line for line in kjv_lines(1) if line.split()[1].split(":")[0] in ("1", "2", "3")]
 
 
-@pytest.fixture
-async def app(pg_url, herd_home):
-    the_app = App(database_url=pg_url)
-    the_app.settings = the_app.settings.override(home=herd_home)  # the model cache lives here
-    the_app.include(builtin_tasks)
-    async with the_app:
-        yield the_app
-
-
 def collection() -> str:
     return f"c{uuid.uuid4().hex[:10]}"
-
-
-async def drain(app: App) -> None:
-    await Worker(
-        app,
-        queues=[ingest.QUEUE],
-        concurrency=2,
-        poll_interval=0.05,
-        stop_when_idle=True,
-        install_signal_handlers=False,
-    ).run()
 
 
 async def search(app: App, name: str, text: str, k: int = 3) -> list[str]:
@@ -206,7 +187,7 @@ async def test_a_query_on_the_generation_swapped_out_succeeds_until_its_grace_en
     )
     assert rows == [("retired", True)]
     # Past the grace, a search still holding it is told so (a 404 through the API).
-    from herd.rag.store import GenerationGone
+    from herd.rag.errors import GenerationGone
 
     with pytest.raises(GenerationGone, match="was swapped out and dropped"):
         await rt.store.search(resolved, vec, 3)

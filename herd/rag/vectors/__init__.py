@@ -1,4 +1,5 @@
-"""Where a generation's dense vectors live: one protocol, one module per store.
+"""Where a generation's dense vectors live: one protocol (``base``), one module per
+store, and the table below that maps each URL scheme to its store.
 
 PostgreSQL keeps the catalogue whatever the store (collections, generations, the
 chunks and their texts, and each generation's table ``herd_vectors_<id>`` of
@@ -16,7 +17,8 @@ chooses the store of new generations:
 
 A generation records its store's location (the URL without credentials), so a
 query reads the store the generation was built in; credentials come from
-``HERD_VECTOR_URL`` when it names the same place.
+``HERD_VECTOR_URL`` when it names the same place. A new store is one module and
+one entry of ``BACKENDS``.
 
 Fencing. pgvector joins the job's fenced transaction. The others cannot, so each
 vector carries the partition lock's fencing token (it grows strictly per lock
@@ -30,77 +32,60 @@ stored tokens of the batch and writing only the rows whose token is not newer
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
-import numpy as np
-
-from herd.errors import ConfigError, HerdError
-
-SETTING = "HERD_VECTOR_URL"
-DEFAULT = "pgvector"
-FORMS = (
-    "pgvector, milvus:///path/file.db, milvus://host:19530, qdrant://host:6333,"
-    " qdrant:///path or qdrant+edge:///path"
+from herd.errors import ConfigError
+from herd.masking import mask
+from herd.rag.vectors import milvus, pgvector, qdrant
+from herd.rag.vectors.base import (
+    DEFAULT,
+    SETTING,
+    Catalogue,
+    Row,
+    Space,
+    StoreUrl,
+    VectorStore,
+    VectorStoreError,
 )
 
 
-class VectorStoreError(HerdError):
-    """The vector store refused an operation or could not be reached."""
-
-
 @dataclass(frozen=True)
-class Space:
-    """A generation as a vector store sees it."""
+class Backend:
+    """One kind of vector store: its URL scheme, how to open it, and the URLs it takes."""
 
-    id: int
-    collection: str
-    dim: int
-    language: str = "english"
-
-    @property
-    def name(self) -> str:
-        """The store's name for the generation's vectors (letters, digits, ``_``)."""
-        return f"herd_g{self.id}"
+    scheme: str
+    open: Callable[[StoreUrl, Catalogue], VectorStore]
+    forms: tuple[str, ...]  # the URLs it takes, as the error of a bad one lists them
+    port: int | None = None  # a server's default port; None: no server form
+    embedded: bool = True  # whether it also runs in this process at a path
+    suffix: str = ""  # what an embedded path must end with
+    extra: str = ""  # the pip extra its client comes with
 
 
-@dataclass(frozen=True)
-class Row:
-    chunk_id: str
-    hash: str
-    vector: np.ndarray
-    text: str
-
-
-@dataclass(frozen=True)
-class StoreUrl:
-    scheme: str  # pgvector, milvus, qdrant, qdrant+edge
-    host: str | None  # None: an embedded engine at ``path``
-    port: int | None
-    path: str | None
-    user: str | None = None
-    password: str | None = None
-
-    @property
-    def location(self) -> str:
-        """The URL without credentials: what a generation records."""
-        if self.scheme == DEFAULT:
-            return DEFAULT
-        if self.host is None:
-            return f"{self.scheme}://{self.path}"
-        return f"{self.scheme}://{self.host}:{self.port}"
-
-
-_PORTS = {"milvus": 19530, "qdrant": 6333}
-_MODULES = {
-    "pgvector": "herd.rag.vectors.pgvector",
-    "milvus": "herd.rag.vectors.milvus",
-    "qdrant": "herd.rag.vectors.qdrant",
-    "qdrant+edge": "herd.rag.vectors.qdrant",
-}
+BACKENDS = (
+    Backend("pgvector", pgvector.open_store, ("pgvector",), embedded=False),
+    Backend(
+        "milvus",
+        milvus.open_store,
+        ("milvus:///path/file.db", "milvus://host:19530"),
+        port=19530,
+        suffix=".db",
+        extra="milvus",
+    ),
+    Backend(
+        "qdrant",
+        qdrant.open_server_or_local,
+        ("qdrant://host:6333", "qdrant:///path"),
+        port=6333,
+        extra="qdrant",
+    ),
+    Backend("qdrant+edge", qdrant.open_edge, ("qdrant+edge:///path",), extra="qdrant"),
+)
+_BY_SCHEME = {b.scheme: b for b in BACKENDS}
+_ALL = [f for b in BACKENDS for f in b.forms]
+FORMS = ", ".join(_ALL[:-1]) + f" or {_ALL[-1]}"
 
 
 def parse(url: str | None) -> StoreUrl:
@@ -110,8 +95,6 @@ def parse(url: str | None) -> StoreUrl:
         return StoreUrl(DEFAULT, None, None, None)
 
     def bad(why: str) -> ConfigError:
-        from herd.masking import mask
-
         return ConfigError(f"{SETTING} {mask(raw)!r} {why}; use one of {FORMS}")
 
     try:
@@ -119,75 +102,36 @@ def parse(url: str | None) -> StoreUrl:
         port = parts.port
     except ValueError as exc:
         raise bad(f"is not a URL ({exc})") from None
-    scheme = parts.scheme.lower()
-    if scheme not in _MODULES or scheme == DEFAULT:
+    backend = _BY_SCHEME.get(parts.scheme.lower())
+    if backend is None or backend.scheme == DEFAULT:
         raise bad("names no vector store herd knows")
     if parts.query or parts.fragment:
         raise bad("has a query or fragment, which herd does not read")
     user = unquote(parts.username) if parts.username else None
     password = unquote(parts.password) if parts.password else None
     if parts.hostname:
-        if scheme == "qdrant+edge":
-            raise bad("names a host, but qdrant+edge is an embedded engine: give a folder")
+        if backend.port is None:
+            raise bad(f"names a host, but {backend.scheme} is an embedded engine: give a folder")
         if parts.path not in ("", "/"):
             raise bad("has a path after the host")
-        return StoreUrl(scheme, parts.hostname, port or _PORTS[scheme], None, user, password)
+        return StoreUrl(backend.scheme, parts.hostname, port or backend.port, None, user, password)
     if not parts.path.startswith("/") or parts.path == "/":
         raise bad("has neither a host nor an absolute path")
-    if scheme == "milvus" and not parts.path.endswith(".db"):
-        raise bad("is a Milvus Lite path that does not end in .db")
-    return StoreUrl(scheme, None, None, parts.path)
+    if not parts.path.endswith(backend.suffix):
+        raise bad(f"is a {backend.scheme} path that does not end in {backend.suffix}")
+    return StoreUrl(backend.scheme, None, None, parts.path)
 
 
-class VectorStore(Protocol):
-    """The dense vectors of generations, one space per generation."""
-
-    url: StoreUrl
-    # True: ``upsert`` writes the catalogue row itself, in the caller's transaction
-    # (so nothing else needs fencing); False: the caller writes that row after it.
-    joins_transaction: bool
-
-    async def create(self, conn: Any, space: Space) -> None:
-        """Make the space (idempotent); ``conn`` is the catalogue's open transaction."""
-
-    async def upsert(self, conn: Any, space: Space, rows: Sequence[Row], token: int) -> int:
-        """Write the rows unless the store holds them at a newer ``token``; how many
-        were written (the others are a newer writer's)."""
-
-    async def prepare(self, space: Space) -> None:
-        """Once the space is loaded, before it goes live: index it, make it durable."""
-
-    async def inventory(self, space: Space) -> dict[str, str]:
-        """chunk id -> hash of every vector in the space (the swap's check)."""
-
-    async def search(
-        self, space: Space, vector: np.ndarray, k: int, ef: int
-    ) -> list[tuple[str, float]]:
-        """The k nearest chunk ids by cosine, best first; GenerationGone once dropped."""
-
-    async def delete(self, space: Space, chunk_ids: Sequence[str]) -> None: ...
-
-    async def publish(self, space: Space) -> None:
-        """Point the collection's alias at this space, atomically (after the swap)."""
-
-    async def drop(self, space: Space) -> None:
-        """Remove the space and its vectors (idempotent)."""
-
-    async def close(self) -> None: ...
-
-
-def open_store(url: StoreUrl, catalogue: Any) -> VectorStore:
-    """The store ``url`` names; its client is imported only now (an extra)."""
+def open_store(url: StoreUrl, catalogue: Catalogue) -> VectorStore:
+    """The store ``url`` names, opened; a missing client is a ConfigError naming its extra."""
+    backend = _BY_SCHEME[url.scheme]
     try:
-        module = importlib.import_module(_MODULES[url.scheme])
+        return backend.open(url, catalogue)
     except ImportError as exc:
-        extra = url.scheme.split("+")[0]
         raise ConfigError(
             f"{SETTING} asks for {url.scheme}, whose client is not installed ({exc.name}):"
-            f" pip install 'herd[{extra}]'"
+            f" pip install 'herd[{backend.extra}]'"
         ) from None
-    store: VectorStore = module.open_store(url, catalogue)
-    return store
 
 
 def resolve(location: str, configured: StoreUrl) -> StoreUrl:
@@ -199,8 +143,10 @@ def resolve(location: str, configured: StoreUrl) -> StoreUrl:
 
 
 __all__ = [
+    "BACKENDS",
     "DEFAULT",
     "SETTING",
+    "Backend",
     "Row",
     "Space",
     "StoreUrl",

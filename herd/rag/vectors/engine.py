@@ -9,7 +9,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from herd.rag.vectors import Space
+from herd.rag.errors import generation_gone
+from herd.rag.vectors.base import Space
 
 T = TypeVar("T")
 SCROLL = 1_000  # points per page when a store lists a space
@@ -37,8 +38,4 @@ class Threaded:
 
 
 def gone(space: Space) -> Exception:
-    from herd.rag.store import GenerationGone
-
-    return GenerationGone(
-        f"generation {space.id} of {space.collection!r} was swapped out and dropped"
-    )
+    return generation_gone(space.id, space.collection)

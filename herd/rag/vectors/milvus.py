@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from herd.rag.vectors import Row, Space, StoreUrl, VectorStoreError
+from herd.rag.vectors.base import Row, Space, StoreUrl, VectorStoreError
 from herd.rag.vectors.engine import SCROLL, T, Threaded, alias, gone
 
 MAX_ID = 65_535  # Milvus's longest VARCHAR; chunk ids are far shorter

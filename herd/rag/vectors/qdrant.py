@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from herd.rag.vectors import Row, Space, StoreUrl, VectorStoreError
+from herd.rag.vectors.base import Row, Space, StoreUrl, VectorStoreError
 from herd.rag.vectors.engine import SCROLL, Threaded, alias, gone
 
 
@@ -306,8 +306,15 @@ class EdgeVectors(Threaded):
         await self._call(close)
 
 
-def open_store(url: StoreUrl, catalogue: Any) -> QdrantVectors | EdgeVectors:
+def open_server_or_local(url: StoreUrl, catalogue: Any) -> QdrantVectors:
     try:
-        return EdgeVectors(url) if url.scheme == "qdrant+edge" else QdrantVectors(url)
+        return QdrantVectors(url)
     except RuntimeError as exc:  # local mode: the folder is another process's
+        raise VectorStoreError(f"Qdrant at {url.location}: {exc}") from None
+
+
+def open_edge(url: StoreUrl, catalogue: Any) -> EdgeVectors:
+    try:
+        return EdgeVectors(url)
+    except RuntimeError as exc:  # the folder is another process's
         raise VectorStoreError(f"Qdrant at {url.location}: {exc}") from None
