@@ -218,6 +218,10 @@ class SemanticCache:
         )
         self._buffer = figures.Buffer()
         self._used: dict[str, float] = {}
+        # Identical searches in flight in this process, shared: a stampede of callers of
+        # one question costs one search per round, not one pooled connection each (200
+        # callers queued past the pool's timeout on a loaded machine).
+        self._searches: dict[tuple[Any, ...], asyncio.Future[Any]] = {}
         self._flushed = time.monotonic()
         self._flushing = False
         self._portal: Portal | None = None
@@ -422,17 +426,37 @@ class SemanticCache:
         )
         return req
 
+    async def _search(self, req: _Request, *, alive_at: float) -> tuple[Any, Any]:
+        """The backend's search, joined by identical searches that start before it ends
+        (their answer can only be as old as the moment they asked)."""
+        sig = (req.scope, req.vector.tobytes(), req.threshold, self.k)
+        flight = self._searches.get(sig)
+        if flight is None:
+            flight = asyncio.ensure_future(
+                self.backend.search(
+                    self.name,
+                    req.scope,
+                    req.vector,
+                    k=self.k,
+                    alive_at=alive_at,
+                    floor=req.threshold - FLOAT32_SLACK,
+                )
+            )
+            self._searches[sig] = flight
+            flight.add_done_callback(functools.partial(self._landed, sig))
+        found: tuple[Any, Any] = await asyncio.shield(flight)
+        return found
+
+    def _landed(self, sig: tuple[Any, ...], flight: asyncio.Future[Any]) -> None:
+        if self._searches.get(sig) is flight:
+            del self._searches[sig]
+        if not flight.cancelled():
+            flight.exception()  # retrieved: every joiner re-raises it
+
     async def _find(self, req: _Request, *, stale_for: float) -> tuple[Candidate, float] | None:
         started = time.perf_counter()
         now = self.now()
-        nearest, candidates = await self.backend.search(
-            self.name,
-            req.scope,
-            req.vector,
-            k=self.k,
-            alive_at=now - stale_for,
-            floor=req.threshold - FLOAT32_SLACK,
-        )
+        nearest, candidates = await self._search(req, alive_at=now - stale_for)
         self._buffer.count("lookups")
         self._buffer.observe(
             "lat", figures.LATENCY_BUCKETS, time.perf_counter() - started, 1_000_000

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -172,10 +173,22 @@ async def test_two_hundred_identical_misses_compute_once(make_cache: MakeCache):
         await asyncio.sleep(0.3)  # the retrieval's own duration, not synchronisation
         return ["kjv/genesis/1/1"]
 
+    searches = 0
+    search = cache.backend.search
+
+    async def counted(*args: Any, **kw: Any) -> Any:
+        nonlocal searches
+        searches += 1
+        return await search(*args, **kw)
+
+    cache.backend.search = counted  # type: ignore[method-assign]
     results = await asyncio.gather(
         *(cache.aget_or_compute(Q, retrieve, vector=v) for _ in range(200))
     )
     assert calls == 1
+    # Identical searches in flight are shared: fewer searches than callers (each caller
+    # looks at least twice, and 646 searches were made before they were shared).
+    assert searches < 200, searches
     assert all(r.value == ["kjv/genesis/1/1"] for r in results)
     sources = [r.source for r in results]
     assert sources.count("computed") == 1
