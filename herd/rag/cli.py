@@ -18,6 +18,7 @@ from herd.errors import InvalidInput
 from herd.jsonvalue import check_text
 from herd.rag.ingest import QUEUE, IngestError, Plan, RagRuntime, plan_and_apply
 from herd.rag.query import DEFAULT_MODE, MODES, Answer, answer
+from herd.rag.sources import pages_of
 from herd.rag.store import IndexError_
 
 
@@ -75,7 +76,17 @@ def ingest(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Index files: only chunks that are new or changed are embedded."""
+    """Index files: only chunks that are new or changed are embedded.
+
+    Reads UTF-8 text (plain, Markdown, JSONL, scripture, statutes), PDF (page
+    numbers kept with each chunk) and HTML. Exit status: 0 when every file was
+    indexed; 1 when some file could not be read or some chunks not embedded (each
+    named on stderr; the rest is indexed); 2 on a usage error, such as a path that
+    does not exist.
+    """
+    for path in paths:
+        if not path.exists():  # a usage error: refused before anything is opened
+            _fail(f"{path}: no such file or directory", code=2)
     if fmt != "auto":
         from herd.rag.chunkers import FORMATS
 
@@ -231,7 +242,9 @@ def query(
         for h in a.hits:
             text = h["text"] if len(h["text"]) <= 160 else h["text"][:159] + "…"
             # Text, not markup: KJV marks added words as [was], which rich would eat.
-            table.add_row(f"{h['score']:.3f}", Text(h["ref"]), Text(text))
+            where = pages_of(h)
+            ref = f"{h['ref']} ({where})" if where else h["ref"]
+            table.add_row(f"{h['score']:.3f}", Text(ref), Text(text))
         console.out.print(table)
     sys.stdout.flush()
 

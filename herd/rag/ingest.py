@@ -40,9 +40,10 @@ from herd.errors import Fatal, HerdError, Retry
 from herd.jsonvalue import canonical, check_text, text_problem
 from herd.locks import PostgresLocks
 from herd.queue.base import JobStatus
-from herd.rag.chunkers import FORMATS, ChunkError, chunk_file, format_of, get_chunker, place_of
+from herd.rag.chunkers import FORMATS, ChunkError, get_chunker, place_of
 from herd.rag.embedders import spec as specs
 from herd.rag.embedders.onnx import OnnxEmbedder, default_embedder_like
+from herd.rag.sources import chunk_source, format_of
 from herd.rag.store import Generation, RagStore
 from herd.rag.vectors import DEFAULT as DEFAULT_STORE
 from herd.tasks import JobContext
@@ -507,7 +508,7 @@ async def _load(
                 ) as copy,
             ):
                 ord_ = order[path]
-                for chunk in chunk_file(path, format=fmt, place=place):
+                for chunk in chunk_source(path, format=fmt, place=place):
                     verse = "book" in chunk.metadata
                     await copy.write_row(
                         (
