@@ -26,7 +26,7 @@ import functools
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -233,8 +233,13 @@ async def plan_and_apply(
     embedder: str | None = None,
     language: str | None = None,
     new_generation: bool = False,
+    changed: Collection[Path] | None = None,
 ) -> Plan:
     """Compare the files with the collection; with ``apply``, store and enqueue the work.
+
+    ``changed`` (``herd.rag.watch``): of the files under ``paths``, read only these,
+    and delete only the chunks of these that are gone (a file deleted, or no longer
+    giving a chunk); the rest of the collection is left as it is.
 
     ``embedder`` (a spec, else ``HERD_EMBEDDER``, else the collection's own, else
     ``specs.NEW_COLLECTIONS``) and ``language`` (a PostgreSQL text-search configuration, else the
@@ -246,6 +251,11 @@ async def plan_and_apply(
     rt = await RagRuntime.of(app)
     live = await rt.store.live(collection)
     places, folders, skipped = _expand(paths)
+    gone: list[str] = []
+    if changed is not None:
+        places, gone = _only(places, changed)
+        # A path deleted (a file, or a folder with its files) is a prefix too.
+        folders = [Path(g) for g in gone]
     spec = await _choose_embedder(collection, live, embedder, new_generation)
     # The live generation's model, when this run keeps its spec (see embedder_for).
     same = live is not None and str(live.settings.get("embedder_spec") or specs.DEFAULT) == spec
@@ -259,7 +269,7 @@ async def plan_and_apply(
     chunk_format = None if fmt == "auto" else fmt
     params = {
         "c": collection,
-        "files": [str(f) for f in files],
+        "files": [str(f) for f in files] + gone,
         "folders": _prefixes(folders),
     }
     async with rt.store.connection() as conn:
@@ -439,6 +449,13 @@ def _expand(paths: Sequence[Path]) -> tuple[dict[Path, str], list[Path], list[st
         f"{_shown(f)}: the file name is not valid UTF-8" for f in files if text_problem(str(f))
     ]
     return {f: p for f, p in files.items() if not text_problem(str(f))}, folders, skipped
+
+
+def _only(places: dict[Path, str], changed: Collection[Path]) -> tuple[dict[Path, str], list[str]]:
+    """The changed files to read, and the changed paths that are gone (or not files)."""
+    wanted = {Path(p).resolve() for p in changed}
+    kept = {f: p for f, p in places.items() if f in wanted}
+    return kept, sorted(str(p) for p in wanted if p not in kept)
 
 
 # The run's files whose chunk ids another file has: an earlier one of the run
