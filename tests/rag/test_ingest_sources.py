@@ -109,3 +109,48 @@ async def test_a_path_that_does_not_exist_is_a_usage_error(app, pg_url, herd_hom
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [f"herd: error: {missing}: no such file or directory"]
     assert await rt.store.fetch("SELECT count(*) FROM herd_ingest_runs") == runs
+
+
+async def test_watch_and_status_from_the_cli(pg_url, herd_home, tmp_path):
+    import asyncio
+    import json
+    import signal
+
+    name = collection()
+    folder = corpus(tmp_path)
+    env = dict(os.environ, HERD_DATABASE_URL=pg_url, HERD_HOME=str(herd_home), PYTHONPATH=str(ROOT))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "herd", "ingest", str(folder), "--collection", name,
+        "--watch", "--json", env=env, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        first = json.loads(await asyncio.wait_for(proc.stdout.readline(), 180))
+        assert (first["full"], first["added"], first["embedded"]) == (True, 11, 11)
+        (folder / "kjv.txt").write_text("\n".join(GENESIS_1_3[:6]) + "\n")
+        sync = json.loads(await asyncio.wait_for(proc.stdout.readline(), 180))
+        assert (sync["full"], sync["added"], sync["embedded"]) == (False, 1, 1)
+        shown = await asyncio.to_thread(herd, pg_url, herd_home, "ingest", "--status", name)
+        assert shown.returncode == 0, shown.stderr
+        assert f"folders:   {folder}" in shown.stdout
+        assert "pending:   none" in shown.stdout and "1 added" in shown.stdout
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(proc.wait(), 60) == 0
+    shown = await asyncio.to_thread(herd, pg_url, herd_home, "ingest", "--status", name, "--json")
+    assert json.loads(shown.stdout)["stopped_at"] is not None
+
+
+def test_watch_usage_errors_exit_2(pg_url, herd_home, tmp_path):
+    (tmp_path / "a.txt").write_text("words\n")
+    cases = [
+        (["--watch", str(tmp_path / "a.txt")], "is not one"),
+        (["--watch", "--plan", str(tmp_path)], "choose one"),
+        (["--poll", "1", str(tmp_path)], "--poll goes with --watch"),
+        ([], "give the files or folders to index and --collection"),
+    ]
+    for args, message in cases:
+        extra = ["--collection", "c"] if args else []
+        r = herd(pg_url, herd_home, "ingest", *args, *extra)
+        assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
