@@ -86,18 +86,23 @@ class PdfSource:
         pages = [_tidy(text.splitlines()) for text in self.page_texts(path)]
         pages = _without_furniture(pages)
         titles = self._titles(path)
+        if titles:
+            # Read as Markdown when a title is found: text that looks like Markdown (a
+            # shell comment in a listing, a fence) must stay text.
+            escaped = [[_literal(line) for line in page] for page in pages]
         lines: list[str] = []
         starts: list[int] = []
         headed = 0
-        for number, page in enumerate(pages):
+        for number, page in enumerate(escaped if titles else pages):
             starts.append(len(lines) + 1)
             for title, depth in titles.get(number, []):
                 headed += _head(page, title, depth)
             lines += page
         if not any(line.strip() for line in lines):
             raise SourceError("the PDF has no text layer (a scan?); nothing to index")
-        fmt = "markdown" if headed else None
-        return Extracted(lines, fmt, starts)
+        if titles and not headed:
+            return Extracted([line for page in pages for line in page], None, starts)
+        return Extracted(lines, "markdown" if headed else None, starts)
 
     def page_texts(self, path: Path, *, layout: bool = True) -> list[str]:
         """Each page's text; in layout mode with blank lines where the page has vertical
@@ -136,6 +141,11 @@ class PdfSource:
             return found
         except Exception:  # noqa: BLE001 - an unreadable outline only loses the headings
             return {}
+
+
+def _literal(line: str) -> str:
+    """A line of text that Markdown would read as structure, escaped (``\\#``)."""
+    return "\\" + line if line[:1] == "#" or line[:3] in ("```", "~~~") else line
 
 
 def _tidy(lines: list[str]) -> list[str]:
@@ -257,8 +267,7 @@ class _Text(HTMLParser):
         text = " ".join("".join(self.words).split())
         self.words = []
         if text:
-            # A paragraph's first character is text, never Markdown structure.
-            self.lines.append("\\" + text if text[0] == "#" or text[:3] in ("```", "~~~") else text)
+            self.lines.append(_literal(text))  # text, never Markdown structure
 
     def block(self) -> None:
         self.line()
