@@ -75,7 +75,7 @@ async def wait_answers(app: App, collection: str, texts: list[str]) -> list[floa
     return times
 
 
-async def main() -> int:
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--home", type=Path, required=True)
     parser.add_argument("--idle", type=float, default=60.0)
@@ -83,23 +83,33 @@ async def main() -> int:
     args = parser.parse_args()
     folder = args.home / "kjv-books"
     books = split(folder)
-    env = dict(os.environ, HERD_HOME=str(args.home))
+    os.environ["HERD_HOME"] = str(args.home)
     watcher = subprocess.Popen(
         [sys.executable, "-m", "herd", "ingest", str(folder), "--collection", args.collection,
          "--watch", "--json"],
-        env=env, stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert watcher.stdout is not None
     started = time.monotonic()
     first = json.loads(watcher.stdout.readline())
     print(f"first sync: {first['added']} chunks in {time.monotonic() - started:.0f} s", flush=True)
-    os.environ["HERD_HOME"] = str(args.home)
+    try:
+        asyncio.run(measure(args, books, watcher.pid))
+        line = json.loads(watcher.stdout.readline())
+        print(f"the sync: {line}", flush=True)
+    finally:
+        watcher.send_signal(signal.SIGTERM)
+        watcher.wait(60)
+    return 0
+
+
+async def measure(args: argparse.Namespace, books: dict[str, tuple[Path, str]], pid: int) -> None:
     app = App()
     async with app:
         await answer(app, args.collection, ["warm the query embedder"], 1, cache=False)
-        before = cpu_seconds(watcher.pid)
+        before = cpu_seconds(pid)
         await asyncio.sleep(args.idle)  # the idle period being measured
-        idle = (cpu_seconds(watcher.pid) - before) / args.idle
+        idle = (cpu_seconds(pid) - before) / args.idle
         print(f"idle CPU: {idle * 100:.2f}% of a core over {args.idle:.0f} s", flush=True)
         tag = f"t{int(time.time())}"
         texts = []
@@ -111,12 +121,7 @@ async def main() -> int:
         f" the save, all {len(texts)} after {times[-1]:.1f} s",
         flush=True,
     )
-    line = json.loads(watcher.stdout.readline())
-    print(f"the sync: {line}", flush=True)
-    watcher.send_signal(signal.SIGTERM)
-    watcher.wait(60)
-    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(asyncio.run(main()))
+    raise SystemExit(main())
