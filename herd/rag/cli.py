@@ -238,7 +238,7 @@ def _watch(
         if as_json:
             console.print_json(sync)
         else:
-            what = "all files" if sync.full else f"{sync.files} changed files"
+            what = "all files" if sync.full else f"{sync.files} changed paths"
             console.out.print(
                 f"{collection}: synced {what}: {sync.added} added, {sync.changed} changed,"
                 f" {sync.deleted} deleted; {sync.embedded} chunks embedded"

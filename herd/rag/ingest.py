@@ -254,6 +254,7 @@ async def plan_and_apply(
     gone: list[str] = []
     if changed is not None:
         places, gone = _only(places, changed)
+        skipped = []  # reported by the full run that came first
         # A path deleted (a file, or a folder with its files) is a prefix too.
         folders = [Path(g) for g in gone]
     spec = await _choose_embedder(collection, live, embedder, new_generation)

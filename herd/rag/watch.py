@@ -50,6 +50,8 @@ HEARTBEAT = 10.0
 """Seconds between a watcher's heartbeats while nothing changes."""
 GRACE = 3 * HEARTBEAT
 """A watcher not seen for this long is gone: another may take its collection."""
+PENDING_SHOWN = 1000
+"""Pending paths recorded for ``status`` (all of them are counted)."""
 
 
 def _sql(name: str) -> str:
@@ -65,7 +67,7 @@ class Sync:
     """What one sync did (a line of ``herd ingest --watch``'s output)."""
 
     collection: str
-    files: int  # files read (all of them for the first sync)
+    files: int  # the changed paths it covered (-1: the first sync, over every file)
     added: int
     changed: int
     deleted: int
@@ -125,7 +127,7 @@ class Watcher:
             heartbeat = asyncio.create_task(self._beat(stop))
             try:
                 await ready.wait()
-                await self._sync(None)
+                await self._report(await self._sync(None))
                 while not stop.is_set():
                     waiter = asyncio.create_task(self._wake.wait())
                     stopper = asyncio.create_task(stop.wait())
@@ -138,7 +140,7 @@ class Watcher:
                         collector.result()  # a watcher that failed: raise it here
                         break
                     if self.pending and not stop.is_set():
-                        await self._sync_pending()
+                        await self._report(await self._sync_pending())
             finally:
                 stop.set()
                 for task in (collector, heartbeat):
@@ -175,7 +177,8 @@ class Watcher:
         oldest = min(self.pending.values(), default=None)
         await self._execute(
             "pending",
-            pending=sorted(str(p) for p in self.pending),
+            pending=sorted(str(p) for p in self.pending)[:PENDING_SHOWN],
+            count=len(self.pending),
             age=None if oldest is None else time.monotonic() - oldest,
         )
 
@@ -188,12 +191,13 @@ class Watcher:
 
     # -- syncing
 
-    async def _sync_pending(self) -> None:
+    async def _sync_pending(self) -> Sync | None:
         self._wake.clear()
         taken = dict(self.pending)
         self.pending.clear()
+        done = None
         try:
-            await self._sync(taken)
+            done = await self._sync(taken)
         except Exception:
             # Tried again with the next change, or at once if changes wait.
             for path, seen in taken.items():
@@ -204,6 +208,7 @@ class Watcher:
             await asyncio.sleep(1.0)  # not a synchronisation: a pause before a retry
             self._wake.set()
         await self._record_pending()
+        return done
 
     async def _sync(self, changed: dict[Path, float] | None) -> Sync:
         start = time.monotonic()
@@ -234,11 +239,14 @@ class Watcher:
         )
         self.syncs.append(done)
         await self._execute("synced", result=Jsonb(asdict(done)))
-        if self.on_sync is not None:
+        return done
+
+    async def _report(self, done: Sync | None) -> None:
+        # Outside the sync's retry: a report that fails (stdout gone) ends the watch.
+        if done is not None and self.on_sync is not None:
             result = self.on_sync(done)
             if result is not None:
                 await result
-        return done
 
     async def _embed(self) -> int:
         stats = await Worker(
@@ -303,7 +311,7 @@ async def status(app: App, collection: str) -> dict[str, Any]:
         return out
     now = row["now"]
     alive = row["stopped_at"] is None and (now - row["seen_at"]).total_seconds() < GRACE
-    pending = list(row["pending"])
+    pending = row["pending_count"]
     out.update(
         watched=alive,
         watcher=row["watcher"],
@@ -314,8 +322,8 @@ async def status(app: App, collection: str) -> dict[str, Any]:
         stopped_at=row["stopped_at"],
         last_sync_at=row["last_sync_at"],
         last_sync=row["last_sync"],
-        pending=len(pending),
-        pending_files=pending[:20],
+        pending=pending,
+        pending_files=list(row["pending"])[:20],
         syncing_for=_seconds(now, row["syncing_since"]),
         lag=_seconds(now, row["pending_since"]) if pending else 0.0,
     )

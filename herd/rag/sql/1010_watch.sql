@@ -8,7 +8,8 @@ CREATE TABLE herd_watches (
     method        text NOT NULL,             -- events, or poll every N s
     started_at    timestamptz NOT NULL DEFAULT now(),
     seen_at       timestamptz NOT NULL DEFAULT now(),  -- the watcher's heartbeat
-    pending       text[] NOT NULL DEFAULT '{}',        -- files changed, not yet synced
+    pending       text[] NOT NULL DEFAULT '{}',        -- paths changed, not yet synced (the first 1,000)
+    pending_count integer NOT NULL DEFAULT 0,          -- how many there are
     pending_since timestamptz,               -- the oldest of those changes
     syncing_since timestamptz,               -- a sync under way (or cut short by a crash)
     last_sync_at  timestamptz,
