@@ -13,6 +13,8 @@ from typing import Any, overload
 
 from herd import telemetry
 from herd.config import Settings, pool_size
+from herd.db.postgres import set_auto_migrate
+from herd.embedded import database_url
 from herd.errors import BrokerUnavailable, ConfigError, HerdError, InvalidInput, JobNotFound
 from herd.jsonvalue import JSON, check, check_text
 from herd.queue.base import (
@@ -28,6 +30,8 @@ from herd.queue.base import (
     QueueStats,
     RequeueResult,
 )
+from herd.queue.registry import make_broker
+from herd.schedule.model import Policy, Schedule, policy_of
 from herd.sync import SyncApp
 from herd.tasks import Backoff, Task, TaskFunction
 
@@ -58,6 +62,7 @@ class App:
             database_url=database_url, broker=broker if isinstance(broker, str) else None
         )
         self.tasks: dict[str, Task] = {}
+        self.schedules: dict[str, Schedule] = {}  # herd.schedule: run by every worker
         self._broker = None if isinstance(broker, str) else broker
         self._pool_size = pool_size
         self._opened = False
@@ -125,6 +130,49 @@ class App:
         """Register every task of another app (built-in tasks, a plugin's tasks)."""
         for task in other.tasks.values():
             self.add_task(task)
+        for schedule in other.schedules.values():
+            self.add_schedule(schedule)
+
+    def periodic(
+        self,
+        *,
+        cron: str | None = None,
+        every: float | None = None,
+        timezone: str = "UTC",
+        queue: str | None = None,
+        policy: Policy | str = Policy.SKIP,
+        catch_up: int = 1,
+        name: str | None = None,
+    ) -> Callable[[Task | TaskFunction], Task]:
+        """Run a task by itself: at each tick of ``cron`` (5 fields, in ``timezone``) or
+        ``every`` seconds, one job for the whole fleet (herd.schedule). Put it above
+        ``@app.task`` (or on a bare function, registered as a task with defaults).
+        ``policy``: what a firing late runs, ``skip`` (the latest tick) or ``catch_up``
+        (the missed ticks too, the newest ``catch_up`` of them)."""
+
+        def register(target: Task | TaskFunction) -> Task:
+            task = target if isinstance(target, Task) else self.task(target)
+            self.add_schedule(
+                Schedule(
+                    name=name or task.name,
+                    task=task.name,
+                    queue=queue or task.queue,
+                    cron=cron,
+                    every=every,
+                    timezone=timezone,
+                    policy=policy_of(policy),
+                    catch_up=catch_up,
+                    priority=task.priority,
+                )
+            )
+            return task
+
+        return register
+
+    def add_schedule(self, schedule: Schedule) -> None:
+        if self.schedules.get(schedule.name, schedule) != schedule:
+            raise ConfigError(f"two different schedules are named {schedule.name!r}")
+        self.schedules[schedule.name] = schedule
 
     # -- lifecycle
 
@@ -135,29 +183,7 @@ class App:
         return self._broker
 
     def _make_broker(self) -> Broker:
-        from herd.queue.postgres import PostgresBroker
-
-        if self.settings.broker == "redis":
-            from herd.queue.redis import RedisBroker
-
-            if not self.settings.redis_url:
-                raise ConfigError("the redis broker needs HERD_REDIS_URL (or --redis-url)")
-            return RedisBroker(
-                self.settings.redis_url,
-                finished_ttl=self.settings.finished_ttl,
-                pool_size=self.pool_size(),
-                throughput_ttl=self.settings.throughput_ttl,
-                max_queues=self.settings.max_queues,
-            )
-        if self.settings.broker != "postgres":
-            raise ConfigError(f"unknown broker {self.settings.broker!r}: use postgres or redis")
-        return PostgresBroker(
-            self.database_url(),
-            pool_size=self.pool_size(),
-            finished_ttl=self.settings.finished_ttl,
-            throughput_ttl=self.settings.throughput_ttl,
-            direct_url=self.settings.database_direct_url,
-        )
+        return make_broker(self.settings, self.database_url, self.pool_size())
 
     def pool_size(self, concurrency: int | None = None) -> int:
         """The broker's share of the process's pool; a Worker calls this with its
@@ -172,8 +198,6 @@ class App:
         A fleet restarted together with its broker (a deploy, a failover) would
         otherwise lose every worker that started a moment too early.
         """
-        from herd.db.postgres import set_auto_migrate
-
         # Every store this process opens later (the ledger's, a cache's) migrates by it.
         set_auto_migrate(self.settings.auto_migrate)
         deadline = time.monotonic() + wait
@@ -210,11 +234,7 @@ class App:
 
     def database_url(self) -> str:
         """herd's PostgreSQL (configured, else embedded): also home of the cache and ledgers."""
-        if self.settings.database_url is not None:
-            return self.settings.database_url
-        from herd.embedded import embedded_server
-
-        return embedded_server(self.settings.home).acquire()
+        return database_url(self.settings)
 
     async def close(self) -> None:
         while self._on_close:

@@ -7,7 +7,7 @@ import hashlib
 from herd.app import App
 from herd.errors import Retry
 from herd.jsonvalue import JSON
-from herd.llm.eval import batchapi, spec, task
+from herd.llm.eval import batchapi, spec, stages, task
 from herd.rag import ingest
 from herd.tasks import JobContext
 
@@ -23,6 +23,10 @@ tasks.task(name=ingest.FINALIZE_TASK, queue=ingest.QUEUE, lease_seconds=60, max_
 
 # LLM evaluations: 30 s leases renewed while the provider call runs (30-120 s).
 tasks.task(name=spec.TASK, queue=spec.QUEUE, lease_seconds=30, max_attempts=3)(task.evaluate)
+# A pipeline's calls (herd.llm.eval.stages): one job per piece or per document's stage.
+tasks.task(name=stages.STAGE_TASK, queue=spec.QUEUE, lease_seconds=30, max_attempts=3)(
+    stages.run_stage
+)
 # Batch API: the submit job records its handle before anything leaves; the poll job
 # hands itself back until the provider batch ends (many attempts: a snooze counts none).
 tasks.task(name=spec.SUBMIT_TASK, queue=spec.QUEUE, lease_seconds=60, max_attempts=5)(

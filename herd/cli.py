@@ -1,6 +1,7 @@
 """The `herd` command. Results go to stdout, logs and progress to stderr.
 
-Exit codes: 0 success, 1 the work failed, 2 a usage error.
+Exit codes: 0 success, 1 the work failed (what failed is named on stderr), 2 a usage
+error; `herd eval submit --wait` and `herd eval wait` add 3 (parked) and 130.
 """
 
 from __future__ import annotations
@@ -22,23 +23,30 @@ from rich.table import Table
 
 from herd._version import __version__
 from herd.app import App
-from herd.config import Settings, parse_duration
+from herd.config import Settings, check_database_url, parse_duration
 from herd.console import (
+    Group,
     Options,
     err,
     jsonable,
+    listing,
     mask_logs,
+    moment,
     opts,
     out,
     print_json,
     run,
     short,
-    when,
 )
 from herd.errors import ConfigError, FallbackWarning
 from herd.queue.base import Job, JobStatus
+from herd.schedule.cli import schedule_cli
 
 T = TypeVar("T")
+
+JSON_HELP = "Print it as JSON."
+JSON_LINES_HELP = "Print JSON lines, one per row."
+_STATUSES = ", ".join(s.value for s in JobStatus)
 
 
 class Broker(enum.StrEnum):
@@ -46,16 +54,25 @@ class Broker(enum.StrEnum):
     redis = "redis"
 
 
+EXIT_CODES = (
+    "Exit codes: 0 success; 1 the work failed, or part of it (what failed is named on"
+    " stderr); 2 a usage error (nothing was done). `herd eval submit --wait` and"
+    " `herd eval wait` add 3 (the batch is parked) and 130 (interrupted)."
+)
+
 cli = typer.Typer(
+    cls=Group,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
     help="herd: a crash-safe queue with fenced leases for expensive model work.",
+    epilog=EXIT_CODES,
 )
 jobs_cli = typer.Typer(no_args_is_help=True, help="Inspect jobs.")
 dlq_cli = typer.Typer(no_args_is_help=True, help="The dead-letter queue.")
 cli.add_typer(jobs_cli, name="jobs")
 cli.add_typer(dlq_cli, name="dlq")
+cli.add_typer(schedule_cli, name="schedule")
 
 
 def _add_feature_commands(command: str | None = None) -> None:
@@ -94,16 +111,28 @@ def _root(
     ctx: typer.Context,
     database_url: Annotated[
         str | None,
-        typer.Option(help="PostgreSQL URL [env HERD_DATABASE_URL; default: the embedded server]"),
+        typer.Option(
+            metavar="URL",
+            help="PostgreSQL URL, postgresql://USER:PASSWORD@HOST:PORT/DB (env"
+            " HERD_DATABASE_URL); default: an embedded server in --home.",
+        ),
     ] = None,
     home: Annotated[
-        Path | None, typer.Option(help="Data folder for the embedded server [env HERD_HOME]")
+        Path | None,
+        typer.Option(metavar="DIR", help="Data folder of the embedded server (env HERD_HOME)."),
     ] = None,
     broker: Annotated[
-        Broker | None, typer.Option(help="Where jobs live [env HERD_BROKER; default postgres]")
+        Broker | None,
+        typer.Option(
+            metavar="postgres|redis",
+            help="Where jobs live (env HERD_BROKER); default postgres.",
+        ),
     ] = None,
-    redis_url: Annotated[str | None, typer.Option(help="Redis URL [env HERD_REDIS_URL]")] = None,
-    debug: Annotated[bool, typer.Option(help="Show tracebacks and debug logs.")] = False,
+    redis_url: Annotated[
+        str | None,
+        typer.Option(metavar="URL", help="Redis URL, redis://HOST:PORT (env HERD_REDIS_URL)."),
+    ] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")] = False,
     version: Annotated[
         bool,
         typer.Option(
@@ -120,6 +149,9 @@ def _root(
     flags = {k: v for k, v in flags.items() if v is not None}
     try:
         settings = Settings.from_env().override(**flags)
+        if settings.database_url:
+            given = "--database-url" if database_url else "HERD_DATABASE_URL"
+            check_database_url(settings.database_url, given)
     except ConfigError as exc:  # a bad HERD_* variable: one line, not a traceback
         err.print(f"herd: error: {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
@@ -134,37 +166,54 @@ def _root(
     logging.getLogger("herd").setLevel(logging.DEBUG if debug else logging.INFO)
     # The pool logs every failed reconnect; herd reports outages itself, once.
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR if not debug else logging.DEBUG)
+    # pypdf warns about each malformed PDF; herd names the file it could not read, once.
+    logging.getLogger("pypdf").setLevel(logging.ERROR if not debug else logging.DEBUG)
     mask_logs()
     if not sys.warnoptions:  # a fallback is logged as an error already: say it once
         warnings.filterwarnings("ignore", category=FallbackWarning)
 
 
-def _jobs_table(jobs: list[Job], *, title: str, dead: bool = False) -> Table:
-    table = Table(title=title, title_justify="left")
-    for col in ("id", "task", "queue", "status", "prio", "tries", "stalls"):
-        table.add_column(
-            col, justify="right" if col in ("id", "prio", "tries", "stalls") else "left"
-        )
-    table.add_column("reason / last error" if dead else "result / error")
-    table.add_column("finished" if dead else "created")
+def runs(job: Job) -> int:
+    """How often the job was started: its failed attempts and stalls, and the run
+    that is going on or succeeded (``attempts`` counts errors only)."""
+    current = job.status in (JobStatus.PROCESSING, JobStatus.SUCCEEDED)
+    return job.attempts + job.stalls + int(current)
+
+
+def _print_jobs(jobs: list[Job], *, title: str, dead: bool = False) -> None:
+    """One line of identifiers per job, its result or error on the lines below."""
+    columns = ["id", "task", "queue", "runs"]
+    columns += ["reason", "finished"] if dead else ["status", "created"]
+    rows = []
     for j in jobs:
-        detail = (
-            f"{j.dead_reason}: {j.last_error}"
-            if j.status == JobStatus.DEAD
-            else (short(j.result) if j.status == JobStatus.SUCCEEDED else (j.last_error or ""))
-        )
-        table.add_row(
-            str(j.id),
-            j.task,
-            j.queue,
-            j.status.value,
-            str(j.priority),
-            str(j.attempts),
-            str(j.stalls),
-            short(detail),
-            when(j.finished_at if dead else j.created_at),
-        )
-    return table
+        cells = [str(j.id), j.task, j.queue, str(runs(j))]
+        if dead:
+            cells += [j.dead_reason or "", moment(j.finished_at)]
+        else:
+            cells += [j.status.value, moment(j.created_at)]
+        if j.status == JobStatus.SUCCEEDED:
+            text = "result: " + short(j.result, 200)
+        else:
+            text = short(j.last_error or "", 400)
+        rows.append((cells, text))
+    listing(title, columns, rows, right=("id", "runs"))
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(map(str, ids))
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def child_env(o: Options) -> dict[str, str]:
+    """The environment of a herd process this one starts: the root options given on
+    the command line travel as the variables they stand for (else `herd --broker
+    redis demo` would run its workers on PostgreSQL, where no job waits)."""
+    env = dict(os.environ, HERD_HOME=str(o.settings.home))
+    env.update({_FLAG_ENV[name]: str(value) for name, value in o.flags.items()})
+    return env
 
 
 # -- worker
@@ -192,23 +241,47 @@ def worker(
     app_spec: Annotated[
         str | None,
         typer.Argument(
-            metavar="[MODULE:APP]", help="Your app; without it, herd's built-in tasks only."
+            metavar="MODULE:APP", help="Your app; without it, herd's built-in tasks only."
         ),
     ] = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1)] = 10,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", min=1, metavar="N", help="Jobs run at once.")
+    ] = 10,
     queue: Annotated[
         list[str] | None,
-        typer.Option("--queue", "-q", help="Repeatable [default: every queue of the app's tasks]."),
+        typer.Option(
+            "--queue",
+            "-q",
+            metavar="NAME",
+            help="A queue to take jobs from; repeat it for more. Default: every queue of"
+            " the app's tasks.",
+        ),
     ] = None,
-    grace: Annotated[float, typer.Option(help="Seconds running jobs get after SIGTERM.")] = 30.0,
-    poll_interval: Annotated[float, typer.Option(min=0.01)] = 1.0,
-    exit_when_idle: Annotated[bool, typer.Option(help="Stop once the queues are empty.")] = False,
+    grace: Annotated[
+        float,
+        typer.Option(metavar="SECONDS", help="Time running jobs get to finish after SIGTERM."),
+    ] = 30.0,
+    poll_interval: Annotated[
+        float,
+        typer.Option(min=0.01, metavar="SECONDS", help="Time between looks at empty queues."),
+    ] = 1.0,
+    exit_when_idle: Annotated[
+        bool, typer.Option("--exit-when-idle", help="Stop once the queues are empty.")
+    ] = False,
     startup_wait: Annotated[
         float,
-        typer.Option(min=0, help="Seconds to retry a job store that is unreachable at start."),
+        typer.Option(
+            min=0,
+            metavar="SECONDS",
+            help="How long to retry a job store that is unreachable at start.",
+        ),
     ] = 30.0,
 ) -> None:
-    """Run jobs until SIGTERM/SIGINT (a second signal releases running jobs at once)."""
+    """Run jobs until SIGTERM or SIGINT.
+
+    A first signal stops claiming and gives running jobs --grace seconds; a second
+    releases them at once (another worker takes them over).
+    """
     from herd.builtin import tasks as builtin_tasks
     from herd.worker import Worker
 
@@ -222,7 +295,11 @@ def worker(
     async def work(a: App) -> Any:
         return await Worker(
             a,
-            queues=queue or sorted({"default", *(t.queue for t in app.tasks.values())}),
+            queues=queue
+            or sorted(
+                {"default", *(t.queue for t in app.tasks.values())}
+                | {s.queue for s in app.schedules.values()}
+            ),
             concurrency=concurrency,
             grace_period=grace,
             poll_interval=poll_interval,
@@ -240,11 +317,20 @@ def enqueue(
     ctx: typer.Context,
     task: Annotated[str, typer.Argument(help="Task name.")],
     payload: Annotated[str, typer.Argument(help="JSON payload.")] = "{}",
-    queue: Annotated[str | None, typer.Option()] = None,
-    priority: Annotated[int | None, typer.Option()] = None,
-    dedup_key: Annotated[str | None, typer.Option()] = None,
-    delay: Annotated[float, typer.Option(min=0)] = 0.0,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    queue: Annotated[
+        str | None, typer.Option(metavar="NAME", help="Default: the task's own queue.")
+    ] = None,
+    priority: Annotated[
+        int | None, typer.Option(metavar="N", help="Higher runs first; default the task's.")
+    ] = None,
+    dedup_key: Annotated[
+        str | None,
+        typer.Option(metavar="KEY", help="No second job with this key while one is active."),
+    ] = None,
+    delay: Annotated[
+        float, typer.Option(min=0, metavar="SECONDS", help="Run it no sooner than this from now.")
+    ] = 0.0,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Add one job."""
     try:
@@ -265,7 +351,8 @@ def enqueue(
 
 @jobs_cli.command("stats")
 def jobs_stats(
-    ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] = False
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_LINES_HELP)] = False,
 ) -> None:
     """Jobs per queue and status."""
     stats = run(opts(ctx), lambda a: a.stats())
@@ -273,9 +360,17 @@ def jobs_stats(
         for s in stats:
             print_json(s)
         return
-    table = Table(title="queues", title_justify="left")
-    for col in ("queue", *[s.value for s in JobStatus], "ready", "oldest ready"):
-        table.add_column(col, justify="left" if col == "queue" else "right")
+    table = Table(
+        title="queues", title_justify="left", box=None, pad_edge=False, header_style="bold",
+        collapse_padding=True,
+    )  # fmt: skip
+    # "running" for processing, as `herd status` says: the queue's name keeps the width.
+    headers = {JobStatus.PROCESSING.value: "running"}
+    for col in ("queue", *[s.value for s in JobStatus], "ready", "oldest wait"):
+        table.add_column(
+            headers.get(col, col), justify="left" if col == "queue" else "right",
+            overflow="fold", min_width=5,
+        )  # fmt: skip
     for s in stats:
         age = f"{s.oldest_ready_age:.1f}s" if s.oldest_ready_age is not None else ""
         table.add_row(s.queue, *[str(s.counts.get(st, 0)) for st in JobStatus], str(s.ready), age)
@@ -285,10 +380,13 @@ def jobs_stats(
 @jobs_cli.command("list")
 def jobs_list(
     ctx: typer.Context,
-    status: Annotated[JobStatus | None, typer.Option()] = None,
-    queue: Annotated[str | None, typer.Option()] = None,
-    limit: Annotated[int, typer.Option(min=1)] = 50,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    status: Annotated[
+        JobStatus | None,
+        typer.Option(metavar="STATUS", help=f"Only jobs in this status: {_STATUSES}."),
+    ] = None,
+    queue: Annotated[str | None, typer.Option(metavar="NAME", help="Only this queue.")] = None,
+    limit: Annotated[int, typer.Option(min=1, metavar="N", help="Jobs to show.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_LINES_HELP)] = False,
 ) -> None:
     """Recent jobs, newest first."""
     jobs = run(opts(ctx), lambda a: a.list_jobs(status=status, queue=queue, limit=limit))
@@ -296,32 +394,36 @@ def jobs_list(
         for j in jobs:
             print_json(j)
     else:
-        out.print(_jobs_table(jobs, title=f"{len(jobs)} jobs"))
+        _print_jobs(jobs, title=_count(len(jobs), "job"))
 
 
 @jobs_cli.command("show")
 def jobs_show(
-    ctx: typer.Context, job_id: int, as_json: Annotated[bool, typer.Option("--json")] = False
+    ctx: typer.Context,
+    job_id: Annotated[int, typer.Argument(metavar="ID", help="The job's id.")],
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Everything about one job."""
     job = run(opts(ctx), lambda a: a.get_job(job_id))
     if as_json:
         print_json(job)
         return
-    table = Table(show_header=False, title=f"job {job.id}", title_justify="left")
-    table.add_column(style="bold")
-    table.add_column()
+    table = Table(show_header=False, title=f"job {job.id}", title_justify="left", box=None)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
     for key, value in jsonable(job).items():
         table.add_row(key, value if isinstance(value, str) else json.dumps(value))
+        if key == "stalls":
+            table.add_row("runs", str(runs(job)))
     out.print(table)
 
 
 @dlq_cli.command("list")
 def dlq_list(
     ctx: typer.Context,
-    queue: Annotated[str | None, typer.Option()] = None,
-    limit: Annotated[int, typer.Option(min=1)] = 100,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    queue: Annotated[str | None, typer.Option(metavar="NAME", help="Only this queue.")] = None,
+    limit: Annotated[int, typer.Option(min=1, metavar="N", help="Jobs to show.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_LINES_HELP)] = False,
 ) -> None:
     """Dead-lettered jobs with their reasons."""
     jobs = run(opts(ctx), lambda a: a.dead_letters(queue=queue, limit=limit))
@@ -329,17 +431,22 @@ def dlq_list(
         for j in jobs:
             print_json(j)
     else:
-        out.print(_jobs_table(jobs, title=f"{len(jobs)} dead-lettered jobs", dead=True))
+        _print_jobs(jobs, title=_count(len(jobs), "dead-lettered job"), dead=True)
 
 
 @dlq_cli.command("requeue")
 def dlq_requeue(
     ctx: typer.Context,
-    job_ids: Annotated[list[int] | None, typer.Argument(metavar="[ID]...")] = None,
+    job_ids: Annotated[
+        list[int] | None, typer.Argument(metavar="ID", help="Dead-lettered jobs' ids.")
+    ] = None,
     all_: Annotated[bool, typer.Option("--all", help="Requeue every dead-lettered job.")] = False,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
-    """Send dead-lettered jobs back to their queue with fresh counters."""
+    """Send dead-lettered jobs back to their queue with fresh counters.
+
+    Exit code 1 when a job was not requeued (each is named on stderr).
+    """
     if bool(job_ids) == all_:
         raise typer.BadParameter("give job ids or --all (not both)")
     result = run(opts(ctx), lambda a: a.requeue(None if all_ else job_ids))
@@ -347,7 +454,7 @@ def dlq_requeue(
     if as_json:
         print_json(result)
     else:
-        out.print(f"requeued {len(done)} jobs" + (f": {done}" if done else ""))
+        out.print(f"requeued {_count(len(done), 'job')}" + (f": {_ids(done)}" if done else ""))
     for c in result.skipped:
         err.print(
             f"herd: skipped job {c.job_id}: active job {c.held_by} holds its dedup key"
@@ -356,7 +463,7 @@ def dlq_requeue(
         )
     missing = set(job_ids or []) - set(done) - {c.job_id for c in result.skipped}
     if missing:
-        err.print(f"not in the dead-letter queue: {sorted(missing)}")
+        err.print(f"herd: not in the dead-letter queue: {_ids(sorted(missing))}", soft_wrap=True)
     if missing or result.skipped:
         raise typer.Exit(1)
 
@@ -367,11 +474,15 @@ def dlq_purge(
     older_than: Annotated[
         str,
         typer.Option(
-            "--older-than", help="Delete jobs dead-lettered longer ago than this: 30s, 15m, 7d."
+            "--older-than",
+            metavar="AGE",
+            help="Delete jobs dead-lettered longer ago than this: 30s, 15m, 7d.",
         ),
     ],
-    queue: Annotated[str | None, typer.Option(help="Only this queue's dead letters.")] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    queue: Annotated[
+        str | None, typer.Option(metavar="NAME", help="Only this queue's dead letters.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Delete dead-lettered jobs for good (nothing else removes them)."""
     try:
@@ -391,10 +502,16 @@ def migrate(
     ctx: typer.Context,
     vectors: Annotated[
         bool,
-        typer.Option(help="Also the corpus index's and the semantic cache's (need pgvector)."),
+        typer.Option(
+            "--vectors",
+            help="Also the corpus index's and the semantic cache's (need pgvector).",
+        ),
     ] = False,
 ) -> None:
-    """Bring herd's tables up to date (also done on connect unless HERD_AUTO_MIGRATE=0)."""
+    """Bring herd's tables up to date.
+
+    Also done on connect, unless HERD_AUTO_MIGRATE=0.
+    """
 
     async def work(a: App) -> list[int]:
         from herd.db.postgres import PLAIN_FEATURES, VECTOR_FEATURES, migrate_all
@@ -409,13 +526,17 @@ def migrate(
 
 
 @cli.command()
-def config(ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def config(
+    ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False
+) -> None:
     """The settings in force (secrets masked)."""
     values = {"version": __version__, **opts(ctx).settings.masked()}
     if as_json:
         print_json(values)
         return
-    table = Table(show_header=False)
+    table = Table(show_header=False, box=None)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
     for key, value in values.items():
         table.add_row(key, value)
     out.print(table)
@@ -434,11 +555,18 @@ _DEMO_TEXTS = [
 @cli.command()
 def demo(
     ctx: typer.Context,
-    jobs: Annotated[int, typer.Option(min=1, help="How many jobs to enqueue.")] = 200,
-    workers: Annotated[int, typer.Option(min=1, help="Worker processes to run.")] = 2,
-    concurrency: Annotated[int, typer.Option(min=1)] = 8,
+    jobs: Annotated[int, typer.Option(min=1, metavar="N", help="How many jobs to enqueue.")] = 200,
+    workers: Annotated[int, typer.Option(min=1, metavar="N", help="Worker processes to run.")] = 2,
+    concurrency: Annotated[
+        int, typer.Option(min=1, metavar="N", help="Jobs each worker runs at once.")
+    ] = 8,
 ) -> None:
-    """Enqueue a batch of jobs, run worker processes until it is done, show the results."""
+    """Run a demo batch of jobs on worker processes started here.
+
+    Enqueues the jobs, runs the workers until the queue is empty and shows the results.
+
+    Exit code 1 when a job did not succeed or a worker failed.
+    """
     o = opts(ctx)
     batch = f"demo-{int(time.time())}"
     payloads = [
@@ -456,9 +584,7 @@ def demo(
 
     ids = run(o, submit)
     err.print(f"enqueued {len(ids)} jobs on queue {batch}; starting {workers} worker processes")
-    env = dict(os.environ, HERD_HOME=str(o.settings.home))
-    if o.settings.database_url:
-        env["HERD_DATABASE_URL"] = o.settings.database_url
+    env = child_env(o)
     started = time.monotonic()
     procs = [
         subprocess.Popen(
@@ -466,6 +592,7 @@ def demo(
                 sys.executable,
                 "-m",
                 "herd",
+                *(["--debug"] if o.debug else []),
                 "worker",
                 "--queue",
                 batch,
@@ -489,15 +616,16 @@ def demo(
     by_status: dict[str, int] = {}
     for j in done:
         by_status[j.status.value] = by_status.get(j.status.value, 0) + 1
-    table = Table(title=f"first {min(8, len(done))} of {len(done)} jobs", title_justify="left")
-    for col in ("id", "status", "tries", "words", "sha256", "worker"):
-        table.add_column(col)
+    table = Table(title=f"first {min(8, len(done))} of {len(done)} jobs", title_justify="left",
+                  box=None, pad_edge=False, header_style="bold")  # fmt: skip
+    for col in ("id", "status", "runs", "words", "sha256", "worker"):
+        table.add_column(col, no_wrap=col != "worker", overflow="fold")
     for j in done[:8]:
         r = j.result if isinstance(j.result, dict) else {}
         table.add_row(
             str(j.id),
             j.status.value,
-            str(j.attempts),
+            str(runs(j)),
             str(r.get("words", "")),
             str(r.get("sha256", "")),
             str(r.get("worker", "")),
@@ -507,14 +635,34 @@ def demo(
     for j in done:
         if isinstance(j.result, dict):
             per_worker[j.result["worker"]] = per_worker.get(j.result["worker"], 0) + 1
+    statuses = ", ".join(f"{n} {status}" for status, n in sorted(by_status.items()))
+    shares = ", ".join(map(str, sorted(per_worker.values(), reverse=True)))
     out.print(
-        f"status: {by_status}; retried: {sum(1 for j in done if j.attempts)}; "
-        f"jobs per worker: {sorted(per_worker.values(), reverse=True)}; "
-        f"{len(done) / elapsed:.0f} jobs/s including worker start-up"
+        f"{statuses}; {sum(1 for j in done if j.attempts)} retried; jobs per worker:"
+        f" {shares}; {len(done) / elapsed:.0f} jobs/s including worker start-up"
     )
-    if any(codes) or by_status.get("succeeded", 0) != len(done):
+    failed = [j.id for j in done if j.status != JobStatus.SUCCEEDED]
+    if failed:
+        err.print(
+            f"herd: {_count(len(failed), 'job')} did not succeed: {_ids(failed[:20])}"
+            + (" …" if len(failed) > 20 else "")
+            + " (`herd jobs list` shows them)",
+            soft_wrap=True,
+        )
+    for n, code in enumerate(codes):
+        if code:
+            err.print(f"herd: worker process {n + 1} exited with code {code}", soft_wrap=True)
+    if any(codes) or failed:
         raise typer.Exit(1)
 
+
+# Each root option's variable: what a herd process started by this one reads it from.
+_FLAG_ENV = {
+    "database_url": "HERD_DATABASE_URL",
+    "home": "HERD_HOME",
+    "broker": "HERD_BROKER",
+    "redis_url": "HERD_REDIS_URL",
+}
 
 # The root options that take a value: the word after one is not a command.
 _VALUED = frozenset({"--database-url", "--home", "--broker", "--redis-url"})
@@ -543,4 +691,4 @@ def main() -> None:
     command = _command_of(sys.argv[1:])
     if command not in _core_commands():
         _add_feature_commands(command)
-    cli()
+    cli(prog_name="herd")

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import platformdirs
+from psycopg import ProgrammingError
+from psycopg.conninfo import conninfo_to_dict
 
 from herd.errors import ConfigError
 from herd.jsonvalue import MAX_BYTES, MAX_DEPTH
@@ -327,6 +329,25 @@ def _probability(env: dict[str, str], name: str, default: float) -> float:
     if not 0 < value < 1:  # NaN fails too
         raise ConfigError(f"{name} must be a probability between 0 and 1, not {raw!r}")
     return value
+
+
+DATABASE_URL_FORM = "postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+
+
+def check_database_url(url: str, name: str) -> None:
+    """Refuse a PostgreSQL URL libpq cannot read before anything connects: what is
+    wrong with it and the form expected, not libpq's words about key=value strings."""
+    shown = mask(url)
+    scheme, sep, _ = url.partition("://")
+    if sep and scheme not in ("postgresql", "postgres"):
+        raise ConfigError(f"{name} is a {scheme}:// URL ({shown}); expected {DATABASE_URL_FORM}")
+    try:
+        conninfo_to_dict(url)
+    except ProgrammingError:
+        raise ConfigError(
+            f"{name} is not a PostgreSQL URL: {shown!r}; expected {DATABASE_URL_FORM}"
+            " (or libpq's 'host=HOST dbname=DATABASE ...')"
+        ) from None
 
 
 def _vector_url(env: dict[str, str]) -> str | None:

@@ -27,6 +27,7 @@ from typing import Any
 import psutil
 import psycopg
 
+from herd.config import Settings
 from herd.db.diskfull import ENOSPC, low_space
 from herd.errors import EmbeddedServerError
 
@@ -168,3 +169,11 @@ def embedded_server(home: Path) -> EmbeddedPostgres:
     if key not in _servers:
         _servers[key] = EmbeddedPostgres(key)
     return _servers[key]
+
+
+def database_url(settings: Settings) -> str:
+    """herd's PostgreSQL: HERD_DATABASE_URL, else the embedded server (started on first
+    use) under HERD_HOME. Also the home of the caches, locks and ledgers."""
+    if settings.database_url is not None:
+        return settings.database_url
+    return embedded_server(settings.home).acquire()

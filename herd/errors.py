@@ -44,6 +44,10 @@ class BatchNotFound(HerdError):
     """No evaluation batch has that name."""
 
 
+class ScheduleNotFound(HerdError):
+    """No schedule has that name (a worker of the app that defines it registers it)."""
+
+
 class NotBatchOwner(HerdError):
     """A caller may not change (or read) a batch another caller made (HTTP 403)."""
 

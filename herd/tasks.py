@@ -120,10 +120,9 @@ class JobContext:
         once the lease is checked, so a write lands only from a run that held its lease
         a moment before (the fencing of the job's own result does the rest).
         """
-        fenced = getattr(self.app.broker, "fenced_transaction", None)
+        fenced = self.app.broker.fenced_transaction(self.lease)
         if fenced is not None:
-            result: AbstractAsyncContextManager[AsyncConnection[Any]] = fenced(self.lease)
-            return result
+            return fenced
         if elsewhere is None:
             raise NotImplementedError(f"the {self.app.broker.name} broker has no SQL transactions")
         opened = elsewhere

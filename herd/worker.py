@@ -46,6 +46,7 @@ from herd.errors import (
 from herd.jsonvalue import check
 from herd.masking import mask
 from herd.queue.base import Completion, DeadReason, Failure, JobStatus, Lease
+from herd.schedule.ticker import Ticker
 from herd.tasks import JobContext, call_task
 
 log = logging.getLogger("herd.worker")
@@ -77,6 +78,11 @@ class WorkerStats:
     snoozed: int = 0  # handed back by herd.Snooze: no attempt counted
     heartbeats: int = 0
     renew_statements: int = 0
+
+    def __str__(self) -> str:
+        """What a log line shows: the job counts that are not zero, in words."""
+        jobs = ("claimed", "succeeded", "retried", "dead", "lost", "refused", "snoozed")
+        return ", ".join(f"{n} {name}" for name in jobs if (n := getattr(self, name))) or "no jobs"
 
 
 @dataclass
@@ -118,8 +124,8 @@ class Worker:
     def _on_signal(self, signum: int) -> None:
         if self._stopping.is_set():
             log.warning("second %s: releasing running jobs now", signal.Signals(signum).name)
-        else:
-            log.warning(
+        else:  # the normal way to stop a worker: nothing is wrong
+            log.info(
                 "%s: no new jobs; %d running get %.0fs to finish (again to release now)",
                 signal.Signals(signum).name,
                 len(self._running),
@@ -137,6 +143,9 @@ class Worker:
             asyncio.create_task(self._heartbeat(), name="herd-heartbeat"),
             asyncio.create_task(self._completer(), name="herd-completer"),
         ]
+        if self.app.schedules:  # every worker ticks; the store lets one fire each tick
+            ticker = Ticker(self.app).run(self._stopping)
+            helpers.append(asyncio.create_task(ticker, name="herd-schedules"))
         log.info(
             "worker %s: queues %s, concurrency %d",
             self.name,
@@ -339,12 +348,12 @@ class Worker:
         reason: DeadReason | None = None,
     ) -> Failure:
         task = self.app.tasks[running.lease.task]
-        running.span.failed(f"{type(exc).__name__}: {exc}", exc)
+        running.span.failed(_describe(exc), exc)
         delay = retry_in if retry_in is not None else task.backoff.delay(running.lease.attempts + 1)
         return Failure(
             running.lease,
             # Masked before clipping: a cut must not leave half a password behind.
-            error=_clip(mask(f"{type(exc).__name__}: {exc}"), 4_000),
+            error=_clip(mask(_describe(exc)), 4_000),
             traceback=_clip(mask("".join(traceback.format_exception(exc))), 64_000),
             retry_in=delay,
             final=final,
@@ -584,6 +593,15 @@ class Worker:
                 log.error(
                     "could not release %d jobs (%s); their leases will expire", len(left), exc
                 )
+
+
+def _describe(exc: BaseException) -> str:
+    """A failure as stored and shown. herd.Retry and herd.Fatal are what the task
+    asked for, which the job's status and dead reason say already: their message
+    alone ("fatal: Fatal: ..." otherwise). Any other error keeps its type."""
+    if isinstance(exc, Retry | Fatal) and str(exc):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _clip(text: str, limit: int) -> str:

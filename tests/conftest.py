@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,12 +18,14 @@ import pytest
 
 from herd.db.postgres import migrate
 from herd.embedded import embedded_server
-from herd.queue.base import Broker
-from herd.queue.postgres import PostgresBroker
-from herd.queue.redis import RedisBroker
 from herd.testing.servers.pgbouncer import PgBouncer, ensure_pgbouncer
 from herd.testing.servers.redis_cluster import RedisCluster
 from herd.testing.servers.redis_stack import RedisStackServer
+
+# Every seam's backends and their fixtures live in tests/contract/backends.py; the
+# job store's is used across the suite. truncate and flush_redis: tests import them here.
+from tests.contract.backends import broker  # noqa: F401
+from tests.helpers import flush_redis, truncate  # noqa: F401 - imported from here by tests
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".herd-test"
@@ -72,21 +74,10 @@ def pg_url(herd_home: Path) -> Iterator[str]:
     server.release()
 
 
-def truncate(url: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE herd_jobs RESTART IDENTITY")
-
-
 @pytest.fixture
 def clean_pg(pg_url: str) -> str:
     truncate(pg_url)
     return pg_url
-
-
-# "pgbouncer": the PostgreSQL broker through PgBouncer in transaction mode, with
-# no direct URL (its LISTEN goes through the pooler too; the poll is what counts).
-# "redis-cluster": the Redis broker on a 3-master Redis Cluster, from a plain URL of one node.
-BACKENDS = ["postgres", "redis", "pgbouncer", "redis-cluster"]
 
 
 @pytest.fixture(scope="session")
@@ -107,40 +98,6 @@ def pgbouncer_url(pg_url: str) -> Iterator[str]:
     finally:
         bouncer.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def flush_redis(url: str) -> None:
-    import redis
-
-    client = redis.Redis.from_url(url)
-    client.flushdb()
-    client.close()
-
-
-@pytest.fixture(params=BACKENDS)
-async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
-    """Every backend, empty, opened; the contract suite runs once per backend."""
-    b: Broker
-    if request.param == "postgres":
-        url = request.getfixturevalue("pg_url")
-        truncate(url)
-        b = PostgresBroker(url, pool_size=24)
-    elif request.param == "pgbouncer":
-        truncate(request.getfixturevalue("pg_url"))
-        b = PostgresBroker(request.getfixturevalue("pgbouncer_url"), pool_size=24)
-    elif request.param == "redis-cluster":
-        cluster = request.getfixturevalue("redis_cluster_server")
-        cluster.flush()
-        b = RedisBroker(cluster.url)
-    else:
-        url = request.getfixturevalue("redis_stack")
-        flush_redis(url)
-        b = RedisBroker(url)
-    await b.open()
-    try:
-        yield b
-    finally:
-        await b.close()
 
 
 @pytest.fixture(scope="session")

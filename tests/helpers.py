@@ -6,6 +6,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import psycopg
+import redis
+
 from herd.queue.base import NewJob
 from herd.testing.fleet import wait_until
 
@@ -42,3 +45,16 @@ def priced(monkeypatch, tmp_path, *models: str) -> None:  # type: ignore[no-unty
     path = tmp_path / "prices.json"
     path.write_text(json.dumps({m: {"input": 1.0, "output": 2.0} for m in models}))
     monkeypatch.setenv("HERD_PRICES", str(path))
+
+
+def truncate(url: str) -> None:
+    """Empty the job table of the PostgreSQL database at ``url``."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE herd_jobs RESTART IDENTITY")
+
+
+def flush_redis(url: str) -> None:
+    """Empty the Redis database at ``url``."""
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    client.close()

@@ -77,7 +77,7 @@ def test_enqueue_list_show_dlq_requeue_round_trip(clean_pg):
     shown = json.loads(herd("jobs", "show", str(job_id), "--json", url=clean_pg).stdout)
     assert shown["status"] == "dead"
     requeued = herd("dlq", "requeue", str(job_id), url=clean_pg)
-    assert requeued.returncode == 0 and f"requeued 1 jobs: [{job_id}]" in requeued.stdout
+    assert requeued.returncode == 0 and f"requeued 1 job: {job_id}\n" == requeued.stdout
     again = herd("dlq", "requeue", str(job_id), url=clean_pg)
     assert again.returncode == 1 and "not in the dead-letter queue" in again.stderr
     stats = [
@@ -108,7 +108,7 @@ def test_dlq_requeue_all_requeues_the_rest_and_names_each_job_left_dead(clean_pg
     held, plain, holder = asyncio.run(seed())
     r = herd("dlq", "requeue", "--all", url=clean_pg)
     assert r.returncode == 1
-    assert f"requeued 2 jobs: {plain}" in r.stdout
+    assert f"requeued 2 jobs: {plain[0]}, {plain[1]}\n" == r.stdout
     assert r.stderr.strip().splitlines() == [
         f"herd: skipped job {held}: active job {holder} holds its dedup key 'doc-7'"
     ]

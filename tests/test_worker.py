@@ -177,7 +177,7 @@ async def test_errors_retry_with_backoff_then_dead_letter_with_traceback(app, ca
     assert "in flaky" in job.last_traceback and job.last_worker == worker.name
     # A Retry is how a task waits (finalize does, every ingest): not a warning.
     retries = [(x.levelname, x.getMessage()) for x in caplog.records if "retry in" in x.message]
-    asked = f"job {r.job_id} (flaky) asked to be retried, retry in 0.3s: Retry: not yet"
+    asked = f"job {r.job_id} (flaky) asked to be retried, retry in 0.3s: not yet"
     assert retries[0] == ("INFO", asked)
     assert retries[1][0] == "WARNING" and "failed" in retries[1][1]
 
@@ -203,6 +203,8 @@ async def test_unknown_task_fatal_and_non_json_result_go_to_the_dlq(app):
     await run
     assert [j.dead_reason for j in jobs] == ["unknown_task", "fatal", "bad_result", "fatal"]
     assert "no.such.task" in jobs[0].last_error
+    # Its message alone: the dead reason says fatal already ("fatal: Fatal: ..." in a list).
+    assert jobs[1].last_error == "the document is not a PDF"
     assert [j.attempts for j in jobs] == [1, 1, 1, 1]
     assert "garbage \\0 in" in jobs[3].last_error and len(jobs[3].last_error) < 5_000
 

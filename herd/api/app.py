@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from herd._version import __version__
-from herd.api import dashboard, docs, evals, jobs, metrics, queries
+from herd.api import dashboard, docs, evals, jobs, metrics, queries, schedules
 from herd.api.models import ErrorOut
 from herd.api.security import (
     BearerAuth,
@@ -39,6 +39,7 @@ from herd.errors import (
     NotBatchOwner,
     NotDeadLettered,
     NotJSONSerializable,
+    ScheduleNotFound,
 )
 from herd.masking import mask
 
@@ -49,6 +50,7 @@ log = logging.getLogger("herd.api")
 _STATUS: list[tuple[type[HerdError], int]] = [
     (JobNotFound, 404),
     (BatchNotFound, 404),
+    (ScheduleNotFound, 404),
     (NotBatchOwner, 403),
     (BatchNameTaken, 409),
     (NotDeadLettered, 409),
@@ -113,7 +115,7 @@ def create_app(
         responses=ERRORS,
     )
     api.state.herd = herd_app
-    for module in (jobs, evals, queries, metrics, dashboard, docs):
+    for module in (jobs, evals, queries, schedules, metrics, dashboard, docs):
         api.include_router(module.router)
     dashboard.mount_static(api)
     docs.mount_assets(api)

@@ -37,17 +37,27 @@ def _of(now: float, limit: int | None) -> str:
 def serve(
     ctx: typer.Context,
     host: Annotated[
-        str, typer.Option(help="Address to bind; beyond loopback needs HERD_API_TOKEN.")
+        str,
+        typer.Option(
+            metavar="ADDRESS", help="Address to bind; beyond loopback needs HERD_API_TOKEN."
+        ),
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, metavar="PORT", help="Port to listen on.")
+    ] = 8000,
     body_limit: Annotated[
         int | None,
         typer.Option(
-            min=1, help="Largest request body in bytes (env HERD_API_BODY_LIMIT; default 1 MiB)."
+            min=1,
+            metavar="BYTES",
+            help="Largest request body (env HERD_API_BODY_LIMIT); default 1 MiB.",
         ),
     ] = None,
 ) -> None:
-    """Serve the HTTP API, the dashboard (/) and Prometheus metrics (/metrics)."""
+    """Serve the HTTP API, the dashboard and Prometheus metrics.
+
+    The dashboard is at /, the metrics at /metrics.
+    """
     import uvicorn
 
     from herd.api.app import create_app
@@ -86,11 +96,16 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def status(
     ctx: typer.Context,
-    minutes: Annotated[int, typer.Option(min=1, max=120, help="Throughput window.")] = 30,
-    limit: Annotated[int, typer.Option(min=1, max=500, help="Rows per table.")] = 20,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    minutes: Annotated[
+        int, typer.Option(min=1, max=120, metavar="N", help="Throughput window in minutes.")
+    ] = 30,
+    limit: Annotated[int, typer.Option(min=1, max=500, metavar="N", help="Rows per table.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
 ) -> None:
-    """Queues, running jobs, throughput, dead letters, caches and the cost ledger."""
+    """The dashboard in a terminal: queues, jobs, caches, spend.
+
+    Queues, running jobs, throughput, dead letters, caches and the cost ledger.
+    """
     ov = console.run(console.opts(ctx), lambda app: overview(app, minutes=minutes, limit=limit))
     if as_json:
         sys.stdout.write(ov.model_dump_json() + "\n")
@@ -124,7 +139,9 @@ def sparkline(counts: list[int]) -> str:
 
 
 def _table(title: str, *columns: str) -> Table:
-    table = Table(title=title, title_justify="left", title_style="bold")
+    # No box: its lines and padding cost a third of an 80-column terminal.
+    table = Table(title=title, title_justify="left", title_style="bold", box=None,
+                  pad_edge=False, header_style="bold")  # fmt: skip
     for col in columns:
         right = col.startswith(">")
         # Identifiers and numbers stay on one line; free text (errors) wraps.
@@ -144,7 +161,7 @@ def print_overview(ov: OverviewOut) -> None:
     out.print(
         Text.assemble(
             ("herd", "bold"),
-            f"  broker {ov.broker}  ·  {ov.now:%Y-%m-%d %H:%M:%S} UTC  ·  last {tp.minutes} min: ",
+            f"  broker {ov.broker}  ·  {ov.now:%Y-%m-%d %H:%M:%S} UTC\nlast {tp.minutes} min: ",
             (f"{done} succeeded", "green"),
             ", ",
             (f"{dead} dead-lettered", "red" if dead else ""),
@@ -184,17 +201,16 @@ def print_overview(ov: OverviewOut) -> None:
         r.add_row(str(run.id), run.task, run.queue, run.owner or "", str(run.attempts + 1), left)
     out.print(r if ov.running else Text("running: none", style="dim"))
 
-    d = _table("dead-letter queue", ">id", "task", "queue", "reason", "last error", "finished")
-    for job in ov.dead:
-        d.add_row(
-            str(job.id),
-            job.task,
-            job.queue,
-            job.dead_reason or "",
-            console.short(job.last_error or "", 60),
-            console.when(job.finished_at),
-        )
-    out.print(d if ov.dead else Text("dead-letter queue: empty", style="dim"))
+    if ov.dead:  # each error on lines of its own: in a column it reads a word a line
+        dead_rows = [
+            ([str(job.id), job.task, job.queue, job.dead_reason or "",
+              console.moment(job.finished_at)], console.short(job.last_error or "", 200))
+            for job in ov.dead
+        ]  # fmt: skip
+        console.listing("dead-letter queue", ["id", "task", "queue", "reason", "finished"],
+                        dead_rows, right=("id",))  # fmt: skip
+    else:
+        out.print(Text("dead-letter queue: empty", style="dim"))
 
     c = _table("caches", "cache", "namespace", ">hit rate", ">hits", ">misses", ">entries")
     for cache in ov.caches:

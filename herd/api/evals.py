@@ -24,7 +24,8 @@ from herd.api.models import (
 from herd.api.security import CALLER_KEY
 from herd.errors import InvalidInput
 from herd.llm import eval as evals
-from herd.llm.eval import results
+from herd.llm.eval import pipeline, results
+from herd.llm.eval.pipesubmit import submit_pipeline_texts
 
 router = APIRouter(tags=["evaluations"])
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such batch"}}
@@ -49,6 +50,16 @@ async def submit(body: EvalIn, app: HerdApp, caller: Caller) -> EvalOut:
     """Enqueue one evaluation per document; `herd worker` processes run them. Refused
     (422) before anything is enqueued: an invalid schema, a provider key that is not
     set, an unpriced model with a budget; (409) a batch name another caller made."""
+    given = {"rpm": body.rpm, "tpm": body.tpm, "max_concurrent": body.max_concurrent}
+    limits = {k: v for k, v in given.items() if v is not None} or None
+    documents = {d.name: d.text for d in body.documents}
+    if body.pipeline is not None:
+        report = await submit_pipeline_texts(
+            app, pipeline.from_json(body.pipeline), documents, batch=body.batch,
+            priority=body.priority, budget=body.budget, limits=limits, caller=caller,
+        )  # fmt: skip
+        return EvalOut(batch=report.batch, queued=report.queued, deduplicated=0, job_ids=[])
+    assert body.model is not None and body.system is not None  # EvalIn checked it
     spec = evals.EvalSpec(
         model=body.model,
         system=body.system,
@@ -56,10 +67,8 @@ async def submit(body: EvalIn, app: HerdApp, caller: Caller) -> EvalOut:
         provider=body.provider,
         params=body.params,
     )
-    given = {"rpm": body.rpm, "tpm": body.tpm, "max_concurrent": body.max_concurrent}
-    limits = {k: v for k, v in given.items() if v is not None} or None
     report = await evals.submit_texts(
-        app, spec, {d.name: d.text for d in body.documents}, batch=body.batch,
+        app, spec, documents, batch=body.batch,
         priority=body.priority, budget=body.budget, limits=limits, batch_api=body.batch_api,
         caller=caller,
     )  # fmt: skip

@@ -32,6 +32,7 @@ from herd.queue.base import (
     RunningJob,
     Throughput,
 )
+from herd.schedule.ops import ScheduleView
 
 
 def _storable(value: Any) -> Any:
@@ -303,6 +304,7 @@ class OverviewOut(BaseModel):
     ledger: list[LedgerRow]
     limits: list[LimitOut] = []  # the fleet's provider limits, O(limits)
     batches: list[BatchCardOut] = []  # the newest evaluation batches, and parked ones
+    schedules: list[ScheduleView] = []  # periodic jobs (herd.schedule), O(schedules)
     problems: list[str]  # sections that could not be read, and why
 
 
@@ -324,8 +326,10 @@ class BudgetIn(Strict):
 
 
 class EvalIn(Strict):
-    model: Annotated[SafeText, Field(min_length=1, max_length=200)]
-    system: Annotated[SafeText, Field(min_length=1)]
+    # A single prompt (model, system), or a pipeline in stages (herd.llm.eval.pipeline).
+    model: Annotated[SafeText, Field(min_length=1, max_length=200)] | None = None
+    system: Annotated[SafeText, Field(min_length=1)] | None = None
+    pipeline: dict[str, Any] | None = None
     documents: Annotated[list[Document], Field(min_length=1, max_length=10_000)]
     json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
     provider: Annotated[str, Field(pattern=PROVIDER_PATTERN)] = "openai"
@@ -339,6 +343,17 @@ class EvalIn(Strict):
     max_concurrent: Annotated[int, Field(ge=1)] | None = None
     # Through the provider's Batch API (herd.llm.eval.batchapi): half the price, within 24 h.
     batch_api: bool = False
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> EvalIn:
+        if self.pipeline is not None:
+            if self.model is not None or self.system is not None or self.json_schema:
+                raise ValueError("give a pipeline, or model and system, not both")
+            if self.batch_api:
+                raise ValueError("batch_api: a pipeline does not go through the Batch API yet")
+        elif self.model is None or self.system is None:
+            raise ValueError("give model and system (or a pipeline)")
+        return self
 
     @field_validator("json_schema", "params")
     @classmethod
@@ -400,6 +415,8 @@ class EvalStatusOut(BaseModel):
     ledger: dict[str, dict[str, Any]]
     provider_cache: ProviderCacheOut = ProviderCacheOut()
     failures: list[FailureOut] = []
+    # A batch in stages: each stage's pieces, done, failed, cached, calls and cost.
+    stages: list[dict[str, Any]] = []
 
 
 class CostOut(BaseModel):

@@ -26,6 +26,7 @@ from herd.api.models import (
 from herd.app import App
 from herd.errors import HerdError
 from herd.queue.base import JobStatus, QueueStats
+from herd.schedule import ops as schedule_ops
 
 T = TypeVar("T")
 # name or namespace -> figures: counters (hits, misses, entries …) and maybe more (rates,
@@ -124,6 +125,7 @@ async def limits(app: App) -> list[LimitOut]:
     return [LimitOut.of(s, now) for s in await limiter.stats()]
 
 
+SCHEDULES_SHOWN = 50  # periodic jobs are defined in code: a few, two reads per poll
 BATCHES_SHOWN = 10  # the newest batches on the dashboard (and older ones still parked)
 FAILURES_ON_CARD = 10
 # An idle batch's card (nothing queued or running: finished, or parked with no call in
@@ -259,6 +261,9 @@ async def overview(app: App, *, minutes: int = 30, limit: int = 50) -> OverviewO
     ledger_rows = await optional("cost ledger", ledger(app), problems)
     limit_rows = await optional("provider limits", limits(app), problems)
     batch_cards = await optional("evaluation batches", batches(app), problems)
+    schedule_rows = await optional(
+        "schedules", schedule_ops.views(app, limit=SCHEDULES_SHOWN), problems
+    )
     shown, hidden = busiest(stats, app.settings.shown_queues)
     return OverviewOut(
         now=datetime.now(UTC),
@@ -273,6 +278,7 @@ async def overview(app: App, *, minutes: int = 30, limit: int = 50) -> OverviewO
         ledger=ledger_rows,
         limits=limit_rows,
         batches=batch_cards,
+        schedules=schedule_rows,
         problems=problems,
     )
 

@@ -19,9 +19,14 @@ cache_cli = typer.Typer(
 
 @cache_cli.command("stats")
 def cache_stats(
-    ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] = False
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print them as JSON.")] = False,
 ) -> None:
-    """Entries, hits, misses and computations of the exact and the semantic cache."""
+    """Entries, hits and misses of the exact and the semantic cache.
+
+    Also the exact cache's computations and the semantic cache's guard rejections,
+    lock waits, evictions and lookup times.
+    """
 
     async def work(app: App) -> dict[str, Any]:
 
@@ -34,30 +39,57 @@ def cache_stats(
     if as_json:
         console.print_json(stats)
         return
-    cols = ("entries", "hits", "misses", "computed", "waited", "stale", "early_refresh", "errors")
-    table = Table(title="exact cache", title_justify="left")
-    table.add_column("namespace")
-    for col in cols:
-        table.add_column(col, justify="right")
-    for ns, counters in sorted(stats["exact"].items()):
-        table.add_row(ns, *[str(counters.get(c, 0)) for c in cols])
-    console.out.print(table)
+    _print_exact_stats(stats["exact"])
     _print_semantic_stats(stats["semantic"])
 
 
+# Counters as columns: short words, so that a namespace and all of them fit 80 columns.
+_EXACT = {"entries": "entries", "hits": "hits", "misses": "misses", "computed": "computed",
+          "waited": "waited", "stale": "stale", "early_refresh": "early",
+          "errors": "errors"}  # fmt: skip
+_SEMANTIC = {"entries": "entries", "hits": "hits", "misses": "misses", "hit_rate": "hit rate",
+             "guard_rejections": "guard rejections", "lock_waits": "lock waits",
+             "stampedes_suppressed": "stampedes suppressed", "stale": "stale answers",
+             "evictions": "evictions"}  # fmt: skip
+
+
+def _print_exact_stats(stats: dict[str, dict[str, Any]]) -> None:
+    if not stats:
+        console.out.print("exact cache: no entries or lookups yet")
+        return
+    table = Table(
+        title="exact cache", title_justify="left", box=None, pad_edge=False, header_style="bold"
+    )
+    table.add_column("namespace", overflow="fold", min_width=9)
+    for label in _EXACT.values():
+        table.add_column(label, justify="right", no_wrap=True)
+    for ns, counters in sorted(stats.items()):
+        table.add_row(ns, *[f"{counters.get(c, 0):,}" for c in _EXACT])
+    console.out.print(table)
+    console.out.print(
+        "early: entries refreshed before they expired; waited: lookups that waited for"
+        " another's computation",
+        style="dim",
+    )
+
+
 def _print_semantic_stats(stats: dict[str, dict[str, Any]]) -> None:
-    cols = ("entries", "hits", "misses", "hit_rate", "guard_rejections", "lock_waits",
-            "stampedes_suppressed", "stale", "evictions", "p50 lookup")  # fmt: skip
-    table = Table(title="semantic cache", title_justify="left")
-    table.add_column("cache")
-    for col in cols:
-        table.add_column(col.replace("_", " "), justify="right")
-    for name, figures in stats.items():
-        cells = [
-            f"{figures['hit_rate']:.1%}" if c == "hit_rate" else str(figures.get(c, 0))
-            for c in cols[:-1]
-        ]
-        table.add_row(name, *cells, _quantile(figures["lookup_seconds"], 0.5))
+    """One column per cache, one row per figure: eleven figures side by side do not
+    fit 80 columns, and there are few caches."""
+    if not stats:
+        console.out.print("semantic cache: no entries or lookups yet")
+        return
+    table = Table(title="semantic cache", title_justify="left", box=None, header_style="bold",
+                  pad_edge=False)  # fmt: skip
+    table.add_column("", no_wrap=True)
+    for name in stats:
+        table.add_column(name, justify="right", overflow="fold")
+    for key, label in _SEMANTIC.items():
+        table.add_row(label, *[
+            f"{f['hit_rate']:.1%}" if key == "hit_rate" else f"{f.get(key, 0):,}"
+            for f in stats.values()
+        ])  # fmt: skip
+    table.add_row("p50 lookup", *[_quantile(f["lookup_seconds"], 0.5) for f in stats.values()])
     console.out.print(table)
     for name, figures in stats.items():
         sims = figures["nearest_similarity"]
@@ -85,13 +117,16 @@ def _quantile(hist: dict[str, Any], q: float) -> str:
 def cache_clear(
     ctx: typer.Context,
     namespace: Annotated[
-        str | None, typer.Option(help="One exact-cache namespace [default: all].")
+        str | None,
+        typer.Option(metavar="NAME", help="One exact-cache namespace; default: all."),
     ] = None,
     collection: Annotated[
         str | None,
-        typer.Option(help="Only the semantic cache's answers about this collection."),
+        typer.Option(
+            metavar="NAME", help="Only the semantic cache's answers about this collection."
+        ),
     ] = None,
-    which: Annotated[str, typer.Option(help="exact, semantic or both")] = "both",
+    which: Annotated[str, typer.Option(metavar="CACHE", help="exact, semantic or both.")] = "both",
 ) -> None:
     """Remove cached results (the next request for them computes again)."""
     if which not in ("exact", "semantic", "both"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -9,61 +10,12 @@ from psycopg.types.json import Jsonb
 
 from herd.cache.base import Entry
 from herd.cache.retention import PURGE_BATCH, PURGE_EVERY, Periodic
+from herd.config import Settings
 from herd.db import postgres as pgdb
+from herd.db.queries import named
 from herd.jsonvalue import JSON, dumps
 
-_GET = """
-SELECT value, delta, extract(epoch FROM created_at), extract(epoch FROM expires_at),
-       extract(epoch FROM now())
-  FROM herd_cache
- WHERE namespace = %(ns)s AND key = %(key)s
-   AND (expires_at IS NULL OR expires_at + %(stale)s * interval '1 second' > now())
-"""
-
-# A new row (xmax = 0: inserted, not updated) counts one more entry, in the same statement.
-_PUT = """
-WITH up AS (
-    INSERT INTO herd_cache (namespace, key, value, delta, created_at, expires_at, keep_until)
-    VALUES (%(ns)s, %(key)s, %(value)s, %(delta)s, now(),
-            now() + %(ttl)s::float8 * interval '1 second',
-            now() + (%(ttl)s::float8 + %(keep)s) * interval '1 second')
-    ON CONFLICT (namespace, key) DO UPDATE
-       SET value = excluded.value, delta = excluded.delta, created_at = excluded.created_at,
-           expires_at = excluded.expires_at, keep_until = excluded.keep_until
-    RETURNING (xmax = 0) AS inserted
-)
-INSERT INTO herd_cache_stats (namespace, name, value)
-SELECT %(ns)s, 'entries', 1 FROM up WHERE inserted
-ON CONFLICT (namespace, name) DO UPDATE SET value = herd_cache_stats.value + 1
-"""
-
-# Rows of one namespace go with the decrement of its count, in one statement: each
-# touches one counter row, so concurrent deletes and purges never deadlock on them.
-_DELETE = """
-WITH d AS (
-    DELETE FROM herd_cache
-     WHERE namespace = %(ns)s AND (%(keys)s::text[] IS NULL OR key = ANY(%(keys)s))
-       AND (NOT %(expired)s OR keep_until < now())
-    RETURNING 1
-), c AS (SELECT count(*) AS n FROM d),
-u AS (
-    UPDATE herd_cache_stats s SET value = s.value - c.n FROM c
-     WHERE s.namespace = %(ns)s AND s.name = 'entries' AND c.n > 0
-)
-SELECT n FROM c
-"""
-
-# Past their keep_until (expiry plus stale window), oldest first along its index.
-_EXPIRED = """
-SELECT namespace, key FROM herd_cache WHERE keep_until < now()
- ORDER BY keep_until LIMIT %(limit)s
-"""
-
-_COUNT = """
-INSERT INTO herd_cache_stats (namespace, name, value)
-SELECT %(ns)s, n, v FROM unnest(%(names)s::text[], %(values)s::bigint[]) AS c(n, v)
-ON CONFLICT (namespace, name) DO UPDATE SET value = herd_cache_stats.value + excluded.value
-"""
+Q = named("herd.cache.sql")
 
 
 def translate_errors(url: str) -> AbstractContextManager[None]:
@@ -94,7 +46,7 @@ class PostgresCacheStore:
                 return await cur.fetchall() if cur.description else []
 
     async def get(self, namespace: str, key: str, *, stale_for: float = 0.0) -> Entry | None:
-        rows = await self._exec(_GET, {"ns": namespace, "key": key, "stale": stale_for})
+        rows = await self._exec(Q["get"], {"ns": namespace, "key": key, "stale": stale_for})
         if not rows:
             return None
         value, delta, created, expires, now = rows[0]
@@ -122,11 +74,11 @@ class PostgresCacheStore:
         dumps(value, what="cache value")
         params = {"ns": namespace, "key": key, "value": Jsonb(value), "delta": delta, "ttl": ttl,
                   "keep": keep_stale}  # fmt: skip
-        await self._exec(_PUT, params)
+        await self._exec(Q["put"], params)
 
     async def _delete(self, namespace: str, keys: list[str] | None, *, expired: bool) -> int:
         params = {"ns": namespace, "keys": keys, "expired": expired}
-        return int((await self._exec(_DELETE, params))[0][0])
+        return int((await self._exec(Q["delete"], params))[0][0])
 
     async def delete(self, namespace: str, key: str) -> None:
         await self._delete(namespace, [key], expired=False)
@@ -134,9 +86,7 @@ class PostgresCacheStore:
     async def clear(self, namespace: str | None = None) -> int:
         if namespace is not None:
             return await self._delete(namespace, None, expired=False)
-        rows = await self._exec(
-            "SELECT namespace FROM herd_cache_stats WHERE name = 'entries' ORDER BY namespace", {}
-        )
+        rows = await self._exec(Q["namespaces"], {})
         return sum([await self._delete(ns, None, expired=False) for (ns,) in rows])
 
     async def purge(self, *, batch: int = PURGE_BATCH) -> int:
@@ -144,7 +94,7 @@ class PostgresCacheStore:
         oldest first; returns how many went."""
         removed = 0
         while True:
-            rows = await self._exec(_EXPIRED, {"limit": batch})
+            rows = await self._exec(Q["expired"], {"limit": batch})
             by_ns: dict[str, list[str]] = {}
             for ns, key in rows:
                 by_ns.setdefault(ns, []).append(key)
@@ -157,15 +107,17 @@ class PostgresCacheStore:
         amounts = {k: v for k, v in amounts.items() if v}
         if amounts:
             await self._exec(
-                _COUNT, {"ns": namespace, "names": list(amounts), "values": list(amounts.values())}
+                Q["count"],
+                {"ns": namespace, "names": list(amounts), "values": list(amounts.values())},
             )
 
     async def stats(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
-        # 'entries' is one of these rows, kept by every write: O(namespaces), no count(*).
-        # It counts rows stored, expired ones included until the next purge.
-        for ns, name, value in await self._exec(
-            "SELECT namespace, name, value FROM herd_cache_stats", {}
-        ):
+        for ns, name, value in await self._exec(Q["stats"], {}):
             out.setdefault(ns, {})[name] = int(value)
         return out
+
+
+def home(settings: Settings, database_url: Callable[[], str]) -> str:
+    """HERD_CACHE=postgres (the default): herd's own PostgreSQL."""
+    return database_url()

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from herd.cache.base import Entry
+from herd.config import Settings
 from herd.db import redis as rdb
+from herd.errors import ConfigError
 from herd.jsonvalue import JSON, dumps
 from herd.names import hash_tag, tagged
 
@@ -188,3 +191,10 @@ class RedisCacheStore:
             # Expired entries count while they are kept for stale-while-revalidate.
             out[ns]["entries"] = int(await self._do(self._entries(keys=[_expiry_key(ns)])))
         return out
+
+
+def home(settings: Settings, database_url: Callable[[], str]) -> str:
+    """HERD_CACHE=redis: the server HERD_REDIS_URL names."""
+    if not settings.redis_url:
+        raise ConfigError("HERD_CACHE=redis needs HERD_REDIS_URL")
+    return settings.redis_url

@@ -1,7 +1,7 @@
 """Fleet-wide provider limits (requests, tokens, concurrency per provider, model and key),
 kept in the job store so every worker of a fleet shares them.
 
-    limiter = for_broker("postgres", url)       # or "redis"
+    limiter = limiter_for(app.broker)            # or for_broker("postgres", url)
     await limiter.open()
     scope = scope_name("openai", "gpt-4o-mini", key_id(api_key))
     async with hold(limiter, scope, Limit(rpm=600, tpm=200_000), tokens, holder=job) as slot:
@@ -10,7 +10,7 @@ kept in the job store so every worker of a fleet shares them.
 """
 
 from herd.errors import CapacityTimeout
-from herd.limits.acquire import LIMITERS, Slot, for_broker, hold
+from herd.limits.acquire import Slot, hold
 from herd.limits.base import (
     Grant,
     Limit,
@@ -23,6 +23,7 @@ from herd.limits.base import (
 from herd.limits.config import LimitsFile, load
 from herd.limits.postgres import PostgresLimiter
 from herd.limits.redis import RedisLimiter
+from herd.limits.registry import LIMITERS, for_broker, limiter_for
 from herd.limits.tokens import estimate, estimate_input, estimate_output
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "for_broker",
     "hold",
     "key_id",
+    "limiter_for",
     "load",
     "scope_name",
 ]

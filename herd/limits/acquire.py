@@ -15,15 +15,13 @@ import logging
 import random
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from herd import aio
 from herd.errors import CapacityTimeout, HerdError
 from herd.limits.base import Limit, Limiter
-from herd.limits.postgres import PostgresLimiter
-from herd.limits.redis import RedisLimiter
 
 log = logging.getLogger("herd.limits")
 
@@ -179,20 +177,3 @@ async def _renew(limiter: Limiter, scope: str, holder: str, hold_for: float) -> 
                 return
         except HerdError as exc:
             log.debug("could not renew the slot of %s (%s); trying again", scope, exc)
-
-
-LIMITERS: dict[str, Callable[[str], Limiter]] = {
-    "postgres": PostgresLimiter,
-    "redis": RedisLimiter,
-}
-
-
-def for_broker(broker_name: str, url: str) -> Limiter:
-    """The limiter that lives in the job store ``broker_name`` ("postgres" | "redis")."""
-    try:
-        factory = LIMITERS[broker_name]
-    except KeyError:
-        raise ValueError(
-            f"no limiter for broker {broker_name!r}; expected one of {', '.join(LIMITERS)}"
-        ) from None
-    return factory(url)

@@ -265,7 +265,8 @@ def stats_of(
 class Limiter(Protocol):
     """Fleet-wide provider limits in the job store; ``PostgresLimiter``, ``RedisLimiter``."""
 
-    name: str  # "postgres" | "redis"
+    name: str  # its key in herd.limits.registry.LIMITERS
+    url: str  # where it lives: another process opens it with for_broker(name, url)
 
     async def open(self) -> None: ...
 

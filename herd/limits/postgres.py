@@ -19,6 +19,7 @@ from psycopg.types.json import Jsonb
 
 from herd.cache.retention import PURGE_EVERY, Periodic, in_batches
 from herd.db import postgres as pgdb
+from herd.db.queries import named
 from herd.limits.base import (
     LIMIT_TTL,
     Grant,
@@ -32,66 +33,7 @@ from herd.limits.base import (
 )
 
 STORE = "the limit store"
-_EPOCH = "extract(epoch FROM clock_timestamp())::float8"
-
-_ACQUIRE = """
-SELECT granted, wait, at, reason FROM herd_limit_acquire(
-    %(scope)s, %(lim)s, %(tokens)s, %(holder)s, %(hold)s,
-    %(req_burst)s, %(req_rate)s, %(tok_burst)s, %(tok_rate)s, %(max_concurrent)s)
-"""
-
-_RENEW = f"""
-UPDATE herd_limits SET slots = jsonb_set(slots, ARRAY[%(holder)s], to_jsonb({_EPOCH} + %(hold)s))
- WHERE scope = %(scope)s AND (slots ->> %(holder)s)::float8 > {_EPOCH}
-RETURNING 1
-"""
-
-_RELEASE = """
-UPDATE herd_limits SET slots = slots - %(holder)s WHERE scope = %(scope)s AND slots ? %(holder)s
-"""
-
-# A charge moves tat on from max(tat, now); a refund moves it back, never to before
-# now (an idle bucket's credit is not for a refund to grow).
-_ADJUST = f"""
-UPDATE herd_limits SET
-    tokens = tokens + %(tokens)s,
-    tok_tat = CASE
-        WHEN %(rate)s::float8 IS NULL THEN tok_tat
-        WHEN %(tokens)s >= 0 THEN greatest(tok_tat, {_EPOCH}) + %(tokens)s / %(rate)s::float8
-        WHEN tok_tat > {_EPOCH} THEN greatest(tok_tat + %(tokens)s / %(rate)s::float8, {_EPOCH})
-        ELSE tok_tat END,
-    used_at = now()
- WHERE scope = %(scope)s
-"""
-
-_PAUSE = f"""
-INSERT INTO herd_limits AS l (scope, paused_until, rate_limited)
-VALUES (%(scope)s, {_EPOCH} + %(seconds)s, 1)
-ON CONFLICT (scope) DO UPDATE SET
-    paused_until = greatest(coalesce(l.paused_until, 0), excluded.paused_until),
-    rate_limited = l.rate_limited + 1,
-    used_at = now()
-"""
-
-_NOTE_WAIT = """
-INSERT INTO herd_limits AS l (scope, waits, wait_seconds) VALUES (%(scope)s, 1, %(seconds)s)
-ON CONFLICT (scope) DO UPDATE SET
-    waits = l.waits + 1, wait_seconds = l.wait_seconds + excluded.wait_seconds, used_at = now()
-"""
-
-_STATS = f"""
-SELECT scope, lim, req_tat, tok_tat, paused_until, requests, tokens, waits, wait_seconds,
-       rate_limited, now_s,
-       (SELECT count(*) FROM jsonb_each(slots) WHERE (value #>> '{{}}')::float8 > now_s)
-  FROM herd_limits, (SELECT {_EPOCH} AS now_s) AS c
-"""
-
-_PURGE = """
-DELETE FROM herd_limits WHERE scope IN (
-    SELECT scope FROM herd_limits
-     WHERE used_at < now() - %(ttl)s::float8 * interval '1 second'
-     ORDER BY used_at LIMIT %(batch)s)
-"""
+Q = named("herd.limits.sql")
 
 
 class PostgresLimiter:
@@ -147,7 +89,7 @@ class PostgresLimiter:
         self._purges.due()
         req, tok = rates(limit)
         ((granted, wait, at, reason),) = await self._run(
-            _ACQUIRE,
+            Q["acquire"],
             {
                 "scope": scope,
                 "lim": Jsonb(limit.to_json()),
@@ -164,33 +106,31 @@ class PostgresLimiter:
         return Grant(bool(granted), float(wait), float(at), reason)
 
     async def renew(self, scope: str, holder: str, hold_for: float) -> bool:
-        rows = await self._run(_RENEW, {"scope": scope, "holder": holder, "hold": hold_for})
+        rows = await self._run(Q["renew"], {"scope": scope, "holder": holder, "hold": hold_for})
         return bool(rows)
 
     async def release(self, scope: str, holder: str) -> None:
-        await self._run(_RELEASE, {"scope": scope, "holder": holder})
+        await self._run(Q["release"], {"scope": scope, "holder": holder})
 
     async def adjust(self, scope: str, limit: Limit, tokens: int) -> None:
         if tokens:
             _, tok = rates(limit)
             rate = tok.rate if tok else None
-            await self._run(_ADJUST, {"scope": scope, "tokens": tokens, "rate": rate})
+            await self._run(Q["adjust"], {"scope": scope, "tokens": tokens, "rate": rate})
 
     async def pause(self, scope: str, seconds: float) -> None:
         check_scope(scope)
-        await self._run(_PAUSE, {"scope": scope, "seconds": pause_seconds(seconds)})
+        await self._run(Q["pause"], {"scope": scope, "seconds": pause_seconds(seconds)})
 
     async def note_wait(self, scope: str, seconds: float) -> None:
         check_scope(scope)
-        await self._run(_NOTE_WAIT, {"scope": scope, "seconds": max(0.0, seconds)})
+        await self._run(Q["note_wait"], {"scope": scope, "seconds": max(0.0, seconds)})
 
     async def stats(self, scopes: Sequence[str] | None = None) -> list[LimitStats]:
         if scopes is None:
-            rows = await self._run(_STATS + " ORDER BY scope", {})
+            rows = await self._run(Q["stats"], {})
         else:
-            rows = await self._run(
-                _STATS + " WHERE scope = ANY(%(scopes)s) ORDER BY scope", {"scopes": list(scopes)}
-            )
+            rows = await self._run(Q["stats_of"], {"scopes": list(scopes)})
         return [
             stats_of(
                 r[0],
@@ -218,5 +158,5 @@ class PostgresLimiter:
             return 0
         with self._errors():
             async with self._pool.connection() as conn:
-                cur = await conn.execute(_PURGE, {"ttl": self.ttl, "batch": batch})
+                cur = await conn.execute(Q["purge"], {"ttl": self.ttl, "batch": batch})
                 return cur.rowcount

@@ -28,7 +28,10 @@ from herd.llm.eval import (
 )
 from herd.llm.eval import results as export
 from herd.llm.eval.money import dollars
+from herd.llm.eval.pipeline import load as load_pipeline
+from herd.llm.eval.pipesubmit import check_pipeline, submit_pipeline
 from herd.llm.eval.spec import QUEUE, check_budget
+from herd.llm.eval.stageview import stage_rows
 from herd.llm.eval.status import BatchStatus
 from herd.llm.follow import print_status
 from herd.llm.providers import registry
@@ -83,31 +86,58 @@ def _run(ctx: typer.Context, work: Any) -> Any:
 @eval_cli.command("submit", epilog=follow.EXIT_CODES)
 def eval_submit(
     ctx: typer.Context,
-    paths: Annotated[list[Path], typer.Argument(help="Documents or folders (.txt .md .pdf).")],
-    prompt: Annotated[Path, typer.Option(help="File with the system prompt.")],
-    model: Annotated[str, typer.Option(help="Model name as the provider knows it.")],
-    schema: Annotated[Path | None, typer.Option(help="JSON Schema file for the answer.")] = None,
+    paths: Annotated[
+        list[Path], typer.Argument(metavar="PATH", help="Documents or folders (.txt .md .pdf).")
+    ],
+    prompt: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="File with the system prompt.")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(metavar="NAME", help="Model name as the provider knows it.")
+    ] = None,
+    pipeline: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE", help="A pipeline TOML (split, map, reduce, chain) instead of --prompt."
+        ),
+    ] = None,
+    schema: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="JSON Schema file for the answer.")
+    ] = None,
     provider: Annotated[
         str,
-        typer.Option(help=f"One of {', '.join(registry.names())} (openai: any compatible server)."),
-    ] = "openai",
+        typer.Option(
+            metavar="NAME",
+            help=f"One of {', '.join(registry.names())} (openai: any compatible server).",
+        ),
+    ] = "openai",  # fmt: skip
     params: Annotated[
-        str, typer.Option(help='Request parameters as JSON, e.g. {"temperature":0}.')
+        str, typer.Option(metavar="JSON", help='Request parameters, e.g. {"temperature":0}.')
     ] = "{}",
-    priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
-    batch: Annotated[str | None, typer.Option(help="Batch name [default: generated].")] = None,
+    priority: Annotated[int, typer.Option(metavar="N", help="Higher runs first.")] = 0,
+    batch: Annotated[
+        str | None, typer.Option(metavar="NAME", help="Batch name; default: generated.")
+    ] = None,
     wait: Annotated[
         bool, typer.Option("--wait", help="Run workers here and follow this batch to its end.")
     ] = False,
-    concurrency: Annotated[int, typer.Option(min=1, help="Workers' concurrency with --wait.")] = 8,
+    concurrency: Annotated[
+        int, typer.Option(min=1, metavar="N", help="Workers' concurrency with --wait.")
+    ] = 8,
     budget: Annotated[
         float | None,
-        typer.Option(help="USD the batch's calls may cost; past it, its jobs are parked."),
+        typer.Option(
+            metavar="USD", help="What the batch's calls may cost; past it, its jobs are parked."
+        ),
     ] = None,
-    rpm: Annotated[int | None, typer.Option(min=1, help="Requests per minute, fleet-wide.")] = None,
-    tpm: Annotated[int | None, typer.Option(min=1, help="Tokens per minute, fleet-wide.")] = None,
+    rpm: Annotated[
+        int | None, typer.Option(min=1, metavar="N", help="Requests per minute, fleet-wide.")
+    ] = None,
+    tpm: Annotated[
+        int | None, typer.Option(min=1, metavar="N", help="Tokens per minute, fleet-wide.")
+    ] = None,
     max_concurrent: Annotated[
-        int | None, typer.Option(min=1, help="Calls in flight at once, fleet-wide.")
+        int | None, typer.Option(min=1, metavar="N", help="Calls in flight at once, fleet-wide.")
     ] = None,
     batch_api: Annotated[
         bool,
@@ -118,9 +148,23 @@ def eval_submit(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
 ) -> None:
-    """Enqueue one evaluation per document (identical ones are evaluated once)."""
+    """Enqueue one evaluation per document.
+
+    Identical documents are evaluated once.
+    """
     given = {"rpm": rpm, "tpm": tpm, "max_concurrent": max_concurrent}
     limits = {k: v for k, v in given.items() if v is not None} or None
+    if pipeline is not None:
+        if prompt is not None or model is not None or schema is not None:
+            raise _usage("give --pipeline, or --prompt and --model, not both", "--pipeline")
+        if batch_api:
+            raise _usage("a pipeline does not go through the Batch API yet", "--batch-api")
+        _submit_pipeline(ctx, paths, pipeline, batch=batch, priority=priority, wait=wait,
+                         concurrency=concurrency, budget=budget, limits=limits,
+                         as_json=as_json)  # fmt: skip
+        return
+    if prompt is None or model is None:
+        raise _usage("give --prompt and --model (or --pipeline FILE)", "--prompt")
     try:
         system = prompt.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -189,13 +233,76 @@ def eval_submit(
     raise typer.Exit(code)
 
 
+async def _follow(app: App, batch: str, concurrency: int, debug: bool) -> tuple[int, BatchStatus]:
+    """Run workers here and follow ``batch`` to its end (submit --wait)."""
+    if not debug:  # the display says what the worker's INFO lines would
+        logging.getLogger("herd.worker").setLevel(logging.WARNING)
+    worker = Worker(app, queues=[QUEUE], concurrency=concurrency, poll_interval=0.2,
+                    install_signal_handlers=False, grace_period=10.0)  # fmt: skip
+    return await follow.follow(
+        app, batch, console.err, run_workers=worker.run, stop_workers=worker.stop
+    )
+
+
+def _submit_pipeline(
+    ctx: typer.Context, paths: list[Path], path: Path, *, batch: str | None, priority: int,
+    wait: bool, concurrency: int, budget: float | None, limits: dict[str, int] | None,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """`herd eval submit DOCS --pipeline FILE`: every stage checked before anything is
+    stored (one line, exit 2), the documents split and their first stage enqueued."""
+    opts = console.opts(ctx)
+    try:
+        pipe = load_pipeline(path)
+        check_pipeline(pipe, opts.settings, budget=budget, limits=limits, batch=batch)
+        missing = [p for p in paths if not p.exists()]
+        if missing:
+            raise InvalidInput(f"{missing[0]}: no such file or directory", field="paths")
+    except InvalidInput as exc:
+        raise _usage(str(exc), "--pipeline" if exc.field != "paths" else "PATHS") from None
+
+    async def work(app: App) -> tuple[Any, int, BatchStatus | None]:
+        from herd.builtin import tasks as builtin_tasks  # as eval_submit: for --wait
+
+        app.include(builtin_tasks)
+        report = await submit_pipeline(app, paths, pipe, batch=batch, priority=priority,
+                                       budget=budget, limits=limits)  # fmt: skip
+        console.err.print(
+            f"batch {report.batch}: {report.queued} pieces queued for stage"
+            f" {pipe.calls[0].name!r}, {len(report.errors)} unreadable",
+            soft_wrap=True,
+        )
+        for error in report.errors:
+            console.err.print(f"  skipped: {error}", soft_wrap=True)
+        if not wait:
+            return report, 1 if report.errors else 0, None
+        code, status = await _follow(app, report.batch, concurrency, opts.debug)
+        if report.errors and code == follow.ALL_ANSWERED:
+            code = follow.SOME_DEAD
+        return report, code, status
+
+    report, code, status = _run(ctx, work)
+    if as_json:
+        console.print_json({"batch": report.batch, "queued": report.queued,
+                            "errors": report.errors,
+                            "status": status.to_json() if status else None})  # fmt: skip
+    else:
+        console.out.print(f"batch {report.batch}")
+        if status:
+            print_status(status)
+    raise typer.Exit(code)
+
+
 @eval_cli.command("wait", epilog=follow.EXIT_CODES)
 def eval_wait(
     ctx: typer.Context,
-    batch: Annotated[str, typer.Argument(help="The batch to follow.")],
+    batch: Annotated[str, typer.Argument(metavar="BATCH", help="The batch to follow.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the end status as JSON.")] = False,
 ) -> None:
-    """Follow a batch (workers elsewhere run it) until it is answered, dead or parked."""
+    """Follow a batch until it is answered, dead or parked.
+
+    Workers elsewhere (`herd worker`) run it.
+    """
 
     async def work(app: App) -> tuple[int, BatchStatus]:
         return await follow.follow(app, batch, console.err)
@@ -211,10 +318,13 @@ def eval_wait(
 @eval_cli.command("list")
 def eval_list(
     ctx: typer.Context,
-    limit: Annotated[int, typer.Option(min=1, max=1000, help="Batches to show.")] = 20,
+    limit: Annotated[int, typer.Option(min=1, max=1000, metavar="N", help="Batches to show.")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines, one per batch.")] = False,
 ) -> None:
-    """The batches, newest first: documents answered, spend, and whether parked."""
+    """The batches, newest first.
+
+    Documents answered, spend, and whether parked.
+    """
     found = console.run(console.opts(ctx), lambda app: list_batches(app, limit=limit))
     if as_json:
         for b in found:
@@ -223,16 +333,17 @@ def eval_list(
     if not found:
         console.err.print("no batches yet: `herd eval submit` makes one")
         return
-    table = Table(box=None, pad_edge=False)
+    table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("batch", "created", "answered", "spent", "state"):
+        # Names and states fold when they must; times and figures stay on one line.
         table.add_column(col, justify="right" if col in ("answered", "spent") else "left",
-                         overflow="fold")  # fmt: skip
+                         overflow="fold", no_wrap=col not in ("batch", "state"))  # fmt: skip
     for b in found:
         finished = b["done"] + b["cancelled_items"] >= b["documents"]
         state = f"parked ({b['parked']})" if b["parked"] else "done" if finished else "running"
         spent = dollars(b["spent"]) + (f" / {dollars(b['budget'])}" if b["budget"] is not None
                                       else "")  # fmt: skip
-        table.add_row(b["batch"], b["created_at"][:19].replace("T", " "),
+        table.add_row(b["batch"], b["created_at"][5:16].replace("T", " "),
                       f"{b['done']}/{b['documents']}", spent, state)  # fmt: skip
     console.out.print(table)
 
@@ -240,13 +351,18 @@ def eval_list(
 @eval_cli.command("status")
 def eval_status(
     ctx: typer.Context,
-    batch: Annotated[str | None, typer.Argument(help="One batch [default: all].")] = None,
+    batch: Annotated[
+        str | None, typer.Argument(metavar="BATCH", help="One batch; default: all.")
+    ] = None,
     batch_opt: Annotated[
-        str | None, typer.Option("--batch", help="The same, as an option.")
+        str | None, typer.Option("--batch", metavar="NAME", help="The same, as an option.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
 ) -> None:
-    """Progress, failures, spend and the cost ledger (calls made and avoided)."""
+    """Progress, failures, spend and the cost ledger.
+
+    The ledger counts the calls made and those avoided.
+    """
     name = batch or batch_opt
     status = console.run(console.opts(ctx), lambda app: batch_status(app, name))
     if as_json:
@@ -258,10 +374,13 @@ def eval_status(
 @eval_cli.command("show")
 def eval_show(
     ctx: typer.Context,
-    batch: Annotated[str, typer.Argument(help="The batch.")],
+    batch: Annotated[str, typer.Argument(metavar="BATCH", help="The batch.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
 ) -> None:
-    """One batch: progress, why it waits and what to run, failed documents by path."""
+    """One batch, with its failed documents.
+
+    Progress, why it waits and what to run, failed documents by path.
+    """
     status = console.run(console.opts(ctx), lambda app: batch_status(app, batch))
     if as_json:
         console.print_json(status.to_json())
@@ -279,11 +398,14 @@ def eval_show(
 @eval_cli.command("budget")
 def eval_budget(
     ctx: typer.Context,
-    batch: Annotated[str, typer.Argument(help="The batch.")],
-    usd: Annotated[float, typer.Argument(help="The new budget in USD.")],
+    batch: Annotated[str, typer.Argument(metavar="BATCH", help="The batch.")],
+    usd: Annotated[float, typer.Argument(metavar="USD", help="The new budget in USD.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
 ) -> None:
-    """Raise or lower a batch's budget; a parked batch with room again resumes."""
+    """Raise or lower a batch's budget.
+
+    A batch parked for its budget resumes once it has room again.
+    """
     try:
         check_budget(usd, "USD")
     except InvalidInput as exc:
@@ -303,11 +425,14 @@ def eval_budget(
 @eval_cli.command("resume")
 def eval_resume(
     ctx: typer.Context,
-    batch: Annotated[str, typer.Argument(help="The batch.")],
+    batch: Annotated[str, typer.Argument(metavar="BATCH", help="The batch.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
 ) -> None:
-    """Continue a batch parked because the provider refused its key or model (once
-    fixed), or for its budget."""
+    """Continue a parked batch.
+
+    One parked because the provider refused its key or model (once fixed), or for its
+    budget.
+    """
     found = _run(ctx, lambda app: resume(app, batch))
     if as_json:
         console.print_json(found)
@@ -318,11 +443,13 @@ def eval_resume(
 @eval_cli.command("cancel")
 def eval_cancel(
     ctx: typer.Context,
-    batch: Annotated[str, typer.Argument(help="The batch.")],
+    batch: Annotated[str, typer.Argument(metavar="BATCH", help="The batch.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print it as JSON.")] = False,
 ) -> None:
-    """Stop a batch: no more calls for it, its provider batches cancelled; answers
-    already paid for are kept."""
+    """Stop a batch; answers already paid for are kept.
+
+    No more calls are made for it and its provider batches are cancelled.
+    """
     found = console.run(console.opts(ctx), lambda app: cancel(app, batch))
     if as_json:
         console.print_json(found)
@@ -340,20 +467,56 @@ def eval_cancel(
         )
 
 
+def _stage_results(ctx: typer.Context, batch: str, stage: str, output: Path | None) -> None:
+    """`herd eval results BATCH --stage NAME`: one JSON line per piece of the stage."""
+
+    async def work(app: App) -> int:
+        sink = output.open("w", encoding="utf-8") if output else sys.stdout
+        n = 0
+        try:
+            async for row in stage_rows(app, batch, stage):
+                export.write_jsonl(sink, row)
+                n += 1
+        finally:
+            if sink is not sys.stdout:
+                sink.close()
+        return n
+
+    n = _run(ctx, work)
+    if output is not None:
+        console.err.print(f"wrote {n} rows to {output}")
+
+
 @eval_cli.command("results")
 def eval_results(
     ctx: typer.Context,
-    batch: Annotated[str | None, typer.Argument(help="The batch.")] = None,
+    batch: Annotated[str | None, typer.Argument(metavar="BATCH", help="The batch.")] = None,
     batch_opt: Annotated[
-        str | None, typer.Option("--batch", help="The same, as an option.")
+        str | None, typer.Option("--batch", metavar="NAME", help="The same, as an option.")
     ] = None,
-    fmt: Annotated[str, typer.Option("--format", help="jsonl, csv or parquet.")] = "jsonl",
+    fmt: Annotated[
+        str, typer.Option("--format", metavar="FORMAT", help="jsonl, csv or parquet.")
+    ] = "jsonl",
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Write to this file [parquet: needed].")
+        Path | None,
+        typer.Option(
+            "--output", "-o", metavar="FILE", help="Write to this file (needed for parquet)."
+        ),
+    ] = None,
+    stage: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME",
+            help="A pipeline's stage: its answers per piece, with page, section"
+            " and characters (jsonl).",
+        ),
     ] = None,
 ) -> None:
-    """One row per document, dead ones included with their error: path, status, model,
-    source, tokens, cost, seconds, and the answer (a column per schema field in csv)."""
+    """One row per document, dead ones included with their error.
+
+    Path, status, model, source, tokens, cost, seconds, and the answer (a column per
+    schema field in csv).
+    """
     name = batch or batch_opt
     if name is None:
         raise _usage("name the batch (`herd eval list` shows them)", "BATCH")
@@ -361,6 +524,11 @@ def eval_results(
         raise _usage("use jsonl, csv or parquet", "--format")
     if fmt == "parquet" and output is None:
         raise _usage("parquet is written to a file: give --output FILE", "--output")
+    if stage is not None:
+        if fmt != "jsonl":
+            raise _usage("a stage's answers are written as jsonl", "--format")
+        _stage_results(ctx, name, stage, output)
+        return
 
     async def work(app: App) -> int:
         rt = await EvalRuntime.of(app)

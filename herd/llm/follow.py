@@ -42,6 +42,10 @@ PLAIN_EVERY = 10.0  # seconds between progress lines when stderr is not a termin
 def summary(s: BatchStatus) -> str:
     """One line: answered / dead / queued of the total, rate, ETA, spend."""
     parts = [f"{s.done}/{s.documents} answered"]
+    for stage in s.stages:  # a batch in stages: the pieces of each stage under way
+        ended = stage["done"] + stage["failed"] + stage["cancelled"]
+        if ended < stage["pieces"]:
+            parts.append(f"{stage['stage']} {ended}/{stage['pieces']}")
     if s.dead or s.lost:
         parts.append(f"{s.dead + s.lost} dead")
     if s.running:
@@ -107,7 +111,7 @@ class Display:
         if self.live:
             self.bar = Progress(
                 TextColumn("[bold]{task.description}"),
-                BarColumn(),
+                BarColumn(bar_width=12),  # the line beside it is what tells: it gets the room
                 TextColumn("{task.fields[line]}"),
                 console=err,
                 transient=False,
@@ -196,6 +200,19 @@ async def follow(
     return outcome(status), status
 
 
+def print_stages(stages: list[dict[str, Any]]) -> None:
+    """A batch in stages, a row per stage: pieces answered of those made so far, failed,
+    answered from the cache, calls paid and their cost."""
+    table = Table(title="stages", title_justify="left", box=None)
+    for col in ("stage", "kind", "done", "failed", "cached", "calls", "cost"):
+        table.add_column(col, justify="left" if col in ("stage", "kind") else "right")
+    for s in stages:
+        table.add_row(s["stage"], s["kind"], f"{s['done']:,}/{s['pieces']:,}",
+                      f"{s['failed']:,}", f"{s['cached']:,}", f"{s['calls']:,}",
+                      dollars(s["cost"]) if s["calls"] else "")  # fmt: skip
+    console.out.print(table)
+
+
 def print_status(status: BatchStatus) -> None:
     """A batch's status on stdout: progress, why it waits, spend, limits, the ledger."""
     console.out.print(summary(status), soft_wrap=True)
@@ -236,6 +253,8 @@ def print_status(status: BatchStatus) -> None:
                         of(u["tokens_now"], "tpm"), of(u["in_flight"], "max_concurrent"),
                         f"{u['wait_seconds']:.1f} s", f"{u['rate_limited']:,}")  # fmt: skip
         console.out.print(use)
+    if status.stages:
+        print_stages(status.stages)
     led = status.ledger
     table = Table(title="cost ledger", title_justify="left", box=None)
     for col in ("", "calls", "tokens in", "tokens out", "cost"):

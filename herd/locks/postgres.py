@@ -18,49 +18,12 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from herd.db import postgres as pgdb
+from herd.db.queries import named
 from herd.errors import LeaseLost
 from herd.locks.base import BaseLocks, LockLease
 
+Q = named("herd.locks.sql")
 CHANNEL = "herd_locks"  # payload: the lock name; a hint for waiters
-
-_ACQUIRE = """
-INSERT INTO herd_locks AS l (name, token, owner, expires_at)
-VALUES (%(name)s, 1, %(owner)s, now() + %(ttl)s::float8 * interval '1 second')
-ON CONFLICT (name) DO UPDATE
-   SET token = l.token + 1, owner = excluded.owner, expires_at = excluded.expires_at
- WHERE l.expires_at <= now() OR (%(take_over)s AND l.owner = excluded.owner)
-RETURNING token
-"""
-
-_RENEW = """
-UPDATE herd_locks SET expires_at = now() + %(ttl)s::float8 * interval '1 second'
- WHERE name = %(name)s AND token = %(token)s AND expires_at > now()
-RETURNING token
-"""
-
-# NOTIFY is delivered at commit, i.e. once the row really is free.
-_RELEASE = """
-WITH released AS (
-    UPDATE herd_locks SET expires_at = '-infinity'
-     WHERE name = %(name)s AND token = %(token)s AND expires_at > now()
-    RETURNING name
-)
-SELECT pg_notify(%(channel)s, name) FROM released
-"""
-
-_CHECK = """
-SELECT 1 FROM herd_locks WHERE name = %(name)s AND token = %(token)s AND expires_at > now()
-"""
-
-# clock_timestamp(), not now(): inside a caller's transaction now() is the time
-# the transaction began, and the lease may have expired since.
-# FOR SHARE, not FOR KEY SHARE: a takeover only updates non-key columns, which
-# FOR KEY SHARE would let through.
-_ASSERT_HELD = """
-SELECT 1 FROM herd_locks
- WHERE name = %(name)s AND token = %(token)s AND expires_at > clock_timestamp()
-   FOR SHARE
-"""
 
 
 def translate_errors(where: str) -> AbstractContextManager[None]:
@@ -128,18 +91,18 @@ class PostgresLocks(BaseLocks):
         self, name: str, ttl: float, owner: str, take_over: bool = False
     ) -> int | None:
         row = await self._one(
-            _ACQUIRE, {"name": name, "owner": owner, "ttl": ttl, "take_over": take_over}
+            Q["acquire"], {"name": name, "owner": owner, "ttl": ttl, "take_over": take_over}
         )
         return int(row[0]) if row else None
 
     async def renew(self, lease: LockLease) -> bool:
-        return await self._one(_RENEW, _params(lease)) is not None
+        return await self._one(Q["renew"], _params(lease)) is not None
 
     async def release(self, lease: LockLease) -> bool:
-        return await self._one(_RELEASE, {**_params(lease), "channel": CHANNEL}) is not None
+        return await self._one(Q["release"], {**_params(lease), "channel": CHANNEL}) is not None
 
     async def check(self, lease: LockLease) -> bool:
-        return await self._one(_CHECK, _params(lease)) is not None
+        return await self._one(Q["check"], _params(lease)) is not None
 
     async def assert_held(self, conn: AsyncConnection[Any], lease: LockLease) -> None:
         """Fence the caller's transaction on ``conn`` with ``lease``; LeaseLost if stale.
@@ -160,7 +123,7 @@ class PostgresLocks(BaseLocks):
         statement and fence nothing (ValueError).
         """
         with translate_errors(self._where):
-            cur = await conn.execute(_ASSERT_HELD, _params(lease))
+            cur = await conn.execute(Q["assert_held"], _params(lease))
             row = await cur.fetchone()
         if conn.info.transaction_status != TransactionStatus.INTRANS:
             raise ValueError("assert_held() must run inside a transaction to fence anything")

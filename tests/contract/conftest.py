@@ -1,3 +1,3 @@
-"""Fixtures of the limiter tests (tests/limits/support.py)."""
+"""The fixtures of every seam's contract suite, over every backend (backends.py)."""
 
-from tests.limits.support import limiter, scope  # noqa: F401
+from tests.contract.backends import cache_backend, limiter, lock_backend, scope  # noqa: F401

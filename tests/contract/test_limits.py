@@ -57,7 +57,7 @@ def max_overlap(intervals: list[list[float]]) -> int:
 
 async def test_a_fleet_never_exceeds_a_limit_in_any_window_and_uses_it(limiter):
     kind = limiter.name
-    url = limiter.url_for_tests
+    url = limiter.url
     scenario = {k: f"fleet-{k}:{uuid.uuid4().hex[:8]}:nokey" for k in ("rpm", "tpm", "slots")}
     procs = [
         subprocess.Popen(

@@ -1,3 +1,3 @@
-"""Fixtures of the limiter tests (tests/limits/support.py)."""
+"""Fixtures of the limiter tests of one store: the contract suite's ``scope``."""
 
-from tests.limits.support import limiter, scope  # noqa: F401
+from tests.contract.backends import scope  # noqa: F401

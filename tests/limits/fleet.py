@@ -15,8 +15,7 @@ import sys
 import time
 import uuid
 
-from herd.limits import CapacityTimeout, Limit, hold
-from tests.limits.support import make
+from herd.limits import CapacityTimeout, Limit, for_broker, hold
 
 COROUTINES = 16
 GAP = 1.2  # seconds between phases: more than the holds' max_wait
@@ -64,7 +63,7 @@ async def phase(start: float, k: int, seconds: float) -> float:
 
 
 async def main(kind: str, url: str, scenario: dict[str, str], seconds: float) -> None:
-    limiter = make(kind, url)
+    limiter = for_broker(kind, url)
     await limiter.open()
     print("ready", flush=True)
     line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)

@@ -433,6 +433,22 @@ function renderBatches(batches) {
   $("batches").replaceChildren(...batches.map(batchCard));
 }
 
+// A schedule's row: its last run's outcome is its last job's status ("purged" once the
+// job's retention passed); times in UTC, as everywhere on this page.
+function renderSchedules(schedules) {
+  $("schedules-card").hidden = !schedules.length;
+  const day = (iso) => (iso ? new Date(iso).toISOString().slice(0, 19).replace("T", " ") : "–");
+  fillTable("schedules", schedules.map((s) => el("tr", { "data-schedule": s.name },
+    el("td", { class: "mono" }, s.name, el("div", { class: "sub", text: `${s.task} → ${s.queue}` })),
+    el("td", { class: "mono", text: s.when }),
+    el("td", {}, el("span", { class: "pill " + (s.paused ? "s-dead" : "s-succeeded"), text: s.paused ? "paused" : "active" })),
+    el("td", { class: "mono muted", text: day(s.next_run) }),
+    el("td", { class: "mono muted", title: s.last_error || "" },
+      day(s.last_run_at), s.last_outcome ? el("div", { class: "sub", text: s.last_outcome }) : null),
+    el("td", { class: "n", text: String(s.runs) }),
+  )), 6, "no schedule");
+}
+
 function render(d) {
   $("broker").textContent = `broker: ${d.broker}`;
   $("updated").textContent = `updated ${fmt.time(d.now)} UTC`;
@@ -449,6 +465,7 @@ function render(d) {
   renderLedger(d.ledger);
   renderLimits(d.limits);
   renderBatches(d.batches || []);
+  renderSchedules(d.schedules || []);
 }
 
 function setState(text, kind) {

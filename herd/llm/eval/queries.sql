@@ -368,6 +368,9 @@ DELETE FROM herd_eval_documents WHERE hash IN (
      WHERE created_at < now() - make_interval(secs => %(keep)s)
        AND NOT EXISTS (SELECT 1 FROM herd_eval_items i
                         WHERE i.status IN ('queued', 'parked') AND i.doc = d.hash)
+       -- a pipeline's piece still to answer reads its input from here
+       AND NOT EXISTS (SELECT 1 FROM herd_eval_pieces p
+                        WHERE p.status = 'queued' AND p.doc = d.hash)
      ORDER BY created_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
 
 -- name: purge_specs
@@ -404,8 +407,10 @@ UPDATE herd_eval_keys
 -- name: waiting_items
 -- The items still waiting on a job (of a batch, or of all), with the key each job
 -- must answer: a job id that names another key was reused after its store lost data.
+-- A pipeline's documents wait on their pieces' jobs (herd.llm.eval.stages), not one job.
 SELECT path, job_id, key, status FROM herd_eval_items
  WHERE status IN ('queued', 'parked') AND (%(b)s::text IS NULL OR batch = %(b)s)
+   AND pipeline IS NULL
  ORDER BY path;
 
 -- name: recent_rate

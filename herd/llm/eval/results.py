@@ -12,11 +12,14 @@ from typing import IO, Any
 from herd.app import App
 from herd.errors import BatchNotFound
 from herd.llm.eval.runtime import EvalRuntime
+from herd.llm.eval.stageview import doc_calls
 from herd.llm.eval.status import GONE, jobs_of
 
 FIXED = ("path", "status", "model", "source", "input_tokens", "cached_input_tokens",
          "output_tokens", "cost", "seconds", "error")  # fmt: skip
 PAGE = 500
+# The job of a pipeline's document: none of its own (its stages' jobs answer it).
+PIPELINE = object()
 
 
 async def rows(
@@ -37,7 +40,11 @@ async def rows(
         waiting = sorted({r[4] for r in page if r[1] in ("queued", "parked")})
         jobs = {j.id: j for j in await jobs_of(app, waiting)}
         calls = await rt.store.key_calls(batch, sorted({r[5] for r in page}))
+        staged = await doc_calls(rt, batch, [r[0] for r in page if r[4] == 0])
         for path, status, source, result, job_id, key, at, model, _provider in page:
+            if job_id == 0:  # a pipeline's document: its stages' jobs answer it
+                yield _row(path, status, source, result, PIPELINE, staged.get(path), model, at)
+                continue
             yield _row(path, status, source, result, jobs.get(job_id), calls.get(key), model, at)
         after = page[-1][0]
         if left is not None:
@@ -48,7 +55,11 @@ def _row(path: str, status: str, source: str | None, result: Any, job: Any,
          calls: tuple[Any, ...] | None, model: str | None,
          finished: Any = None) -> dict[str, Any]:  # fmt: skip
     error = None
-    if status in ("queued", "parked") and job is not None:
+    if status == "failed":  # a pipeline's document: the stage and piece that failed it
+        status, error = "dead", (result or {}).get("error")
+    elif job is PIPELINE:
+        pass
+    elif status in ("queued", "parked") and job is not None:
         if job.status == "dead":
             status, error = "dead", job.last_error or job.dead_reason
         elif job.status == "processing":
@@ -63,7 +74,7 @@ def _row(path: str, status: str, source: str | None, result: Any, job: Any,
     i = ci = o = 0
     cost: Decimal | None = None
     seconds = None
-    if calls is not None and shown in ("call", "batch"):
+    if calls is not None and shown in ("call", "batch", "pipeline"):
         i, ci, o, cost, unpriced, first, _last, _n = calls
         cost = None if unpriced else cost
         # From its first call's request to its answer landing: what the document took.

@@ -15,7 +15,7 @@ from herd.cache import ExactCache
 from herd.cache.stores import cache_stores
 from herd.config import EVAL_MAX_TOKENS
 from herd.errors import Fatal, InvalidInput
-from herd.limits import Limit, Limiter, LimitsFile, for_broker
+from herd.limits import Limit, Limiter, LimitsFile, limiter_for
 from herd.limits import load as load_limits
 from herd.llm.eval.spec import EvalSpec
 from herd.llm.eval.store import EvalStore
@@ -78,7 +78,7 @@ class EvalRuntime:
             else None
         )
         try:
-            limiter: Limiter | None = for_broker(app.broker.name, getattr(app.broker, "url", ""))
+            limiter: Limiter | None = limiter_for(app.broker)
         except ValueError:  # a broker of a kind herd.limits has no store for
             limiter = None
         opened: list[Any] = []

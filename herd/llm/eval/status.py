@@ -17,6 +17,7 @@ from herd.llm.eval import batchapi
 from herd.llm.eval.ledger import ESTIMATED
 from herd.llm.eval.runtime import EvalRuntime
 from herd.llm.eval.spec import BATCH_API_TASKS, TASK
+from herd.llm.eval.stageview import failed_documents, settle_pieces, stage_progress
 from herd.queue.base import Job
 
 FAILURES_SHOWN = 50
@@ -74,6 +75,8 @@ class BatchStatus:
     ledger: dict[str, dict[str, Any]] = field(default_factory=dict)
     provider_cache: dict[str, Any] = field(default_factory=dict)
     failures: list[dict[str, Any]] = field(default_factory=list)
+    # A batch in stages: each stage's progress and cost (herd.llm.eval.stageview).
+    stages: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def failed(self) -> int:  # the name of earlier versions
@@ -207,11 +210,17 @@ async def batch_status(app: App, batch: str | None) -> BatchStatus:
         if row is None and not await rt.store.exists(batch):
             raise BatchNotFound(f"no batch named {batch!r}; `herd eval list` shows them")
     settled = await settle(app, batch)
+    if batch is not None:  # a pipeline's pieces whose jobs died uncounted
+        await settle_pieces(app, rt, batch)
     ((documents, done, parked, cancelled),) = await rt.store.execute("counts", {"b": batch})
     # The ledger's summary (of the batch, or of all time), not its rows: it costs
     # O(kinds) and keeps the totals of rows past HERD_LEDGER_TTL.
     totals = await rt.store.totals(batch)
     usage = await limit_usage(rt, batch)
+    if batch is not None:  # a pipeline's documents a stage failed count as dead
+        failed, shown = await failed_documents(rt, batch)
+        settled.dead += failed
+        settled.failures = (shown + settled.failures)[:FAILURES_SHOWN]
     waiting = int(documents) - int(done) - int(cancelled) - settled.dead - settled.lost
     status = BatchStatus(
         batch=batch,
@@ -237,6 +246,7 @@ async def batch_status(app: App, batch: str | None) -> BatchStatus:
         status.parked, status.parked_reason = row["parked"], row["parked_reason"]
         status.limits = row["limits"] or {}
         status.next = next_step(batch, row["parked"])
+        status.stages = await stage_progress(rt, batch)
         specs = await rt.store.execute("batch_specs", {"b": batch})
         status.unpriced = sorted({m for p, m in specs if rt.prices.lookup(m, p) is None})
         ((recent, since_first, _),) = await rt.store.execute("recent_rate", {"b": batch})

@@ -17,12 +17,13 @@ from psycopg.types.json import Jsonb
 from herd.cache.retention import PURGE_EVERY, Periodic, in_batches
 from herd.config import EVAL_TTL, LEDGER_TTL
 from herd.db import postgres as pgdb
+from herd.db.queries import named
 from herd.errors import BatchNameTaken, BatchNotFound, Fatal, InvalidInput
 from herd.llm.eval import ledger
 from herd.llm.eval.money import as_float, money
 from herd.llm.eval.spec import EvalSpec
 
-Q = ledger.Q
+Q = {**ledger.Q, **named("herd.llm.eval", "pipeline.sql")}
 # Why a batch's jobs wait: its budget is spent, the provider refused its key or model,
 # or it was cancelled (for good).
 PARK_REASONS = ("budget", "refused", "cancelled")
@@ -352,6 +353,9 @@ class EvalStore:
             steps += [("purge_ledger", keep_ledger), ("purge_keys", keep_ledger)]
         if keep_eval:
             steps += [("purge_items", keep_eval), ("purge_batch_totals", keep_eval)]
+            # A pipeline's pieces and fan-in go with their document's item.
+            steps += [("purge_pieces", keep_eval), ("purge_fanin", keep_eval),
+                      ("purge_pipelines", keep_eval)]  # fmt: skip
             legacy = await self.execute("legacy_queued")
             if not legacy[0][0]:
                 steps += [("purge_documents", keep_eval), ("purge_specs", keep_eval)]

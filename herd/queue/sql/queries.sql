@@ -333,3 +333,54 @@ DELETE FROM herd_jobs WHERE id IN (
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED)
 RETURNING id;
+
+-- Periodic jobs (herd.schedule). A schedule's tick is a compare-and-set of its
+-- last_tick, run in the transaction of the enqueue of its jobs (fire_schedule).
+
+-- name: schedules_save
+-- Registered by every worker whose app defines them: a new schedule starts at the
+-- tick given (the latest at or before now, so it first runs at the next); a known
+-- one keeps its state and takes the definition, written only when it changed.
+INSERT INTO herd_schedules (name, task, queue, cron, every, timezone, policy, catch_up,
+                            priority, last_tick)
+SELECT * FROM unnest(%(name)s::text[], %(task)s::text[], %(queue)s::text[], %(cron)s::text[],
+                     %(every)s::float8[], %(timezone)s::text[], %(policy)s::text[],
+                     %(catch_up)s::int[], %(priority)s::int[], %(last_tick)s::timestamptz[])
+ON CONFLICT (name) DO UPDATE SET
+    task = excluded.task, queue = excluded.queue, cron = excluded.cron, every = excluded.every,
+    timezone = excluded.timezone, policy = excluded.policy, catch_up = excluded.catch_up,
+    priority = excluded.priority, updated_at = now()
+ WHERE (herd_schedules.task, herd_schedules.queue, herd_schedules.cron, herd_schedules.every,
+        herd_schedules.timezone, herd_schedules.policy, herd_schedules.catch_up,
+        herd_schedules.priority)
+       IS DISTINCT FROM (excluded.task, excluded.queue, excluded.cron, excluded.every,
+                         excluded.timezone, excluded.policy, excluded.catch_up, excluded.priority);
+
+-- name: schedules_list
+SELECT name, task, queue, cron, every, timezone, policy, catch_up, priority, paused,
+       last_tick, last_job_id, last_run_at, runs
+  FROM herd_schedules
+ WHERE %(all)s OR name = ANY(%(names)s::text[])
+ ORDER BY name;
+
+-- name: schedule_advance
+-- The tick's compare-and-set: a second worker's same statement waits on the row lock,
+-- then finds last_tick moved and updates nothing.
+UPDATE herd_schedules SET last_tick = %(tick)s
+ WHERE name = %(name)s AND NOT paused AND last_tick IS NOT DISTINCT FROM %(after)s
+RETURNING name;
+
+-- name: schedule_ran
+UPDATE herd_schedules SET last_job_id = %(job_id)s, last_run_at = now(), runs = runs + %(n)s
+ WHERE name = %(name)s
+RETURNING name;
+
+-- name: schedule_pause
+-- A resume moves last_tick to the floor given (the latest tick): the ticks of the
+-- pause are dropped, not back-filled.
+UPDATE herd_schedules SET paused = %(paused)s,
+       last_tick = CASE WHEN %(floor)s::timestamptz IS NULL THEN last_tick
+                        ELSE greatest(last_tick, %(floor)s::timestamptz) END,
+       updated_at = now()
+ WHERE name = %(name)s
+RETURNING name;

@@ -1,0 +1,261 @@
+"""What an evaluation in stages is: a pipeline of named stages, read from TOML or made
+in Python, checked whole before anything is stored or paid for. No I/O but reading the
+file and what it names (prompt and schema files, relative to it).
+
+* ``split``: the document into pieces (herd.llm.eval.split); no model call.
+* ``map``: one call per piece.
+* ``reduce``: one call per document over the answers of the map stage it names, in
+  document order.
+* ``chain``: one call per document on the previous stage's answer (a judge, a rewrite).
+
+A single prompt is the one-stage case: ``[map]`` with no split reads the whole document.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from herd.config import Settings
+from herd.errors import InvalidInput
+from herd.jsonvalue import canonical
+from herd.llm.eval.spec import EvalSpec
+
+KINDS = ("split", "map", "reduce", "chain")
+PER_PIECE = "map"
+# A model's context in tokens where the pipeline names none ([context] in the file).
+DEFAULT_CONTEXT = 8192
+
+
+class _Stage(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")]
+
+
+class SplitStage(_Stage):
+    kind: Literal["split"] = "split"
+    # pages (PDF pages, form feeds), headings (Markdown), sections (1., 1.2 ...), window.
+    by: Literal["pages", "headings", "sections", "window"] = "headings"
+    # Deepest heading or section number that starts a piece (2: "##", "1.2").
+    depth: Annotated[int, Field(ge=1, le=6)] = 2
+    # A window's size in tokens (None: half the context of the first model stage).
+    window_tokens: Annotated[int | None, Field(ge=16)] = None
+    overlap: Annotated[float, Field(ge=0, lt=0.5)] = 0.1
+
+
+class CallStage(_Stage):
+    kind: Literal["map", "reduce", "chain"]
+    prompt: str
+    model: str | None = None
+    provider: str | None = None
+    schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
+    params: dict[str, Any] | None = None
+    # reduce: the map stage whose answers it reads (default: the map before it).
+    over: str | None = None
+    # What a dead piece (of a map stage) does to its document: fail it, naming the
+    # piece, or let the next stage read the rest with the gap marked.
+    on_dead: Literal["fail", "skip"] = "fail"
+
+
+Stage = Annotated[SplitStage | CallStage, Field(discriminator="kind")]
+
+
+class Defaults(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str | None = None
+    provider: str = "openai"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class Pipeline(BaseModel):
+    """A pipeline: its stages in order, defaults for their calls, models' contexts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "pipeline"
+    defaults: Defaults = Field(default_factory=Defaults)
+    context: dict[str, Annotated[int, Field(ge=256)]] = Field(default_factory=dict)
+    stages: Annotated[list[Stage], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _shape(self) -> Pipeline:
+        names = [s.name for s in self.stages]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup:
+            raise ValueError(f"stage name {dup!r} is used twice")
+        kinds = [s.kind for s in self.stages]
+        if "split" in kinds[1:]:
+            raise ValueError("a split can only be the first stage")
+        calls = [s for s in self.stages if isinstance(s, CallStage)]
+        if not calls:
+            raise ValueError("no stage calls a model: add a map, reduce or chain stage")
+        seen_map = seen_doc = False
+        for s in calls:
+            if s.kind == "map":
+                if seen_map or seen_doc:
+                    raise ValueError(
+                        f"stage {s.name!r}: one map stage, before any reduce or chain"
+                        " (several maps are not supported yet)"
+                    )
+                seen_map = True
+            elif s.kind == "reduce":
+                if not seen_map:
+                    raise ValueError(f"stage {s.name!r}: a reduce needs a map stage before it")
+                if seen_doc:
+                    raise ValueError(f"stage {s.name!r}: one reduce, right after the map")
+                maps = [m.name for m in calls if m.kind == "map"]
+                if s.over is not None and s.over not in maps:
+                    raise ValueError(f"stage {s.name!r}: over={s.over!r} names no map stage")
+                seen_doc = True
+            else:
+                if seen_map and not seen_doc:
+                    raise ValueError(
+                        f"stage {s.name!r}: a chain reads one answer per document; put a"
+                        " reduce between the map and it"
+                    )
+                seen_doc = True
+            if s.kind != "reduce" and s.over is not None:
+                raise ValueError(f"stage {s.name!r}: only a reduce takes over=")
+            if (s.model or self.defaults.model) is None:
+                raise ValueError(f"stage {s.name!r}: no model (set model, or defaults.model)")
+        if isinstance(self.stages[0], SplitStage) and not seen_map:
+            raise ValueError("a split needs a map stage after it")
+        return self
+
+    # -- what the rest of herd reads ----------------------------------------------------
+
+    @property
+    def split(self) -> SplitStage | None:
+        first = self.stages[0]
+        return first if isinstance(first, SplitStage) else None
+
+    @property
+    def calls(self) -> list[CallStage]:
+        return [s for s in self.stages if isinstance(s, CallStage)]
+
+    def stage(self, name: str) -> CallStage:
+        for s in self.calls:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def after(self, name: str) -> CallStage | None:
+        """The call stage that runs after ``name``; None: ``name`` is the last."""
+        calls = self.calls
+        i = [s.name for s in calls].index(name)
+        return calls[i + 1] if i + 1 < len(calls) else None
+
+    @property
+    def last(self) -> CallStage:
+        return self.calls[-1]
+
+    def spec(self, stage: CallStage) -> EvalSpec:
+        """The stage's call as an EvalSpec: its key is today's key of one call."""
+        d = self.defaults
+        return EvalSpec(
+            model=stage.model or d.model or "",
+            system=stage.prompt,
+            schema=stage.schema_,
+            provider=stage.provider or d.provider,
+            params=stage.params if stage.params is not None else dict(d.params),
+        )
+
+    def context_of(self, model: str) -> int:
+        return self.context.get(model, DEFAULT_CONTEXT)
+
+    def window_tokens(self) -> int:
+        """Tokens per window of the fallback split: as set, or half the first model
+        stage's context (the rest for its prompt, its answer and the overlap)."""
+        split = self.split
+        if split is not None and split.window_tokens is not None:
+            return split.window_tokens
+        first = self.spec(self.calls[0])
+        return self.context_of(first.model) // 2
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(canonical(self.to_json()).encode()).hexdigest()
+
+    def check(self, settings: Settings) -> list[EvalSpec]:
+        """Every stage's spec made and checked against the settings (InvalidInput names
+        the stage); returns them in stage order."""
+        specs = []
+        for s in self.calls:
+            try:
+                spec = self.spec(s)
+                spec.check(settings)
+            except InvalidInput as exc:
+                raise InvalidInput(f"stage {s.name!r}: {exc}", field="pipeline") from None
+            specs.append(spec)
+        return specs
+
+
+def _one_line(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return f"{where}: {msg}" if where else msg
+
+
+def from_json(value: Any) -> Pipeline:
+    """A pipeline from its JSON form (the API's, or a file's parsed): InvalidInput with
+    one line naming the field."""
+    try:
+        return Pipeline.model_validate(value)
+    except ValidationError as exc:
+        raise InvalidInput(f"pipeline: {_one_line(exc)}", field="pipeline") from None
+
+
+def _read(base: Path, name: str, what: str) -> str:
+    path = base / name
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"pipeline: {what}: {path}: {exc}", field="pipeline") from None
+
+
+def load(path: Path) -> Pipeline:
+    """A pipeline from a TOML file. A stage's ``prompt_file`` and ``schema_file`` are read
+    relative to the file (and replaced by ``prompt`` and ``schema``)."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"{path}: {exc}", field="pipeline") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidInput(f"{path}: not TOML: {exc}", field="pipeline") from None
+    base = path.parent
+    for i, stage in enumerate(raw.get("stages") or []):
+        if not isinstance(stage, dict):
+            continue
+        where = f"stages.{i}"
+        if "prompt_file" in stage:
+            stage["prompt"] = _read(base, str(stage.pop("prompt_file")), f"{where}.prompt_file")
+        if "schema_file" in stage:
+            text = _read(base, str(stage.pop("schema_file")), f"{where}.schema_file")
+            try:
+                stage["schema"] = json.loads(text)
+            except ValueError as exc:
+                raise InvalidInput(
+                    f"pipeline: {where}.schema_file: not JSON: {exc}", field="pipeline"
+                ) from None
+    try:
+        return from_json(raw)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{path}: {exc}", field="pipeline") from None
+
+
+def single(spec: EvalSpec) -> Pipeline:
+    """One prompt as a pipeline: the one-stage case."""
+    stage = {"name": "answer", "kind": "map", "prompt": spec.system, "model": spec.model,
+             "provider": spec.provider, "schema": spec.schema, "params": spec.params}  # fmt: skip
+    return from_json({"stages": [stage]})

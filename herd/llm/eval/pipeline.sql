@@ -1,0 +1,155 @@
+-- Every statement on the pipeline tables (herd_eval_pipelines, herd_eval_pieces,
+-- herd_eval_fanin), and on a pipeline document's item; sent by herd.llm.eval.stages.
+
+-- name: put_pipeline
+INSERT INTO herd_eval_pipelines (hash, pipeline) VALUES (%(hash)s, %(pipeline)s)
+ON CONFLICT (hash) DO UPDATE SET created_at = now();
+
+-- name: pipeline
+SELECT pipeline FROM herd_eval_pipelines WHERE hash = %(hash)s;
+
+-- name: batch_pipeline
+SELECT DISTINCT pipeline FROM herd_eval_items WHERE batch = %(b)s AND pipeline IS NOT NULL;
+
+-- name: put_doc_item
+-- A pipeline's document: its one item (its final answer lands here), no job of its own
+-- (0: the settling of single-prompt items by their job never matches it).
+INSERT INTO herd_eval_items (batch, path, key, job_id, doc, spec, pipeline)
+VALUES (%(b)s, %(path)s, %(key)s, 0, %(doc)s, %(spec)s, %(pipeline)s)
+ON CONFLICT DO NOTHING;
+
+-- name: put_pieces
+INSERT INTO herd_eval_pieces (batch, path, stage, seq, key, spec, doc, loc)
+SELECT %(b)s, %(path)s, %(stage)s, s, k, %(spec)s, d, l
+  FROM unnest(%(seqs)s::int[], %(keys)s::text[], %(docs)s::text[], %(locs)s::jsonb[])
+       AS x(s, k, d, l)
+ON CONFLICT DO NOTHING;
+
+-- name: put_fanin
+INSERT INTO herd_eval_fanin (batch, path, stage, open, total)
+VALUES (%(b)s, %(path)s, %(stage)s, %(n)s, %(n)s) ON CONFLICT DO NOTHING;
+
+-- name: unsent
+-- Pieces decided but not yet enqueued (of a document; of a batch: path NULL).
+SELECT path, stage, seq, key, spec, doc FROM herd_eval_pieces
+ WHERE batch = %(b)s AND (%(path)s::text IS NULL OR path = %(path)s)
+   AND job_id IS NULL AND status = 'queued'
+ ORDER BY path, stage, seq;
+
+-- name: sent
+UPDATE herd_eval_pieces SET job_id = %(job)s
+ WHERE batch = %(b)s AND path = %(path)s AND stage = %(stage)s AND seq = %(seq)s
+   AND job_id IS NULL;
+
+-- name: piece
+SELECT status, key, spec, doc FROM herd_eval_pieces
+ WHERE batch = %(b)s AND path = %(path)s AND stage = %(stage)s AND seq = %(seq)s;
+
+-- name: piece_end
+-- The one transition a piece makes (queued -> done or failed): only the run that makes
+-- it counts the piece in its document's fan-in.
+UPDATE herd_eval_pieces SET status = %(status)s, source = %(source)s, result = %(result)s,
+       error = %(error)s, finished_at = now()
+ WHERE batch = %(b)s AND path = %(path)s AND stage = %(stage)s AND seq = %(seq)s
+   AND status = 'queued'
+RETURNING seq;
+
+-- name: fanin_step
+UPDATE herd_eval_fanin SET open = open - 1
+ WHERE batch = %(b)s AND path = %(path)s AND stage = %(stage)s
+RETURNING open;
+
+-- name: stage_answers
+-- A document's pieces of a stage in document order: what the next stage reads.
+SELECT seq, status, result, error, loc FROM herd_eval_pieces
+ WHERE batch = %(b)s AND path = %(path)s AND stage = %(stage)s ORDER BY seq;
+
+-- name: doc_done
+UPDATE herd_eval_items SET status = 'done', source = %(source)s, result = %(result)s,
+       finished_at = now()
+ WHERE batch = %(b)s AND path = %(path)s AND status IN ('queued', 'parked');
+
+-- name: doc_failed
+UPDATE herd_eval_items SET status = 'failed', result = %(result)s, finished_at = now()
+ WHERE batch = %(b)s AND path = %(path)s AND status IN ('queued', 'parked');
+
+-- name: cancel_pieces
+UPDATE herd_eval_pieces SET status = 'cancelled', finished_at = now()
+ WHERE batch = %(b)s AND path = %(path)s AND stage = %(stage)s AND seq = %(seq)s
+   AND status = 'queued';
+
+-- name: stage_counts
+-- Per stage: pieces, done, failed, cancelled, of a batch.
+SELECT stage, count(*), count(*) FILTER (WHERE status = 'done'),
+       count(*) FILTER (WHERE status = 'failed'),
+       count(*) FILTER (WHERE status = 'cancelled'),
+       count(*) FILTER (WHERE source IN ('hit', 'waited', 'stale'))
+  FROM herd_eval_pieces WHERE batch = %(b)s GROUP BY stage;
+
+-- name: stage_costs
+-- Per stage, what its calls cost this batch (paid calls, by the ledger's rows).
+SELECT p.stage, count(l.*), coalesce(sum(l.input_tokens), 0),
+       coalesce(sum(l.output_tokens), 0), sum(l.cost), bool_or(l.cost IS NULL)
+  FROM (SELECT DISTINCT stage, key FROM herd_eval_pieces WHERE batch = %(b)s) p
+  JOIN herd_eval_ledger l ON l.batch = %(b)s AND l.key = p.key
+ WHERE l.state = 'closed' AND l.kind IN ('call', 'lost', 'failed', 'cut_short')
+ GROUP BY p.stage;
+
+-- name: stage_failures
+SELECT path, stage, seq, loc, error FROM herd_eval_pieces
+ WHERE batch = %(b)s AND status = 'failed' ORDER BY path, stage, seq LIMIT %(limit)s;
+
+-- name: failed_docs
+SELECT path, result FROM herd_eval_items
+ WHERE batch = %(b)s AND status = 'failed' ORDER BY path LIMIT %(limit)s;
+
+-- name: failed_count
+SELECT count(*) FROM herd_eval_items WHERE batch = %(b)s AND status = 'failed';
+
+-- name: stage_results
+-- A stage's answers per piece, with where each piece came from.
+SELECT path, seq, status, source, result, error, loc FROM herd_eval_pieces
+ WHERE batch = %(b)s AND stage = %(stage)s
+   AND (%(after)s::text IS NULL OR (path, seq) > (%(after)s, %(after_seq)s))
+ ORDER BY path, seq LIMIT %(limit)s;
+
+-- name: waiting_pieces
+-- The pieces of a batch sent to a job and not answered: settled against their jobs.
+SELECT path, stage, seq, job_id FROM herd_eval_pieces
+ WHERE batch = %(b)s AND status = 'queued' AND job_id IS NOT NULL;
+
+-- name: doc_calls
+-- What each document's calls cost over all its stages (a key it shares with another
+-- document counted for both), in the shape of queries.sql's key_calls.
+SELECT p.path, sum(l.input_tokens), sum(l.cached_input_tokens), sum(l.output_tokens),
+       sum(l.cost), bool_or(l.cost IS NULL), min(l.at), max(l.at), count(*)
+  FROM (SELECT DISTINCT path, key FROM herd_eval_pieces
+         WHERE batch = %(b)s AND path = ANY(%(paths)s)) p
+  JOIN herd_eval_ledger l ON l.batch = %(b)s AND l.key = p.key
+ WHERE l.state = 'closed' AND l.kind IN ('call', 'lost', 'failed', 'cut_short')
+ GROUP BY p.path;
+
+-- Retention (herd.llm.eval.store.purge, HERD_EVAL_TTL): a document's pieces and fan-in
+-- go with its item (purged HERD_EVAL_TTL after it finished); a pipeline no item names
+-- goes after HERD_EVAL_TTL.
+
+-- name: purge_pieces
+DELETE FROM herd_eval_pieces WHERE (batch, path, stage, seq) IN (
+    SELECT batch, path, stage, seq FROM herd_eval_pieces p
+     WHERE NOT EXISTS (SELECT 1 FROM herd_eval_items i
+                        WHERE i.batch = p.batch AND i.path = p.path)
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
+
+-- name: purge_fanin
+DELETE FROM herd_eval_fanin WHERE (batch, path, stage) IN (
+    SELECT batch, path, stage FROM herd_eval_fanin f
+     WHERE NOT EXISTS (SELECT 1 FROM herd_eval_items i
+                        WHERE i.batch = f.batch AND i.path = f.path)
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
+
+-- name: purge_pipelines
+DELETE FROM herd_eval_pipelines WHERE hash IN (
+    SELECT hash FROM herd_eval_pipelines p
+     WHERE created_at < now() - make_interval(secs => %(keep)s)
+       AND NOT EXISTS (SELECT 1 FROM herd_eval_items i WHERE i.pipeline = p.hash)
+     ORDER BY created_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED);

@@ -1,0 +1,123 @@
+"""A batch in stages seen per stage: progress, cache hits, cost and failures of each, and
+any stage's answers per piece with where the piece came from."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from herd.app import App
+from herd.errors import BatchNotFound, InvalidInput
+from herd.llm.eval.runtime import EvalRuntime
+from herd.llm.eval.stages import Q, advance, load_pipeline, on, send_unsent
+from herd.queue.base import JobStatus
+
+FAILURES_SHOWN = 50
+PAGE = 500
+
+
+async def stage_progress(rt: EvalRuntime, batch: str) -> list[dict[str, Any]]:
+    """Per call stage of the batch's pipeline, in order: pieces made so far, done,
+    failed, cancelled, answered from the cache, calls paid, tokens and cost (None:
+    unpriced). Empty: not a batch in stages."""
+    found = await rt.store.execute(Q["batch_pipeline"], {"b": batch})
+    if not found:
+        return []
+    pipe = await load_pipeline(rt, found[0][0])
+    counts = {r[0]: r[1:] for r in await rt.store.execute(Q["stage_counts"], {"b": batch})}
+    costs = {r[0]: r[1:] for r in await rt.store.execute(Q["stage_costs"], {"b": batch})}
+    out = []
+    for stage in pipe.calls:
+        n, done, failed, cancelled, cached = counts.get(stage.name, (0, 0, 0, 0, 0))
+        calls, i, o, cost, unpriced = costs.get(stage.name, (0, 0, 0, None, False))
+        out.append({"stage": stage.name, "kind": stage.kind, "model": pipe.spec(stage).model,
+                    "pieces": int(n), "done": int(done), "failed": int(failed),
+                    "cancelled": int(cancelled), "cached": int(cached), "calls": int(calls),
+                    "input_tokens": int(i), "output_tokens": int(o),
+                    "cost": None if unpriced or cost is None else float(cost)})  # fmt: skip
+    return out
+
+
+async def settle_pieces(app: App, rt: EvalRuntime, batch: str) -> int:
+    """Count as failed the pieces whose job is dead-lettered without its task having
+    counted them (its lease expired too often: a worker killed on every attempt), and
+    run their stage's fan-in as the task would have. The job is dead, so no run of it
+    can count the piece too; the move out of 'queued' is conditional all the same.
+    Returns how many were settled."""
+    waiting = await rt.store.execute(Q["waiting_pieces"], {"b": batch})
+    if not waiting:
+        return 0
+    found = await rt.store.execute(Q["batch_pipeline"], {"b": batch})
+    pipe = await load_pipeline(rt, found[0][0])
+    ids = sorted({job for *_, job in waiting})
+    jobs = {}
+    for start in range(0, len(ids), 1000):
+        jobs.update({j.id: j for j in await app.broker.get_jobs(ids[start : start + 1000])})
+    settled = 0
+    for path, stage, seq, job_id in waiting:
+        job = jobs.get(job_id)
+        if job is None or job.status != JobStatus.DEAD:
+            continue
+        error = job.last_error or job.dead_reason or "dead-lettered"
+        async with rt.store.transaction() as conn:
+            ended = await on(conn, "piece_end", status="failed", source=None, result=None,
+                             error=str(error)[:2000], b=batch, path=path, stage=stage,
+                             seq=seq)  # fmt: skip
+            if ended:
+                await advance(conn, pipe, batch, path, stage)
+                settled += 1
+        await send_unsent(app, rt, pipe.hash, batch, path)
+    return settled
+
+
+async def doc_calls(rt: EvalRuntime, batch: str, paths: list[str]) -> dict[str, tuple[Any, ...]]:
+    """Per document of a pipeline, what its calls of every stage cost: (input, cached
+    input, output tokens, cost, any unpriced, first at, last at, calls)."""
+    if not paths:
+        return {}
+    rows = await rt.store.execute(Q["doc_calls"], {"b": batch, "paths": paths})
+    return {p: (int(i), int(ci), int(o), c, unpriced, a, z, int(n))
+            for p, i, ci, o, c, unpriced, a, z, n in rows}  # fmt: skip
+
+
+async def failed_documents(rt: EvalRuntime, batch: str) -> tuple[int, list[dict[str, Any]]]:
+    """How many of the batch's documents a stage failed, and the first of them: (path,
+    job 0 (a pipeline's document has none of its own), error naming the stage and the
+    piece)."""
+    ((n,),) = await rt.store.execute(Q["failed_count"], {"b": batch})
+    rows = await rt.store.execute(Q["failed_docs"], {"b": batch, "limit": FAILURES_SHOWN})
+    return int(n), [
+        {"path": p, "job": 0, "error": (r or {}).get("error") or "failed"} for p, r in rows
+    ]
+
+
+async def stage_rows(app: App, batch: str, stage: str) -> AsyncIterator[dict[str, Any]]:
+    """A stage's answers per piece, by document and piece: path, piece, status, source,
+    location (page, section, id, window, chars), output, error."""
+    rt = await EvalRuntime.of(app)
+    found = await rt.store.execute(Q["batch_pipeline"], {"b": batch})
+    if not found:
+        if not await rt.store.exists(batch):
+            raise BatchNotFound(f"no batch named {batch!r}; `herd eval list` shows them")
+        raise InvalidInput(f"--stage: batch {batch!r} has one stage only", field="stage")
+    pipe = await load_pipeline(rt, found[0][0])
+    names = [s.name for s in pipe.calls]
+    if stage not in names:
+        raise InvalidInput(
+            f"--stage: {stage!r} is not a stage of batch {batch!r}"
+            f" (its stages: {', '.join(names)})",
+            field="stage",
+        )
+    after: tuple[str | None, int] = (None, 0)
+    while True:
+        page = await rt.store.execute(
+            Q["stage_results"],
+            {"b": batch, "stage": stage, "after": after[0], "after_seq": after[1], "limit": PAGE},
+        )
+        for path, seq, status, source, result, error, loc in page:
+            yield {"path": path, "stage": stage, "piece": seq, "status": status,
+                   "source": source, "loc": loc or {},
+                   "output": (result or {}).get("output"), "error": error}  # fmt: skip
+        if len(page) < PAGE:
+            return
+        after = (page[-1][0], page[-1][1])
