@@ -110,7 +110,8 @@ def ingest(
         float | None,
         typer.Option(
             min=0.1,
-            help="With --watch: look for changes every POLL seconds instead of waiting"
+            metavar="SECONDS",
+            help="With --watch: look for changes every SECONDS instead of waiting"
             " for filesystem events (network filesystems).",
         ),
     ] = None,
