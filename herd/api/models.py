@@ -569,6 +569,8 @@ class Hit(BaseModel):
     ref: str
     score: float
     text: str
+    page: int | None = None  # the first page of a chunk from a PDF (1-based)
+    page_end: int | None = None  # and its last
 
 
 class CacheInfo(BaseModel):

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from herd.errors import HerdError
+from herd.rag.sources import SourceError, document_text
 
 SUFFIXES = (".txt", ".md", ".markdown", ".pdf")
 MAX_BYTES = 64 * 1024 * 1024  # far beyond any model's context; a bigger file is a mistake
@@ -57,12 +58,8 @@ def read_document(path: Path) -> str:
 
 
 def _pdf_text(path: Path) -> str:
-    from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
-
+    """The one PDF reader herd has (``herd.rag.sources``), as ``herd ingest`` uses it."""
     try:
-        reader = PdfReader(path)
-        pages = [page.extract_text() or "" for page in reader.pages]
-    except (PdfReadError, ValueError, KeyError, OSError) as exc:
-        raise DocumentError(f"{path}: not a readable PDF ({exc})") from None
-    return "\n\n".join(pages)
+        return document_text(path)
+    except SourceError as exc:
+        raise DocumentError(f"{path}: {exc}") from None

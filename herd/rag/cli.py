@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -20,10 +21,15 @@ from herd.rag import vectors
 from herd.rag.errors import IndexError_
 from herd.rag.ingest import QUEUE, IngestError, Plan, RagRuntime, plan_and_apply
 from herd.rag.query import DEFAULT_MODE, MODES, Answer, answer
+from herd.rag.sources import pages_of
+from herd.rag.watch import Sync, Watcher
+from herd.rag.watch import status as watch_status
 
 
-def _collection_name(value: str) -> str:
+def _collection_name(value: str | None) -> str | None:
     """Refused before anything runs: a name no store keeps intact (NUL, lone surrogate)."""
+    if value is None:
+        return None
     try:
         return check_text(value, "--collection")
     except InvalidInput as exc:
@@ -48,14 +54,17 @@ def _fail(message: str, *, code: int = 1) -> NoReturn:
 def ingest(
     ctx: typer.Context,
     paths: Annotated[
-        list[Path], typer.Argument(metavar="PATH", help="Files or folders of the corpus.")
-    ],
+        list[Path] | None,
+        typer.Argument(metavar="PATH", help="Files or folders of the corpus."),
+    ] = None,
     collection: Annotated[
-        str,
+        str | None,
         typer.Option(
-            metavar="NAME", help="The collection to index into.", callback=_collection_name
+            metavar="NAME",
+            help="The collection to index into (required).",
+            callback=_collection_name,
         ),
-    ],
+    ] = None,
     fmt: Annotated[
         str,
         typer.Option(
@@ -98,10 +107,65 @@ def ingest(
             "--new-generation", help="Allow another embedder than the collection's: re-index."
         ),
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            help="Keep the collection in step with the folders: sync each change until"
+            " stopped (Ctrl-C).",
+        ),
+    ] = False,
+    poll: Annotated[
+        float | None,
+        typer.Option(
+            min=0.1,
+            metavar="SECONDS",
+            help="With --watch: look for changes every SECONDS instead of waiting"
+            " for filesystem events (network filesystems).",
+        ),
+    ] = None,
+    status: Annotated[
+        str | None,
+        typer.Option(
+            "--status",
+            metavar="COLLECTION",
+            help="Show a collection's watcher, last sync, pending changes and lag.",
+            callback=_collection_name,
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="Print the plan (--watch: each sync; --status: the state) as JSON."
+        ),
+    ] = False,
 ) -> None:
-    """Index files: only chunks that are new or changed are embedded."""
+    """Index files: only chunks that are new or changed are embedded.
+
+    Reads UTF-8 text (plain, Markdown, JSONL, scripture, statutes), PDF (page
+    numbers kept with each chunk) and HTML. Exit status: 0 when every file was
+    indexed; 1 when some file could not be read or some chunks not embedded (each
+    named on stderr; the rest is indexed); 2 on a usage error, such as a path that
+    does not exist.
+    """
     _check_vector_url(ctx)
+    if status is not None:
+        _show_status(ctx, status, as_json)
+        return
+    if not paths or collection is None:
+        _fail("give the files or folders to index and --collection", code=2)
+    for path in paths:
+        if not path.exists():  # a usage error: refused before anything is opened
+            _fail(f"{path}: no such file or directory", code=2)
+    if watch:
+        if plan:
+            _fail("--watch changes the collection; --plan changes nothing: choose one", code=2)
+        if not_folders := [str(p) for p in paths if not p.is_dir()]:
+            _fail(f"--watch keeps folders current: {', '.join(not_folders)} is not one", code=2)
+        _watch(ctx, paths, collection, fmt, embedder, language, concurrency, poll, wait, as_json)
+        return
+    if poll is not None:
+        _fail("--poll goes with --watch", code=2)
     if fmt != "auto":
         from herd.rag.chunkers import FORMATS
 
@@ -186,6 +250,111 @@ def ingest(
         console.err.print(f"  skipped: {error}", soft_wrap=True, highlight=False, markup=False)
     if result.errors or dead:
         raise typer.Exit(1)
+
+
+def _watch(
+    ctx: typer.Context,
+    paths: list[Path],
+    collection: str,
+    fmt: str,
+    embedder: str | None,
+    language: str | None,
+    concurrency: int,
+    poll: float | None,
+    wait: bool,
+    as_json: bool,
+) -> None:
+    """``herd ingest --watch``: a line per sync on stdout until SIGINT or SIGTERM."""
+
+    def show(sync: Sync) -> None:
+        if as_json:
+            console.print_json(sync)
+        else:
+            what = "all files" if sync.full else f"{sync.files} changed paths"
+            console.out.print(
+                f"{collection}: synced {what}: {sync.added} added, {sync.changed} changed,"
+                f" {sync.deleted} deleted; {sync.embedded} chunks embedded"
+                + ("" if sync.full else f"; searchable {sync.lag:.1f} s after the first change"),
+                highlight=False,
+                soft_wrap=True,
+            )
+        for error in sync.errors:
+            console.err.print(f"  skipped: {error}", soft_wrap=True, highlight=False, markup=False)
+        sys.stdout.flush()
+
+    async def work(app: App) -> None:
+        from herd.builtin import tasks as builtin_tasks
+
+        app.include(builtin_tasks)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        watcher = Watcher(
+            app,
+            paths,
+            collection,
+            fmt=fmt,
+            embedder=embedder,
+            language=language,
+            concurrency=concurrency,
+            poll=poll,
+            embed_here=wait,
+            on_sync=show,
+        )
+        await watcher.run(stop)
+
+    try:
+        console.run(console.opts(ctx), work)
+    except (IngestError, IndexError_) as exc:
+        _fail(str(exc))
+
+
+def _show_status(ctx: typer.Context, collection: str, as_json: bool) -> None:
+    state: dict[str, Any] = console.run(
+        console.opts(ctx), lambda app: watch_status(app, collection)
+    )
+    if as_json:
+        console.print_json(state)
+        return
+    now = state["now"]
+
+    def ago(when: Any) -> str:
+        return f"{console.when(when)} ({(now - when).total_seconds():.0f} s ago)"
+
+    lines = [f"collection {collection}: live generation {state['generation'] or 'none'}"]
+    if "watcher" not in state:
+        run = state["last_run"]
+        lines.append("watcher:   none (herd ingest DIR --collection C --watch starts one)")
+        if run:
+            finished = ago(run["finished_at"]) if run["finished_at"] else "not finished"
+            lines.append(f"last run:  {run['id']}, {run['status']}, {finished}")
+    else:
+        if state["watched"]:
+            lines.append(
+                f"watcher:   {state['watcher']} ({state['method']}), seen {ago(state['seen_at'])}"
+            )
+        elif state["stopped_at"]:
+            lines.append(f"watcher:   stopped {ago(state['stopped_at'])}")
+        else:
+            lines.append(
+                f"watcher:   {state['watcher']} not seen since {ago(state['seen_at'])} (gone?)"
+            )
+        lines.append(f"folders:   {', '.join(state['roots'])}")
+        last = state["last_sync"]
+        if last:
+            lines.append(
+                f"last sync: {ago(state['last_sync_at'])}: {last['added']} added,"
+                f" {last['changed']} changed, {last['deleted']} deleted;"
+                f" {last['embedded']} chunks embedded"
+            )
+        if state["syncing_for"] is not None:
+            lines.append(f"syncing:   for {state['syncing_for']:.1f} s")
+        pending = state["pending"]
+        lines.append(f"pending:   {pending} changed files" if pending else "pending:   none")
+        lines.append(f"lag:       {state['lag']:.1f} s")
+    for line in lines:
+        console.out.print(line, highlight=False, soft_wrap=True, markup=False)
 
 
 def query(
@@ -283,7 +452,9 @@ def query(
         for h in a.hits:
             text = h["text"] if len(h["text"]) <= 160 else h["text"][:159] + "…"
             # Text, not markup: KJV marks added words as [was], which rich would eat.
-            table.add_row(f"{h['score']:.3f}", Text(h["ref"]), Text(text))
+            where = pages_of(h)
+            ref = f"{h['ref']} ({where})" if where else h["ref"]
+            table.add_row(f"{h['score']:.3f}", Text(ref), Text(text))
         console.out.print(table)
     sys.stdout.flush()
 

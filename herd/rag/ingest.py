@@ -25,7 +25,7 @@ import asyncio
 import functools
 import hashlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,10 +37,11 @@ from herd.errors import Fatal, HerdError, Retry
 from herd.jsonvalue import canonical, check_text, text_problem
 from herd.locks import PostgresLocks
 from herd.queue.base import JobStatus
-from herd.rag.chunkers import FORMATS, ChunkError, chunk_file, format_of, get_chunker, place_of
+from herd.rag.chunkers import FORMATS, ChunkError, get_chunker, place_of
 from herd.rag.embedders import spec as specs
 from herd.rag.embedders.base import Embedder
 from herd.rag.runs import RunStage
+from herd.rag.sources import chunk_source, format_of
 from herd.rag.store import Generation, RagStore
 from herd.rag.vectors import DEFAULT as DEFAULT_STORE
 from herd.tasks import JobContext
@@ -201,8 +202,13 @@ async def plan_and_apply(
     embedder: str | None = None,
     language: str | None = None,
     new_generation: bool = False,
+    changed: Collection[Path] | None = None,
 ) -> Plan:
     """Compare the files with the collection; with ``apply``, store and enqueue the work.
+
+    ``changed`` (``herd.rag.watch``): of the files under ``paths``, read only these,
+    and delete only the chunks of these that are gone (a file deleted, or no longer
+    giving a chunk); the rest of the collection is left as it is.
 
     ``embedder`` (a spec, else ``HERD_EMBEDDER``, else the collection's own, else
     ``specs.NEW_COLLECTIONS``) and ``language`` (a PostgreSQL text-search configuration, else the
@@ -214,6 +220,12 @@ async def plan_and_apply(
     rt = await RagRuntime.of(app)
     live = await rt.store.live(collection)
     places, folders, skipped = _expand(paths)
+    gone: list[str] = []
+    if changed is not None:
+        places, gone = _only(places, changed)
+        skipped = []  # reported by the full run that came first
+        # A path deleted (a file, or a folder with its files) is a prefix too.
+        folders = [Path(g) for g in gone]
     spec = await _choose_embedder(collection, live, embedder, new_generation)
     # The live generation's model, when this run keeps its spec (see embedder_for).
     same = live is not None and specs.recorded_spec(live.settings) == spec
@@ -226,7 +238,7 @@ async def plan_and_apply(
     order = {f: i for i, f in enumerate(files)}
     chunk_format = None if fmt == "auto" else fmt
     async with rt.store.stage_run(
-        collection, [str(f) for f in files], [str(d) for d in folders]
+        collection, [str(f) for f in files] + gone, [str(d) for d in folders]
     ) as stage:
         errors = skipped + await _load(stage, places, chunk_format, progress, order)
         # A file whose ids are taken (by an earlier file of this run, or in the
@@ -238,14 +250,14 @@ async def plan_and_apply(
             await stage.forget(str(f) for f in moved)
             await _load(stage, moved, chunk_format, None, order)
         await _refuse_clashes(stage)
-        added, changed, unchanged, deleted = await stage.changes()
+        added, altered, unchanged, deleted = await stage.changes()
         new_gen = live is None or live.fingerprint != key
         plan = Plan(
             collection,
             live.id if live and not new_gen else 0,
             new_gen,
             added=added,
-            changed=changed,
+            changed=altered,
             unchanged=unchanged,
             deleted=deleted,
             errors=errors,
@@ -364,6 +376,13 @@ def _expand(paths: Sequence[Path]) -> tuple[dict[Path, str], list[Path], list[st
     return {f: p for f, p in files.items() if not text_problem(str(f))}, folders, skipped
 
 
+def _only(places: dict[Path, str], changed: Collection[Path]) -> tuple[dict[Path, str], list[str]]:
+    """The changed files to read, and the changed paths that are gone (or not files)."""
+    wanted = {Path(p).resolve() for p in changed}
+    kept = {f: p for f, p in places.items() if f in wanted}
+    return kept, sorted(str(p) for p in wanted if p not in kept)
+
+
 async def _refuse_clashes(stage: RunStage) -> None:
     """Before anything is written: an id two files still share is an error naming both."""
     if shared := await stage.shared_id():
@@ -406,7 +425,7 @@ async def _load(
             rows = 0
             async with stage.file() as copy:
                 ord_ = order[path]
-                for chunk in chunk_file(path, format=fmt, place=place):
+                for chunk in chunk_source(path, format=fmt, place=place):
                     verse = "book" in chunk.metadata
                     await copy.write_row(
                         (

@@ -46,7 +46,7 @@ by the other must be seen by both."""
 @dataclass(frozen=True)
 class Answer:
     query: str
-    hits: list[dict[str, Any]]  # id, ref, score, text
+    hits: list[dict[str, Any]]  # id, ref, score, text; page, page_end (from a PDF)
     cache: SemanticHit | None  # None: the cache was not asked
 
     @property
@@ -192,4 +192,7 @@ async def _ranked(
 
 
 def _hit(h: Hit) -> dict[str, Any]:
-    return {"id": h.chunk_id, "ref": h.breadcrumb, "score": round(h.score, 4), "text": h.text}
+    hit = {"id": h.chunk_id, "ref": h.breadcrumb, "score": round(h.score, 4), "text": h.text}
+    # Where a chunk of a PDF is: the pages an answer can be checked on.
+    hit.update({k: h.metadata[k] for k in ("page", "page_end") if k in (h.metadata or {})})
+    return hit
