@@ -11,7 +11,8 @@ from pathlib import Path
 from herd.rag.ingest import RagRuntime, plan_and_apply
 from herd.rag.query import answer
 from tests.rag.pdfs import make_pdf
-from tests.rag.test_ingest import GENESIS_1_3, app, collection, drain  # noqa: F401
+from tests.rag.support import drain
+from tests.rag.test_ingest import GENESIS_1_3, collection  # noqa: F401
 from tests.rag.test_sources import STATUTE
 
 ROOT = Path(__file__).resolve().parent.parent.parent
