@@ -155,7 +155,11 @@ def _ensure_database(admin_url: str) -> str:
             "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)
         ).fetchone()
         if not exists:
-            with contextlib.suppress(psycopg.errors.DuplicateDatabase):
+            # Two processes started at once on a new HERD_HOME both get here: the loser
+            # sees DuplicateDatabase, or UniqueViolation when both inserts overlap.
+            with contextlib.suppress(
+                psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation
+            ):
                 conn.execute(f'CREATE DATABASE "{DATABASE}"')
     return admin_url.replace("/postgres?", f"/{DATABASE}?", 1)
 
