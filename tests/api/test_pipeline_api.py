@@ -33,11 +33,11 @@ async def test_a_pipeline_batch_is_enqueued_per_piece_and_shown_per_stage(client
 
 
 async def test_a_wrong_pipeline_is_refused_before_anything_is_stored(client):
-    bad = {**PIPE, "stages": [PIPE["stages"][0], {**PIPE["stages"][2], "name": "first"}]}
+    bad = {**PIPE, "stages": [PIPE["stages"][0], {**PIPE["stages"][2], "name": "lead-reduce"}]}
     docs = [{"name": "m.md", "text": TEXT}]
     r = await client.post("/evals", json={"pipeline": bad, "documents": docs})
     assert r.status_code == 422
-    assert "stage 'first': a reduce needs a map stage before it" in r.text
+    assert "stage 'lead-reduce': a reduce needs a map stage before it" in r.text
     both = await client.post("/evals", json={"pipeline": PIPE, "model": "m", "system": "s",
                                              "documents": docs})  # fmt: skip
     assert both.status_code == 422 and "not both" in both.text
