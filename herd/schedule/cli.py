@@ -20,10 +20,18 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a ta
 
 
 def _table(views: list[ops.ScheduleView]) -> Table:
-    table = Table(title=f"{len(views)} schedules", title_justify="left")
-    for col in ("name", "task (queue)", "when", "policy", "state", "next run", "last run",
-                "outcome", "runs"):  # fmt: skip
-        table.add_column(col, justify="right" if col == "runs" else "left")
+    table = Table(
+        title=f"{len(views)} schedules", title_justify="left", box=None, pad_edge=False,
+        header_style="bold", collapse_padding=True,
+    )  # fmt: skip
+    # The policy shares the when column: nine columns leave "runs" no room at 80.
+    for col in ("name", "task (queue)", "when", "state", "next run", "last run", "outcome",
+                "runs"):  # fmt: skip
+        # Folded, never cut with "…": the name is what pause and run-now take.
+        table.add_column(
+            col, justify="right" if col == "runs" else "left", overflow="fold",
+            no_wrap=col in ("name", "state", "runs"),
+        )  # fmt: skip
     for v in views:
         policy = f"catch_up {v.catch_up}" if v.policy == "catch_up" else v.policy
         outcome = v.last_outcome or ""
@@ -32,7 +40,8 @@ def _table(views: list[ops.ScheduleView]) -> Table:
         if v.last_error:
             outcome += f": {console.short(v.last_error, 40)}"
         table.add_row(
-            v.name, f"{v.task} ({v.queue})", v.when, policy, "paused" if v.paused else "active",
+            v.name, f"{v.task} ({v.queue})", f"{v.when}, {policy}",
+            "paused" if v.paused else "active",
             console.when(v.next_run), console.when(v.last_run_at), outcome, str(v.runs),
         )  # fmt: skip
     return table
@@ -48,6 +57,9 @@ def schedule_list(ctx: typer.Context, as_json: AsJson = False) -> None:
     if as_json:
         for v in views:
             console.print_json(v)
+        return
+    if not views:
+        console.out.print("no schedules yet: a worker of an app with @app.periodic stores them")
         return
     console.out.print(_table(views))
 

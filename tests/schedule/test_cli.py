@@ -43,3 +43,8 @@ async def test_list_pause_resume_run_now_and_an_unknown_name(pg_url):
     r = herd("schedule", "pause", "no-such-schedule", url=pg_url)
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and "no schedule is named 'no-such-schedule'" in r.stderr
+
+    # The table reads as the other listings do: no box, within 80 columns.
+    r = herd("schedule", "list", url=pg_url)
+    assert r.returncode == 0 and name in r.stdout, r.stderr
+    assert not set("┃━┏└…") & set(r.stdout), r.stdout  # nothing boxed or cut short
