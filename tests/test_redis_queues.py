@@ -77,7 +77,7 @@ async def test_an_empty_queue_gives_its_number_back(broker, redis_stack):
     [old] = await broker.enqueue([job("a")])
     await broker.enqueue([job("b")])
     await run_all(broker, "a")
-    await broker.purge_finished(older_than=0)  # the sweep, then the reclaim
+    await purge_until_reclaimed(broker, "a")  # the sweep, then the reclaim
     assert {s.queue for s in await broker.stats()} == {"b"}
     client = redis.Redis.from_url(redis_stack, decode_responses=True)
     number = old.job_id & QUEUE_MASK
