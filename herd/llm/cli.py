@@ -237,13 +237,7 @@ def eval_submit(
             console.err.print(f"  skipped: {error}", soft_wrap=True)
         if not wait:
             return report, 1 if report.errors else 0, None
-        if not opts.debug:  # the display says what the worker's INFO lines would
-            logging.getLogger("herd.worker").setLevel(logging.WARNING)
-        worker = Worker(app, queues=[QUEUE], concurrency=concurrency, poll_interval=0.2,
-                        install_signal_handlers=False, grace_period=10.0)  # fmt: skip
-        code, status = await follow.follow(
-            app, report.batch, console.err, run_workers=worker.run, stop_workers=worker.stop
-        )
+        code, status = await _follow(app, report.batch, concurrency, opts.debug)
         if report.errors and code == follow.ALL_ANSWERED:
             code = follow.SOME_DEAD
         return report, code, status
