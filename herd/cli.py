@@ -266,7 +266,12 @@ def worker(
         typer.Option(min=0.01, metavar="SECONDS", help="Time between looks at empty queues."),
     ] = 1.0,
     exit_when_idle: Annotated[
-        bool, typer.Option("--exit-when-idle", help="Stop once the queues are empty.")
+        bool,
+        typer.Option(
+            "--exit-when-idle",
+            help="Stop once nothing runs and nothing is due within 30 seconds (a parked "
+            "batch's jobs are not waited for: they are named in the log).",
+        ),
     ] = False,
     startup_wait: Annotated[
         float,

@@ -97,6 +97,9 @@ class Worker:
     )
     install_signal_handlers: bool = True
     stop_when_idle: bool = False  # for demos and batch runs: exit once the queues are drained
+    # With stop_when_idle, pending jobs due later than this are not waited for: under a
+    # parked batch's recheck (60 s), above the first retries' backoff.
+    idle_horizon: float = 30.0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -215,16 +218,29 @@ class Worker:
                 )
 
     async def _queues_active(self) -> bool:
-        """Jobs still pending (maybe delayed for a retry) or running elsewhere?"""
+        """Jobs running elsewhere (they may fail and come back), or pending and due
+        within ``idle_horizon`` (a retry's backoff)? Jobs held further out, a parked
+        batch's or a long backoff's, are not waited for: the worker names them and stops."""
         try:
-            stats = await self.app.broker.stats()
+            stats = [s for s in await self.app.broker.stats() if s.queue in self.queues]
+            if any(s.counts.get(JobStatus.PROCESSING, 0) for s in stats):
+                return True
+            if not any(s.counts.get(JobStatus.PENDING, 0) for s in stats):
+                return False
+            due = await self.app.broker.next_due(self.queues)
         except BrokerUnavailable:
             return True
-        return any(
-            s.counts.get(JobStatus.PENDING, 0) + s.counts.get(JobStatus.PROCESSING, 0)
-            for s in stats
-            if s.queue in self.queues
+        if due is None or due <= self.idle_horizon:
+            return due is not None
+        held = sum(s.counts.get(JobStatus.PENDING, 0) for s in stats)
+        log.warning(
+            "stopping: nothing due within %s; %d pending jobs wait %s or more (a parked "
+            "batch, a retry's backoff: `herd eval list`, `herd jobs list --status pending`)",
+            _span(self.idle_horizon),
+            held,
+            _span(due),
         )
+        return False
 
     async def _until(self, main: Any, other: Any) -> None:
         """Await ``main`` (and optionally ``other``) but return early on stop."""
@@ -608,3 +624,11 @@ def _clip(text: str, limit: int) -> str:
     """Error text for storage: no NUL (PostgreSQL text refuses it), bounded in size."""
     text = text.replace("\x00", "\\0")
     return text if len(text) <= limit else text[: limit // 2] + "\n[…]\n" + text[-limit // 2 :]
+
+
+def _span(seconds: float) -> str:
+    """A wait as a person reads it: a parked batch's jobs are held for years."""
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"

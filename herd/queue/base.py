@@ -309,6 +309,12 @@ class Broker(Protocol):
         self, *, status: JobStatus | None = None, queue: str | None = None, limit: int = 100
     ) -> list[Job]: ...
     async def stats(self) -> list[QueueStats]: ...
+    async def next_due(self, queues: Sequence[str]) -> float | None:
+        """Seconds until the first pending job of these queues is due (0.0: one is due
+        now), None when none is pending. An idle worker asked to stop when idle reads it:
+        a job held far out (a parked batch's) is not work it can wait for."""
+        ...
+
     async def requeue_dead(self, job_ids: Sequence[int] | None) -> RequeueResult:
         """Move dead-lettered jobs back to pending with fresh counters; None means all.
 

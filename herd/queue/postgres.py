@@ -490,6 +490,10 @@ class PostgresBroker:
                 )
         return list(out.values())
 
+    async def next_due(self, queues: Sequence[str]) -> float | None:
+        ((seconds,),) = await self._fetch("next_due", {"queues": list(queues)})
+        return None if seconds is None else max(0.0, float(seconds))
+
     async def requeue_dead(self, job_ids: Sequence[int] | None) -> RequeueResult:
         params = {"all": job_ids is None, "ids": list(job_ids or [])}
         tries = 5

@@ -98,6 +98,7 @@ SCRIPTS = (
     "sweep",
     "purge_dead",
     "stats",
+    "next_due",
     "queue_number",
     "queue_free",
     "retire",
@@ -750,6 +751,12 @@ class RedisBroker:
                 )
             )
         return out
+
+    async def next_due(self, queues: Sequence[str]) -> float | None:
+        known = set(await self._queues())
+        waits = [await self._run("next_due", q) for q in queues if q in known]
+        ms = [int(w) for w in waits if int(w) >= 0]
+        return min(ms) / 1000 if ms else None
 
     async def purge_finished(self, older_than: float | None = None) -> int:
         """Remove succeeded jobs finished more than ``older_than`` seconds ago (default:

@@ -3,10 +3,10 @@ resume, run now. Works without the app that defines them: the store keeps them."
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from herd import console
 from herd.schedule import ops
@@ -19,32 +19,30 @@ Name = Annotated[str, typer.Argument(help="The schedule's name (`herd schedule l
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
-def _table(views: list[ops.ScheduleView]) -> Table:
-    table = Table(
-        title=f"{len(views)} schedules", title_justify="left", box=None, pad_edge=False,
-        header_style="bold", collapse_padding=True,
-    )  # fmt: skip
-    # The policy shares the when column: nine columns leave "runs" no room at 80.
-    for col in ("name", "task (queue)", "when", "state", "next run", "last run", "outcome",
-                "runs"):  # fmt: skip
-        # Folded, never cut with "…": the name is what pause and run-now take.
-        table.add_column(
-            col, justify="right" if col == "runs" else "left", overflow="fold",
-            no_wrap=col in ("name", "state", "runs"),
-        )  # fmt: skip
+def _stamp(value: datetime | None) -> str:
+    """Month, day and seconds: an every-3-seconds schedule's next run is seconds away."""
+    return value.astimezone().strftime("%m-%d %H:%M:%S") if value else "-"
+
+
+def _listing(views: list[ops.ScheduleView]) -> None:
+    """A line of short cells a schedule (the name in full: pause and run-now take it),
+    then when it fires and its last outcome on lines of their own, wrapped at 80."""
+    rows = []
     for v in views:
         policy = f"catch_up {v.catch_up}" if v.policy == "catch_up" else v.policy
-        outcome = v.last_outcome or ""
-        if v.last_job_id is not None:
-            outcome = f"{outcome} (job {v.last_job_id})"
-        if v.last_error:
-            outcome += f": {console.short(v.last_error, 40)}"
-        table.add_row(
-            v.name, f"{v.task} ({v.queue})", f"{v.when}, {policy}",
-            "paused" if v.paused else "active",
-            console.when(v.next_run), console.when(v.last_run_at), outcome, str(v.runs),
-        )  # fmt: skip
-    return table
+        detail = f"{v.when}, {policy}; task {v.task} on queue {v.queue}"
+        if v.last_outcome:
+            job = f" (job {v.last_job_id})" if v.last_job_id is not None else ""
+            detail += f"\nlast run {v.last_outcome}{job}"
+            if v.last_error:
+                detail += f": {console.short(v.last_error, 120)}"
+        cells = [v.name, "paused" if v.paused else "active", _stamp(v.next_run),
+                 _stamp(v.last_run_at), str(v.runs)]  # fmt: skip
+        rows.append((cells, detail))
+    zone = datetime.now().astimezone().strftime("%Z")
+    console.listing(f"{len(views)} schedules (times {zone})",
+                    ["name", "state", "next run", "last run", "runs"], rows,
+                    right=["runs"])  # fmt: skip
 
 
 @schedule_cli.command("list")
@@ -61,7 +59,7 @@ def schedule_list(ctx: typer.Context, as_json: AsJson = False) -> None:
     if not views:
         console.out.print("no schedules yet: a worker of an app with @app.periodic stores them")
         return
-    console.out.print(_table(views))
+    _listing(views)
 
 
 @schedule_cli.command("pause")

@@ -115,6 +115,20 @@ async def test_spend_stays_within_budget_plus_in_flight_reservations_then_resume
         await run
 
 
+async def test_a_worker_that_stops_when_idle_stops_when_its_batch_parks(app, sim, caplog):
+    """`herd worker --exit-when-idle` on a batch that runs out of budget: its jobs are
+    held for years, not work to wait for; the worker stops and says why."""
+    docs = documents(12)
+    await enqueue_documents(app, SPEC, "stuck", docs, budget=3 * worst_case(docs[0][1]))
+    worker = Worker(app, queues=[evaluate.QUEUE], concurrency=1, poll_interval=0.05,
+                    stop_when_idle=True, install_signal_handlers=False)  # fmt: skip
+    await asyncio.wait_for(worker.run(), 60)
+    status = (await evaluate.batch_status(app, "stuck")).to_json()
+    assert status["parked"] == "budget" and status["parked_items"] > 0
+    assert "wait" in caplog.text and "parked batch" in caplog.text
+    assert len(await app.broker.list_jobs(status=JobStatus.PENDING)) == status["parked_items"]
+
+
 async def test_an_unpriced_model_with_a_budget_is_refused_not_called(app, sim):
     spec = EvalSpec(model="sim-unpriced", system="Rate it.", schema=SCHEMA)
     # Refused at submit, before anything is stored or enqueued.

@@ -231,6 +231,12 @@ SELECT c.queue, c.status, c.n, coalesce(r.ready, 0), r.oldest_ready_age
   FROM counts c LEFT JOIN ready r ON r.queue = c.queue AND c.status = 'pending'
  ORDER BY c.queue, c.status;
 
+-- name: next_due
+-- Only idle workers that stop when idle ask, and only when nothing is ready: the rows
+-- it reads are those held for later (retries, parked batches), along herd_jobs_ready.
+SELECT extract(epoch FROM min(run_at) - now()) FROM herd_jobs
+ WHERE status = 'pending' AND queue = ANY(%(queues)s);
+
 -- name: counters_to_fold
 SELECT DISTINCT queue, status FROM herd_job_counts WHERE slot <> 0 ORDER BY queue, status;
 
