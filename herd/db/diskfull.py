@@ -36,7 +36,20 @@ def _log_says_full(folder: Path) -> bool:
             tail = fh.read()
     except OSError:
         return False
-    return tail.rfind(ENOSPC.encode()) > tail.rfind(b"ready to accept connections")
+    started = tail.rfind(b"ready to accept connections")
+    # A statement's own target filling up (COPY ... TO a file on another disk) is not
+    # the server's disk: only the server's own files' errors count.
+    full = [at for at, line in _lines(tail) if ENOSPC.encode() in line and b"COPY file" not in line]
+    return bool(full) and full[-1] > started
+
+
+def _lines(tail: bytes) -> list[tuple[int, bytes]]:
+    """Each line of the tail with the offset it starts at."""
+    out, at = [], 0
+    for line in tail.split(b"\n"):
+        out.append((at, line))
+        at += len(line) + 1
+    return out
 
 
 def low_space(folder: Path) -> str | None:

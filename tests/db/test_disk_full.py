@@ -10,6 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from herd.db.diskfull import disk_full
 from herd.db.postgres import translate_errors
 from herd.embedded import EmbeddedPostgres
 from herd.errors import BrokerUnavailable, EmbeddedServerError
@@ -69,3 +70,22 @@ def test_the_embedded_server_says_herd_home_is_full(full_disk):
         EmbeddedPostgres(full_disk).acquire()
     text = str(caught.value)
     assert "the disk holding HERD_HOME is full" in text and "\n" not in text
+
+
+def test_only_the_servers_own_files_filling_up_say_its_disk_is_full(tmp_path):
+    """A COPY to a full file elsewhere (as the first test does, on the suite's shared
+    server) leaves ENOSPC in the log: a later failure there is not blamed on the disk."""
+    unreachable = psycopg.OperationalError("connection refused")
+    url = f"host={tmp_path} port=5432 dbname=herd user=postgres"
+    log = tmp_path / "log"
+    log.write_text(
+        "LOG:  database system is ready to accept connections\n"
+        "ERROR:  could not write to COPY file: No space left on device\n"
+    )
+    assert disk_full(unreachable, url) is None
+    with log.open("a") as fh:
+        fh.write('ERROR:  could not extend file "base/5/16384": No space left on device\n')
+    assert "its log in" in (disk_full(unreachable, url) or "")
+    with log.open("a") as fh:
+        fh.write("LOG:  database system is ready to accept connections\n")
+    assert disk_full(unreachable, url) is None
