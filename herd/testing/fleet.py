@@ -11,7 +11,9 @@ What a crash test, a chaos run and a benchmark all do with real workers::
         codes = fleet.stop()            # SIGTERM, wait, SIGKILL what outlives the wait
 
 Leaving the block (also on an error) continues and SIGKILLs every process still
-running, so a failed test leaves no worker behind. Each process runs in a session of
+running, so a failed test leaves no worker behind; a fleet nobody closed (a test cut
+off by its timeout before its ``finally`` ran) is closed when the interpreter exits.
+Each process runs in a session of
 its own: a Ctrl-C in the terminal reaches the script, not its workers. The command may
 be any program (``Fleet(lambda n: ["celery", ..., f"w{n}@bench"], env)``); a fleet is
 safe to use from several threads (a killer thread beside the main loop).
@@ -28,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,6 +119,9 @@ class Fleet:
         # Held by every change to ``members``; hold it too to pick a member and act on it
         # while another thread may replace it.
         self.lock = threading.RLock()
+        # Closed when collected or at the interpreter's exit if nobody closed it (not
+        # after SIGKILL or os._exit): the finalizer holds the list, not the fleet.
+        weakref.finalize(self, _kill_all, self.members, self.lock)
 
     # Starting ----------------------------------------------------------------------
 
@@ -234,20 +240,24 @@ class Fleet:
 
     def close(self) -> None:
         """SIGKILL every process still running (continued first) and reap them all."""
-        with self.lock:
-            members = list(self.members)
-        for m in members:
-            self._signal(m, signal.SIGCONT)
-            self._signal(m, signal.SIGKILL)
-        for m in members:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                m.popen.wait(timeout=10)
+        _kill_all(self.members, self.lock)
 
     def __enter__(self) -> Fleet:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _kill_all(members: list[Member], lock: threading.RLock) -> None:
+    with lock:
+        chosen = list(members)
+    for m in chosen:
+        Fleet._signal(m, signal.SIGCONT)
+        Fleet._signal(m, signal.SIGKILL)
+    for m in chosen:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            m.popen.wait(timeout=10)
 
 
 @overload
