@@ -78,7 +78,16 @@ BENCHES = [
           "Retrieval: dense vs lexical vs hybrid on KJV paraphrases and exact terms"),
     Bench("semantic_cache", "redisvl", ["bench/semantic_cache.py"],
           "Semantic cache vs RedisVL", optional=True),
-    # No peer: the issue's goals stand in the peer column. About 40 minutes at full size.
+    # No peer: the issue's goals stand in the peer column.
+    Bench("plan_accuracy", "bench", ["bench/plan_accuracy.py"],
+          "A plan before paying: planned vs billed dollars per mode (vs the goal)"),
+    Bench("fallback_outage", "bench", ["bench/fallback_outage.py"],
+          "Fallbacks: a 60 s outage of the first model against a calm run (vs the goals)"),
+    Bench("watch", "bench", ["bench/watch.py"],
+          "Watch mode: from a save to the answer, and the idle watcher (vs the goals)"),
+    Bench("schedules", "bench", ["bench/schedules.py"],
+          "Periodic jobs under SIGKILLs: one job per tick (vs the goal)", timeout=2 * 3600.0),
+    # About 40 minutes at full size.
     Bench("soak", "bench", ["bench/soak.py"],
           "Soak: flat state and cheap read paths as history grows (vs the goals of issue 14)",
           timeout=3 * 3600.0),

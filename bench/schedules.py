@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import signal
@@ -35,11 +36,14 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench import _summary  # noqa: E402
 from herd import App  # noqa: E402
+from herd.embedded import embedded_server  # noqa: E402
 from herd.queue.base import Broker  # noqa: E402
 from herd.queue.postgres import PostgresBroker  # noqa: E402
 from herd.queue.redis import RedisBroker  # noqa: E402
 from herd.testing.fleet import Fleet, herd_worker, worker_env  # noqa: E402
+from herd.testing.servers.redis_stack import RedisStackServer  # noqa: E402
 
 QUEUE = "bench-schedules"
 
@@ -125,13 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--kill-every", type=float, default=5.0, help="mean seconds between kills")
     p.add_argument("--systems", default="postgres,redis")
-    p.add_argument("--summary", type=Path, help="append the figures (JSON lines) here")
+    p.add_argument("--quick", action="store_true", help="60 ticks a system")
+    p.add_argument("--summary", type=Path, help="write the figures here (bench/_summary.py)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.ticks = 60
     systems = args.systems.split(",")
-
-    from herd.embedded import embedded_server
-    from herd.testing.servers.redis_stack import RedisStackServer
-
+    started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="herd-bench-schedules-"))
     logs = tmp / "logs"
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -150,13 +154,21 @@ def main(argv: list[str] | None = None) -> int:
             pg.release()
         if rs is not None:
             rs.stop()
-    import json
-
+    rows = []
     for r in results:
         print(json.dumps(r))
-        if args.summary:
-            with args.summary.open("a") as f:
-                f.write(json.dumps(r) + "\n")
+        rows.append(
+            _summary.row(
+                f"{r['backend']}: ticks run twice or missing, of {r['ticks']} (goal)",
+                r["twice"] + r["missing"],
+                0,
+                "ticks",
+                "lower",
+            )
+        )
+    _summary.write(args.summary, "schedules", "the goal", rows,
+                   [f"{args.workers} workers, a random one SIGKILLed every 0.5 to"
+                    f" {2 * args.kill_every:g} s"], time.monotonic() - started)  # fmt: skip
     return 0 if all(r["twice"] == 0 and r["missing"] == 0 for r in results) else 1
 
 
