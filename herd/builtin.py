@@ -5,11 +5,11 @@ from __future__ import annotations
 import hashlib
 
 from herd.app import App
+from herd.context import JobContext
 from herd.errors import Retry
 from herd.jsonvalue import JSON
 from herd.llm.eval import batchapi, spec, stages, task
 from herd.rag import ingest
-from herd.tasks import JobContext
 
 tasks = App()
 

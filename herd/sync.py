@@ -22,23 +22,71 @@ import asyncio
 import inspect
 import threading
 from collections.abc import Coroutine, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 from herd.errors import HerdError
 from herd.jsonvalue import JSON
 from herd.portal import Portal
 from herd.queue.base import EnqueueResult, Job, JobStatus, QueueStats, RequeueResult
-
-if TYPE_CHECKING:
-    from herd.app import App, TaskRef
+from herd.tasks import TaskRef
 
 T = TypeVar("T")
+
+
+class AsyncProducer(Protocol):
+    """What the facade needs of an App: the loop that opened it, open and close, and
+    the async verbs it mirrors. Declared here so that the App imports its facade and
+    not the other way round; mypy holds App to it where the App makes its SyncApp."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None: ...
+
+    async def open(self) -> object: ...
+
+    async def close(self) -> None: ...
+
+    async def enqueue(
+        self,
+        task: TaskRef,
+        payload: JSON = None,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        dedup_key: str | None = None,
+        delay: float = 0.0,
+    ) -> EnqueueResult: ...
+
+    async def enqueue_many(
+        self,
+        task: TaskRef,
+        payloads: Iterable[JSON],
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        dedup_keys: Sequence[str | None] | None = None,
+        delay: float = 0.0,
+        batch_size: int = 1000,
+    ) -> list[EnqueueResult]: ...
+
+    async def get_job(self, job_id: int) -> Job: ...
+
+    async def list_jobs(
+        self, *, status: JobStatus | None = None, queue: str | None = None, limit: int = 100
+    ) -> list[Job]: ...
+
+    async def dead_letters(self, *, queue: str | None = None, limit: int = 100) -> list[Job]: ...
+
+    async def requeue(self, job_ids: Sequence[int] | None) -> RequeueResult: ...
+
+    async def purge_dead(self, older_than: float, queue: str | None = None) -> int: ...
+
+    async def stats(self) -> list[QueueStats]: ...
 
 
 class SyncApp:
     """The App's producer verbs as blocking calls; same names, arguments and results."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: AsyncProducer) -> None:
         self._app = app
         self._portal: Portal | None = None
         self._guard = threading.Lock()  # one portal, one open, however many threads start
