@@ -27,6 +27,7 @@ from herd.llm.eval import (
     submit,
 )
 from herd.llm.eval import results as export
+from herd.llm.eval.builtin import tasks as eval_tasks
 from herd.llm.eval.money import dollars
 from herd.llm.eval.pipeline import load as load_pipeline
 from herd.llm.eval.pipesubmit import check_pipeline, submit_pipeline
@@ -217,9 +218,7 @@ def eval_submit(
         return
 
     async def work(app: App) -> tuple[Any, int, BatchStatus | None]:
-        from herd.builtin import tasks as builtin_tasks  # the worker's tasks, for --wait
-
-        app.include(builtin_tasks)
+        app.include(eval_tasks)  # the worker's tasks, for --wait
 
         def read(n: int, total: int) -> None:
             if not as_json:
@@ -283,9 +282,7 @@ def _submit_pipeline(
         raise _usage(str(exc), "--pipeline" if exc.field != "paths" else "PATHS") from None
 
     async def work(app: App) -> tuple[Any, int, BatchStatus | None]:
-        from herd.builtin import tasks as builtin_tasks  # as eval_submit: for --wait
-
-        app.include(builtin_tasks)
+        app.include(eval_tasks)  # the worker's tasks, for --wait
         report = await submit_pipeline(app, paths, pipe, batch=batch, priority=priority,
                                        budget=budget, limits=limits)  # fmt: skip
         console.err.print(
