@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, Protocol, Self, TypeVar
 
 from herd.errors import HerdError
@@ -32,55 +32,35 @@ from herd.tasks import TaskRef
 
 T = TypeVar("T")
 
+# One of the App's async producer verbs: whatever it takes, a coroutine of its result.
+Verb = Callable[..., Coroutine[Any, Any, T]]
+
 
 class AsyncProducer(Protocol):
     """What the facade needs of an App: the loop that opened it, open and close, and
-    the async verbs it mirrors. Declared here so that the App imports its facade and
-    not the other way round; mypy holds App to it where the App makes its SyncApp."""
+    the async verbs it mirrors, each given the facade's own arguments. Declared here
+    so that the App imports its facade and not the other way round."""
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None: ...
-
     async def open(self) -> object: ...
-
     async def close(self) -> None: ...
-
-    async def enqueue(
-        self,
-        task: TaskRef,
-        payload: JSON = None,
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        dedup_key: str | None = None,
-        delay: float = 0.0,
-    ) -> EnqueueResult: ...
-
-    async def enqueue_many(
-        self,
-        task: TaskRef,
-        payloads: Iterable[JSON],
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        dedup_keys: Sequence[str | None] | None = None,
-        delay: float = 0.0,
-        batch_size: int = 1000,
-    ) -> list[EnqueueResult]: ...
-
-    async def get_job(self, job_id: int) -> Job: ...
-
-    async def list_jobs(
-        self, *, status: JobStatus | None = None, queue: str | None = None, limit: int = 100
-    ) -> list[Job]: ...
-
-    async def dead_letters(self, *, queue: str | None = None, limit: int = 100) -> list[Job]: ...
-
-    async def requeue(self, job_ids: Sequence[int] | None) -> RequeueResult: ...
-
-    async def purge_dead(self, older_than: float, queue: str | None = None) -> int: ...
-
-    async def stats(self) -> list[QueueStats]: ...
+    @property
+    def enqueue(self) -> Verb[EnqueueResult]: ...
+    @property
+    def enqueue_many(self) -> Verb[list[EnqueueResult]]: ...
+    @property
+    def get_job(self) -> Verb[Job]: ...
+    @property
+    def list_jobs(self) -> Verb[list[Job]]: ...
+    @property
+    def dead_letters(self) -> Verb[list[Job]]: ...
+    @property
+    def requeue(self) -> Verb[RequeueResult]: ...
+    @property
+    def purge_dead(self) -> Verb[int]: ...
+    @property
+    def stats(self) -> Verb[list[QueueStats]]: ...
 
 
 class SyncApp:
