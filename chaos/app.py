@@ -103,9 +103,12 @@ async def work(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     side_log("call", ctx)
     answer = await call_provider(ctx)
     side_log("answered", ctx)
-    if ctx.app.broker.name == "postgres":
+    # A job store with SQL of its own (PostgreSQL) fences the write with the lease; on
+    # another (Redis) the job's fenced result is the only write the checker reads.
+    fenced = ctx.app.broker.fenced_transaction(ctx.lease)
+    if fenced is not None:
         try:
-            async with ctx.fenced_transaction() as conn:
+            async with fenced as conn:
                 await conn.execute(
                     "INSERT INTO chaos_results (job_id, token, pid, writes) VALUES (%s, %s, %s, 1)"
                     " ON CONFLICT (job_id) DO UPDATE SET token = excluded.token,"

@@ -49,14 +49,12 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from chaos.backends import PostgresBackend, RedisBackend, alive, pid_of_owner
+from chaos.record import RunRecord
 from herd.llm.eval.ledger import PAID
 from herd.queue.base import Broker, Job, JobStatus
-
-if TYPE_CHECKING:
-    from chaos.harness import RunRecord
 
 # A connection cut by a restart or a drop is found dead at its next use, which can
 # come a while later (an idle pooled connection): such faults explain the attempts

@@ -40,6 +40,7 @@ from chaos.backends import (
 )
 from chaos.checker import Report, check
 from chaos.netns import Host, Network
+from chaos.record import RunRecord
 from herd import App
 from herd.errors import BrokerError, HerdError
 from herd.llm import eval as evaluate
@@ -134,28 +135,6 @@ class _Proc:
     def log(self) -> Path:
         assert self.member.log is not None  # the fleet keeps logs in the run's folder
         return self.member.log
-
-
-@dataclass
-class RunRecord:
-    """What the harness did, for the checker and the report."""
-
-    config: dict[str, Any]
-    started: float = 0.0
-    ended: float = 0.0
-    job_ids: dict[int, str] = field(default_factory=dict)  # id -> "work" | "poison"
-    faults: list[dict[str, Any]] = field(default_factory=list)
-    worker_pids: list[int] = field(default_factory=list)
-    unexpected_exits: list[dict[str, Any]] = field(default_factory=list)
-    drain_exit_codes: dict[int, int | None] = field(default_factory=dict)
-    drained: bool = False
-    # Leases held when the faults stopped: {job, pid, alive, t} (checked against the deaths).
-    lease_snapshot: list[dict[str, Any]] = field(default_factory=list)
-    drain_seconds: float = 0.0
-    eval_batch: str | None = None
-    eval_documents: int = 0  # documents submitted (items of the batch)
-    eval_job_ids: dict[int, str] = field(default_factory=dict)  # id -> canonical key
-    eval_waves: list[dict[str, Any]] = field(default_factory=list)  # {t, documents}
 
 
 class Harness:

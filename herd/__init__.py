@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Any
 from herd._version import __version__
 from herd.app import App
 from herd.config import Settings
+from herd.context import JobContext
 from herd.errors import (
     BrokerError,
     BrokerUnavailable,
@@ -21,7 +22,7 @@ from herd.errors import (
     UnknownTask,
 )
 from herd.queue.base import DeadReason, EnqueueResult, Job, JobStatus, Lease, QueueStats
-from herd.tasks import Backoff, JobContext, Task
+from herd.tasks import Backoff, Task
 from herd.worker import Worker, WorkerStats
 
 if TYPE_CHECKING:

@@ -33,11 +33,9 @@ from herd.queue.base import (
 from herd.queue.registry import make_broker
 from herd.schedule.model import Policy, Schedule, policy_of
 from herd.sync import SyncApp
-from herd.tasks import Backoff, Task, TaskFunction
+from herd.tasks import Backoff, Task, TaskFunction, TaskRef
 
 log = logging.getLogger("herd")
-
-TaskRef = str | Task
 
 
 class App:

@@ -1,40 +1,20 @@
-"""herd's built-in tasks, run by every `herd worker` (later: evaluation, embedding)."""
+"""herd's built-in tasks, run by every `herd worker`: each feature's, and the demo's."""
 
 from __future__ import annotations
 
 import hashlib
 
 from herd.app import App
+from herd.context import JobContext
 from herd.errors import Retry
 from herd.jsonvalue import JSON
-from herd.llm.eval import batchapi, spec, stages, task
-from herd.rag import ingest
-from herd.tasks import JobContext
+from herd.llm.eval.builtin import tasks as eval_tasks
+from herd.rag.builtin import tasks as rag_tasks
 
+# Each feature declares its own tasks beside its code; a worker runs them all.
 tasks = App()
-
-# Corpus indexing: one micro-batch of chunk ids per job; finalize retries until done.
-tasks.task(name=ingest.EMBED_TASK, queue=ingest.QUEUE, lease_seconds=30, max_attempts=3)(
-    ingest.embed_batch
-)
-tasks.task(name=ingest.FINALIZE_TASK, queue=ingest.QUEUE, lease_seconds=60, max_attempts=100_000)(
-    ingest.finalize
-)
-
-# LLM evaluations: 30 s leases renewed while the provider call runs (30-120 s).
-tasks.task(name=spec.TASK, queue=spec.QUEUE, lease_seconds=30, max_attempts=3)(task.evaluate)
-# A pipeline's calls (herd.llm.eval.stages): one job per piece or per document's stage.
-tasks.task(name=stages.STAGE_TASK, queue=spec.QUEUE, lease_seconds=30, max_attempts=3)(
-    stages.run_stage
-)
-# Batch API: the submit job records its handle before anything leaves; the poll job
-# hands itself back until the provider batch ends (many attempts: a snooze counts none).
-tasks.task(name=spec.SUBMIT_TASK, queue=spec.QUEUE, lease_seconds=60, max_attempts=5)(
-    batchapi.batch_submit
-)
-tasks.task(name=spec.POLL_TASK, queue=spec.QUEUE, lease_seconds=120, max_attempts=5)(
-    batchapi.batch_poll
-)
+tasks.include(rag_tasks)
+tasks.include(eval_tasks)
 
 
 @tasks.task(name="herd.demo.fingerprint", lease_seconds=30)

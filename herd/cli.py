@@ -6,7 +6,6 @@ error; `herd eval submit --wait` and `herd eval wait` add 3 (parked) and 130.
 
 from __future__ import annotations
 
-import enum
 import importlib
 import json
 import logging
@@ -40,6 +39,7 @@ from herd.console import (
 )
 from herd.errors import ConfigError, FallbackWarning
 from herd.queue.base import Job, JobStatus
+from herd.queue.registry import BROKERS
 from herd.schedule.cli import schedule_cli
 
 T = TypeVar("T")
@@ -47,11 +47,6 @@ T = TypeVar("T")
 JSON_HELP = "Print it as JSON."
 JSON_LINES_HELP = "Print JSON lines, one per row."
 _STATUSES = ", ".join(s.value for s in JobStatus)
-
-
-class Broker(enum.StrEnum):
-    postgres = "postgres"
-    redis = "redis"
 
 
 EXIT_CODES = (
@@ -106,6 +101,13 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
+def _known_broker(name: str | None) -> str | None:
+    # The choices are the registry's names: a job store registered there is offered here.
+    if name is not None and name not in BROKERS:
+        raise typer.BadParameter(f"{name!r} is not one of {', '.join(BROKERS)}")
+    return name
+
+
 @cli.callback()
 def _root(
     ctx: typer.Context,
@@ -122,9 +124,10 @@ def _root(
         typer.Option(metavar="DIR", help="Data folder of the embedded server (env HERD_HOME)."),
     ] = None,
     broker: Annotated[
-        Broker | None,
+        str | None,
         typer.Option(
-            metavar="postgres|redis",
+            callback=_known_broker,
+            metavar="|".join(BROKERS),
             help="Where jobs live (env HERD_BROKER); default postgres.",
         ),
     ] = None,
@@ -144,7 +147,7 @@ def _root(
         "database_url": database_url,
         "home": home,
         "redis_url": redis_url,
-        "broker": broker.value if broker else None,
+        "broker": broker,
     }
     flags = {k: v for k, v in flags.items() if v is not None}
     try:

@@ -21,24 +21,52 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-from collections.abc import Coroutine, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from typing import Any, Protocol, Self, TypeVar
 
 from herd.errors import HerdError
 from herd.jsonvalue import JSON
 from herd.portal import Portal
 from herd.queue.base import EnqueueResult, Job, JobStatus, QueueStats, RequeueResult
-
-if TYPE_CHECKING:
-    from herd.app import App, TaskRef
+from herd.tasks import TaskRef
 
 T = TypeVar("T")
+
+# One of the App's async producer verbs: whatever it takes, a coroutine of its result.
+Verb = Callable[..., Coroutine[Any, Any, T]]
+
+
+class AsyncProducer(Protocol):
+    """What the facade needs of an App: the loop that opened it, open and close, and
+    the async verbs it mirrors, each given the facade's own arguments. Declared here
+    so that the App imports its facade and not the other way round."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None: ...
+    async def open(self) -> object: ...
+    async def close(self) -> None: ...
+    @property
+    def enqueue(self) -> Verb[EnqueueResult]: ...
+    @property
+    def enqueue_many(self) -> Verb[list[EnqueueResult]]: ...
+    @property
+    def get_job(self) -> Verb[Job]: ...
+    @property
+    def list_jobs(self) -> Verb[list[Job]]: ...
+    @property
+    def dead_letters(self) -> Verb[list[Job]]: ...
+    @property
+    def requeue(self) -> Verb[RequeueResult]: ...
+    @property
+    def purge_dead(self) -> Verb[int]: ...
+    @property
+    def stats(self) -> Verb[list[QueueStats]]: ...
 
 
 class SyncApp:
     """The App's producer verbs as blocking calls; same names, arguments and results."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: AsyncProducer) -> None:
         self._app = app
         self._portal: Portal | None = None
         self._guard = threading.Lock()  # one portal, one open, however many threads start

@@ -34,6 +34,7 @@ from typing import Any
 
 from herd import aio, telemetry
 from herd.app import App
+from herd.context import JobContext, call_task
 from herd.errors import (
     BrokerError,
     BrokerUnavailable,
@@ -47,7 +48,6 @@ from herd.jsonvalue import check
 from herd.masking import mask
 from herd.queue.base import Completion, DeadReason, Failure, JobStatus, Lease
 from herd.schedule.ticker import Ticker
-from herd.tasks import JobContext, call_task
 
 log = logging.getLogger("herd.worker")
 

@@ -3,10 +3,13 @@ name no table holds is refused with the names it does hold."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import pytest
+from typer.testing import CliRunner
 
+from herd import cli as herd_cli
 from herd.app import App
 from herd.cache.postgres import PostgresCacheStore
 from herd.cache.redis import RedisCacheStore
@@ -67,3 +70,13 @@ def test_the_cache_lives_where_herd_cache_names_and_its_locks_beside_it():
     # Before the table, any name but "redis" meant PostgreSQL without a word.
     with pytest.raises(ConfigError, match="unknown cache 'reddis' .*: use postgres or redis"):
         cache_stores(Settings(database_url=PG, cache="reddis"))
+
+
+def test_the_cli_offers_the_brokers_the_table_holds(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(registry.BROKERS, "elsewhere", registry.BROKERS["postgres"])
+    r = CliRunner().invoke(herd_cli.cli, ["--broker", "elsewhere", "config", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["broker"] == "elsewhere"
+    r = CliRunner().invoke(herd_cli.cli, ["--broker", "sqlite", "config"], prog_name="herd")
+    assert r.exit_code == 2
+    assert "'sqlite' is not one of postgres, redis, elsewhere" in r.output

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.table import Table
@@ -27,6 +28,7 @@ from herd.llm.eval import (
     submit,
 )
 from herd.llm.eval import results as export
+from herd.llm.eval.builtin import tasks as eval_tasks
 from herd.llm.eval.money import dollars
 from herd.llm.eval.pipeline import load as load_pipeline
 from herd.llm.eval.pipesubmit import check_pipeline, submit_pipeline
@@ -35,6 +37,7 @@ from herd.llm.eval.plan import render as render_plan
 from herd.llm.eval.spec import QUEUE, check_budget
 from herd.llm.eval.stageview import stage_rows
 from herd.llm.eval.status import BatchStatus
+from herd.llm.eval.submit import SubmitReport
 from herd.llm.follow import print_status
 from herd.llm.providers import registry
 from herd.worker import Worker
@@ -65,6 +68,10 @@ def _params(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise _usage("must be a JSON object", "--params")
     return value
+
+
+# (documents read, documents in all): a submission's reading, shown on stderr
+Progress = Callable[[int, int], None]
 
 
 def _run(ctx: typer.Context, work: Any) -> Any:
@@ -216,21 +223,40 @@ def eval_submit(
                     batch=batch, fallbacks=fallbacks, as_json=as_json)  # fmt: skip
         return
 
-    async def work(app: App) -> tuple[Any, int, BatchStatus | None]:
-        from herd.builtin import tasks as builtin_tasks  # the worker's tasks, for --wait
+    def enqueue(app: App, read: Progress) -> Awaitable[SubmitReport]:
+        return submit(app, paths, spec, batch=batch, priority=priority, progress=read,
+                      budget=budget, limits=limits, batch_api=batch_api,
+                      fallbacks=fallbacks)  # fmt: skip
 
-        app.include(builtin_tasks)
+    def queued(report: SubmitReport) -> str:
+        return f"{report.queued} queued, {report.deduplicated} already queued or answered"
+
+    _submit_and_report(ctx, enqueue, queued, wait=wait, concurrency=concurrency, as_json=as_json)
+
+
+def _submit_and_report(
+    ctx: typer.Context,
+    enqueue: Callable[[App, Progress], Awaitable[SubmitReport]],
+    queued: Callable[[SubmitReport], str],
+    *,
+    wait: bool,
+    concurrency: int,
+    as_json: bool,
+) -> NoReturn:
+    """Every submission's way on, once checked: enqueue (reading progress on stderr),
+    say what was queued and what was skipped, follow the batch with --wait, print it."""
+    opts = console.opts(ctx)
+
+    async def work(app: App) -> tuple[SubmitReport, int, BatchStatus | None]:
+        app.include(eval_tasks)  # the worker's tasks, for --wait
 
         def read(n: int, total: int) -> None:
             if not as_json:
                 console.err.print(f"submitting: {n}/{total} documents read", soft_wrap=True)
 
-        report = await submit(app, paths, spec, batch=batch, priority=priority, progress=read,
-                              budget=budget, limits=limits, batch_api=batch_api,
-                              fallbacks=fallbacks)  # fmt: skip
+        report = await enqueue(app, read)
         console.err.print(
-            f"batch {report.batch}: {report.queued} queued, {report.deduplicated} already"
-            f" queued or answered, {len(report.errors)} unreadable",
+            f"batch {report.batch}: {queued(report)}, {len(report.errors)} unreadable",
             soft_wrap=True,
         )
         for error in report.errors:
@@ -282,36 +308,14 @@ def _submit_pipeline(
     except InvalidInput as exc:
         raise _usage(str(exc), "--pipeline" if exc.field != "paths" else "PATHS") from None
 
-    async def work(app: App) -> tuple[Any, int, BatchStatus | None]:
-        from herd.builtin import tasks as builtin_tasks  # as eval_submit: for --wait
+    def enqueue(app: App, read: Progress) -> Awaitable[SubmitReport]:
+        return submit_pipeline(app, paths, pipe, batch=batch, priority=priority, progress=read,
+                               budget=budget, limits=limits)  # fmt: skip
 
-        app.include(builtin_tasks)
-        report = await submit_pipeline(app, paths, pipe, batch=batch, priority=priority,
-                                       budget=budget, limits=limits)  # fmt: skip
-        console.err.print(
-            f"batch {report.batch}: {report.queued} pieces queued for stage"
-            f" {pipe.calls[0].name!r}, {len(report.errors)} unreadable",
-            soft_wrap=True,
-        )
-        for error in report.errors:
-            console.err.print(f"  skipped: {error}", soft_wrap=True)
-        if not wait:
-            return report, 1 if report.errors else 0, None
-        code, status = await _follow(app, report.batch, concurrency, opts.debug)
-        if report.errors and code == follow.ALL_ANSWERED:
-            code = follow.SOME_DEAD
-        return report, code, status
+    def queued(report: SubmitReport) -> str:
+        return f"{report.queued} pieces queued for stage {pipe.calls[0].name!r}"
 
-    report, code, status = _run(ctx, work)
-    if as_json:
-        console.print_json({"batch": report.batch, "queued": report.queued,
-                            "errors": report.errors,
-                            "status": status.to_json() if status else None})  # fmt: skip
-    else:
-        console.out.print(f"batch {report.batch}")
-        if status:
-            print_status(status)
-    raise typer.Exit(code)
+    _submit_and_report(ctx, enqueue, queued, wait=wait, concurrency=concurrency, as_json=as_json)
 
 
 def _print_plan(ctx: typer.Context, paths: list[Path], spec: EvalSpec, *,

@@ -18,12 +18,14 @@ from herd.app import App
 from herd.errors import ConfigError, InvalidInput
 from herd.jsonvalue import check_text
 from herd.rag import vectors
+from herd.rag.builtin import tasks as rag_tasks
 from herd.rag.errors import IndexError_
 from herd.rag.ingest import QUEUE, IngestError, Plan, RagRuntime, plan_and_apply
 from herd.rag.query import DEFAULT_MODE, MODES, Answer, answer
 from herd.rag.sources import pages_of
 from herd.rag.watch import Sync, Watcher
 from herd.rag.watch import status as watch_status
+from herd.worker import Worker
 
 
 def _collection_name(value: str | None) -> str | None:
@@ -175,10 +177,7 @@ def ingest(
             )
 
     async def work(app: App) -> tuple[Plan, int]:
-        from herd.builtin import tasks as builtin_tasks
-        from herd.worker import Worker
-
-        app.include(builtin_tasks)
+        app.include(rag_tasks)
         with Progress(
             TextColumn("reading"),
             BarColumn(),
@@ -283,9 +282,7 @@ def _watch(
         sys.stdout.flush()
 
     async def work(app: App) -> None:
-        from herd.builtin import tasks as builtin_tasks
-
-        app.include(builtin_tasks)
+        app.include(rag_tasks)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

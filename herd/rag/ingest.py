@@ -33,6 +33,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from herd.app import App
+from herd.context import JobContext
 from herd.errors import Fatal, HerdError, Retry
 from herd.jsonvalue import canonical, check_text, text_problem
 from herd.locks import PostgresLocks
@@ -44,7 +45,6 @@ from herd.rag.runs import RunStage
 from herd.rag.sources import chunk_source, format_of
 from herd.rag.store import Generation, RagStore
 from herd.rag.vectors import DEFAULT as DEFAULT_STORE
-from herd.tasks import JobContext
 
 log = logging.getLogger("herd.rag")
 

@@ -12,15 +12,13 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from herd.jsonvalue import JSON
-
-if TYPE_CHECKING:
-    from herd.locks.base import BaseLocks
+from herd.locks.base import BaseLocks
 
 Vector = npt.NDArray[np.float32]
 NEVER = 1e18  # the expiry of an entry without a ttl: a number, so that range filters work

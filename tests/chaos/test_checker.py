@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from chaos.checker import Observed, evaluate
-from chaos.harness import RunRecord
+from chaos.record import RunRecord
 from herd.queue.base import Job, JobStatus
 
 T0 = 1_000.0

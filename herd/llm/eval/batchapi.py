@@ -44,6 +44,7 @@ from psycopg.types.json import Jsonb
 
 from herd import telemetry
 from herd.app import App
+from herd.context import JobContext
 from herd.errors import Fatal, Retry, Snooze
 from herd.llm.completion import Usage
 from herd.llm.eval import ledger
@@ -54,7 +55,6 @@ from herd.llm.eval.task import fenced
 from herd.llm.pricing import Price
 from herd.llm.providers.batch import BatchAPI, Found, ProviderBatch, Request
 from herd.queue.base import Job
-from herd.tasks import JobContext
 
 log = logging.getLogger("herd.eval")
 

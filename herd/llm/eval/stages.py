@@ -27,6 +27,7 @@ from psycopg.types.json import Jsonb
 
 from herd import telemetry
 from herd.app import App
+from herd.context import JobContext
 from herd.db.queries import named
 from herd.errors import Fatal, InvalidInput, LeaseLost, Snooze
 from herd.jsonvalue import JSON, canonical
@@ -36,7 +37,6 @@ from herd.llm.eval.spec import QUEUE, BatchCancelled, EvalSpec
 from herd.llm.eval.store import EvalStore
 from herd.llm.eval.task import Evaluation, fenced
 from herd.queue.base import EnqueueResult
-from herd.tasks import JobContext
 
 STAGE_TASK = "herd.eval.stage"
 Q = named("herd.llm.eval", "pipeline.sql")

@@ -24,6 +24,7 @@ from psycopg.types.json import Jsonb
 
 from herd import telemetry
 from herd.app import App
+from herd.context import JobContext
 from herd.errors import Fatal, InvalidInput, Snooze
 from herd.jsonvalue import JSON
 from herd.limits import CapacityTimeout, Limit, Slot, batch_scope, hold, scope_name
@@ -49,7 +50,6 @@ from herd.llm.eval.spec import (
     validate_answer,
 )
 from herd.llm.eval.store import EvalStore
-from herd.tasks import JobContext
 
 # A parked batch's pending jobs are moved this far out of reach; raising the budget or
 # resuming brings them back at once.
