@@ -65,6 +65,8 @@ BENCHES = [
     Bench("queue_throughput_celery", "celery",
           ["bench/queue_throughput.py", "--backends", "redis", "--redis-systems", "herd,celery"],
           "Queue throughput: Redis vs Celery (Celery's own venv)", full=["--rounds", "3"]),
+    Bench("queue_stats", "bench", ["bench/queue_stats.py"],
+          "stats() and /overview in a backlog and just after a drain (vs the goals of issue 34)"),
     Bench("eval_cost", "celery", ["bench/eval_cost.py"],
           "Model calls under SIGKILLs: evaluation jobs vs Celery"),
     Bench("rate_limits", "celery", ["bench/rate_limits.py"],
