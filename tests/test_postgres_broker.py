@@ -154,3 +154,77 @@ async def test_the_throughput_rollup_is_kept_for_its_own_ttl(clean_pg):
         assert rows == [(5,)]
     finally:
         await broker.close()
+
+
+def _rows_read(plan: dict, table: str) -> int:
+    """Rows a plan (EXPLAIN ANALYZE, JSON) read from ``table``, filtered ones included."""
+    own = 0
+    if plan.get("Relation Name") == table:
+        loops = plan.get("Actual Loops", 1)
+        own = (plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)) * loops
+    return own + sum(_rows_read(p, table) for p in plan.get("Plans", []))
+
+
+def _ready_by_count(url: str) -> dict[str, int]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT queue, count(*) FILTER (WHERE run_at <= now()) FROM herd_jobs"
+            " WHERE status = 'pending' GROUP BY queue"
+        ).fetchall()
+    return {q: n for q, n in rows}
+
+
+async def test_ready_counts_come_from_the_counters_not_from_the_pending_rows(clean_pg):
+    broker = PostgresBroker(clean_pg)
+    await broker.open()
+    try:
+        await broker.enqueue([NewJob(task="t", payload={}) for _ in range(1500)])
+        later = await broker.enqueue(
+            [NewJob(task="t", payload={}, delay=3600) for _ in range(300)]
+            + [NewJob(task="t", payload={}, queue="other", delay=600) for _ in range(40)]
+        )
+        leases = await broker.claim(["default"], "w", 4)
+        # Into the future by a retry and by a release; back to now by a reschedule.
+        assert await broker.fail_if_leased(Failure(leases[0], "x", retry_in=900)) is not None
+        assert len(await broker.release_if_leased(leases[1:2], delay=900)) == 1
+        assert len(await broker.reschedule([m.job_id for m in later[:25]], 0)) == 25
+        with psycopg.connect(clean_pg, autocommit=True) as conn:  # their time has come
+            conn.execute(
+                "UPDATE herd_jobs SET run_at = now() - interval '1 second' WHERE id = ANY(%s)",
+                ([m.job_id for m in later[25:35]],),
+            )
+        ready = {s.queue: s.ready for s in await broker.stats()}
+        assert ready == {"default": 1496 + 25 + 10, "other": 0} == _ready_by_count(clean_pg)
+        (head,) = [s for s in await broker.stats() if s.queue == "default"]
+        assert head.oldest_ready_age is not None and head.oldest_ready_age >= 0
+
+        # However long the backlog, stats() reads the head of the line only: the two jobs
+        # put off by the retry and the release (ids 1 and 2, first in the claim order,
+        # skipped as a claim skips them) and the first ready one; not the 1,800 pending.
+        with psycopg.connect(clean_pg) as conn:
+            sql = broker._q["stats"]
+            ((plan,),) = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql).fetchall()
+        assert _rows_read(plan[0]["Plan"], "herd_jobs") == 3
+    finally:
+        await broker.close()
+
+
+async def test_a_delayed_job_counts_as_ready_once_its_time_has_come(clean_pg):
+    broker = PostgresBroker(clean_pg)
+    await broker.open()
+    try:
+        await broker.enqueue([NewJob(task="t", payload={}, delay=0.5)])
+        (s,) = await broker.stats()
+        assert s.ready == 0 and s.counts == {JobStatus.PENDING: 1}
+
+        async def ready() -> bool:
+            (s,) = await broker.stats()
+            return s.ready == 1
+
+        await eventually(ready)  # at most a second after its run_at
+        (lease,) = await broker.claim(["default"], "w", 1)
+        assert await broker.complete_if_leased([Completion(lease, None)]) == [True]
+        (s,) = await broker.stats()
+        assert s.ready == 0 and s.counts == {JobStatus.SUCCEEDED: 1}
+    finally:
+        await broker.close()

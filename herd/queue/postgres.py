@@ -349,6 +349,7 @@ class PostgresBroker:
             if self.throughput_ttl:
                 await self._fetch("purge_throughput", {"keep": self.throughput_ttl})
             await self.fold_counts()
+            await self._fetch("purge_scheduled", {})
         except BrokerError as exc:
             log.warning("purging succeeded jobs failed (retried later): %s", exc)
             return 0

@@ -216,19 +216,32 @@ SELECT * FROM herd_jobs
  LIMIT %(limit)s;
 
 -- name: stats
--- Counts from herd_job_counts (a few rows per queue, kept by 0007's triggers);
--- ready and the oldest ready job from the pending rows alone, along the partial
--- index herd_jobs_ready: the cost follows the active jobs, never the history.
+-- Counts from herd_job_counts (a few rows per queue, kept by 0007's triggers); ready
+-- is pending less the jobs whose bucket in herd_job_scheduled (0012) is still in the
+-- future, so no pending row is visited to count it. The wait is that of the job
+-- next in line (the head of the claim order, along herd_jobs_ready, as a claim
+-- reads it), looked up only where some job is ready: one index entry in a backlog.
 WITH counts AS (
     SELECT queue, status, sum(n)::bigint AS n FROM herd_job_counts
      GROUP BY queue, status HAVING sum(n) <> 0
-), ready AS (
-    SELECT queue, count(*) AS ready, extract(epoch FROM now() - min(run_at)) AS oldest_ready_age
-      FROM herd_jobs WHERE status = 'pending' AND run_at <= now()
+), future AS (
+    SELECT queue, sum(n)::bigint AS n FROM herd_job_scheduled
+     WHERE due > now()
      GROUP BY queue
+), pending AS (
+    SELECT c.queue, greatest(0, c.n - coalesce(f.n, 0)) AS ready
+      FROM counts c LEFT JOIN future f ON f.queue = c.queue
+     WHERE c.status = 'pending'
 )
-SELECT c.queue, c.status, c.n, coalesce(r.ready, 0), r.oldest_ready_age
-  FROM counts c LEFT JOIN ready r ON r.queue = c.queue AND c.status = 'pending'
+SELECT c.queue, c.status, c.n, coalesce(p.ready, 0), h.wait
+  FROM counts c
+  LEFT JOIN pending p ON p.queue = c.queue AND c.status = 'pending'
+  LEFT JOIN LATERAL (
+      SELECT extract(epoch FROM now() - j.run_at) AS wait FROM herd_jobs j
+       WHERE p.ready > 0 AND j.status = 'pending' AND j.queue = c.queue AND j.run_at <= now()
+       ORDER BY j.priority DESC, j.id
+       LIMIT 1
+  ) h ON true
  ORDER BY c.queue, c.status;
 
 -- name: next_due
@@ -236,6 +249,10 @@ SELECT c.queue, c.status, c.n, coalesce(r.ready, 0), r.oldest_ready_age
 -- it reads are those held for later (retries, parked batches), along herd_jobs_ready.
 SELECT extract(epoch FROM min(run_at) - now()) FROM herd_jobs
  WHERE status = 'pending' AND queue = ANY(%(queues)s);
+
+-- name: purge_scheduled
+-- Buckets of herd_job_scheduled in the past count nothing any more (the purge tick).
+DELETE FROM herd_job_scheduled WHERE due < now() - interval '1 minute';
 
 -- name: counters_to_fold
 SELECT DISTINCT queue, status FROM herd_job_counts WHERE slot <> 0 ORDER BY queue, status;
