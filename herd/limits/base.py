@@ -57,8 +57,12 @@ _FIELDS = ("rpm", "tpm", "max_concurrent")
 SHARE_WINDOW_MIN = 0.5
 SHARE_WINDOW_MAX = 10.0
 # A flow refused is waiting until the time it was told to come back, plus this: a flow
-# that does not come back by then stops holding capacity for itself.
-SHARE_GRACE = 0.25
+# that does not come back by then stops holding capacity for itself. Generous, because a
+# worker's event loop under load comes back late, and a late head would lose its turn.
+SHARE_GRACE = 1.0
+# A flow granted stays waiting this long at most: its next call asks at once if it has
+# one (and is refused, so waiting again); a batch that has ended holds nothing for long.
+SHARE_LINGER = 0.1
 # How soon a flow refused for its share asks again (a grant goes to the other flow first).
 SHARE_TICK = 0.05
 # A flow not seen for this long is dropped from its scope's state.
@@ -416,6 +420,7 @@ class ShareArgs:
     cost: float
     window: float
     grace: float = SHARE_GRACE
+    linger: float = SHARE_LINGER
     tick: float = SHARE_TICK
     forget: float = SHARE_FORGET
 

@@ -115,6 +115,7 @@ class PostgresLimiter:
                 "cost": fair.cost,
                 "window": fair.window,
                 "grace": fair.grace,
+                "linger": fair.linger,
                 "tick": fair.tick,
                 "forget": fair.forget,
             },

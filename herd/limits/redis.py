@@ -60,7 +60,8 @@ end
 
 # ARGV: ttl, tokens, holder, hold, req_burst, req_rate, tok_burst, tok_rate,
 # max_concurrent, lim ('' where a dimension is not limited), then the share: flow ('' for
-# none), weight, cost, window, grace, tick, forget (the arithmetic of 5002_fair_shares.sql).
+# none), weight, cost, window, grace, linger, tick, forget (the arithmetic of
+# 5002_fair_shares.sql).
 # Returns {granted, wait, at, reason, seen}; floats as strings (Lua numbers would be
 # truncated to integers on the way out).
 _ACQUIRE = (
@@ -104,7 +105,7 @@ end
 if flow ~= '' then
   local weight, cost = tonumber(ARGV[12]), tonumber(ARGV[13])
   local window, grace = tonumber(ARGV[14]), tonumber(ARGV[15])
-  local tick, forget = tonumber(ARGV[16]), tonumber(ARGV[17])
+  local linger, tick, forget = tonumber(ARGV[16]), tonumber(ARGV[17]), tonumber(ARGV[18])
   local old = h[4] and cjson.decode(h[4]) or {}
   local decay = math.exp(-math.max(0, now - (tonumber(h[5]) or now)) / window)
   local flows = {}
@@ -126,7 +127,7 @@ if flow ~= '' then
     mine.x = math.max(mine.x, now + wait + grace)
   else
     mine.u = mine.u + cost
-    mine.x = math.min(mine.x, now + grace)
+    mine.x = math.min(mine.x, now + linger)
   end
   flows[flow] = {w = weight, u = mine.u, s = now, x = mine.x}
   redis.call('HSET', KEYS[1], 'flows', cjson.encode(flows), 'flows_at', string.format('%.6f', now))
@@ -310,6 +311,7 @@ class RedisLimiter:
             _arg(fair.cost),
             _arg(fair.window),
             _arg(fair.grace),
+            _arg(fair.linger),
             _arg(fair.tick),
             _arg(fair.forget),
         ]

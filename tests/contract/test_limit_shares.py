@@ -77,7 +77,7 @@ async def test_a_waiting_flow_that_never_comes_back_stops_holding_capacity(limit
     assert not gone.granted and gone.wait <= 0.2  # told to come back within 0.2 s
     # "gone" never asks again: within its wait and the grace, "a" is served again.
     grant = await eventually(
-        lambda: _granted(limiter, scope, Share("a"), "a2"), timeout=5, interval=0.05
+        lambda: _granted(limiter, scope, Share("a"), "a2"), timeout=10, interval=0.05
     )
     assert grant.at >= gone.at + gone.wait - 1e-3
 

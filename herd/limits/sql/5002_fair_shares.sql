@@ -11,13 +11,14 @@ DROP FUNCTION herd_limit_acquire(text, jsonb, bigint, text, float8, float8, floa
 -- One acquire, all or nothing (5001), and with a flow its fair share: refused ('share')
 -- while another flow of the scope is waiting and would be further below its weighted
 -- share than this one with this call. A refusal is kept too (the flow is waiting), so
--- a refused call writes its flow's row; without a flow nothing changes from 5001.
+-- a refused call writes its flow's row; without a flow nothing changes from 5001. A
+-- flow granted stays waiting p_linger at most; one refused, until told plus p_grace.
 CREATE FUNCTION herd_limit_acquire(
     p_scope text, p_lim jsonb, p_tokens bigint, p_holder text, p_hold float8,
     p_req_burst float8, p_req_rate float8, p_tok_burst float8, p_tok_rate float8,
     p_max_concurrent integer,
     p_flow text, p_weight float8, p_cost float8, p_window float8, p_grace float8,
-    p_tick float8, p_forget float8,
+    p_linger float8, p_tick float8, p_forget float8,
     OUT granted boolean, OUT wait float8, OUT at float8, OUT reason text
 ) LANGUAGE plpgsql AS $$
 DECLARE
@@ -95,7 +96,7 @@ BEGIN
         END IF;
         IF granted THEN
             mine_u := mine_u + p_cost;
-            mine_x := least(mine_x, at + p_grace);
+            mine_x := least(mine_x, at + p_linger);
         ELSE
             mine_x := greatest(mine_x, at + wait + p_grace);
         END IF;

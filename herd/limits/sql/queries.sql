@@ -5,7 +5,7 @@
 SELECT granted, wait, at, reason FROM herd_limit_acquire(
     %(scope)s, %(lim)s, %(tokens)s, %(holder)s, %(hold)s,
     %(req_burst)s, %(req_rate)s, %(tok_burst)s, %(tok_rate)s, %(max_concurrent)s,
-    %(flow)s, %(weight)s, %(cost)s, %(window)s, %(grace)s, %(tick)s, %(forget)s);
+    %(flow)s, %(weight)s, %(cost)s, %(window)s, %(grace)s, %(linger)s, %(tick)s, %(forget)s);
 
 -- name: renew
 UPDATE herd_limits
