@@ -71,6 +71,9 @@ BENCHES = [
           "Model calls under SIGKILLs: evaluation jobs vs Celery"),
     Bench("rate_limits", "celery", ["bench/rate_limits.py"],
           "A provider's rate limits: herd's fleet-wide limits vs Celery's rate_limit"),
+    # No peer: the issue's goals stand in the peer column.
+    Bench("fair_share", "bench", ["bench/fair_share.py"],
+          "Fair shares: a small batch behind a big one on one limit (vs the goals of issue 32)"),
     Bench("takeover", "celery", ["bench/takeover.py"],
           "A SIGKILLed worker's job runs again: herd vs Celery's visibility timeout"),
     Bench("embed_throughput", "bench", ["bench/embed_throughput.py", "--no-extra"],

@@ -55,7 +55,8 @@ async def submit(
     (422) before anything is enqueued: an invalid schema, a provider key that is not
     set, an unpriced model with a budget; (409) a batch name another caller made.
     With `"plan": true` nothing is enqueued: 200 and what it would cost and take."""
-    given = {"rpm": body.rpm, "tpm": body.tpm, "max_concurrent": body.max_concurrent}
+    given = {"rpm": body.rpm, "tpm": body.tpm, "max_concurrent": body.max_concurrent,
+             "weight": body.weight}  # fmt: skip
     limits = {k: v for k, v in given.items() if v is not None} or None
     documents = {d.name: d.text for d in body.documents}
     if body.pipeline is not None:

@@ -341,6 +341,8 @@ class EvalIn(Strict):
     rpm: Annotated[int, Field(ge=1)] | None = None
     tpm: Annotated[int, Field(ge=1)] | None = None
     max_concurrent: Annotated[int, Field(ge=1)] | None = None
+    # Its share of the provider's limits beside other batches on them (herd.limits.Share).
+    weight: Annotated[int, Field(ge=1, le=1000)] | None = None
     # Through the provider's Batch API (herd.llm.eval.batchapi): half the price, within 24 h.
     batch_api: bool = False
     # Enqueue nothing: answer what the submission would cost and take (PlanOut).
@@ -442,7 +444,12 @@ class EvalStatusOut(BaseModel):
     rate: float | None = None  # documents answered per second, over the last minute
     eta: float | None = None  # seconds
     limits: dict[str, int] = {}
-    limit_usage: list[dict[str, Any]] = []
+    # Its weight in the fair share of the fleet's limits; the part of a fleet limit's
+    # recent use it gets now, and what its weight entitles it to (None: not using one).
+    weight: int = 1
+    share: float | None = None
+    fair_share: float | None = None
+    limit_usage: list[dict[str, Any]] = []  # each with "shares": the batches using it now
     waited_for_limits: float = 0.0
     ledger: dict[str, dict[str, Any]]
     provider_cache: ProviderCacheOut = ProviderCacheOut()

@@ -1,8 +1,10 @@
 """Waiting for capacity: one gate per (limiter, scope) in a process, and ``hold()``.
 
 64 coroutines of a worker waiting on one limit queue on the gate (FIFO); only its
-head asks the store, sleeping the Grant's wait (plus a little jitter, so that the
-heads of several processes do not all come back in one instant) between tries.
+head asks the store (one gate per flow of a fair share: a batch refused for its share
+must not keep another batch's calls from asking), sleeping the Grant's wait (plus a
+little jitter, so that the heads of several processes do not all come back in one
+instant) between tries.
 The client's clock only ever decides when to ask again and when to give up, never
 whether capacity is there.
 """
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 
 from herd import aio
 from herd.errors import CapacityTimeout, HerdError
-from herd.limits.base import Limit, Limiter
+from herd.limits.base import Limit, Limiter, Share
 
 log = logging.getLogger("herd.limits")
 
@@ -47,12 +49,13 @@ _GATES: weakref.WeakKeyDictionary[
 ] = weakref.WeakKeyDictionary()
 
 
-def _gate(limiter: Limiter, scope: str) -> _Gate:
+def _gate(limiter: Limiter, scope: str, share: Share | None) -> _Gate:
     per_loop = _GATES.setdefault(asyncio.get_running_loop(), weakref.WeakKeyDictionary())
     gates = per_loop.setdefault(limiter, {})
-    gate = gates.get(scope)
+    name = scope if share is None else f"{scope}\n{share.flow}"
+    gate = gates.get(name)
     if gate is None:
-        gate = gates[scope] = _Gate()
+        gate = gates[name] = _Gate()
     return gate
 
 
@@ -87,8 +90,9 @@ async def _acquire(
     holder: str,
     hold_for: float,
     max_wait: float,
+    share: Share | None,
 ) -> tuple[Slot, float]:
-    gate = _gate(limiter, scope)
+    gate = _gate(limiter, scope, share)
     started = time.monotonic()
     deadline = started + max_wait
 
@@ -109,7 +113,7 @@ async def _acquire(
     try:
         while True:
             gate.released.clear()
-            grant = await limiter.try_acquire(scope, limit, tokens, holder, hold_for)
+            grant = await limiter.try_acquire(scope, limit, tokens, holder, hold_for, share)
             if grant.granted:
                 gate.last_wait = 0.0
                 waited = time.monotonic() - started
@@ -142,12 +146,14 @@ async def hold(
     holder: str,
     hold_for: float = 120.0,
     max_wait: float = 30.0,
+    share: Share | None = None,
 ) -> AsyncIterator[Slot]:
     """Wait for capacity (raising CapacityTimeout past max_wait, nothing taken), hold it
     for the call (renewing the concurrency slot every hold_for/3 in a background task),
     release the slot on exit, whatever happens. Slot.adjust(actual_tokens) reconciles
-    (charges actual - reserved); Slot.waited: seconds this acquire waited."""
-    slot, waited = await _acquire(limiter, scope, limit, tokens, holder, hold_for, max_wait)
+    (charges actual - reserved); Slot.waited: seconds this acquire waited. ``share``:
+    the call's flow and weight for the scope's fair share (herd.limits.base.Share)."""
+    slot, waited = await _acquire(limiter, scope, limit, tokens, holder, hold_for, max_wait, share)
     if waited > 0.001:
         with contextlib.suppress(HerdError):
             await limiter.note_wait(scope, waited)
@@ -164,7 +170,7 @@ async def hold(
             # Shielded: a cancelled call must not strand its slot for hold_for.
             with contextlib.suppress(HerdError):
                 await asyncio.shield(limiter.release(scope, holder))
-            _gate(limiter, scope).released.set()
+            _gate(limiter, scope, share).released.set()
 
 
 async def _renew(limiter: Limiter, scope: str, holder: str, hold_for: float) -> None:

@@ -32,6 +32,8 @@ __all__ = [
     "LimitStats",
     "Limiter",
     "Rate",
+    "Share",
+    "FlowShare",
     "key_id",
     "pause_seconds",
     "batch_scope",
@@ -47,6 +49,25 @@ MAX_SCOPE_BYTES = 1024
 # what Snooze takes, dead-letter) every job of the scope. After it, one call asks again.
 MAX_PAUSE = 3600.0
 _FIELDS = ("rpm", "tpm", "max_concurrent")
+
+# Fair shares (``Share``): the flows (batches) of a scope are compared by their use over a
+# recent window, decayed exponentially with this time constant: a period's sixth, within
+# [SHARE_WINDOW_MIN, SHARE_WINDOW_MAX] s. Short enough that a share is about now, not
+# about the minute before a batch came; long enough to hold tens of requests at rpm 600.
+SHARE_WINDOW_MIN = 0.5
+SHARE_WINDOW_MAX = 10.0
+# A flow refused is waiting until the time it was told to come back, plus this: a flow
+# that does not come back by then stops holding capacity for itself. Generous, because a
+# worker's event loop under load comes back late, and a late head would lose its turn.
+SHARE_GRACE = 1.0
+# A flow granted stays waiting this long at most: its next call asks at once if it has
+# one (and is refused, so waiting again); a batch that has ended holds nothing for long.
+SHARE_LINGER = 0.1
+# How soon a flow refused for its share asks again (a grant goes to the other flow first).
+SHARE_TICK = 0.05
+# A flow not seen for this long is dropped from its scope's state.
+SHARE_FORGET = 120.0
+MAX_WEIGHT = 1000
 
 
 @dataclass(frozen=True)
@@ -130,6 +151,80 @@ class Rate:
         return cls(burst, (limit - burst) / period)
 
 
+@dataclass(frozen=True)
+class Share:
+    """Whose call this is, for the fair share of a scope: a flow (a batch) and its weight.
+
+    Flows that share a scope get its requests and tokens in proportion to their weights,
+    work-conserving: a flow is refused (reason "share") only while another flow of the
+    scope is waiting (it was refused, and its time to ask again has not passed) and has
+    used less of the window for its weight than this one would with this call."""
+
+    flow: str
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        w = self.weight
+        if isinstance(w, bool) or not isinstance(w, int | float) or not 0 < w <= MAX_WEIGHT:
+            raise InvalidInput(
+                f"a weight must be a number in (0, {MAX_WEIGHT}], not {w!r:.40}", field="weight"
+            )
+        if not self.flow or len(self.flow.encode()) > MAX_SCOPE_BYTES:
+            raise InvalidInput("a share's flow must have 1 to 1024 bytes", field="flow")
+
+
+@dataclass(frozen=True)
+class FlowShare:
+    """One flow of a scope as stats() reads it."""
+
+    flow: str
+    weight: float
+    used: float  # its use over the window, in fractions of the limit (decayed)
+    share: float  # its part of what the scope's active flows used over the window, 0..1
+    fair: float  # its weight over the active flows' weights, 0..1
+    waiting: bool  # refused, and its time to ask again has not passed
+
+
+def share_window(period: float) -> float:
+    return min(SHARE_WINDOW_MAX, max(SHARE_WINDOW_MIN, period / 6))
+
+
+def share_cost(limit: Limit, tokens: int) -> float:
+    """What one call uses of a scope, for fair shares: the larger of its request and its
+    tokens as fractions of their limits (1 where neither is limited)."""
+    parts = [1 / limit.rpm if limit.rpm else 0.0, tokens / limit.tpm if limit.tpm else 0.0]
+    return max(parts) if any(parts) else 1.0
+
+
+def shares_of(
+    flows: Any, flows_at: float | None, now: float, period: float
+) -> tuple[FlowShare, ...]:
+    """A store's flow state (flow -> {w, u, s, x}, decayed last at ``flows_at``) at ``now``:
+    the flows seen within the window, with their share of it."""
+    if not isinstance(flows, Mapping) or not flows:
+        return ()
+    window = share_window(period)
+    decay = math.exp(-max(0.0, now - (flows_at or now)) / window)
+    active = {
+        name: f for name, f in flows.items()
+        if isinstance(f, Mapping) and now - float(f.get("s", 0)) <= window
+    }  # fmt: skip
+    used = {name: float(f.get("u", 0)) * decay for name, f in active.items()}
+    total_used = sum(used.values())
+    total_weight = sum(float(f.get("w", 1)) for f in active.values())
+    return tuple(
+        FlowShare(
+            flow=name,
+            weight=float(f.get("w", 1)),
+            used=used[name],
+            share=used[name] / total_used if total_used else 0.0,
+            fair=float(f.get("w", 1)) / total_weight if total_weight else 0.0,
+            waiting=float(f.get("x", 0)) >= now,
+        )
+        for name, f in sorted(active.items())
+    )
+
+
 def rates(limit: Limit) -> tuple[Rate | None, Rate | None]:
     return Rate.of(limit.rpm, limit.period), Rate.of(limit.tpm, limit.period)
 
@@ -208,7 +303,8 @@ class Grant:
     granted: bool
     wait: float  # seconds until trying again may succeed (0 when granted)
     at: float  # the store's clock, epoch seconds, when decided
-    reason: str | None  # when refused: "requests" | "tokens" | "concurrency" | "paused"
+    # when refused: "requests" | "tokens" | "concurrency" | "paused" | "share"
+    reason: str | None
 
 
 @dataclass(frozen=True)
@@ -224,6 +320,7 @@ class LimitStats:
     wait_seconds: float  # total seconds waited
     rate_limited: int  # 429s reported through pause()
     paused_until: float | None  # epoch seconds, None when not paused
+    shares: tuple[FlowShare, ...] = ()  # the flows seen within the share window
 
 
 def stats_of(
@@ -240,6 +337,8 @@ def stats_of(
     wait_seconds: float,
     rate_limited: int,
     paused_until: float | None,
+    flows: Any = None,
+    flows_at: float | None = None,
 ) -> LimitStats:
     """A store's raw state, read at store time ``now``, as LimitStats."""
     try:
@@ -259,6 +358,7 @@ def stats_of(
         wait_seconds=wait_seconds,
         rate_limited=rate_limited,
         paused_until=paused_until if paused_until is not None and paused_until > now else None,
+        shares=shares_of(flows, flows_at, now, limit.period),
     )
 
 
@@ -273,11 +373,19 @@ class Limiter(Protocol):
     async def close(self) -> None: ...
 
     async def try_acquire(
-        self, scope: str, limit: Limit, tokens: int, holder: str, hold_for: float
+        self,
+        scope: str,
+        limit: Limit,
+        tokens: int,
+        holder: str,
+        hold_for: float,
+        share: Share | None = None,
     ) -> Grant:
         """Atomically take one request, ``tokens`` tokens and (if max_concurrent) a
         concurrency slot held by ``holder`` for ``hold_for`` s unless released or renewed
-        — or nothing. One round trip; the store's clock only (Redis TIME, PG now())."""
+        — or nothing. One round trip; the store's clock only (Redis TIME, PG now()).
+        With a ``share``, the call is its flow's: refused (reason "share") while another
+        flow of the scope waits and is further below its weighted share (see Share)."""
         ...
 
     async def renew(self, scope: str, holder: str, hold_for: float) -> bool: ...
@@ -300,3 +408,26 @@ class Limiter(Protocol):
     async def stats(self, scopes: Sequence[str] | None = None) -> list[LimitStats]:
         """Per scope (None: every scope the store keeps, O(limits), not history)."""
         ...
+
+
+@dataclass(frozen=True)
+class ShareArgs:
+    """What a store's acquire takes of a Share: the flow, its weight, this call's cost and
+    the window (both stores run the same arithmetic, herd/limits/sql/5002 and redis.py)."""
+
+    flow: str | None
+    weight: float
+    cost: float
+    window: float
+    grace: float = SHARE_GRACE
+    linger: float = SHARE_LINGER
+    tick: float = SHARE_TICK
+    forget: float = SHARE_FORGET
+
+    @classmethod
+    def of(cls, share: Share | None, limit: Limit, tokens: int) -> ShareArgs:
+        if share is None:
+            return cls(None, 1.0, 0.0, share_window(limit.period))
+        return cls(
+            share.flow, float(share.weight), share_cost(limit, tokens), share_window(limit.period)
+        )

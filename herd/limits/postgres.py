@@ -25,6 +25,8 @@ from herd.limits.base import (
     Grant,
     Limit,
     LimitStats,
+    Share,
+    ShareArgs,
     check_request,
     check_scope,
     pause_seconds,
@@ -83,11 +85,18 @@ class PostgresLimiter:
                 return await cur.fetchall() if cur.description else []
 
     async def try_acquire(
-        self, scope: str, limit: Limit, tokens: int, holder: str, hold_for: float
+        self,
+        scope: str,
+        limit: Limit,
+        tokens: int,
+        holder: str,
+        hold_for: float,
+        share: Share | None = None,
     ) -> Grant:
         check_request(scope, limit, tokens, hold_for)
         self._purges.due()
         req, tok = rates(limit)
+        fair = ShareArgs.of(share, limit, tokens)
         ((granted, wait, at, reason),) = await self._run(
             Q["acquire"],
             {
@@ -101,6 +110,14 @@ class PostgresLimiter:
                 "tok_burst": tok.burst if tok else None,
                 "tok_rate": tok.rate if tok else None,
                 "max_concurrent": limit.max_concurrent,
+                "flow": fair.flow,
+                "weight": fair.weight,
+                "cost": fair.cost,
+                "window": fair.window,
+                "grace": fair.grace,
+                "linger": fair.linger,
+                "tick": fair.tick,
+                "forget": fair.forget,
             },
         )
         return Grant(bool(granted), float(wait), float(at), reason)
@@ -145,6 +162,8 @@ class PostgresLimiter:
                 wait_seconds=r[8],
                 rate_limited=r[9],
                 in_flight=r[11],
+                flows=r[12],
+                flows_at=r[13],
             )
             for r in rows
         ]

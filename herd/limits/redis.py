@@ -2,7 +2,8 @@
 
 Layout, both keys of a scope under the hash tag ``{scope}`` (one Cluster slot):
 
-    herd:limit:{scope}         hash: rtat, ttat (GCRA state), paused, counters, lim (JSON)
+    herd:limit:{scope}         hash: rtat, ttat (GCRA state), paused, counters, lim (JSON),
+                               flows (JSON: fair shares, as 5002_fair_shares.sql), flows_at
     herd:limit:{scope}:slots   sorted set: concurrency holder -> expiry (epoch seconds)
     herd:limits                sorted set: scope -> when last seen (for stats() of all);
                                its own key, written by a second command only when a
@@ -25,6 +26,8 @@ from herd.limits.base import (
     Grant,
     Limit,
     LimitStats,
+    Share,
+    ShareArgs,
     check_request,
     check_scope,
     pause_seconds,
@@ -56,7 +59,9 @@ end
 """.replace("SEEN_EVERY", str(_SEEN_EVERY))
 
 # ARGV: ttl, tokens, holder, hold, req_burst, req_rate, tok_burst, tok_rate,
-# max_concurrent, lim ('' where a dimension is not limited).
+# max_concurrent, lim ('' where a dimension is not limited), then the share: flow ('' for
+# none), weight, cost, window, grace, linger, tick, forget (the arithmetic of
+# 5002_fair_shares.sql).
 # Returns {granted, wait, at, reason, seen}; floats as strings (Lua numbers would be
 # truncated to integers on the way out).
 _ACQUIRE = (
@@ -68,7 +73,8 @@ local hold = tonumber(ARGV[4])
 local rb, rr = tonumber(ARGV[5]), tonumber(ARGV[6])
 local tb, tr = tonumber(ARGV[7]), tonumber(ARGV[8])
 local maxc = tonumber(ARGV[9])
-local h = redis.call('HMGET', KEYS[1], 'rtat', 'ttat', 'paused')
+local flow = ARGV[11]
+local h = redis.call('HMGET', KEYS[1], 'rtat', 'ttat', 'paused', 'flows', 'flows_at')
 local rtat = tonumber(h[1]) or -math.huge
 local ttat = tonumber(h[2]) or -math.huge
 local paused = tonumber(h[3]) or 0
@@ -95,6 +101,37 @@ end
 if tr and tokens > 0 then
   local w = ttat + (tokens - tb) / tr - now
   if w > 0 then refuse(w, 'tokens') end
+end
+if flow ~= '' then
+  local weight, cost = tonumber(ARGV[12]), tonumber(ARGV[13])
+  local window, grace = tonumber(ARGV[14]), tonumber(ARGV[15])
+  local linger, tick, forget = tonumber(ARGV[16]), tonumber(ARGV[17]), tonumber(ARGV[18])
+  local old = h[4] and cjson.decode(h[4]) or {}
+  local decay = math.exp(-math.max(0, now - (tonumber(h[5]) or now)) / window)
+  local flows = {}
+  for name, f in pairs(old) do
+    if name == flow or now - f.s <= forget then
+      flows[name] = {w = f.w, u = f.u * decay, s = f.s, x = f.x}
+    end
+  end
+  local mine = flows[flow] or {u = 0, x = 0}
+  if not reason then
+    for name, f in pairs(flows) do
+      if name ~= flow and f.x >= now and (f.u + cost) / f.w < (mine.u + cost) / weight then
+        reason = 'share'; wait = tick
+        break
+      end
+    end
+  end
+  if reason then
+    mine.x = math.max(mine.x, now + wait + grace)
+  else
+    mine.u = mine.u + cost
+    mine.x = math.min(mine.x, now + linger)
+  end
+  flows[flow] = {w = weight, u = mine.u, s = now, x = mine.x}
+  redis.call('HSET', KEYS[1], 'flows', cjson.encode(flows), 'flows_at', string.format('%.6f', now))
+  keep()
 end
 local at = string.format('%.6f', now)
 if reason then return {0, string.format('%.6f', wait), at, reason, 0} end
@@ -178,10 +215,11 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local h = redis.call('HMGET', KEYS[1], 'lim', 'rtat', 'ttat', 'paused', 'requests', 'tokens',
-                     'waits', 'wait_seconds', 'rate_limited')
+                     'waits', 'wait_seconds', 'rate_limited', 'flows', 'flows_at')
 local live = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
 return {string.format('%.6f', now), h[1] or false, h[2] or false, h[3] or false, h[4] or false,
-        h[5] or false, h[6] or false, h[7] or false, h[8] or false, h[9] or false, live}
+        h[5] or false, h[6] or false, h[7] or false, h[8] or false, h[9] or false, live,
+        h[10] or false, h[11] or false}
 """
 
 
@@ -246,10 +284,17 @@ class RedisLimiter:
                 await self._redis.zadd(INDEX, {scope: _num((await self._redis.time())[0])})
 
     async def try_acquire(
-        self, scope: str, limit: Limit, tokens: int, holder: str, hold_for: float
+        self,
+        scope: str,
+        limit: Limit,
+        tokens: int,
+        holder: str,
+        hold_for: float,
+        share: Share | None = None,
     ) -> Grant:
         check_request(scope, limit, tokens, hold_for)
         req, tok = rates(limit)
+        fair = ShareArgs.of(share, limit, tokens)
         args: list[str | int] = [
             self.ttl,
             tokens,
@@ -261,6 +306,14 @@ class RedisLimiter:
             _arg(tok.rate if tok else None),
             _arg(limit.max_concurrent),
             json.dumps(limit.to_json()),
+            fair.flow or "",
+            _arg(fair.weight),
+            _arg(fair.cost),
+            _arg(fair.window),
+            _arg(fair.grace),
+            _arg(fair.linger),
+            _arg(fair.tick),
+            _arg(fair.forget),
         ]
         with self._errors():
             granted, wait, at, reason, fresh = await self._acquire(keys=_keys(scope), args=args)
@@ -310,7 +363,8 @@ class RedisLimiter:
                 if not raw:
                     gone.append(scope)
                     continue
-                now, lim, rtat, ttat, paused, req, tok, waits, wait_s, limited, live = raw
+                now, lim, rtat, ttat, paused, req, tok, waits, wait_s, limited, live = raw[:11]
+                flows, flows_at = raw[11:13]
                 out.append(
                     stats_of(
                         scope,
@@ -325,6 +379,8 @@ class RedisLimiter:
                         wait_seconds=_num(wait_s),
                         rate_limited=int(_num(limited)),
                         in_flight=int(live),
+                        flows=json.loads(flows) if flows else None,
+                        flows_at=_num(flows_at) if flows_at else None,
                     )
                 )
             if gone:

@@ -148,6 +148,15 @@ def eval_submit(
     max_concurrent: Annotated[
         int | None, typer.Option(min=1, metavar="N", help="Calls in flight at once, fleet-wide.")
     ] = None,
+    weight: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=1000,
+            metavar="N",
+            help="Share of the provider's limits beside other batches on them (default 1).",
+        ),
+    ] = None,
     batch_api: Annotated[
         bool,
         typer.Option(
@@ -178,7 +187,7 @@ def eval_submit(
 
     Identical documents are evaluated once.
     """
-    given = {"rpm": rpm, "tpm": tpm, "max_concurrent": max_concurrent}
+    given = {"rpm": rpm, "tpm": tpm, "max_concurrent": max_concurrent, "weight": weight}
     limits = {k: v for k, v in given.items() if v is not None} or None
     if pipeline is not None:
         if prompt is not None or model is not None or schema is not None:

@@ -213,6 +213,23 @@ def print_stages(stages: list[dict[str, Any]]) -> None:
     console.out.print(table)
 
 
+def print_shares(status: BatchStatus) -> None:
+    """The batches sharing each fleet limit now: weight, share of its use, fair share."""
+    for u in status.limit_usage:
+        if len(u["shares"]) < 2 and not (status.batch and u["shares"]):
+            continue
+        table = Table(title=f"shares of {u['scope']}", title_justify="left", box=None)
+        for col in ("batch", "weight", "share now", "fair share", ""):
+            table.add_column(col, justify="left" if col == "batch" else "right",
+                             overflow="fold")  # fmt: skip
+        for f in u["shares"]:
+            mark = "this batch" if f["batch"] == status.batch else ""
+            mark = mark or ("waiting" if f["waiting"] else "")
+            table.add_row(f["batch"], f"{f['weight']:g}", f"{f['share']:.0%}",
+                          f"{f['fair']:.0%}", mark)  # fmt: skip
+        console.out.print(table)
+
+
 def print_status(status: BatchStatus) -> None:
     """A batch's status on stdout: progress, why it waits, spend, limits, the ledger."""
     console.out.print(summary(status), soft_wrap=True)
@@ -253,6 +270,7 @@ def print_status(status: BatchStatus) -> None:
                         of(u["tokens_now"], "tpm"), of(u["in_flight"], "max_concurrent"),
                         f"{u['wait_seconds']:.1f} s", f"{u['rate_limited']:,}")  # fmt: skip
         console.out.print(use)
+        print_shares(status)
     if status.stages:
         print_stages(status.stages)
     led = status.ledger

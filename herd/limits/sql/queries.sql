@@ -4,7 +4,8 @@
 -- name: acquire
 SELECT granted, wait, at, reason FROM herd_limit_acquire(
     %(scope)s, %(lim)s, %(tokens)s, %(holder)s, %(hold)s,
-    %(req_burst)s, %(req_rate)s, %(tok_burst)s, %(tok_rate)s, %(max_concurrent)s);
+    %(req_burst)s, %(req_rate)s, %(tok_burst)s, %(tok_rate)s, %(max_concurrent)s,
+    %(flow)s, %(weight)s, %(cost)s, %(window)s, %(grace)s, %(linger)s, %(tick)s, %(forget)s);
 
 -- name: renew
 UPDATE herd_limits
@@ -46,14 +47,16 @@ ON CONFLICT (scope) DO UPDATE SET
 -- name: stats
 SELECT scope, lim, req_tat, tok_tat, paused_until, requests, tokens, waits, wait_seconds,
        rate_limited, now_s,
-       (SELECT count(*) FROM jsonb_each(slots) WHERE (value #>> '{}')::float8 > now_s)
+       (SELECT count(*) FROM jsonb_each(slots) WHERE (value #>> '{}')::float8 > now_s),
+       flows, flows_at
   FROM herd_limits, (SELECT extract(epoch FROM clock_timestamp())::float8 AS now_s) AS c
  ORDER BY scope;
 
 -- name: stats_of
 SELECT scope, lim, req_tat, tok_tat, paused_until, requests, tokens, waits, wait_seconds,
        rate_limited, now_s,
-       (SELECT count(*) FROM jsonb_each(slots) WHERE (value #>> '{}')::float8 > now_s)
+       (SELECT count(*) FROM jsonb_each(slots) WHERE (value #>> '{}')::float8 > now_s),
+       flows, flows_at
   FROM herd_limits, (SELECT extract(epoch FROM clock_timestamp())::float8 AS now_s) AS c
  WHERE scope = ANY(%(scopes)s) ORDER BY scope;
 

@@ -45,7 +45,7 @@ from herd.llm.completion import Usage
 from herd.llm.documents import DocumentError, read_document
 from herd.llm.eval.money import as_float, dollars, money
 from herd.llm.eval.runtime import EvalRuntime
-from herd.llm.eval.spec import EvalSpec, reservation_tokens
+from herd.llm.eval.spec import EvalSpec, own_limits, reservation_tokens
 from herd.llm.eval.submit import check_paths, check_submission, in_flight
 from herd.llm.pricing import Price
 from herd.llm.providers import promptcache, registry
@@ -222,7 +222,7 @@ async def plan_items(
     todo = [text for k, text in keys.items() if k not in cached and k not in flying]
     client = rt.provider(spec)
     fleet = rt.limit_for(spec, client.key_id)
-    own = Limit.from_json(checked or {}, where="limits")
+    own = Limit.from_json(own_limits(checked)[0], where="limits")
     plan = estimate(
         spec, todo, rt.prices.lookup(spec.model, spec.provider), default_max=rt.max_tokens,
         batch_api=batch_api, has_batch=registry.kind(spec.provider).batch is not None,

@@ -17,7 +17,7 @@ from herd.config import EVAL_MAX_TOKENS
 from herd.errors import Fatal, InvalidInput
 from herd.limits import Limit, Limiter, LimitsFile, limiter_for
 from herd.limits import load as load_limits
-from herd.llm.eval.spec import EvalSpec
+from herd.llm.eval.spec import EvalSpec, own_limits
 from herd.llm.eval.store import EvalStore
 from herd.llm.pricing import PriceTable
 from herd.llm.providers import Provider, RetryPolicy, registry
@@ -53,7 +53,7 @@ class EvalRuntime:
     limiter: Limiter | None = None
     limits_file: LimitsFile | None = None  # HERD_LIMITS
     max_wait: float = 30.0  # the setting limit_max_wait
-    _batch_limits: dict[str, tuple[float, Limit]] = field(default_factory=dict)
+    _batch_limits: dict[str, tuple[float, Limit, int]] = field(default_factory=dict)
 
     @classmethod
     async def of(cls, app: App) -> EvalRuntime:
@@ -178,18 +178,25 @@ class EvalRuntime:
     async def batch_limit(self, batch: str | None) -> Limit:
         """The batch's own limits (rpm, tpm, max_concurrent), read again after
         BATCH_LIMITS_TTL; an empty Limit for none."""
+        return (await self._batch_row(batch))[1]
+
+    async def batch_weight(self, batch: str | None) -> int:
+        """The batch's weight in the fair share of the fleet's limits (1: not given)."""
+        return (await self._batch_row(batch))[2]
+
+    async def _batch_row(self, batch: str | None) -> tuple[float, Limit, int]:
         if batch is None:
-            return Limit()
+            return (0.0, Limit(), 1)
         now = time.monotonic()
         cached = self._batch_limits.get(batch)
         if cached is None or now - cached[0] > BATCH_LIMITS_TTL:
             row = await self.store.batch(batch)
-            stored = row.get("limits") if row else None
+            stored, weight = own_limits(row.get("limits") if row else None)
             try:
-                own = Limit.from_json(stored or {}, where=f"batch {batch!r} limits")
+                own = Limit.from_json(stored, where=f"batch {batch!r} limits")
             except InvalidInput as exc:
                 raise Fatal(str(exc)) from None
             if len(self._batch_limits) > 1000:  # bounded: batches come and go
                 self._batch_limits.clear()
-            cached = self._batch_limits[batch] = (now, own)
-        return cached[1]
+            cached = self._batch_limits[batch] = (now, own, weight)
+        return cached

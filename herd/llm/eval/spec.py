@@ -23,6 +23,7 @@ from herd.cache import canonical_key
 from herd.config import EVAL_MAX_TOKENS, Settings
 from herd.errors import InvalidInput
 from herd.jsonvalue import JSON, canonical
+from herd.limits.base import MAX_WEIGHT
 from herd.limits.tokens import estimate_input, requested_max
 from herd.llm.params import check_params
 from herd.llm.providers import promptcache, registry
@@ -34,6 +35,9 @@ SUBMIT_TASK = "herd.eval.batch_submit"
 POLL_TASK = "herd.eval.batch_poll"
 BATCH_API_TASKS = (SUBMIT_TASK, POLL_TASK)
 LIMIT_NAMES = ("rpm", "tpm", "max_concurrent")
+# A batch's weight: its part of the fleet's limits beside the other batches on them
+# (herd.limits.Share), stored with its limits; 1 when not given.
+WEIGHT = "weight"
 # An answer longer than this is refused before it is parsed or validated: validation's
 # cost grows with the answer, and no evaluation verdict needs a megabyte.
 MAX_ANSWER_CHARS = 1_000_000
@@ -78,21 +82,32 @@ def check_budget(budget: float | None, field: str = "budget") -> float | None:
 
 
 def check_limits(limits: dict[str, Any] | None) -> dict[str, int] | None:
-    """A batch's limits: rpm, tpm and max_concurrent, each a positive integer."""
+    """A batch's limits: rpm, tpm and max_concurrent, each a positive integer, and its
+    weight (a whole number from 1 to MAX_WEIGHT)."""
     if limits is None:
         return None
     out: dict[str, int] = {}
     for name, value in limits.items():
-        if name not in LIMIT_NAMES:
+        if name not in (*LIMIT_NAMES, WEIGHT):
             raise InvalidInput(
-                f"limits.{name} is not a limit: use {', '.join(LIMIT_NAMES)}", field=name
+                f"limits.{name} is not a limit: use {', '.join(LIMIT_NAMES)} or {WEIGHT}",
+                field=name,
             )
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidInput(f"{name} must be a positive integer, not {value!r}", field=name)
+        if name == WEIGHT and value > MAX_WEIGHT:
+            raise InvalidInput(f"weight must be at most {MAX_WEIGHT}, not {value}", field=name)
         out[name] = value
     return out
+
+
+def own_limits(limits: dict[str, Any] | None) -> tuple[dict[str, Any], int]:
+    """A batch's stored limits apart from its weight (1 when not given)."""
+    rest = dict(limits or {})
+    weight = rest.pop(WEIGHT, None)
+    return rest, weight if isinstance(weight, int) and not isinstance(weight, bool) else 1
 
 
 _RE2 = re2.Options()

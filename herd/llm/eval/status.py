@@ -16,7 +16,7 @@ from herd.limits import batch_scope
 from herd.llm.eval import batchapi
 from herd.llm.eval.ledger import ESTIMATED
 from herd.llm.eval.runtime import EvalRuntime
-from herd.llm.eval.spec import BATCH_API_TASKS, TASK
+from herd.llm.eval.spec import BATCH_API_TASKS, TASK, own_limits
 from herd.llm.eval.stageview import failed_documents, settle_pieces, stage_progress
 from herd.queue.base import Job
 
@@ -70,6 +70,11 @@ class BatchStatus:
     rate: float | None = None  # documents answered per second, over the last minute
     eta: float | None = None  # seconds until the rest is answered at that rate
     limits: dict[str, int] = field(default_factory=dict)
+    # Its weight in the fair share of the fleet's limits, and the part of a fleet limit's
+    # recent use it is getting now (None: not among the batches using one now).
+    weight: int = 1
+    share: float | None = None
+    fair_share: float | None = None  # what its weight entitles it to, beside those batches
     limit_usage: list[dict[str, Any]] = field(default_factory=list)
     waited_for_limits: float = 0.0
     ledger: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -196,6 +201,17 @@ async def limit_usage(rt: EvalRuntime, batch: str | None) -> list[dict[str, Any]
             "wait_seconds": round(s.wait_seconds, 3),
             "rate_limited": s.rate_limited,
             "paused_for": round(max(0.0, (s.paused_until or 0.0) - now), 3),
+            # The batches using it now, with their weights and shares (herd.limits.Share).
+            "shares": [
+                {
+                    "batch": f.flow,
+                    "weight": f.weight,
+                    "share": round(f.share, 3),
+                    "fair": round(f.fair, 3),
+                    "waiting": f.waiting,
+                }
+                for f in s.shares
+            ],  # fmt: skip
         }
         for s in found
     ]
@@ -245,6 +261,10 @@ async def batch_status(app: App, batch: str | None) -> BatchStatus:
         status.budget, status.spent, status.reserved = row["budget"], row["spent"], row["reserved"]
         status.parked, status.parked_reason = row["parked"], row["parked_reason"]
         status.limits = row["limits"] or {}
+        status.weight = own_limits(status.limits)[1]
+        mine = [f for u in usage for f in u["shares"] if f["batch"] == batch]
+        if mine:
+            status.share, status.fair_share = mine[0]["share"], mine[0]["fair"]
         status.next = next_step(batch, row["parked"])
         status.stages = await stage_progress(rt, batch)
         specs = await rt.store.execute("batch_specs", {"b": batch})

@@ -27,7 +27,7 @@ from herd.app import App
 from herd.context import JobContext
 from herd.errors import Fatal, InvalidInput, Snooze
 from herd.jsonvalue import JSON
-from herd.limits import CapacityTimeout, Limit, Slot, batch_scope, hold, scope_name
+from herd.limits import CapacityTimeout, Limit, Share, Slot, batch_scope, hold, scope_name
 from herd.limits.tokens import estimate_input, estimate_output, requested_max
 from herd.llm.completion import Completion, Usage
 from herd.llm.errors import (
@@ -132,6 +132,8 @@ class Evaluation:
         # become the limit (and the rate state) of every batch on the key.
         self.batch_scope = batch_scope(self.batch, spec.provider, spec.model) if self.batch else ""
         self.batch_limit = Limit()
+        # The batch's flow in the fair share of the fleet's scope (None: not a batch's).
+        self.share: Share | None = None
         self.provider = self.plain
         # With a fallback to move to (herd.llm.eval.fallback): the model's unavailability,
         # and a 429 pause longer than this, raise ModelUnavailable instead.
@@ -142,6 +144,8 @@ class Evaluation:
         if self.rt.limiter:
             self.limit = self.rt.limit_for(self.spec, self.plain.key_id)
             self.batch_limit = await self.rt.batch_limit(self.batch)
+            if self.batch is not None:
+                self.share = Share(self.batch, await self.rt.batch_weight(self.batch))
         if self.limit or self.batch_limit:
             self.provider = self.rt.provider(self.spec, limited=True, failover=self.failover)
 
@@ -203,17 +207,20 @@ class Evaluation:
         # The batch's scope first: a call waiting on its own batch's limit holds no share
         # of the fleet's meanwhile. The fleet's scope is held even with no HERD_LIMITS
         # entry (an empty limit): a 429 pauses it, and this batch must wait that out too.
-        scopes = [(self.batch_scope, self.batch_limit)] if self.batch_limit else []
-        scopes.append((self.scope, self.limit))
+        # Batches on one fleet scope share it by their weights; the batch's own is its own.
+        scopes: list[tuple[str, Limit, Share | None]] = []
+        if self.batch_limit:
+            scopes.append((self.batch_scope, self.batch_limit, None))
+        scopes.append((self.scope, self.limit, self.share))
         for _ in range(MAX_RATE_LIMITED):
             slots: list[Slot] = []
             try:
                 async with AsyncExitStack() as held:
-                    for scope, limit in scopes:
+                    for scope, limit, share in scopes:
                         try:
                             slots.append(await held.enter_async_context(hold(
                                 rt.limiter, scope, limit, tokens, holder=holder,
-                                hold_for=SLOT_HOLD, max_wait=rt.max_wait,
+                                hold_for=SLOT_HOLD, max_wait=rt.max_wait, share=share,
                             )))  # fmt: skip
                         except CapacityTimeout:
                             # Nothing was sent: the tokens the batch's scope took are

@@ -1,0 +1,217 @@
+"""Fair shares of one provider limit: a small batch submitted behind a big one.
+
+Two batches on one provider, model and key under ``rpm 600`` (HERD_LIMITS): ``big``
+(2,000 documents) at once, ``small`` (200) ``--delay`` seconds later (60), both of
+weight 1, on the simulator with a realistic latency. The issue's goals:
+
+* the small batch finishes within 10 % of the time it would take alone at half the
+  rate (200 calls at half of the limit's steady 95 %: 42.1 s);
+* the limit stays used: in every 10 s window while the big batch runs, the calls of
+  both batches are at least 90 % of the limit (the big one's own share falls to half
+  while the small one runs: that is the share, and it is printed too).
+
+Times and windows are read from the cost ledger (the store's clock: each call's row
+is opened just after its grant). In-process workers, embedded PostgreSQL under a
+temporary HERD_HOME; the worker's concurrency covers every document, so that every
+job is claimed and waits for the limit (see docs/limits.md, "Fair shares": a worker
+claims by priority then age, so a batch's jobs have to be claimed to get a share).
+No peer yet: the goals stand in the peer column of the summary (Celery's workaround, a
+queue per batch each with a ``rate_limit`` of half the limit, is not measured here).
+
+    python bench/fair_share.py [--big 2000] [--small 200] [--delay 60] [--rpm 600]
+    python bench/fair_share.py --quick        # 400 and 40 documents, 30 s apart
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+for _path in (str(REPO), str(REPO / "bench")):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+import _summary  # noqa: E402
+
+from herd import App, Worker  # noqa: E402
+from herd.builtin import tasks as builtin_tasks  # noqa: E402
+from herd.embedded import embedded_server  # noqa: E402
+from herd.errors import BrokerUnavailable  # noqa: E402
+from herd.llm.eval import EvalRuntime, EvalSpec, enqueue_documents  # noqa: E402
+from herd.llm.eval.spec import QUEUE  # noqa: E402
+from herd.testing.simulator import SimulatorProcess  # noqa: E402
+
+MODEL = "sim-fair"
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"score": {"type": "integer", "minimum": 1, "maximum": 5}},
+    "required": ["score"],
+    "additionalProperties": False,
+}
+WINDOW = 10.0
+STEADY = 0.95  # the GCRA's steady use of a limit (docs/limits.md)
+
+
+def documents(n: int, tag: str) -> list[tuple[str, str]]:
+    body = "The council surveyed the river and filed the budget of the station. " * 4
+    return [(f"{tag}{i}.txt", f"Report {tag} {i}.\n{body}") for i in range(n)]
+
+
+async def done_counts(rt: EvalRuntime) -> dict[str, int]:
+    rows = await rt.store.execute(
+        "SELECT batch, count(*) FILTER (WHERE status = 'done') FROM herd_eval_items GROUP BY batch",
+        (),
+    )
+    return {b: int(n) for b, n in rows}
+
+
+async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    app = App(database_url=url)
+    app.include(builtin_tasks)
+    spec = EvalSpec(model=MODEL, system="Rate the report from 1 to 5.", schema=SCHEMA,
+                    params={"max_tokens": 20})  # fmt: skip
+    async with app:
+        rt = await EvalRuntime.of(app)
+        worker = Worker(app, queues=[QUEUE], concurrency=args.big + args.small + 50,
+                        poll_interval=0.05, install_signal_handlers=False)  # fmt: skip
+        t0 = time.time()
+        await enqueue_documents(app, spec, "big", documents(args.big, "b"))
+        task = asyncio.create_task(worker.run())
+        small_at: float | None = None
+        small_end = big_end = None
+        try:
+            while big_end is None or small_end is None:
+                await asyncio.sleep(0.25)
+                now = time.time()
+                if small_at is None and now - t0 >= args.delay:
+                    small_at = time.time()
+                    await enqueue_documents(app, spec, "small", documents(args.small, "s"))
+                try:
+                    counts = await done_counts(rt)
+                except BrokerUnavailable:  # the pool is busy with 2,000 jobs starting
+                    continue
+                if small_end is None and counts.get("small", 0) >= args.small:
+                    small_end = time.time()
+                if big_end is None and counts.get("big", 0) >= args.big:
+                    big_end = time.time()
+                if now - t0 > args.timeout:
+                    raise SystemExit(f"not finished within {args.timeout:g} s: {counts}")
+        finally:
+            worker.stop(immediate=True)
+            await task
+        rows = await rt.store.execute(
+            "SELECT batch, extract(epoch FROM at)::float8 FROM herd_eval_ledger"
+            " WHERE kind = 'call' ORDER BY at",
+            (),
+        )
+    assert small_at is not None and small_end is not None and big_end is not None
+    calls = [(b, float(at)) for b, at in rows]
+    return {"t0": t0, "small_at": small_at, "small_end": small_end, "big_end": big_end,
+            "calls": calls}  # fmt: skip
+
+
+def windows(calls: list[tuple[str, float]], start: float, end: float) -> list[dict[str, Any]]:
+    """Calls per batch in each WINDOW s from start, while before end."""
+    out = []
+    t = start
+    while t + WINDOW <= end:
+        got: dict[str, int] = {}
+        for b, at in calls:
+            if t <= at < t + WINDOW:
+                got[b] = got.get(b, 0) + 1
+        out.append({"at": t, **got})
+        t += WINDOW
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--big", type=int, default=2000)
+    parser.add_argument("--small", type=int, default=200)
+    parser.add_argument("--delay", type=float, default=60.0)
+    parser.add_argument("--rpm", type=int, default=600)
+    parser.add_argument("--latency", default="0.3:0.9")
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--quick", action="store_true", help="400 and 40 documents, 30 s apart")
+    parser.add_argument("--summary", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.big, args.small, args.delay = 400, 40, 30.0
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="herd-fair-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        limits = tmp / "limits.toml"
+        limits.write_text(f'[[limits]]\nprovider = "openai"\nmodel = "{MODEL}"\n'
+                          f"rpm = {args.rpm}\n")  # fmt: skip
+        server = embedded_server(tmp / "home")
+        url = server.acquire()
+        try:
+            with SimulatorProcess("--latency", args.latency, "--seed", "7",
+                                  log=tmp / "sim.log") as sim:  # fmt: skip
+                os.environ.update(
+                    OPENAI_API_KEY="sk-bench", OPENAI_BASE_URL=sim.url + "/v1",
+                    HERD_LIMITS=str(limits), HERD_LIMIT_MAX_WAIT="3600",
+                    # Every job is claimed at once: their first queries need the room.
+                    HERD_PG_POOL_SIZE=os.environ.get("HERD_PG_POOL_SIZE", "24"),
+                )  # fmt: skip
+                got = asyncio.run(run(args, url))
+        finally:
+            server.release()
+    rate = args.rpm / 60.0
+    alone_half = args.small / (rate * STEADY / 2)
+    small_time = got["small_end"] - got["small_at"]
+    calls = got["calls"]
+    # The windows while the big batch is sure to have calls waiting: past the first burst,
+    # before its last calls drain.
+    first = min(at for _, at in calls)
+    last_big = max(at for b, at in calls if b == "big")
+    spans = windows(calls, first + WINDOW / 2, last_big - WINDOW / 2)
+    per_window = rate * WINDOW
+    use = [(w.get("big", 0) + w.get("small", 0)) / per_window for w in spans]
+    min_use = min(use) if use else 0.0
+    during = [w for w in spans if w.get("small")]
+    small_share = sum(w.get("small", 0) for w in during) / max(
+        1, sum(w.get("small", 0) + w.get("big", 0) for w in during)
+    )
+    print(f"fair share: big {args.big} documents, small {args.small} submitted"
+          f" {args.delay:g} s later, rpm {args.rpm}, both weight 1")  # fmt: skip
+    print(
+        f"  small batch: {small_time:.1f} s from submit to its last answer; alone at half"
+        f" the rate {alone_half:.1f} s (ratio {small_time / alone_half:.2f}, goal <= 1.10)"
+    )
+    print(
+        f"  use of the limit in {WINDOW:g} s windows while big runs: min {min_use:.0%},"
+        f" mean {sum(use) / max(1, len(use)):.0%} (goal >= 90%)"
+    )
+    print(f"  small's part of the calls while it ran: {small_share:.0%} (fair: 50%)")
+    print(f"  big batch ended {got['big_end'] - got['t0']:.1f} s after it was submitted")
+    print(f"  calls per {WINDOW:g} s (from the big batch's submit; small submitted at"
+          f" {got['small_at'] - got['t0']:.1f} s):")  # fmt: skip
+    for w in spans:
+        at = w["at"] - got["t0"]
+        print(f"    {at:>6.1f} s  big {w.get('big', 0):>4}  small {w.get('small', 0):>4}")
+    ok = small_time <= 1.1 * alone_half and min_use >= 0.9
+    _summary.write(
+        args.summary, "fair_share", "the issue's goals (no peer)",
+        [
+            _summary.row("small batch's time / alone at half the rate", small_time,
+                         1.1 * alone_half, "s", "lower"),
+            _summary.row("least use of the limit in a 10 s window", min_use, 0.9,
+                         "fraction", "higher"),
+        ],
+        notes=[f"big {args.big}, small {args.small} after {args.delay:g} s, rpm {args.rpm};"
+               f" small's part while it ran {small_share:.0%}"],
+        seconds=time.monotonic() - started,
+    )  # fmt: skip
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Fair shares end to end: a small batch submitted behind a big one on the same
+provider, model and key gets its share of the limit at once, instead of waiting
+behind the big one's calls (herd.limits.Share), on each job store."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from herd.llm import eval as evaluate
+from herd.llm.eval import enqueue_documents
+from tests.conftest import flush_redis, truncate
+from tests.helpers import eventually
+from tests.llm.conftest import clean_eval_tables
+from tests.llm.test_limits_eval import KEY, docs, running, spec, worker_app
+
+BIG, SMALL = 60, 6
+
+
+@pytest.fixture(params=["postgres", "redis"])
+def fair_env(request, pg_url, sim, monkeypatch, tmp_path):
+    """10 requests a second (a burst of half a request) for a model of this test's own."""
+    model = f"sim-fair-{uuid.uuid4().hex[:8]}"  # limiter scopes outlive a test
+    limits = tmp_path / "limits.toml"
+    limits.write_text(
+        f'[[limits]]\nprovider = "openai"\nmodel = "{model}"\nrpm = 10\nperiod = 1.0\n'
+    )
+    monkeypatch.setenv("HERD_LIMITS", str(limits))
+    monkeypatch.setenv("HERD_LIMIT_MAX_WAIT", "60")
+    monkeypatch.setenv("OPENAI_BASE_URL", sim.openai_url)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    if request.param == "redis":
+        redis_url = request.getfixturevalue("redis_stack")
+        flush_redis(redis_url)
+        monkeypatch.setenv("HERD_BROKER", "redis")
+        monkeypatch.setenv("HERD_REDIS_URL", redis_url)
+    truncate(pg_url)
+    clean_eval_tables(pg_url)
+    return pg_url, model
+
+
+async def _counts(app, batch: str) -> dict[str, int]:
+    status = (await evaluate.batch_status(app, batch)).to_json()
+    return {"done": status["done"] + status["failed"], "failed": status["failed"]}
+
+
+async def test_a_small_batch_behind_a_big_one_is_served_before_the_big_one_ends(fair_env):
+    url, model = fair_env
+    async with worker_app(url) as app:
+        await enqueue_documents(app, spec(model), "big", docs(BIG, "b"))
+        # Enough concurrency for every job to be claimed: what is shared here is the
+        # limit, among calls that wait for it in one process (one gate per batch).
+        async with running(app, BIG + SMALL + 10):
+
+            async def started() -> bool:
+                return (await _counts(app, "big"))["done"] >= 5
+
+            await eventually(started, timeout=30, interval=0.05)
+            await enqueue_documents(app, spec(model), "small", docs(SMALL, "s"))
+
+            async def small_done() -> dict[str, int] | None:
+                small = await _counts(app, "small")
+                return await _counts(app, "big") if small["done"] == SMALL else None
+
+            big_then = await eventually(small_done, timeout=60, interval=0.05)
+            # Without shares the small batch's calls queue behind the ~50 of the big one
+            # already waiting, and end with it; with them, they alternate with its calls
+            # (about 12 of the big one's, 6 s of its 60 calls, and then some while the
+            # status is read, under load).
+            assert big_then["done"] <= BIG - 15, big_then
+
+            async def big_done() -> bool:
+                return (await _counts(app, "big"))["done"] == BIG
+
+            await eventually(big_done, timeout=60, interval=0.1)
+        assert (await _counts(app, "big"))["failed"] == 0
+        assert (await _counts(app, "small"))["failed"] == 0
