@@ -30,7 +30,8 @@ from herd.app import App
 from herd.db.queries import named
 from herd.errors import Fatal, InvalidInput, LeaseLost, Snooze
 from herd.jsonvalue import JSON, canonical
-from herd.llm.eval.pipeline import Pipeline, from_json
+from herd.llm.eval import rounds
+from herd.llm.eval.pipeline import CallStage, Pipeline, from_json
 from herd.llm.eval.runtime import EvalRuntime
 from herd.llm.eval.spec import QUEUE, BatchCancelled, EvalSpec
 from herd.llm.eval.store import EvalStore
@@ -47,9 +48,10 @@ async def on(conn: AsyncConnection[Any], name: str, **params: Any) -> list[tuple
     return await cur.fetchall() if cur.description else []
 
 
-def piece_dedup(batch: str, path: str, stage: str, seq: int) -> str:
+def piece_dedup(batch: str, path: str, stage: str, seq: int, round_: int = 1) -> str:
     """The dedup key of a piece's job: one active job per piece, whoever enqueues it."""
-    return "pipe:" + hashlib.sha256(canonical([batch, path, stage, seq]).encode()).hexdigest()
+    address: list[JSON] = [batch, path, stage, seq] + ([round_] if round_ != 1 else [])
+    return "pipe:" + hashlib.sha256(canonical(address).encode()).hexdigest()
 
 
 def text_hash(text: str) -> str:
@@ -63,13 +65,14 @@ async def put_stage_input(
     path: str,
     stage: str,
     pieces: list[tuple[str, dict[str, Any]]],
+    round_: int = 1,
 ) -> None:
     """A stage's pieces of one document (input text and location each), their texts and
     spec stored, in the caller's transaction; no job yet (see send_unsent)."""
     texts = {text_hash(t): t for t, _ in pieces}
     await EvalStore.on(conn, "put_documents", hashes=list(texts), texts=list(texts.values()))
     await EvalStore.on(conn, "put_spec", hash=spec.hash, spec=Jsonb(asdict(spec)))
-    await on(conn, "put_pieces", b=batch, path=path, stage=stage, spec=spec.hash,
+    await on(conn, "put_pieces", b=batch, path=path, stage=stage, round=round_, spec=spec.hash,
              seqs=list(range(len(pieces))), keys=[spec.key(t) for t, _ in pieces],
              docs=[text_hash(t) for t, _ in pieces],
              locs=[Jsonb(loc) for _, loc in pieces])  # fmt: skip
@@ -85,15 +88,16 @@ async def send_unsent(
         return []
     results = await app.enqueue_many(
         STAGE_TASK,
-        [{"batch": batch, "path": p, "stage": st, "seq": seq, "key": k, "spec": s, "doc": d,
-          "pipeline": pipe_hash} for p, st, seq, k, s, d in rows],
+        [{"batch": batch, "path": p, "stage": st, "round": rd, "seq": seq, "key": k,
+          "spec": s, "doc": d, "pipeline": pipe_hash} for p, st, rd, seq, k, s, d in rows],
         queue=QUEUE,
         priority=priority,
-        dedup_keys=[piece_dedup(batch, p, st, seq) for p, st, seq, *_ in rows],
+        dedup_keys=[piece_dedup(batch, p, st, seq, rd) for p, st, rd, seq, *_ in rows],
     )  # fmt: skip
-    for (p, st, seq, *_), r in zip(rows, results, strict=True):
+    for (p, st, rd, seq, *_), r in zip(rows, results, strict=True):
         await rt.store.execute(
-            Q["sent"], {"job": r.job_id, "b": batch, "path": p, "stage": st, "seq": seq}
+            Q["sent"],
+            {"job": r.job_id, "b": batch, "path": p, "stage": st, "round": rd, "seq": seq},
         )
     return results
 
@@ -110,6 +114,9 @@ async def load_pipeline(rt: EvalRuntime, pipe_hash: str) -> Pipeline:
 
 def _where(seq: int, loc: dict[str, Any]) -> str:
     parts = [f"piece {seq}"]
+    if "round" in loc:
+        parts[0] = f"round {loc['round']} piece {seq} (map pieces {loc['pieces'][0]}"
+        parts[0] += f"-{loc['pieces'][1]})"
     if "page" in loc:
         parts.append(f"page {loc['page']}")
     if "section" in loc:
@@ -119,19 +126,41 @@ def _where(seq: int, loc: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-async def advance(
-    conn: AsyncConnection[Any], pipe: Pipeline, batch: str, path: str, name: str
+async def put_round(
+    conn: AsyncConnection[Any],
+    pipe: Pipeline,
+    stage: CallStage,
+    batch: str,
+    path: str,
+    round_: int,
+    items: list[JSON],
 ) -> None:
-    """After a piece of stage ``name`` ended (counted once): when it was the document's
-    last open piece of that stage, decide what comes next, in the caller's (fenced)
-    transaction: the next stage's input, or the document's answer or failure."""
+    """A reduce's round over ``items``: one piece if they fit its model's context (the
+    last round), else one per batch that fits, with the round's fan-in count."""
+    spec = pipe.spec(stage)
+    batches = rounds.group(items, spec, pipe.context_of(spec.model))
+    located: dict[str, Any] = {"round": round_} if round_ > 1 or len(batches) > 1 else {}
+    pieces = [(canonical(b), {**located, "pieces": rounds.span(b)}) for b in batches]
+    await put_stage_input(conn, spec, batch, path, stage.name, pieces, round_)
+    if len(batches) > 1:
+        await on(conn, "put_round_fanin", b=batch, path=path, stage=stage.name, round=round_,
+                 open=len(batches), n=len(batches))  # fmt: skip
+
+
+async def advance(
+    conn: AsyncConnection[Any], pipe: Pipeline, batch: str, path: str, name: str, round_: int = 1
+) -> None:
+    """After a piece of stage ``name`` (of round ``round_``) ended, counted once: when it
+    was the document's last open piece of that stage's round, decide what comes next,
+    in the caller's (fenced) transaction: a reduce's next round, the next stage's input,
+    or the document's answer or failure."""
     stage = pipe.stage(name)
     where = {"b": batch, "path": path}
-    if stage.kind == "map":
-        ((left,),) = await on(conn, "fanin_step", stage=name, **where)
-        if left > 0:
-            return
-    answers = await on(conn, "stage_answers", stage=name, **where)
+    # No fan-in row: the round is one piece (a reduce that fits, a chain).
+    left = await on(conn, "fanin_step", stage=name, round=round_, **where)
+    if left and left[0][0] > 0:
+        return
+    answers = await on(conn, "stage_answers", stage=name, round=round_, **where)
     gaps = [(seq, st, err, loc) for seq, st, _, err, loc in answers if st != "done"]
     if gaps and (stage.kind != "map" or stage.on_dead == "fail"):
         seq, st, err, loc = gaps[0]
@@ -147,12 +176,26 @@ async def advance(
             for seq, st, res, err, loc in answers
         ]
         model = None
+    elif len(answers) > 1:
+        # A round of a reduce ended: the next round reads its answers, in order.
+        parts: list[JSON] = [
+            {"part": seq, "pieces": loc["pieces"], "answer": res["output"]}
+            for seq, _, res, _, loc in answers
+        ]
+        await put_round(conn, pipe, stage, batch, path, round_ + 1, parts)
+        return
     else:
         value, model = answers[0][2]["output"], answers[0][2].get("model")
     nxt = pipe.after(name)
     if nxt is None:
         result = {"output": value, "stage": name, "model": model}
+        if round_ > 1:
+            result["rounds"] = round_
         await on(conn, "doc_done", source="pipeline", result=Jsonb(result), **where)
+        return
+    if nxt.kind == "reduce":
+        assert isinstance(value, list)
+        await put_round(conn, pipe, nxt, batch, path, 1, value)
         return
     await put_stage_input(conn, pipe.spec(nxt), batch, path, nxt.name, [(canonical(value), {})])
 
@@ -170,14 +213,20 @@ async def end_piece(
 ) -> None:
     """The piece's one move out of 'queued' and, if this run made it, the fan-in step:
     one transaction, committed only while this job's lease holds."""
-    where = {"b": payload["batch"], "path": payload["path"], "stage": payload["stage"],
-             "seq": payload["seq"]}  # fmt: skip
+    where = piece_where(payload)
     async with fenced(ctx, rt.store) as conn:
         ended = await on(conn, "piece_end", status=status, source=source,
                          result=None if result is None else Jsonb(result), error=error,
                          **where)  # fmt: skip
         if ended:
-            await advance(conn, pipe, payload["batch"], payload["path"], payload["stage"])
+            await advance(conn, pipe, payload["batch"], payload["path"], payload["stage"],
+                          where["round"])  # fmt: skip
+
+
+def piece_where(payload: dict[str, Any]) -> dict[str, Any]:
+    """A piece's address from its job's payload (a job enqueued before rounds: round 1)."""
+    return {"b": payload["batch"], "path": payload["path"], "stage": payload["stage"],
+            "round": payload.get("round", 1), "seq": payload["seq"]}  # fmt: skip
 
 
 def _last_attempt(ctx: JobContext) -> bool:
@@ -190,8 +239,7 @@ async def run_stage(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     batch, path, key = payload["batch"], payload["path"], payload["key"]
     await rt.store.cut_short(ctx.job_id)
     pipe = await load_pipeline(rt, payload["pipeline"])
-    where = {"b": batch, "path": path, "stage": payload["stage"], "seq": payload["seq"]}
-    found_rows = await rt.store.execute(Q["piece"], where)
+    found_rows = await rt.store.execute(Q["piece"], piece_where(payload))
     if not found_rows:
         raise Fatal(f"{path}: piece {payload['seq']} of stage {payload['stage']!r} is not stored")
     source = "done"
@@ -218,9 +266,7 @@ async def _answer(ctx: JobContext, rt: EvalRuntime, pipe: Pipeline, payload: dic
             key, lambda: run.compute(text), owner=f"herd-job:{ctx.job_id}"
         )
     except BatchCancelled:
-        await rt.store.execute(Q["cancel_pieces"], {"b": payload["batch"], "path": payload["path"],
-                                                   "stage": payload["stage"],
-                                                   "seq": payload["seq"]})  # fmt: skip
+        await rt.store.execute(Q["cancel_pieces"], piece_where(payload))
         return "cancelled"
     except (Snooze, LeaseLost):
         raise
