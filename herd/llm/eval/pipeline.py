@@ -40,9 +40,11 @@ class _Stage(BaseModel):
 
 class SplitStage(_Stage):
     kind: Literal["split"] = "split"
-    # pages (PDF pages, form feeds), headings (Markdown), sections (1., 1.2 ...), window.
-    by: Literal["pages", "headings", "sections", "window"] = "headings"
-    # Deepest heading or section number that starts a piece (2: "##", "1.2").
+    # pages (PDF pages, form feeds), headings (Markdown), sections (1., 1.2 ...), pasal
+    # (a statute: BAB, Pasal, ayat), verse (scripture: book, chapter, verse), window.
+    by: Literal["pages", "headings", "sections", "pasal", "verse", "window"] = "headings"
+    # Deepest heading or section number that starts a piece (2: "##", "1.2"); pasal: 1
+    # BAB, 2 Pasal, 3 ayat; verse: 1 book, 2 chapter, 3 verse.
     depth: Annotated[int, Field(ge=1, le=6)] = 2
     # A window's size in tokens (None: half the context of the first model stage).
     window_tokens: Annotated[int | None, Field(ge=16)] = None
