@@ -290,7 +290,7 @@ def _submit_pipeline(
                                        budget=budget, limits=limits)  # fmt: skip
         console.err.print(
             f"batch {report.batch}: {report.queued} pieces queued for stage"
-            f" {pipe.calls[0].name!r}, {len(report.errors)} unreadable",
+            f" {pipe.first.name!r}, {len(report.errors)} unreadable",
             soft_wrap=True,
         )
         for error in report.errors:

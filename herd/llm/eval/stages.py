@@ -29,9 +29,16 @@ from herd import telemetry
 from herd.app import App
 from herd.db.queries import named
 from herd.errors import Fatal, InvalidInput, LeaseLost, Snooze
-from herd.jsonvalue import JSON, canonical
-from herd.llm.eval import rounds
-from herd.llm.eval.pipeline import CallStage, Pipeline, from_json
+from herd.jsonvalue import JSON, canonical, loads
+from herd.llm.eval import functions, rounds
+from herd.llm.eval.pipeline import (
+    CallStage,
+    FunctionStage,
+    Pipeline,
+    Step,
+    from_json,
+    per_piece,
+)
 from herd.llm.eval.runtime import EvalRuntime
 from herd.llm.eval.spec import QUEUE, BatchCancelled, EvalSpec
 from herd.llm.eval.store import EvalStore
@@ -66,16 +73,60 @@ async def put_stage_input(
     stage: str,
     pieces: list[tuple[str, dict[str, Any]]],
     round_: int = 1,
+    seqs: list[int] | None = None,
 ) -> None:
     """A stage's pieces of one document (input text and location each), their texts and
     spec stored, in the caller's transaction; no job yet (see send_unsent)."""
+    await EvalStore.on(conn, "put_spec", hash=spec.hash, spec=Jsonb(asdict(spec)))
+    await _put_pieces(conn, spec.hash, [spec.key(t) for t, _ in pieces], batch, path, stage,
+                      pieces, round_, seqs)  # fmt: skip
+
+
+async def _put_pieces(
+    conn: AsyncConnection[Any],
+    spec: str,
+    keys: list[str],
+    batch: str,
+    path: str,
+    stage: str,
+    pieces: list[tuple[str, dict[str, Any]]],
+    round_: int,
+    seqs: list[int] | None,
+) -> None:
     texts = {text_hash(t): t for t, _ in pieces}
     await EvalStore.on(conn, "put_documents", hashes=list(texts), texts=list(texts.values()))
-    await EvalStore.on(conn, "put_spec", hash=spec.hash, spec=Jsonb(asdict(spec)))
-    await on(conn, "put_pieces", b=batch, path=path, stage=stage, round=round_, spec=spec.hash,
-             seqs=list(range(len(pieces))), keys=[spec.key(t) for t, _ in pieces],
+    await on(conn, "put_pieces", b=batch, path=path, stage=stage, round=round_, spec=spec,
+             seqs=seqs if seqs is not None else list(range(len(pieces))), keys=keys,
              docs=[text_hash(t) for t, _ in pieces],
              locs=[Jsonb(loc) for _, loc in pieces])  # fmt: skip
+
+
+async def put_step_input(
+    conn: AsyncConnection[Any],
+    pipe: Pipeline,
+    step: Step,
+    batch: str,
+    path: str,
+    pieces: list[tuple[str, dict[str, Any]]],
+    seqs: list[int] | None = None,
+) -> None:
+    """A stage's pieces of one document, whether it calls a model or a function."""
+    if isinstance(step, CallStage):
+        await put_stage_input(conn, pipe.spec(step), batch, path, step.name, pieces, 1, seqs)
+        return
+    keys = [functions.key_of(step, t) for t, _ in pieces]
+    await _put_pieces(conn, functions.spec_of(step), keys, batch, path, step.name, pieces, 1,
+                      seqs)  # fmt: skip
+
+
+def item_spec(pipe: Pipeline) -> str:
+    """The spec a pipeline's document item names: its last model stage's (its model is
+    what results show), or its last function's."""
+    if pipe.calls:
+        return pipe.spec(pipe.calls[-1]).hash
+    last = pipe.last
+    assert isinstance(last, FunctionStage)
+    return functions.spec_of(last)
 
 
 async def send_unsent(
@@ -154,20 +205,62 @@ async def advance(
     was the document's last open piece of that stage's round, decide what comes next,
     in the caller's (fenced) transaction: a reduce's next round, the next stage's input,
     or the document's answer or failure."""
-    stage = pipe.stage(name)
-    where = {"b": batch, "path": path}
     # No fan-in row: the round is one piece (a reduce that fits, a chain).
-    left = await on(conn, "fanin_step", stage=name, round=round_, **where)
+    left = await on(conn, "fanin_step", b=batch, path=path, stage=name, round=round_)
     if left and left[0][0] > 0:
         return
+    await _decide(conn, pipe, batch, path, name, round_)
+
+
+async def _put_next_pieces(
+    conn: AsyncConnection[Any],
+    pipe: Pipeline,
+    step: Step,
+    batch: str,
+    path: str,
+    before: str,
+    answers: list[tuple[Any, ...]],
+) -> None:
+    """A stage per piece after another: piece for piece, each reading the answer of the
+    same piece (same number and location); a piece dead before stays dead here, named,
+    so that the stage's policy decides at its end, with the gap where it was."""
+    done = [(seq, res, loc) for seq, st, res, _, loc in answers if st == "done"]
+    dead = [(seq, st, err, loc) for seq, st, _, err, loc in answers if st != "done"]
+    await put_step_input(conn, pipe, step, batch, path,
+                         [(canonical(res["output"]), loc) for _, res, loc in done],
+                         [seq for seq, *_ in done])  # fmt: skip
+    if dead:
+        await put_step_input(conn, pipe, step, batch, path,
+                             [(canonical({"missing": err or st}), loc) for _, st, err, loc in dead],
+                             [seq for seq, *_ in dead])  # fmt: skip
+        for seq, st, err, loc in dead:
+            await on(conn, "piece_end", status="failed", source=None, result=None,
+                     error=f"stage {before!r}: {_where(seq, loc)} {st}: {err or st}", b=batch,
+                     path=path, stage=step.name, round=1, seq=seq)  # fmt: skip
+    await on(conn, "put_round_fanin", b=batch, path=path, stage=step.name, round=1,
+             open=len(done), n=len(answers))  # fmt: skip
+    if not done:
+        await _decide(conn, pipe, batch, path, step.name, 1)
+
+
+async def _decide(
+    conn: AsyncConnection[Any], pipe: Pipeline, batch: str, path: str, name: str, round_: int
+) -> None:
+    stage = pipe.stage(name)
+    where = {"b": batch, "path": path}
     answers = await on(conn, "stage_answers", stage=name, round=round_, **where)
     gaps = [(seq, st, err, loc) for seq, st, _, err, loc in answers if st != "done"]
-    if gaps and (stage.kind != "map" or stage.on_dead == "fail"):
+    many = per_piece(stage)
+    if gaps and (not many or stage.on_dead == "fail"):
         seq, st, err, loc = gaps[0]
         error = f"stage {name!r}: {_where(seq, loc)} {st}: {err or st}"
         await on(conn, "doc_failed", result=Jsonb({"error": error, "stage": name}), **where)
         return
-    if stage.kind == "map":
+    nxt = pipe.after(name)
+    if many and nxt is not None and per_piece(nxt):
+        await _put_next_pieces(conn, pipe, nxt, batch, path, name, answers)
+        return
+    if many:
         # In document order, a dead piece (on_dead = "skip") marked where it was.
         value: JSON = [
             {"piece": seq, "loc": loc, "answer": res["output"]}
@@ -178,6 +271,7 @@ async def advance(
         model = None
     elif len(answers) > 1:
         # A round of a reduce ended: the next round reads its answers, in order.
+        assert isinstance(stage, CallStage)
         parts: list[JSON] = [
             {"part": seq, "pieces": loc["pieces"], "answer": res["output"]}
             for seq, _, res, _, loc in answers
@@ -186,18 +280,17 @@ async def advance(
         return
     else:
         value, model = answers[0][2]["output"], answers[0][2].get("model")
-    nxt = pipe.after(name)
     if nxt is None:
         result = {"output": value, "stage": name, "model": model}
         if round_ > 1:
             result["rounds"] = round_
         await on(conn, "doc_done", source="pipeline", result=Jsonb(result), **where)
         return
-    if nxt.kind == "reduce":
+    if isinstance(nxt, CallStage) and nxt.kind == "reduce":
         assert isinstance(value, list)
         await put_round(conn, pipe, nxt, batch, path, 1, value)
         return
-    await put_stage_input(conn, pipe.spec(nxt), batch, path, nxt.name, [(canonical(value), {})])
+    await put_step_input(conn, pipe, nxt, batch, path, [(canonical(value), {})])
 
 
 async def end_piece(
@@ -243,7 +336,10 @@ async def run_stage(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     if not found_rows:
         raise Fatal(f"{path}: piece {payload['seq']} of stage {payload['stage']!r} is not stored")
     source = "done"
-    if found_rows[0][0] == "queued":
+    step = pipe.stage(payload["stage"])
+    if found_rows[0][0] == "queued" and isinstance(step, FunctionStage):
+        source = await _run_function(ctx, rt, pipe, step, payload)
+    elif found_rows[0][0] == "queued":
         source = await _answer(ctx, rt, pipe, payload)
     # Sent after the commit, before this job completes: see the module's docstring.
     await send_unsent(ctx.app, rt, payload["pipeline"], batch, path)
@@ -281,5 +377,36 @@ async def _answer(ctx: JobContext, rt: EvalRuntime, pipe: Pipeline, payload: dic
         kind = "singleflight" if found.source == "waited" else "cache"
         await rt.store.record(batch=payload["batch"], job_id=ctx.job_id, key=key, kind=kind,
                               model=spec.model, provider=spec.provider)  # fmt: skip
+    await end_piece(ctx, rt, pipe, payload, "done", source=found.source, result=found.value)
+    return found.source
+
+
+async def _run_function(
+    ctx: JobContext, rt: EvalRuntime, pipe: Pipeline, step: FunctionStage, payload: dict[str, Any]
+) -> str:
+    """A function stage's piece: the function over what it reads, cached by its key (a
+    re-run or a twin piece answered from the cache), no ledger row; ended as a call's
+    piece is, in the fenced transaction."""
+    try:
+        fn = functions.resolve(ctx.app, step.task)
+    except InvalidInput as exc:
+        raise Fatal(f"stage {step.name!r}: {exc}") from None
+    text = await rt.store.document(payload["doc"])
+    value: JSON = text if pipe.reads_text(step) else loads(text)
+
+    async def compute() -> JSON:
+        return {"output": await functions.call(fn, value), "function": step.task}
+
+    try:
+        await ctx.check_lease()
+        found = await rt.cache.get_or_compute(
+            payload["key"], compute, owner=f"herd-job:{ctx.job_id}"
+        )
+    except (Snooze, LeaseLost):
+        raise
+    except Exception as exc:
+        if isinstance(exc, Fatal) or _last_attempt(ctx):
+            await end_piece(ctx, rt, pipe, payload, "failed", error=str(exc)[:2000])
+        raise
     await end_piece(ctx, rt, pipe, payload, "done", source=found.source, result=found.value)
     return found.source

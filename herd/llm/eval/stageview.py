@@ -8,6 +8,7 @@ from typing import Any
 
 from herd.app import App
 from herd.errors import BatchNotFound, InvalidInput
+from herd.llm.eval.pipeline import CallStage
 from herd.llm.eval.runtime import EvalRuntime
 from herd.llm.eval.stages import Q, advance, load_pipeline, on, send_unsent
 from herd.queue.base import JobStatus
@@ -28,10 +29,12 @@ async def stage_progress(rt: EvalRuntime, batch: str) -> list[dict[str, Any]]:
     counts = {r[0]: r[1:] for r in await rt.store.execute(Q["stage_counts"], {"b": batch})}
     costs = {r[0]: r[1:] for r in await rt.store.execute(Q["stage_costs"], {"b": batch})}
     out = []
-    for stage in pipe.calls:
+    for stage in pipe.steps:
         n, done, failed, cancelled, cached, round_ = counts.get(stage.name, (0, 0, 0, 0, 0, 1))
         calls, i, o, cost, unpriced = costs.get(stage.name, (0, 0, 0, None, False))
-        out.append({"stage": stage.name, "kind": stage.kind, "model": pipe.spec(stage).model,
+        # A function stage has no model: its task's name in its place.
+        model = pipe.spec(stage).model if isinstance(stage, CallStage) else stage.task
+        out.append({"stage": stage.name, "kind": stage.kind, "model": model,
                     "pieces": int(n), "done": int(done), "failed": int(failed),
                     "cancelled": int(cancelled), "cached": int(cached), "calls": int(calls),
                     "round": int(round_),
@@ -104,7 +107,7 @@ async def stage_rows(app: App, batch: str, stage: str) -> AsyncIterator[dict[str
             raise BatchNotFound(f"no batch named {batch!r}; `herd eval list` shows them")
         raise InvalidInput(f"--stage: batch {batch!r} has one stage only", field="stage")
     pipe = await load_pipeline(rt, found[0][0])
-    names = [s.name for s in pipe.calls]
+    names = [s.name for s in pipe.steps]
     if stage not in names:
         raise InvalidInput(
             f"--stage: {stage!r} is not a stage of batch {batch!r}"
