@@ -1,8 +1,9 @@
 """A pipeline's function stages: a Python function in place of a model call, found by
 the name of a task registered with ``@app.task`` (by default ``module.fn``) or, failing
-that, imported as ``module.fn``, as a worker's ``--app`` is. Checked at submission
-(every function found) and run by the stage's job: no ledger row, no budget, no limits;
-cached like a call, by the task's name, its ``version`` and what it reads."""
+that, imported as ``module.fn`` (the current folder importable, as for a worker's
+``--app``). Checked at submission (every function found) and run by the stage's job:
+no ledger row, no budget, no limits; cached like a call, by the task's name, its
+``version`` and what it reads."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import asyncio
 import hashlib
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +51,8 @@ def resolve(app: App, name: str) -> Callable[..., Any]:
     module_name, sep, attr = name.replace(":", ".").rpartition(".")
     if not sep or not module_name:
         raise FunctionNotFound(f"{name!r} is no task of the app and not module.fn")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the current folder importable, as for --app
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
