@@ -322,7 +322,7 @@ def _submit_pipeline(
                                budget=budget, limits=limits)  # fmt: skip
 
     def queued(report: SubmitReport) -> str:
-        return f"{report.queued} pieces queued for stage {pipe.calls[0].name!r}"
+        return f"{report.queued} pieces queued for stage {pipe.first.name!r}"
 
     _submit_and_report(ctx, enqueue, queued, wait=wait, concurrency=concurrency, as_json=as_json)
 

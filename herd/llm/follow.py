@@ -45,7 +45,8 @@ def summary(s: BatchStatus) -> str:
     for stage in s.stages:  # a batch in stages: the pieces of each stage under way
         ended = stage["done"] + stage["failed"] + stage["cancelled"]
         if ended < stage["pieces"]:
-            parts.append(f"{stage['stage']} {ended}/{stage['pieces']}")
+            in_round = f" round {stage['round']}" if stage.get("round", 1) > 1 else ""
+            parts.append(f"{stage['stage']}{in_round} {ended}/{stage['pieces']}")
     if s.dead or s.lost:
         parts.append(f"{s.dead + s.lost} dead")
     if s.running:
@@ -207,7 +208,9 @@ def print_stages(stages: list[dict[str, Any]]) -> None:
     for col in ("stage", "kind", "done", "failed", "cached", "calls", "cost"):
         table.add_column(col, justify="left" if col in ("stage", "kind") else "right")
     for s in stages:
-        table.add_row(s["stage"], s["kind"], f"{s['done']:,}/{s['pieces']:,}",
+        # A reduce larger than its context runs in rounds: the last one made.
+        kind = f"{s['kind']}, round {s['round']}" if s.get("round", 1) > 1 else s["kind"]
+        table.add_row(s["stage"], kind, f"{s['done']:,}/{s['pieces']:,}",
                       f"{s['failed']:,}", f"{s['cached']:,}", f"{s['calls']:,}",
                       dollars(s["cost"]) if s["calls"] else "")  # fmt: skip
     console.out.print(table)

@@ -104,3 +104,58 @@ async def test_a_worker_killed_mid_pipeline_leaves_one_reduce_per_document(
                  " AND status = 'done'") == maps  # fmt: skip
     assert count("SELECT min(open) FROM herd_eval_fanin") == 0
     assert maps <= sim.stats()["by_model"]["sim-map"] <= maps + 2
+
+
+@pytest.mark.timeout(180)
+async def test_a_worker_killed_mid_round_leaves_one_final_reduce_per_document(
+    producer, sim, pg_url, tmp_path
+):
+    """The reduce's model has a small context: each document's reduce runs in rounds,
+    and a worker is killed while it holds a reduce of a round."""
+    sim.configure(latency=[0.3, 0.6])
+    texts = {f"doc{d}.md": manual(f"Unit {d}", 20 + d) for d in range(DOCS)}
+    await submit_pipeline_texts(producer, from_json({**PIPE, "context": {"sim-reduce": 256}}),
+                                texts, batch="rounds")  # fmt: skip
+    settings = producer.settings
+    env = worker_env(broker=settings.broker, database_url=pg_url, redis_url=settings.redis_url,
+                     pythonpath=[ROOT], OPENAI_BASE_URL=sim.openai_url,
+                     OPENAI_API_KEY=SECRET)  # fmt: skip
+    argv = herd_worker("--queue", evaluate.QUEUE, "--concurrency", "2", "--poll-interval",
+                       "0.1", "--grace", "5")  # fmt: skip
+
+    async def reduce_held_by(pid: int) -> list:
+        jobs = await producer.broker.list_jobs(status=JobStatus.PROCESSING, limit=1000)
+        return [j for j in jobs if j.lease_owner and f":{pid}:" in j.lease_owner
+                and j.task == stages.STAGE_TASK and j.payload["stage"] == "summary"]  # fmt: skip
+
+    def rows(sql: str) -> list[tuple]:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            return conn.execute(sql).fetchall()
+
+    with Fleet(argv, env, logs=tmp_path, cwd=ROOT) as fleet:
+        victim, _ = fleet.start(2)
+        await wait_until(lambda: reduce_held_by(victim.pid), 90, what="a reduce held by the victim")
+        fleet.kill(victim.pid)
+        fleet.start(1)
+
+        async def all_done() -> bool:
+            done = "SELECT count(*) FROM herd_eval_items WHERE batch = 'rounds' AND status = 'done'"
+            return rows(done)[0][0] == DOCS
+
+        await wait_until(all_done, 120, what="every document answered")
+    # Per document: more than one round, and its last round is one piece.
+    last = rows("SELECT path, max(round), count(*) FILTER (WHERE round = 1) FROM"
+                " herd_eval_pieces WHERE stage = 'summary' GROUP BY path")  # fmt: skip
+    assert len(last) == DOCS and all(r > 1 and firsts > 1 for _, r, firsts in last)
+    finals = rows("SELECT p.path, count(*) FROM herd_eval_pieces p JOIN (SELECT path,"
+                  " max(round) AS r FROM herd_eval_pieces WHERE stage = 'summary' GROUP BY"
+                  " path) m ON m.path = p.path AND p.round = m.r WHERE p.stage = 'summary'"
+                  " GROUP BY p.path")  # fmt: skip
+    assert sorted(n for _, n in finals) == [1] * DOCS
+    # Every round counted down to zero, every reduce piece answered; calls beyond one
+    # per reduce piece are the killed ones only.
+    (pieces,) = rows("SELECT count(*) FROM herd_eval_pieces WHERE stage = 'summary'"
+                     " AND status = 'done'")[0]  # fmt: skip
+    assert rows("SELECT count(*) FROM herd_eval_pieces WHERE stage = 'summary'")[0][0] == pieces
+    assert rows("SELECT max(open) FROM herd_eval_fanin")[0][0] == 0
+    assert pieces <= sim.stats()["by_model"]["sim-reduce"] <= pieces + 2

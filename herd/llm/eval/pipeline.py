@@ -3,10 +3,13 @@ in Python, checked whole before anything is stored or paid for. No I/O but readi
 file and what it names (prompt and schema files, relative to it).
 
 * ``split``: the document into pieces (herd.llm.eval.split); no model call.
-* ``map``: one call per piece.
-* ``reduce``: one call per document over the answers of the map stage it names, in
-  document order.
+* ``map``: one call per piece; a map after a map reads its answer of the same piece.
+* ``reduce``: one call per document over the answers of the map stage before it, in
+  document order (in rounds where they pass its model's context: herd.llm.eval.rounds).
 * ``chain``: one call per document on the previous stage's answer (a judge, a rewrite).
+* ``function``: a Python function (a task registered with ``@app.task``, or any
+  importable ``module.fn``) run per piece, as a map, or per document, as a reduce or
+  a chain, with no model call.
 
 A single prompt is the one-stage case: ``[map]`` with no split reads the whole document.
 """
@@ -26,8 +29,7 @@ from herd.errors import InvalidInput
 from herd.jsonvalue import canonical
 from herd.llm.eval.spec import EvalSpec
 
-KINDS = ("split", "map", "reduce", "chain")
-PER_PIECE = "map"
+KINDS = ("split", "map", "reduce", "chain", "function")
 # A model's context in tokens where the pipeline names none ([context] in the file).
 DEFAULT_CONTEXT = 8192
 
@@ -40,9 +42,11 @@ class _Stage(BaseModel):
 
 class SplitStage(_Stage):
     kind: Literal["split"] = "split"
-    # pages (PDF pages, form feeds), headings (Markdown), sections (1., 1.2 ...), window.
-    by: Literal["pages", "headings", "sections", "window"] = "headings"
-    # Deepest heading or section number that starts a piece (2: "##", "1.2").
+    # pages (PDF pages, form feeds), headings (Markdown), sections (1., 1.2 ...), pasal
+    # (a statute: BAB, Pasal, ayat), verse (scripture: book, chapter, verse), window.
+    by: Literal["pages", "headings", "sections", "pasal", "verse", "window"] = "headings"
+    # Deepest heading or section number that starts a piece (2: "##", "1.2"); pasal: 1
+    # BAB, 2 Pasal, 3 ayat; verse: 1 book, 2 chapter, 3 verse.
     depth: Annotated[int, Field(ge=1, le=6)] = 2
     # A window's size in tokens (None: half the context of the first model stage).
     window_tokens: Annotated[int | None, Field(ge=16)] = None
@@ -63,7 +67,30 @@ class CallStage(_Stage):
     on_dead: Literal["fail", "skip"] = "fail"
 
 
-Stage = Annotated[SplitStage | CallStage, Field(discriminator="kind")]
+class FunctionStage(_Stage):
+    """A Python function instead of a model call: ``fn(value)`` (sync or async) returns
+    the stage's answer, JSON. ``value`` is the piece's or the document's text for the
+    first stage, else what a map, reduce or chain in its place would read (the answer
+    of the stage before; per document after per-piece stages: the list of their
+    answers). Cached by the task's name, ``version`` and what it reads."""
+
+    kind: Literal["function"] = "function"
+    # A task's name (@app.task, by default "module.fn") or an importable module.fn.
+    task: Annotated[str, Field(pattern=r"^[A-Za-z_][\w.:-]{0,199}$")]
+    per: Literal["piece", "document"] = "piece"
+    # Part of the cache key: change it when the function's answers change.
+    version: Annotated[str, Field(max_length=64)] = "1"
+    on_dead: Literal["fail", "skip"] = "fail"
+
+
+Stage = Annotated[SplitStage | CallStage | FunctionStage, Field(discriminator="kind")]
+Step = CallStage | FunctionStage
+
+
+def per_piece(step: Step) -> bool:
+    """Whether the stage runs once per piece (a map, a function per piece), not once
+    per document."""
+    return step.kind == "map" or (isinstance(step, FunctionStage) and step.per == "piece")
 
 
 class Defaults(BaseModel):
@@ -93,39 +120,47 @@ class Pipeline(BaseModel):
         kinds = [s.kind for s in self.stages]
         if "split" in kinds[1:]:
             raise ValueError("a split can only be the first stage")
-        calls = [s for s in self.stages if isinstance(s, CallStage)]
-        if not calls:
-            raise ValueError("no stage calls a model: add a map, reduce or chain stage")
-        seen_map = seen_doc = False
-        for s in calls:
-            if s.kind == "map":
-                if seen_map or seen_doc:
+        steps = [s for s in self.stages if not isinstance(s, SplitStage)]
+        if not steps:
+            raise ValueError("no stage after the split: add a map, reduce, chain or function")
+        # Per-piece stages first (maps, functions per piece), then per-document ones: the
+        # first of those after per-piece stages reads all their answers (a reduce, or a
+        # function per document), the others one answer each.
+        last_piece: str | None = None
+        seen_doc = False
+        for s in steps:
+            if per_piece(s):
+                if seen_doc:
                     raise ValueError(
-                        f"stage {s.name!r}: one map stage, before any reduce or chain"
-                        " (several maps are not supported yet)"
+                        f"stage {s.name!r}: a {s.kind} per piece must come before any"
+                        " stage per document (reduce, chain, function per document)"
                     )
-                seen_map = True
+                last_piece = s.name
             elif s.kind == "reduce":
-                if not seen_map:
+                if last_piece is None:
                     raise ValueError(f"stage {s.name!r}: a reduce needs a map stage before it")
                 if seen_doc:
-                    raise ValueError(f"stage {s.name!r}: one reduce, right after the map")
-                maps = [m.name for m in calls if m.kind == "map"]
-                if s.over is not None and s.over not in maps:
-                    raise ValueError(f"stage {s.name!r}: over={s.over!r} names no map stage")
+                    raise ValueError(f"stage {s.name!r}: one reduce, right after the maps")
+                assert isinstance(s, CallStage)
+                if s.over is not None and s.over != last_piece:
+                    what = f"reads the last stage per piece, {last_piece!r}"
+                    if s.over not in [m.name for m in steps if per_piece(m)]:
+                        what = "names no map stage"
+                    raise ValueError(f"stage {s.name!r}: over={s.over!r}: {what}")
                 seen_doc = True
             else:
-                if seen_map and not seen_doc:
+                if s.kind == "chain" and last_piece is not None and not seen_doc:
                     raise ValueError(
                         f"stage {s.name!r}: a chain reads one answer per document; put a"
                         " reduce between the map and it"
                     )
                 seen_doc = True
-            if s.kind != "reduce" and s.over is not None:
-                raise ValueError(f"stage {s.name!r}: only a reduce takes over=")
-            if (s.model or self.defaults.model) is None:
-                raise ValueError(f"stage {s.name!r}: no model (set model, or defaults.model)")
-        if isinstance(self.stages[0], SplitStage) and not seen_map:
+            if isinstance(s, CallStage):
+                if s.kind != "reduce" and s.over is not None:
+                    raise ValueError(f"stage {s.name!r}: only a reduce takes over=")
+                if (s.model or self.defaults.model) is None:
+                    raise ValueError(f"stage {s.name!r}: no model (set model, or defaults.model)")
+        if isinstance(self.stages[0], SplitStage) and last_piece is None:
             raise ValueError("a split needs a map stage after it")
         return self
 
@@ -137,24 +172,38 @@ class Pipeline(BaseModel):
         return first if isinstance(first, SplitStage) else None
 
     @property
+    def steps(self) -> list[Step]:
+        """Every stage after the split, in order: what runs on the queue."""
+        return [s for s in self.stages if not isinstance(s, SplitStage)]
+
+    @property
     def calls(self) -> list[CallStage]:
+        """The stages that call a model, in order."""
         return [s for s in self.stages if isinstance(s, CallStage)]
 
-    def stage(self, name: str) -> CallStage:
-        for s in self.calls:
+    def stage(self, name: str) -> Step:
+        for s in self.steps:
             if s.name == name:
                 return s
         raise KeyError(name)
 
-    def after(self, name: str) -> CallStage | None:
-        """The call stage that runs after ``name``; None: ``name`` is the last."""
-        calls = self.calls
-        i = [s.name for s in calls].index(name)
-        return calls[i + 1] if i + 1 < len(calls) else None
+    def after(self, name: str) -> Step | None:
+        """The stage that runs after ``name``; None: ``name`` is the last."""
+        steps = self.steps
+        i = [s.name for s in steps].index(name)
+        return steps[i + 1] if i + 1 < len(steps) else None
 
     @property
-    def last(self) -> CallStage:
-        return self.calls[-1]
+    def first(self) -> Step:
+        return self.steps[0]
+
+    @property
+    def last(self) -> Step:
+        return self.steps[-1]
+
+    def reads_text(self, step: Step) -> bool:
+        """Whether the stage reads the document's text (the first stage), not answers."""
+        return step.name == self.first.name
 
     def spec(self, stage: CallStage) -> EvalSpec:
         """The stage's call as an EvalSpec: its key is today's key of one call."""
@@ -176,6 +225,8 @@ class Pipeline(BaseModel):
         split = self.split
         if split is not None and split.window_tokens is not None:
             return split.window_tokens
+        if not self.calls:
+            return DEFAULT_CONTEXT // 2
         first = self.spec(self.calls[0])
         return self.context_of(first.model) // 2
 

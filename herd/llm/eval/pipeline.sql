@@ -19,50 +19,59 @@ VALUES (%(b)s, %(path)s, %(key)s, 0, %(doc)s, %(spec)s, %(pipeline)s)
 ON CONFLICT DO NOTHING;
 
 -- name: put_pieces
-INSERT INTO herd_eval_pieces (batch, path, stage, seq, key, spec, doc, loc)
-SELECT %(b)s, %(path)s, %(stage)s, s, k, %(spec)s, d, l
+INSERT INTO herd_eval_pieces (batch, path, stage, round, seq, key, spec, doc, loc)
+SELECT %(b)s, %(path)s, %(stage)s, %(round)s, s, k, %(spec)s, d, l
   FROM unnest(%(seqs)s::int[], %(keys)s::text[], %(docs)s::text[], %(locs)s::jsonb[])
        AS x(s, k, d, l)
 ON CONFLICT DO NOTHING;
 
 -- name: put_fanin
+-- A map stage's count (round 1) at submission.
 INSERT INTO herd_eval_fanin (batch, path, stage, open, total)
 VALUES (%(b)s, %(path)s, %(stage)s, %(n)s, %(n)s) ON CONFLICT DO NOTHING;
 
+-- name: put_round_fanin
+-- The count of a reduce's round of more than one piece, or of a later map's pieces.
+INSERT INTO herd_eval_fanin (batch, path, stage, round, open, total)
+VALUES (%(b)s, %(path)s, %(stage)s, %(round)s, %(open)s, %(n)s) ON CONFLICT DO NOTHING;
+
 -- name: unsent
 -- Pieces decided but not yet enqueued (of a document; of a batch: path NULL).
-SELECT path, stage, seq, key, spec, doc FROM herd_eval_pieces
+SELECT path, stage, round, seq, key, spec, doc FROM herd_eval_pieces
  WHERE batch = %(b)s AND (%(path)s::text IS NULL OR path = %(path)s)
    AND job_id IS NULL AND status = 'queued'
- ORDER BY path, stage, seq;
+ ORDER BY path, stage, round, seq;
 
 -- name: sent
 UPDATE herd_eval_pieces SET job_id = %(job)s
- WHERE batch = %(b)s AND path = %(path)s AND stage = %(stage)s AND seq = %(seq)s
-   AND job_id IS NULL;
+ WHERE batch = %(b)s AND path = %(path)s AND stage = %(stage)s AND round = %(round)s
+   AND seq = %(seq)s AND job_id IS NULL;
 
 -- name: piece
 SELECT status, key, spec, doc FROM herd_eval_pieces
- WHERE batch = %(b)s AND path = %(path)s AND stage = %(stage)s AND seq = %(seq)s;
+ WHERE batch = %(b)s AND path = %(path)s AND stage = %(stage)s AND round = %(round)s
+   AND seq = %(seq)s;
 
 -- name: piece_end
 -- The one transition a piece makes (queued -> done or failed): only the run that makes
 -- it counts the piece in its document's fan-in.
 UPDATE herd_eval_pieces SET status = %(status)s, source = %(source)s, result = %(result)s,
        error = %(error)s, finished_at = now()
- WHERE batch = %(b)s AND path = %(path)s AND stage = %(stage)s AND seq = %(seq)s
-   AND status = 'queued'
+ WHERE batch = %(b)s AND path = %(path)s AND stage = %(stage)s AND round = %(round)s
+   AND seq = %(seq)s AND status = 'queued'
 RETURNING seq;
 
 -- name: fanin_step
+-- No row: the stage's round is one piece (a reduce, a chain), nothing to count.
 UPDATE herd_eval_fanin SET open = open - 1
- WHERE batch = %(b)s AND path = %(path)s AND stage = %(stage)s
+ WHERE batch = %(b)s AND path = %(path)s AND stage = %(stage)s AND round = %(round)s
 RETURNING open;
 
 -- name: stage_answers
--- A document's pieces of a stage in document order: what the next stage reads.
+-- A document's pieces of a stage's round in document order: what the next reads.
 SELECT seq, status, result, error, loc FROM herd_eval_pieces
- WHERE batch = %(b)s AND path = %(path)s AND stage = %(stage)s ORDER BY seq;
+ WHERE batch = %(b)s AND path = %(path)s AND stage = %(stage)s AND round = %(round)s
+ ORDER BY seq;
 
 -- name: doc_done
 UPDATE herd_eval_items SET status = 'done', source = %(source)s, result = %(result)s,
@@ -75,15 +84,15 @@ UPDATE herd_eval_items SET status = 'failed', result = %(result)s, finished_at =
 
 -- name: cancel_pieces
 UPDATE herd_eval_pieces SET status = 'cancelled', finished_at = now()
- WHERE batch = %(b)s AND path = %(path)s AND stage = %(stage)s AND seq = %(seq)s
-   AND status = 'queued';
+ WHERE batch = %(b)s AND path = %(path)s AND stage = %(stage)s AND round = %(round)s
+   AND seq = %(seq)s AND status = 'queued';
 
 -- name: stage_counts
--- Per stage: pieces, done, failed, cancelled, of a batch.
+-- Per stage: pieces, done, failed, cancelled, cached, the last round made, of a batch.
 SELECT stage, count(*), count(*) FILTER (WHERE status = 'done'),
        count(*) FILTER (WHERE status = 'failed'),
        count(*) FILTER (WHERE status = 'cancelled'),
-       count(*) FILTER (WHERE source IN ('hit', 'waited', 'stale'))
+       count(*) FILTER (WHERE source IN ('hit', 'waited', 'stale')), max(round)
   FROM herd_eval_pieces WHERE batch = %(b)s GROUP BY stage;
 
 -- name: stage_costs
@@ -97,7 +106,8 @@ SELECT p.stage, count(l.*), coalesce(sum(l.input_tokens), 0),
 
 -- name: stage_failures
 SELECT path, stage, seq, loc, error FROM herd_eval_pieces
- WHERE batch = %(b)s AND status = 'failed' ORDER BY path, stage, seq LIMIT %(limit)s;
+ WHERE batch = %(b)s AND status = 'failed' ORDER BY path, stage, round, seq
+ LIMIT %(limit)s;
 
 -- name: failed_docs
 SELECT path, result FROM herd_eval_items
@@ -107,15 +117,16 @@ SELECT path, result FROM herd_eval_items
 SELECT count(*) FROM herd_eval_items WHERE batch = %(b)s AND status = 'failed';
 
 -- name: stage_results
--- A stage's answers per piece, with where each piece came from.
-SELECT path, seq, status, source, result, error, loc FROM herd_eval_pieces
+-- A stage's answers per piece (a reduce's by round), with where each piece came from.
+SELECT path, round, seq, status, source, result, error, loc FROM herd_eval_pieces
  WHERE batch = %(b)s AND stage = %(stage)s
-   AND (%(after)s::text IS NULL OR (path, seq) > (%(after)s, %(after_seq)s))
- ORDER BY path, seq LIMIT %(limit)s;
+   AND (%(after)s::text IS NULL
+        OR (path, round, seq) > (%(after)s, %(after_round)s, %(after_seq)s))
+ ORDER BY path, round, seq LIMIT %(limit)s;
 
 -- name: waiting_pieces
 -- The pieces of a batch sent to a job and not answered: settled against their jobs.
-SELECT path, stage, seq, job_id FROM herd_eval_pieces
+SELECT path, stage, round, seq, job_id FROM herd_eval_pieces
  WHERE batch = %(b)s AND status = 'queued' AND job_id IS NOT NULL;
 
 -- name: doc_calls
@@ -134,15 +145,15 @@ SELECT p.path, sum(l.input_tokens), sum(l.cached_input_tokens), sum(l.output_tok
 -- goes after HERD_EVAL_TTL.
 
 -- name: purge_pieces
-DELETE FROM herd_eval_pieces WHERE (batch, path, stage, seq) IN (
-    SELECT batch, path, stage, seq FROM herd_eval_pieces p
+DELETE FROM herd_eval_pieces WHERE (batch, path, stage, round, seq) IN (
+    SELECT batch, path, stage, round, seq FROM herd_eval_pieces p
      WHERE NOT EXISTS (SELECT 1 FROM herd_eval_items i
                         WHERE i.batch = p.batch AND i.path = p.path)
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
 
 -- name: purge_fanin
-DELETE FROM herd_eval_fanin WHERE (batch, path, stage) IN (
-    SELECT batch, path, stage FROM herd_eval_fanin f
+DELETE FROM herd_eval_fanin WHERE (batch, path, stage, round) IN (
+    SELECT batch, path, stage, round FROM herd_eval_fanin f
      WHERE NOT EXISTS (SELECT 1 FROM herd_eval_items i
                         WHERE i.batch = f.batch AND i.path = f.path)
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED);

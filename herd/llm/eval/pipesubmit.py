@@ -17,11 +17,12 @@ from herd.config import Settings
 from herd.errors import InvalidInput
 from herd.jsonvalue import check_text
 from herd.llm.documents import DocumentError
-from herd.llm.eval.pipeline import Pipeline
+from herd.llm.eval import functions
+from herd.llm.eval.pipeline import Pipeline, per_piece
 from herd.llm.eval.runtime import EvalRuntime
 from herd.llm.eval.spec import LOCAL, Caller
 from herd.llm.eval.split import join_pages, read_pages, split
-from herd.llm.eval.stages import Q, on, put_stage_input, send_unsent, text_hash
+from herd.llm.eval.stages import Q, item_spec, on, put_step_input, send_unsent, text_hash
 from herd.llm.eval.store import EvalStore
 from herd.llm.eval.submit import SubmitReport, check_paths, check_submission
 
@@ -56,8 +57,7 @@ async def _store(
     """The documents (name, pages) split and stored, their first stage's pieces enqueued;
     returns the pieces enqueued."""
     rt = await EvalRuntime.of(app)
-    first = pipe.calls[0]
-    first_spec, last_spec = pipe.spec(first), pipe.spec(pipe.last)
+    first = pipe.first
     window = pipe.window_tokens()
     for stage in pipe.calls:
         await rt.store.put_spec(pipe.spec(stage))
@@ -66,13 +66,13 @@ async def _store(
     )
     for name, pages in docs:
         text, ranges = join_pages(pages)
-        # A chain first reads the whole document: its one input.
-        pieces = split(text, pipe.split if first.kind == "map" else None, window, ranges)
+        # A stage per document first (a chain) reads the whole document: its one input.
+        pieces = split(text, pipe.split if per_piece(first) else None, window, ranges)
         async with rt.store.transaction() as conn:
-            await _put_doc(conn, batch, name, text, pipe, last_spec.hash)
-            await put_stage_input(conn, first_spec, batch, name, first.name,
-                                  [(p.text, p.loc) for p in pieces])  # fmt: skip
-            if first.kind == "map":
+            await _put_doc(conn, batch, name, text, pipe, item_spec(pipe))
+            await put_step_input(conn, pipe, first, batch, name,
+                                 [(p.text, p.loc) for p in pieces])  # fmt: skip
+            if per_piece(first):
                 await on(conn, "put_fanin", b=batch, path=name, stage=first.name, n=len(pieces))
     sent = await send_unsent(app, rt, pipe.hash, batch, None, priority)
     return len(sent)
@@ -123,6 +123,7 @@ async def submit_pipeline(
     ones are reported, not refused. Refused (InvalidInput) before anything is stored:
     a stage's call, a budget or limit, a missing path, an existing batch name."""
     budget, checked = check_pipeline(pipe, app.settings, budget=budget, limits=limits, batch=batch)
+    functions.check(app, pipe)
     files = check_paths(paths)
     if not files:
         raise InvalidInput("no document (.txt, .md, .pdf) under the paths given", field="paths")
@@ -153,6 +154,7 @@ async def submit_pipeline_texts(
     """The same for texts (name -> text), as the HTTP API gives them; form feeds are
     page breaks."""
     budget, checked = check_pipeline(pipe, app.settings, budget=budget, limits=limits, batch=batch)
+    functions.check(app, pipe)
     for i, (name, text) in enumerate(documents.items()):
         check_text(name, f"documents[{i}].name")
         check_text(text, f"documents[{i}].text")

@@ -1,6 +1,8 @@
-"""A document into pieces by its structure: pages, Markdown headings, numbered sections;
-windows of tokens (with overlap, never cutting inside a word) where the structure gives
-one piece only, and for any piece longer than a window.
+"""A document into pieces by its structure: pages, Markdown headings, numbered sections,
+a statute's BAB/Pasal/ayat and scripture's book/chapter/verse (herd's own chunkers,
+herd.rag.chunkers, grouped to a depth); windows of tokens (with overlap, never cutting
+inside a word) where the structure gives one piece only, and for any piece longer than
+a window.
 
 Each piece keeps where it came from (``loc``): its page, its section (title and the
 slug herd's chunkers give), and its character range in the normalized document that
@@ -19,7 +21,8 @@ from herd.cache.keys import normalize_document
 from herd.limits.tokens import ASCII_PER_TOKEN
 from herd.llm.documents import DocumentError, read_document
 from herd.llm.eval.pipeline import SplitStage
-from herd.rag.chunkers.base import slugify
+from herd.rag.chunkers import get_chunker
+from herd.rag.chunkers.base import Chunk, slugify
 from herd.rag.chunkers.markdown import FENCE, HEADING
 
 # 1. Scope / 2.3 Registers / 4.1.2) Reset: a numbered heading line.
@@ -128,6 +131,57 @@ def _sections(text: str, starts: list[tuple[int, str]]) -> list[tuple[int, int, 
     return found
 
 
+# The doc id the structural chunkers are given; cut off their ids and breadcrumbs.
+_DOC = "doc"
+PARAGRAPH = re.compile(r"p\d+")
+CRUMB_PARAGRAPH = re.compile(r" ¶\d+$")
+
+
+def _units(text: str, chunker: str, depth: int) -> list[tuple[int, int, dict[str, Any]]]:
+    """A herd chunker's units (a statute's ayat, a verse), consecutive ones grouped by
+    the first ``depth`` segments of their id (pasal: 1 BAB, 2 Pasal, 3 ayat; verse: 1
+    book, 2 chapter, 3 verse), each as its range of whole lines in ``text``."""
+    starts = [0] + [m.end() for m in re.finditer("\n", text)]
+    groups: list[tuple[str, list[Chunk]]] = []
+    for chunk in get_chunker(chunker).chunk(_DOC, [text]):
+        if not chunk.text.strip():
+            continue  # a heading's line only: it is in the range of what follows it
+        # A paragraph (p1, p2: a preamble's) is not structure: it stays with its part.
+        segments = [s for s in chunk.id.split("/")[1:] if not PARAGRAPH.fullmatch(s)]
+        key = "/".join(segments[:depth]) or "front"
+        if groups and groups[-1][0] == key:
+            groups[-1][1].append(chunk)
+        else:
+            groups.append((key, [chunk]))
+    found: list[tuple[int, int, dict[str, Any]]] = []
+    at = 0
+    for key, chunks in groups:
+        last = chunks[-1].metadata["end_line"]
+        assert isinstance(last, int)
+        # From where the previous group ended: the heading lines before a unit (BAB I,
+        # its title, Pasal 5; a book's title) go with it.
+        a = at
+        b = starts[last] - 1 if last < len(starts) else len(text)
+        found.append((a, max(a, b), {"section": _section(chunks), "id": key}))
+        at = max(a, b)
+    return found
+
+
+def _section(chunks: list[Chunk]) -> str:
+    """A group's title: what its units' breadcrumbs share (BAB I › Pasal 2), else its
+    first and last unit's (Genesis 1:1 – Genesis 1:31)."""
+    crumbs = [[CRUMB_PARAGRAPH.sub("", p) for p in c.breadcrumb.split(" › ")] for c in chunks]
+    common = []
+    for i, part in enumerate(crumbs[0]):
+        if not all(i < len(c) and c[i] == part for c in crumbs):
+            break
+        if part != _DOC:
+            common.append(part)
+    if common or len(chunks) == 1:
+        return " › ".join(common) or "(before the first)"
+    return " – ".join(c.breadcrumb for c in (chunks[0], chunks[-1]))
+
+
 def split(
     text: str, stage: SplitStage | None, window_tokens: int, pages: list[tuple[int, int]]
 ) -> list[Piece]:
@@ -141,6 +195,8 @@ def split(
         parts = _sections(text, _headings(text, stage.depth))
     elif stage.by == "sections":
         parts = _sections(text, _numbered(text, stage.depth))
+    elif stage.by in ("pasal", "verse"):
+        parts = _units(text, stage.by, stage.depth)
     else:
         parts = []
     if len(parts) < 2:

@@ -30,8 +30,16 @@ from herd.app import App
 from herd.context import JobContext
 from herd.db.queries import named
 from herd.errors import Fatal, InvalidInput, LeaseLost, Snooze
-from herd.jsonvalue import JSON, canonical
-from herd.llm.eval.pipeline import Pipeline, from_json
+from herd.jsonvalue import JSON, canonical, loads
+from herd.llm.eval import functions, rounds
+from herd.llm.eval.pipeline import (
+    CallStage,
+    FunctionStage,
+    Pipeline,
+    Step,
+    from_json,
+    per_piece,
+)
 from herd.llm.eval.runtime import EvalRuntime
 from herd.llm.eval.spec import QUEUE, BatchCancelled, EvalSpec
 from herd.llm.eval.store import EvalStore
@@ -47,9 +55,10 @@ async def on(conn: AsyncConnection[Any], name: str, **params: Any) -> list[tuple
     return await cur.fetchall() if cur.description else []
 
 
-def piece_dedup(batch: str, path: str, stage: str, seq: int) -> str:
+def piece_dedup(batch: str, path: str, stage: str, seq: int, round_: int = 1) -> str:
     """The dedup key of a piece's job: one active job per piece, whoever enqueues it."""
-    return "pipe:" + hashlib.sha256(canonical([batch, path, stage, seq]).encode()).hexdigest()
+    address: list[JSON] = [batch, path, stage, seq] + ([round_] if round_ != 1 else [])
+    return "pipe:" + hashlib.sha256(canonical(address).encode()).hexdigest()
 
 
 def text_hash(text: str) -> str:
@@ -63,16 +72,61 @@ async def put_stage_input(
     path: str,
     stage: str,
     pieces: list[tuple[str, dict[str, Any]]],
+    round_: int = 1,
+    seqs: list[int] | None = None,
 ) -> None:
     """A stage's pieces of one document (input text and location each), their texts and
     spec stored, in the caller's transaction; no job yet (see send_unsent)."""
+    await EvalStore.on(conn, "put_spec", hash=spec.hash, spec=Jsonb(asdict(spec)))
+    await _put_pieces(conn, spec.hash, [spec.key(t) for t, _ in pieces], batch, path, stage,
+                      pieces, round_, seqs)  # fmt: skip
+
+
+async def _put_pieces(
+    conn: AsyncConnection[Any],
+    spec: str,
+    keys: list[str],
+    batch: str,
+    path: str,
+    stage: str,
+    pieces: list[tuple[str, dict[str, Any]]],
+    round_: int,
+    seqs: list[int] | None,
+) -> None:
     texts = {text_hash(t): t for t, _ in pieces}
     await EvalStore.on(conn, "put_documents", hashes=list(texts), texts=list(texts.values()))
-    await EvalStore.on(conn, "put_spec", hash=spec.hash, spec=Jsonb(asdict(spec)))
-    await on(conn, "put_pieces", b=batch, path=path, stage=stage, spec=spec.hash,
-             seqs=list(range(len(pieces))), keys=[spec.key(t) for t, _ in pieces],
+    await on(conn, "put_pieces", b=batch, path=path, stage=stage, round=round_, spec=spec,
+             seqs=seqs if seqs is not None else list(range(len(pieces))), keys=keys,
              docs=[text_hash(t) for t, _ in pieces],
              locs=[Jsonb(loc) for _, loc in pieces])  # fmt: skip
+
+
+async def put_step_input(
+    conn: AsyncConnection[Any],
+    pipe: Pipeline,
+    step: Step,
+    batch: str,
+    path: str,
+    pieces: list[tuple[str, dict[str, Any]]],
+    seqs: list[int] | None = None,
+) -> None:
+    """A stage's pieces of one document, whether it calls a model or a function."""
+    if isinstance(step, CallStage):
+        await put_stage_input(conn, pipe.spec(step), batch, path, step.name, pieces, 1, seqs)
+        return
+    keys = [functions.key_of(step, t) for t, _ in pieces]
+    await _put_pieces(conn, functions.spec_of(step), keys, batch, path, step.name, pieces, 1,
+                      seqs)  # fmt: skip
+
+
+def item_spec(pipe: Pipeline) -> str:
+    """The spec a pipeline's document item names: its last model stage's (its model is
+    what results show), or its last function's."""
+    if pipe.calls:
+        return pipe.spec(pipe.calls[-1]).hash
+    last = pipe.last
+    assert isinstance(last, FunctionStage)
+    return functions.spec_of(last)
 
 
 async def send_unsent(
@@ -85,15 +139,16 @@ async def send_unsent(
         return []
     results = await app.enqueue_many(
         STAGE_TASK,
-        [{"batch": batch, "path": p, "stage": st, "seq": seq, "key": k, "spec": s, "doc": d,
-          "pipeline": pipe_hash} for p, st, seq, k, s, d in rows],
+        [{"batch": batch, "path": p, "stage": st, "round": rd, "seq": seq, "key": k,
+          "spec": s, "doc": d, "pipeline": pipe_hash} for p, st, rd, seq, k, s, d in rows],
         queue=QUEUE,
         priority=priority,
-        dedup_keys=[piece_dedup(batch, p, st, seq) for p, st, seq, *_ in rows],
+        dedup_keys=[piece_dedup(batch, p, st, seq, rd) for p, st, rd, seq, *_ in rows],
     )  # fmt: skip
-    for (p, st, seq, *_), r in zip(rows, results, strict=True):
+    for (p, st, rd, seq, *_), r in zip(rows, results, strict=True):
         await rt.store.execute(
-            Q["sent"], {"job": r.job_id, "b": batch, "path": p, "stage": st, "seq": seq}
+            Q["sent"],
+            {"job": r.job_id, "b": batch, "path": p, "stage": st, "round": rd, "seq": seq},
         )
     return results
 
@@ -110,6 +165,9 @@ async def load_pipeline(rt: EvalRuntime, pipe_hash: str) -> Pipeline:
 
 def _where(seq: int, loc: dict[str, Any]) -> str:
     parts = [f"piece {seq}"]
+    if "round" in loc:
+        parts[0] = f"round {loc['round']} piece {seq} (map pieces {loc['pieces'][0]}"
+        parts[0] += f"-{loc['pieces'][1]})"
     if "page" in loc:
         parts.append(f"page {loc['page']}")
     if "section" in loc:
@@ -119,26 +177,90 @@ def _where(seq: int, loc: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-async def advance(
-    conn: AsyncConnection[Any], pipe: Pipeline, batch: str, path: str, name: str
+async def put_round(
+    conn: AsyncConnection[Any],
+    pipe: Pipeline,
+    stage: CallStage,
+    batch: str,
+    path: str,
+    round_: int,
+    items: list[JSON],
 ) -> None:
-    """After a piece of stage ``name`` ended (counted once): when it was the document's
-    last open piece of that stage, decide what comes next, in the caller's (fenced)
-    transaction: the next stage's input, or the document's answer or failure."""
+    """A reduce's round over ``items``: one piece if they fit its model's context (the
+    last round), else one per batch that fits, with the round's fan-in count."""
+    spec = pipe.spec(stage)
+    batches = rounds.group(items, spec, pipe.context_of(spec.model))
+    located: dict[str, Any] = {"round": round_} if round_ > 1 or len(batches) > 1 else {}
+    pieces = [(canonical(b), {**located, "pieces": rounds.span(b)}) for b in batches]
+    await put_stage_input(conn, spec, batch, path, stage.name, pieces, round_)
+    if len(batches) > 1:
+        await on(conn, "put_round_fanin", b=batch, path=path, stage=stage.name, round=round_,
+                 open=len(batches), n=len(batches))  # fmt: skip
+
+
+async def advance(
+    conn: AsyncConnection[Any], pipe: Pipeline, batch: str, path: str, name: str, round_: int = 1
+) -> None:
+    """After a piece of stage ``name`` (of round ``round_``) ended, counted once: when it
+    was the document's last open piece of that stage's round, decide what comes next,
+    in the caller's (fenced) transaction: a reduce's next round, the next stage's input,
+    or the document's answer or failure."""
+    # No fan-in row: the round is one piece (a reduce that fits, a chain).
+    left = await on(conn, "fanin_step", b=batch, path=path, stage=name, round=round_)
+    if left and left[0][0] > 0:
+        return
+    await _decide(conn, pipe, batch, path, name, round_)
+
+
+async def _put_next_pieces(
+    conn: AsyncConnection[Any],
+    pipe: Pipeline,
+    step: Step,
+    batch: str,
+    path: str,
+    before: str,
+    answers: list[tuple[Any, ...]],
+) -> None:
+    """A stage per piece after another: piece for piece, each reading the answer of the
+    same piece (same number and location); a piece dead before stays dead here, named,
+    so that the stage's policy decides at its end, with the gap where it was."""
+    done = [(seq, res, loc) for seq, st, res, _, loc in answers if st == "done"]
+    dead = [(seq, st, err, loc) for seq, st, _, err, loc in answers if st != "done"]
+    await put_step_input(conn, pipe, step, batch, path,
+                         [(canonical(res["output"]), loc) for _, res, loc in done],
+                         [seq for seq, *_ in done])  # fmt: skip
+    if dead:
+        await put_step_input(conn, pipe, step, batch, path,
+                             [(canonical({"missing": err or st}), loc) for _, st, err, loc in dead],
+                             [seq for seq, *_ in dead])  # fmt: skip
+        for seq, st, err, loc in dead:
+            await on(conn, "piece_end", status="failed", source=None, result=None,
+                     error=f"stage {before!r}: {_where(seq, loc)} {st}: {err or st}", b=batch,
+                     path=path, stage=step.name, round=1, seq=seq)  # fmt: skip
+    await on(conn, "put_round_fanin", b=batch, path=path, stage=step.name, round=1,
+             open=len(done), n=len(answers))  # fmt: skip
+    if not done:
+        await _decide(conn, pipe, batch, path, step.name, 1)
+
+
+async def _decide(
+    conn: AsyncConnection[Any], pipe: Pipeline, batch: str, path: str, name: str, round_: int
+) -> None:
     stage = pipe.stage(name)
     where = {"b": batch, "path": path}
-    if stage.kind == "map":
-        ((left,),) = await on(conn, "fanin_step", stage=name, **where)
-        if left > 0:
-            return
-    answers = await on(conn, "stage_answers", stage=name, **where)
+    answers = await on(conn, "stage_answers", stage=name, round=round_, **where)
     gaps = [(seq, st, err, loc) for seq, st, _, err, loc in answers if st != "done"]
-    if gaps and (stage.kind != "map" or stage.on_dead == "fail"):
+    many = per_piece(stage)
+    if gaps and (not many or stage.on_dead == "fail"):
         seq, st, err, loc = gaps[0]
         error = f"stage {name!r}: {_where(seq, loc)} {st}: {err or st}"
         await on(conn, "doc_failed", result=Jsonb({"error": error, "stage": name}), **where)
         return
-    if stage.kind == "map":
+    nxt = pipe.after(name)
+    if many and nxt is not None and per_piece(nxt):
+        await _put_next_pieces(conn, pipe, nxt, batch, path, name, answers)
+        return
+    if many:
         # In document order, a dead piece (on_dead = "skip") marked where it was.
         value: JSON = [
             {"piece": seq, "loc": loc, "answer": res["output"]}
@@ -147,14 +269,28 @@ async def advance(
             for seq, st, res, err, loc in answers
         ]
         model = None
+    elif len(answers) > 1:
+        # A round of a reduce ended: the next round reads its answers, in order.
+        assert isinstance(stage, CallStage)
+        parts: list[JSON] = [
+            {"part": seq, "pieces": loc["pieces"], "answer": res["output"]}
+            for seq, _, res, _, loc in answers
+        ]
+        await put_round(conn, pipe, stage, batch, path, round_ + 1, parts)
+        return
     else:
         value, model = answers[0][2]["output"], answers[0][2].get("model")
-    nxt = pipe.after(name)
     if nxt is None:
         result = {"output": value, "stage": name, "model": model}
+        if round_ > 1:
+            result["rounds"] = round_
         await on(conn, "doc_done", source="pipeline", result=Jsonb(result), **where)
         return
-    await put_stage_input(conn, pipe.spec(nxt), batch, path, nxt.name, [(canonical(value), {})])
+    if isinstance(nxt, CallStage) and nxt.kind == "reduce":
+        assert isinstance(value, list)
+        await put_round(conn, pipe, nxt, batch, path, 1, value)
+        return
+    await put_step_input(conn, pipe, nxt, batch, path, [(canonical(value), {})])
 
 
 async def end_piece(
@@ -170,14 +306,20 @@ async def end_piece(
 ) -> None:
     """The piece's one move out of 'queued' and, if this run made it, the fan-in step:
     one transaction, committed only while this job's lease holds."""
-    where = {"b": payload["batch"], "path": payload["path"], "stage": payload["stage"],
-             "seq": payload["seq"]}  # fmt: skip
+    where = piece_where(payload)
     async with fenced(ctx, rt.store) as conn:
         ended = await on(conn, "piece_end", status=status, source=source,
                          result=None if result is None else Jsonb(result), error=error,
                          **where)  # fmt: skip
         if ended:
-            await advance(conn, pipe, payload["batch"], payload["path"], payload["stage"])
+            await advance(conn, pipe, payload["batch"], payload["path"], payload["stage"],
+                          where["round"])  # fmt: skip
+
+
+def piece_where(payload: dict[str, Any]) -> dict[str, Any]:
+    """A piece's address from its job's payload (a job enqueued before rounds: round 1)."""
+    return {"b": payload["batch"], "path": payload["path"], "stage": payload["stage"],
+            "round": payload.get("round", 1), "seq": payload["seq"]}  # fmt: skip
 
 
 def _last_attempt(ctx: JobContext) -> bool:
@@ -190,12 +332,14 @@ async def run_stage(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     batch, path, key = payload["batch"], payload["path"], payload["key"]
     await rt.store.cut_short(ctx.job_id)
     pipe = await load_pipeline(rt, payload["pipeline"])
-    where = {"b": batch, "path": path, "stage": payload["stage"], "seq": payload["seq"]}
-    found_rows = await rt.store.execute(Q["piece"], where)
+    found_rows = await rt.store.execute(Q["piece"], piece_where(payload))
     if not found_rows:
         raise Fatal(f"{path}: piece {payload['seq']} of stage {payload['stage']!r} is not stored")
     source = "done"
-    if found_rows[0][0] == "queued":
+    step = pipe.stage(payload["stage"])
+    if found_rows[0][0] == "queued" and isinstance(step, FunctionStage):
+        source = await _run_function(ctx, rt, pipe, step, payload)
+    elif found_rows[0][0] == "queued":
         source = await _answer(ctx, rt, pipe, payload)
     # Sent after the commit, before this job completes: see the module's docstring.
     await send_unsent(ctx.app, rt, payload["pipeline"], batch, path)
@@ -218,9 +362,7 @@ async def _answer(ctx: JobContext, rt: EvalRuntime, pipe: Pipeline, payload: dic
             key, lambda: run.compute(text), owner=f"herd-job:{ctx.job_id}"
         )
     except BatchCancelled:
-        await rt.store.execute(Q["cancel_pieces"], {"b": payload["batch"], "path": payload["path"],
-                                                   "stage": payload["stage"],
-                                                   "seq": payload["seq"]})  # fmt: skip
+        await rt.store.execute(Q["cancel_pieces"], piece_where(payload))
         return "cancelled"
     except (Snooze, LeaseLost):
         raise
@@ -235,5 +377,36 @@ async def _answer(ctx: JobContext, rt: EvalRuntime, pipe: Pipeline, payload: dic
         kind = "singleflight" if found.source == "waited" else "cache"
         await rt.store.record(batch=payload["batch"], job_id=ctx.job_id, key=key, kind=kind,
                               model=spec.model, provider=spec.provider)  # fmt: skip
+    await end_piece(ctx, rt, pipe, payload, "done", source=found.source, result=found.value)
+    return found.source
+
+
+async def _run_function(
+    ctx: JobContext, rt: EvalRuntime, pipe: Pipeline, step: FunctionStage, payload: dict[str, Any]
+) -> str:
+    """A function stage's piece: the function over what it reads, cached by its key (a
+    re-run or a twin piece answered from the cache), no ledger row; ended as a call's
+    piece is, in the fenced transaction."""
+    try:
+        fn = functions.resolve(ctx.app, step.task)
+    except InvalidInput as exc:
+        raise Fatal(f"stage {step.name!r}: {exc}") from None
+    text = await rt.store.document(payload["doc"])
+    value: JSON = text if pipe.reads_text(step) else loads(text)
+
+    async def compute() -> JSON:
+        return {"output": await functions.call(fn, value), "function": step.task}
+
+    try:
+        await ctx.check_lease()
+        found = await rt.cache.get_or_compute(
+            payload["key"], compute, owner=f"herd-job:{ctx.job_id}"
+        )
+    except (Snooze, LeaseLost):
+        raise
+    except Exception as exc:
+        if isinstance(exc, Fatal) or _last_attempt(ctx):
+            await end_piece(ctx, rt, pipe, payload, "failed", error=str(exc)[:2000])
+        raise
     await end_piece(ctx, rt, pipe, payload, "done", source=found.source, result=found.value)
     return found.source

@@ -8,6 +8,7 @@ from typing import Any
 
 from herd.app import App
 from herd.errors import BatchNotFound, InvalidInput
+from herd.llm.eval.pipeline import CallStage
 from herd.llm.eval.runtime import EvalRuntime
 from herd.llm.eval.stages import Q, advance, load_pipeline, on, send_unsent
 from herd.queue.base import JobStatus
@@ -19,7 +20,8 @@ PAGE = 500
 async def stage_progress(rt: EvalRuntime, batch: str) -> list[dict[str, Any]]:
     """Per call stage of the batch's pipeline, in order: pieces made so far, done,
     failed, cancelled, answered from the cache, calls paid, tokens and cost (None:
-    unpriced). Empty: not a batch in stages."""
+    unpriced), the last round made (a reduce in rounds; else 1). Empty: not a batch in
+    stages."""
     found = await rt.store.execute(Q["batch_pipeline"], {"b": batch})
     if not found:
         return []
@@ -27,12 +29,15 @@ async def stage_progress(rt: EvalRuntime, batch: str) -> list[dict[str, Any]]:
     counts = {r[0]: r[1:] for r in await rt.store.execute(Q["stage_counts"], {"b": batch})}
     costs = {r[0]: r[1:] for r in await rt.store.execute(Q["stage_costs"], {"b": batch})}
     out = []
-    for stage in pipe.calls:
-        n, done, failed, cancelled, cached = counts.get(stage.name, (0, 0, 0, 0, 0))
+    for stage in pipe.steps:
+        n, done, failed, cancelled, cached, round_ = counts.get(stage.name, (0, 0, 0, 0, 0, 1))
         calls, i, o, cost, unpriced = costs.get(stage.name, (0, 0, 0, None, False))
-        out.append({"stage": stage.name, "kind": stage.kind, "model": pipe.spec(stage).model,
+        # A function stage has no model: its task's name in its place.
+        model = pipe.spec(stage).model if isinstance(stage, CallStage) else stage.task
+        out.append({"stage": stage.name, "kind": stage.kind, "model": model,
                     "pieces": int(n), "done": int(done), "failed": int(failed),
                     "cancelled": int(cancelled), "cached": int(cached), "calls": int(calls),
+                    "round": int(round_),
                     "input_tokens": int(i), "output_tokens": int(o),
                     "cost": None if unpriced or cost is None else float(cost)})  # fmt: skip
     return out
@@ -54,7 +59,7 @@ async def settle_pieces(app: App, rt: EvalRuntime, batch: str) -> int:
     for start in range(0, len(ids), 1000):
         jobs.update({j.id: j for j in await app.broker.get_jobs(ids[start : start + 1000])})
     settled = 0
-    for path, stage, seq, job_id in waiting:
+    for path, stage, round_, seq, job_id in waiting:
         job = jobs.get(job_id)
         if job is None or job.status != JobStatus.DEAD:
             continue
@@ -62,9 +67,9 @@ async def settle_pieces(app: App, rt: EvalRuntime, batch: str) -> int:
         async with rt.store.transaction() as conn:
             ended = await on(conn, "piece_end", status="failed", source=None, result=None,
                              error=str(error)[:2000], b=batch, path=path, stage=stage,
-                             seq=seq)  # fmt: skip
+                             round=round_, seq=seq)  # fmt: skip
             if ended:
-                await advance(conn, pipe, batch, path, stage)
+                await advance(conn, pipe, batch, path, stage, round_)
                 settled += 1
         await send_unsent(app, rt, pipe.hash, batch, path)
     return settled
@@ -92,8 +97,9 @@ async def failed_documents(rt: EvalRuntime, batch: str) -> tuple[int, list[dict[
 
 
 async def stage_rows(app: App, batch: str, stage: str) -> AsyncIterator[dict[str, Any]]:
-    """A stage's answers per piece, by document and piece: path, piece, status, source,
-    location (page, section, id, window, chars), output, error."""
+    """A stage's answers per piece, by document, round and piece: path, round (a reduce
+    in rounds; else 1), piece, status, source, location (page, section, id, window,
+    chars; a reduce's piece: the map pieces it read), output, error."""
     rt = await EvalRuntime.of(app)
     found = await rt.store.execute(Q["batch_pipeline"], {"b": batch})
     if not found:
@@ -101,23 +107,24 @@ async def stage_rows(app: App, batch: str, stage: str) -> AsyncIterator[dict[str
             raise BatchNotFound(f"no batch named {batch!r}; `herd eval list` shows them")
         raise InvalidInput(f"--stage: batch {batch!r} has one stage only", field="stage")
     pipe = await load_pipeline(rt, found[0][0])
-    names = [s.name for s in pipe.calls]
+    names = [s.name for s in pipe.steps]
     if stage not in names:
         raise InvalidInput(
             f"--stage: {stage!r} is not a stage of batch {batch!r}"
             f" (its stages: {', '.join(names)})",
             field="stage",
         )
-    after: tuple[str | None, int] = (None, 0)
+    after: tuple[str | None, int, int] = (None, 0, 0)
     while True:
         page = await rt.store.execute(
             Q["stage_results"],
-            {"b": batch, "stage": stage, "after": after[0], "after_seq": after[1], "limit": PAGE},
-        )
-        for path, seq, status, source, result, error, loc in page:
-            yield {"path": path, "stage": stage, "piece": seq, "status": status,
-                   "source": source, "loc": loc or {},
+            {"b": batch, "stage": stage, "after": after[0], "after_round": after[1],
+             "after_seq": after[2], "limit": PAGE},
+        )  # fmt: skip
+        for path, round_, seq, status, source, result, error, loc in page:
+            yield {"path": path, "stage": stage, "round": round_, "piece": seq,
+                   "status": status, "source": source, "loc": loc or {},
                    "output": (result or {}).get("output"), "error": error}  # fmt: skip
         if len(page) < PAGE:
             return
-        after = (page[-1][0], page[-1][1])
+        after = (page[-1][0], page[-1][1], page[-1][2])
