@@ -315,8 +315,10 @@ def render(plan: PipelinePlan) -> list[str]:
                          f" {'':>11} {'':>10} {'free':>11}")  # fmt: skip
             continue
         est = s.estimated > 0
+        # Inputs unknown until the run cannot be looked up: "-", not a 0 that says missed.
+        cached = "-" if s.estimated and s.estimated == s.unique else f"{s.cached:,}"
         lines.append(
-            f" {name:<12} {s.kind:<6} {s.inputs:>7,} {s.cached:>7,} {_n(s.calls):>7}"
+            f" {name:<12} {s.kind:<6} {s.inputs:>7,} {cached:>7} {_n(s.calls):>7}"
             f" {_n(s.input_tokens, est):>11} {_n(s.output_tokens, est):>10} {_usd(s):>11}"
         )
     total = plan.usd
