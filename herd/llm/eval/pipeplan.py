@@ -329,7 +329,8 @@ def render(plan: PipelinePlan) -> list[str]:
     lines.append(f" {'total':<12} {'':<6} {'':>7} {'':>7} {_n(plan.calls):>7}"
                  f" {_n(i, est):>11} {_n(o, est):>10} {cost:>11}")  # fmt: skip
     if est:
-        lines.append(f"  ~ estimated: {plan.estimated:,} calls read answers not made yet;")
+        calls = f"{plan.estimated:,} call{'s' if plan.estimated != 1 else ''}"
+        lines.append(f"  ~ estimated: {calls} read answers not made yet;")
         lines.append("    their input counted at the output bound of each answer read")
     rule = "each model's tokenizer" if plan.tokenizer == "registered" else "herd's rule, errs high"
     lines.append(f"  tokens: {rule}; output at most the bound of each call")
