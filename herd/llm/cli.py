@@ -166,7 +166,8 @@ def eval_submit(
         typer.Option(
             "--plan",
             help="Enqueue nothing: print the documents, tokens, dollars (synchronous and"
-            " Batch API), provider-cache share and time at the limits.",
+            " Batch API), provider-cache share and time at the limits; per stage with"
+            " --pipeline.",
         ),
     ] = False,
 ) -> None:

@@ -11,13 +11,14 @@ import psycopg
 import pytest
 
 from herd import App, Worker
+from herd.errors import InvalidInput
 from herd.limits.tokens import register_tokenizer
 from herd.llm import eval as evaluate
 from herd.llm.eval import stages
 from herd.llm.eval.fallback import breaker_of
 from herd.llm.eval.pipeline import from_json
 from herd.llm.eval.pipeplan import plan_pipeline_texts, render
-from herd.llm.eval.pipesubmit import submit_pipeline_texts
+from herd.llm.eval.pipesubmit import check_pipeline, submit_pipeline_texts
 from herd.llm.eval.runtime import EvalRuntime
 from herd.llm.eval.stageview import stage_progress
 from herd.llm.eval.status import batch_status
@@ -177,6 +178,17 @@ async def test_cli_and_api_plan_a_pipeline_and_enqueue_nothing(app, sim, pg_url,
         assert answered.status_code == 200, answered.text
         assert [s["calls"] for s in answered.json()["stages"]] == [0, 9, 2]
     assert await jobs(app) == 0 and sim.stats()["calls"] == 0
+
+
+def test_fallbacks_are_checked_for_every_stage_before_anything_is_stored(app):
+    both = pipeline()
+    both["stages"][2] = {**both["stages"][2], "model": "claude-pipefb", "provider": "anthropic"}
+    with pytest.raises(InvalidInput, match="stage 'summary': fallback anthropic:claude-pipefb"
+                       " is named twice"):  # fmt: skip
+        check_pipeline(from_json(both), app.settings, fallbacks=["anthropic:claude-pipefb"])
+    with pytest.raises(InvalidInput, match="stage 'notes': fallback anthropic:unpriced has no"):
+        check_pipeline(from_json(pipeline()), app.settings, budget=1.0,
+                       fallbacks=["anthropic:unpriced"])  # fmt: skip
 
 
 async def test_a_stage_whose_model_is_down_moves_to_the_fallback(app, sim):
