@@ -32,6 +32,12 @@ def main(argv: list[str] | None = None) -> int:
         "--eval-docs", type=int, default=120, help="evaluation documents (herd.eval; 0: none)"
     )
     p.add_argument(
+        "--pipeline-docs",
+        type=int,
+        default=40,
+        help="manuals evaluated in stages (split, map, reduce; 0: none)",
+    )
+    p.add_argument(
         "--partitions",
         action="store_true",
         help="the job store and the workers in network namespaces of their own, and"
@@ -72,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         job_seconds=(mean * 0.2, mean * 1.8),
         seed=args.seed,
         eval_docs=args.eval_docs,
+        pipeline_docs=args.pipeline_docs,
         run_dir=args.run_dir,
         drain_timeout=max(120.0, seconds),
         network=args.partitions,

@@ -10,7 +10,8 @@ itself. ``chaos.poison`` always raises (it must end in the dead-letter queue).
 ``herd.eval`` is herd's own evaluation task, registered here again with the run's
 short lease: a job's lease is set when it is enqueued, from the producer's
 registry, so the evaluations the harness submits are taken over within the run.
-The workers run the built-in registration (the same function).
+The workers run the built-in registration (the same function). So does
+``herd.eval.stage``, a pipeline's call (chaos/pipeline.py).
 
 Every step is also appended, unfenced, to a side log of this process (one JSON
 line per event, one ``os.write`` on an ``O_APPEND`` file: it survives SIGKILL
@@ -32,6 +33,7 @@ import httpx
 from herd import App, JobContext
 from herd.errors import LeaseLost
 from herd.llm import eval as evaluate
+from herd.llm.eval import stages
 from herd.tasks import Backoff
 
 LEASE_SECONDS = float(os.environ.get("CHAOS_LEASE", "3.0"))
@@ -136,3 +138,8 @@ async def poison(payload: dict[str, Any], ctx: JobContext) -> None:
 
 app.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=LEASE_SECONDS, max_attempts=10,
          max_stalls=10, backoff=Backoff(base=0.2, cap=2.0))(evaluate.task.evaluate)  # fmt: skip
+# The pipeline's calls (chaos/pipeline.py): the pieces the harness enqueues take this
+# short lease; those a worker's fan-in enqueues take the built-in registration's.
+app.task(name=stages.STAGE_TASK, queue=evaluate.QUEUE, lease_seconds=LEASE_SECONDS,
+         max_attempts=10, max_stalls=10, backoff=Backoff(base=0.2, cap=2.0))(
+    stages.run_stage)  # fmt: skip

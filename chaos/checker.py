@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.backends import PostgresBackend, RedisBackend, alive, pid_of_owner
+from chaos.pipeline import REDUCE_MODEL, REDUCE_STAGE
 from chaos.record import RunRecord
 from herd.llm.eval.ledger import PAID
 from herd.queue.base import Broker, Job, JobStatus
@@ -152,6 +153,13 @@ class Observed:
     ledger_open: int = 0  # rows of calls never closed
     keys_called_by_jobs: dict[str, int] = field(default_factory=dict)  # key -> jobs, if > 1
     eval_items: dict[str, int] = field(default_factory=dict)  # the batch's items by status
+    # The batch in stages: its items by status; per document (reduce pieces, answered);
+    # keys paid more than once (key -> call + failed rows); the reduce model's ledger.
+    pipe_items: dict[str, int] = field(default_factory=dict)
+    pipe_reduces: dict[str, tuple[int, int]] = field(default_factory=dict)
+    pipe_keys_paid_twice: dict[str, int] = field(default_factory=dict)
+    pipe_reduce_ledger: dict[str, int] = field(default_factory=dict)  # kind -> rows
+    pipe_reduce_keys_paid: int = 0
 
 
 async def observe(
@@ -159,6 +167,7 @@ async def observe(
     broker: Broker,
     expected: int,
     eval_batch: str | None = None,
+    pipeline_batch: str | None = None,
 ) -> Observed:
     seen = Observed(backend.name, await _jobs(broker, expected))
     seen.stats = {
@@ -181,7 +190,9 @@ async def observe(
         ]
     else:
         seen.lease_keys = backend.lease_keys()
-    if eval_batch is not None:
+    if pipeline_batch is not None:
+        _observe_pipeline(backend, seen, pipeline_batch)
+    if eval_batch is not None or pipeline_batch is not None:
         store = backend.sql()
         seen.ledger = dict(store.fetch("SELECT kind, n FROM herd_eval_ledger_totals"))
         seen.ledger_rows = dict(
@@ -198,13 +209,55 @@ async def observe(
                 " AND state = 'closed' GROUP BY key HAVING count(DISTINCT job_id) > 1"
             )
         )
-        seen.eval_items = dict(
-            store.fetch(
-                "SELECT status, count(*) FROM herd_eval_items WHERE batch = %s GROUP BY 1",
-                (eval_batch,),
+        if eval_batch is not None:
+            seen.eval_items = dict(
+                store.fetch(
+                    "SELECT status, count(*) FROM herd_eval_items WHERE batch = %s GROUP BY 1",
+                    (eval_batch,),
+                )
             )
-        )
     return seen
+
+
+def _observe_pipeline(backend: PostgresBackend | RedisBackend, seen: Observed, batch: str) -> None:
+    store = backend.sql()
+    seen.pipe_items = dict(
+        store.fetch(
+            "SELECT status, count(*) FROM herd_eval_items WHERE batch = %s GROUP BY 1", (batch,)
+        )  # fmt: skip
+    )
+    seen.pipe_reduces = {
+        path: (int(n), int(done))
+        for path, n, done in store.fetch(
+            "SELECT i.path, count(p.*), count(p.*) FILTER (WHERE p.status = 'done')"
+            " FROM herd_eval_items i LEFT JOIN herd_eval_pieces p ON p.batch = i.batch"
+            " AND p.path = i.path AND p.stage = %s WHERE i.batch = %s GROUP BY i.path",
+            (REDUCE_STAGE, batch),
+        )
+    }
+    keys = "SELECT DISTINCT key FROM herd_eval_pieces WHERE batch = %s"
+    seen.pipe_keys_paid_twice = dict(
+        store.fetch(
+            f"SELECT key, count(*) FROM herd_eval_ledger WHERE key IN ({keys})"
+            " AND state = 'closed' AND kind IN ('call', 'failed') GROUP BY key"
+            " HAVING count(*) > 1",
+            (batch,),
+        )
+    )
+    reduce_keys = f"{keys} AND stage = %s"
+    seen.pipe_reduce_ledger = dict(
+        store.fetch(
+            f"SELECT kind, count(*) FROM herd_eval_ledger WHERE key IN ({reduce_keys})"
+            " AND state = 'closed' GROUP BY kind",
+            (batch, REDUCE_STAGE),
+        )
+    )
+    ((n,),) = store.fetch(
+        f"SELECT count(DISTINCT key) FROM herd_eval_ledger WHERE key IN ({reduce_keys})"
+        " AND state = 'closed' AND kind = 'call'",
+        (batch, REDUCE_STAGE),
+    )
+    seen.pipe_reduce_keys_paid = int(n)
 
 
 async def check(
@@ -214,7 +267,9 @@ async def check(
     sim: dict[str, Any],
     run_dir: Path,
 ) -> Report:
-    seen = await observe(backend, broker, len(record.job_ids), record.eval_batch)
+    seen = await observe(
+        backend, broker, len(record.job_ids), record.eval_batch, record.pipeline_batch
+    )
     return evaluate(seen, record, sim, run_dir)
 
 
@@ -431,8 +486,10 @@ def evaluate(seen: Observed, record: RunRecord, sim: dict[str, Any], run_dir: Pa
         report.violation(f"stats() says {seen.stats}, a full count {seen.counted}")
     if any(f["kind"] in NET_FAULTS for f in record.faults):
         _check_partitions(seen, record, sim, side, report)
-    if record.eval_batch is not None:
+    if record.eval_batch is not None or record.pipeline_batch is not None:
         _check_ledger(seen, record, sim, report)
+    if record.pipeline_batch is not None:
+        _check_pipeline(seen, record, sim, report)
     fig["run_seconds"] = round((record.ended or time.time()) - record.started, 1)
     return report
 
@@ -562,6 +619,41 @@ def _check_ledger(seen: Observed, record: RunRecord, sim: dict[str, Any], report
     fig["eval_ledger_equals_bill"] = (
         f"{paid} in the ledger, {billed} billed ({stats.get('disconnected', 0)} hung up): {verdict}"
     )
+
+
+def _check_pipeline(seen: Observed, record: RunRecord, sim: dict[str, Any], report: Report) -> None:
+    """Guarantee 9: one reduce per document, no key paid twice, the reduce model's bill."""
+    fig = report.figures
+    items = sum(seen.pipe_items.values())
+    done = seen.pipe_items.get("done", 0)
+    if items != record.pipeline_documents:
+        report.violation(
+            f"pipeline: {record.pipeline_documents} documents submitted, {items} items stored"
+        )
+    if done != items:
+        others = {k: v for k, v in seen.pipe_items.items() if k != "done"}
+        report.violation(f"pipeline: {items - done} documents without a final answer: {others}")
+    wrong = {p: nd for p, nd in seen.pipe_reduces.items() if nd != (1, 1)}
+    for path, (n, answered) in sorted(wrong.items())[:10]:
+        report.violation(f"pipeline: {path} has {n} reduce pieces, {answered} answered (not 1)")
+    for key, n in sorted(seen.pipe_keys_paid_twice.items())[:10]:
+        report.violation(f"pipeline: key {key[:12]}… paid {n} times (call or failed rows)")
+    cut = seen.pipe_reduce_ledger.get("cut_short", 0) + seen.pipe_reduce_ledger.get("lost", 0)
+    billed = int(sim.get("eval", {}).get("stats", {}).get("by_model", {}).get(REDUCE_MODEL, 0))
+    paid = seen.pipe_reduce_keys_paid
+    if billed > paid + cut:
+        report.violation(
+            f"pipeline: the simulator billed {billed} reduce calls for {paid} distinct reduce"
+            f" inputs paid and {cut} cut short or lost"
+        )
+    fig["pipeline_documents"] = (
+        f"{done}/{record.pipeline_documents} answered,"
+        f" {sum(1 for nd in seen.pipe_reduces.values() if nd == (1, 1))} with one reduce"
+    )
+    fig["pipeline_reduce_calls"] = (
+        f"{billed} billed for {paid} distinct inputs ({cut} cut short or lost)"
+    )
+    fig["pipeline_keys_paid_twice"] = len(seen.pipe_keys_paid_twice)
 
 
 def _paid(ledger: dict[str, int]) -> str:

@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from chaos import pipeline as chaos_pipeline
 from chaos.backends import (
     ROOT,
     NetnsPostgresBackend,
@@ -42,9 +43,11 @@ from chaos.checker import Report, check
 from chaos.netns import Host, Network
 from chaos.record import RunRecord
 from herd import App
-from herd.errors import BrokerError, HerdError
+from herd.errors import BrokerError, HerdError, InvalidInput
 from herd.llm import eval as evaluate
-from herd.llm.eval import EvalSpec, enqueue_documents, settle
+from herd.llm.eval import EvalSpec, batch_status, enqueue_documents, settle
+from herd.llm.eval.pipesubmit import submit_pipeline_texts
+from herd.llm.eval.stages import STAGE_TASK
 from herd.queue.base import JobStatus
 from herd.testing.fleet import Fleet, Member, herd_worker, worker_env
 from herd.testing.simulator import SimulatorProcess
@@ -97,6 +100,10 @@ class ChaosConfig:
     eval_docs: int = 36  # evaluation documents submitted (0: none)
     eval_repeats: float = 0.25  # share of them that repeat an earlier document
     eval_call_seconds: tuple[float, float] = (0.5, 1.5)  # long enough for a fault to land
+    # A batch in stages (chaos/pipeline.py) on the evaluations' simulator: documents
+    # (0: none) of sections (low, high) each, submitted before the first worker fault.
+    pipeline_docs: int = 0
+    pipeline_sections: tuple[int, int] = (3, 10)
     seed: int = 1
     run_dir: Path | None = None  # logs, side logs, records (default: a temporary folder)
     home: Path = ROOT / ".herd-test" / "chaos-home"  # the chaos run's own PostgreSQL
@@ -182,7 +189,7 @@ class Harness:
 
     def _start_simulator(self) -> None:
         self.sim, self.sim_url = self._simulator("simulator", self.cfg.call_seconds)
-        if self.cfg.eval_docs:
+        if self.cfg.eval_docs or self.cfg.pipeline_docs:
             self.eval_sim, self.eval_sim_url = self._simulator(
                 "simulator-eval", self.cfg.eval_call_seconds
             )
@@ -290,7 +297,7 @@ class Harness:
             pid = pid_of_owner(j.lease_owner)
             if pid is not None:
                 out[pid] = out.get(pid, 0) + 1
-                if j.task == evaluate.TASK:
+                if j.task in (evaluate.TASK, STAGE_TASK):
                     evaluating.add(pid)
         return out, evaluating
 
@@ -335,6 +342,8 @@ class Harness:
             await self._partition(kind, broker)
         elif kind.startswith("eval:"):
             await self._submit_evals(int(kind.partition(":")[2]))
+        elif kind == "pipeline":
+            await self._submit_pipeline()
 
     async def _partition(self, kind: str, broker: Any) -> None:
         """Cut a worker host off the job store (both ways, or only the store's answers),
@@ -464,7 +473,11 @@ class Harness:
 
     def _plan_evals(self, plan: list[tuple[float, str]]) -> list[tuple[float, str]]:
         """Documents (some repeated: deduplicated onto a running job, or answered from
-        the cache) in one wave per fault aimed at a worker, EVAL_LEAD s before it."""
+        the cache) in one wave per fault aimed at a worker, EVAL_LEAD s before it; the
+        pipeline's documents before the first such fault, so its maps are under way."""
+        if self.cfg.pipeline_docs:
+            first = min((t for t, k in plan if k in ("kill", "stop", "term")), default=0.0)
+            plan = sorted([*plan, (max(0.0, first - 2 * EVAL_LEAD), "pipeline")])
         n = self.cfg.eval_docs
         if not n:
             return plan
@@ -504,6 +517,30 @@ class Harness:
         self.record.eval_documents += len(items)
         self.record.eval_waves.append({"t": time.time(), "documents": len(items)})
 
+    async def _submit_pipeline(self) -> None:
+        """The pipeline's batch (retried while the job store is down: the batch is made
+        once, its name refused after that, and a run that made it is done)."""
+        assert self.producer is not None and self.record.pipeline_batch is not None
+        rng = random.Random(self.cfg.seed + 1)
+        docs = chaos_pipeline.manuals(rng, self.cfg.pipeline_docs, self.cfg.pipeline_sections)
+        deadline = time.monotonic() + 30.0
+        while True:
+            try:
+                report = await submit_pipeline_texts(
+                    self.producer, chaos_pipeline.pipeline(), docs,
+                    batch=self.record.pipeline_batch,
+                )  # fmt: skip
+                log.info("pipeline: %d documents, %d pieces queued", len(docs), report.queued)
+                break
+            except InvalidInput:
+                break  # made by an earlier try whose answer the fault cut off
+            except (HerdError, OSError) as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.info("pipeline: %s; again", exc)
+                await asyncio.sleep(0.2)
+        self.record.pipeline_documents = len(docs)
+
     async def _all_finished(self, broker: Any) -> bool:
         try:
             stats = await broker.stats()
@@ -536,6 +573,8 @@ class Harness:
         producer.include(chaos_app)
         self.producer = producer
         self.record.eval_batch = f"chaos-{self.cfg.seed}" if self.cfg.eval_docs else None
+        if self.cfg.pipeline_docs:
+            self.record.pipeline_batch = f"chaos-pipe-{self.cfg.seed}"
         try:
             await producer.open()
             if self.net is None:
@@ -578,6 +617,9 @@ class Harness:
                 # What `herd eval status` does first: items deduplicated onto a job
                 # that finished meanwhile take its result.
                 await settle(producer, self.record.eval_batch)
+            if self.record.pipeline_batch is not None:
+                # As `herd eval status` does: pieces dead-lettered by stalls counted.
+                await batch_status(producer, self.record.pipeline_batch)
             sim = self._simulator_records()
             self.record.ended = time.time()
             (self.dir / "record.json").write_text(json.dumps(asdict(self.record), indent=1))

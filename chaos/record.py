@@ -27,3 +27,5 @@ class RunRecord:
     eval_documents: int = 0  # documents submitted (items of the batch)
     eval_job_ids: dict[int, str] = field(default_factory=dict)  # id -> canonical key
     eval_waves: list[dict[str, Any]] = field(default_factory=list)  # {t, documents}
+    pipeline_batch: str | None = None
+    pipeline_documents: int = 0

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command: a long manual made, the simulator started, the manual evaluated in
-# stages (split, map, reduce, chain) with workers here, status and results printed.
+# stages (split, map, reduce, chain) with workers here: its plan first, then status
+# and results printed.
 #   examples/pipeline/run.sh            (PORT=17601 by default; needs `herd` installed)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -15,6 +16,7 @@ for _ in $(seq 100); do
   python -c "import httpx,sys; httpx.get('http://127.0.0.1:$port/_sim/stats')" 2>/dev/null && break
   sleep 0.1
 done
+herd eval submit "$work/docs" --pipeline "$here/pipeline.toml" --plan   # nothing paid
 herd eval submit "$work/docs" --pipeline "$here/pipeline.toml" --batch manual --wait
 herd eval results manual --stage registers | head -3
 herd eval results manual

@@ -19,6 +19,7 @@ from herd.api.models import (
     EvalIn,
     EvalOut,
     EvalStatusOut,
+    PipelinePlanOut,
     PlanOut,
     ResultPage,
 )
@@ -27,6 +28,7 @@ from herd.cache.keys import normalize_document
 from herd.errors import InvalidInput
 from herd.llm import eval as evals
 from herd.llm.eval import pipeline, plan, results
+from herd.llm.eval.pipeplan import plan_pipeline_texts
 from herd.llm.eval.pipesubmit import submit_pipeline_texts
 
 router = APIRouter(tags=["evaluations"])
@@ -50,7 +52,7 @@ Caller = Annotated[evals.Caller, Depends(_caller)]
 )
 async def submit(
     body: EvalIn, app: HerdApp, caller: Caller, response: Response
-) -> EvalOut | PlanOut:
+) -> EvalOut | PlanOut | PipelinePlanOut:
     """Enqueue one evaluation per document; `herd worker` processes run them. Refused
     (422) before anything is enqueued: an invalid schema, a provider key that is not
     set, an unpriced model with a budget; (409) a batch name another caller made.
@@ -60,11 +62,16 @@ async def submit(
     limits = {k: v for k, v in given.items() if v is not None} or None
     documents = {d.name: d.text for d in body.documents}
     if body.pipeline is not None:
-        if body.plan or body.fallbacks:
-            raise InvalidInput("a pipeline takes no plan or fallbacks yet: submit it without them")
+        pipe = pipeline.from_json(body.pipeline)
+        if body.plan:
+            planned = await plan_pipeline_texts(app, pipe, documents, limits=limits,
+                                                budget=body.budget, batch=body.batch,
+                                                fallbacks=body.fallbacks)  # fmt: skip
+            response.status_code = status.HTTP_200_OK
+            return PipelinePlanOut.model_validate(planned.to_json())
         report = await submit_pipeline_texts(
-            app, pipeline.from_json(body.pipeline), documents, batch=body.batch,
-            priority=body.priority, budget=body.budget, limits=limits, caller=caller,
+            app, pipe, documents, batch=body.batch, priority=body.priority,
+            budget=body.budget, limits=limits, caller=caller, fallbacks=body.fallbacks,
         )  # fmt: skip
         return EvalOut(batch=report.batch, queued=report.queued, deduplicated=0, job_ids=[])
     assert body.model is not None and body.system is not None  # EvalIn checked it

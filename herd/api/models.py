@@ -408,6 +408,42 @@ class PlanOut(BaseModel):
     budget: float | None
 
 
+class StagePlanOut(BaseModel):
+    stage: str
+    kind: Literal["split", "map", "reduce", "chain"]
+    provider: str | None  # None: a split (no call)
+    model: str | None
+    inputs: int  # pieces of a split or map, documents of a reduce or chain
+    unique: int
+    cached: int  # answered by herd's exact cache (inputs known before the run)
+    calls: int
+    estimated: int  # of the calls, those whose input is estimated (read answers not made yet)
+    input_tokens: int
+    output_tokens: int
+    usd: float | None  # None: a split, or the model has no price
+
+
+class PipelinePlanOut(BaseModel):
+    """What a pipeline's submission would do (herd.llm.eval.pipeplan), per stage: nothing
+    enqueued or paid."""
+
+    pipeline: str
+    documents: int
+    unreadable: list[str]
+    stages: list[StagePlanOut]
+    calls: int
+    estimated_calls: int
+    input_tokens: int
+    output_tokens: int
+    tokenizer: Literal["registered", "rule"]
+    usd: float | None  # None: a stage's model has no price
+    budget: float | None
+    minutes: float | None  # at the limits in force; None: no rpm/tpm binds
+    binds: Literal["rpm", "tpm"] | None
+    scope: str | None  # provider:model whose limit binds
+    limits: dict[str, float]
+
+
 class ProviderCacheOut(BaseModel):
     """The provider's prompt cache over a batch's calls, apart from herd's own cache."""
 
@@ -472,6 +508,23 @@ class CostOut(BaseModel):
     estimated_cost: float | None = None  # of cost: calls cut off mid-call, at the worst case
 
 
+class StageOut(BaseModel):
+    """One stage of a batch in stages (herd.llm.eval.stageview.stage_progress)."""
+
+    stage: str
+    kind: str
+    model: str
+    pieces: int  # made so far (a later stage's grow as the documents reach it)
+    done: int
+    failed: int
+    cancelled: int
+    cached: int  # answered from herd's exact cache
+    calls: int  # paid, by the ledger's rows
+    input_tokens: int
+    output_tokens: int
+    cost: float | None  # None: unpriced
+
+
 class BatchCardOut(BaseModel):
     """A batch as the dashboard's card shows it: progress, money, why it waits."""
 
@@ -500,6 +553,7 @@ class BatchCardOut(BaseModel):
     costs: list[CostOut]
     failures: list[FailureOut]  # the first few, by path
     more_failures: int  # failed documents not listed
+    stages: list[StageOut] = []  # a batch in stages: each stage's progress and cost
 
 
 class BatchOut(BaseModel):

@@ -21,6 +21,7 @@ from herd.api.models import (
     LedgerRow,
     LimitOut,
     OverviewOut,
+    StageOut,
     ThroughputOut,
 )
 from herd.app import App
@@ -204,6 +205,7 @@ async def batch_card(app: App, batch: str) -> BatchCardOut:
         parked=st.parked, parked_reason=st.parked_reason, next=st.next, rate=st.rate,
         eta=st.eta, waited_for_limits=st.waited_for_limits, costs_by=costs_by, costs=costs,
         failures=failures, more_failures=max(0, st.dead + st.lost - len(failures)),
+        stages=[StageOut.model_validate(s) for s in st.stages],
     )  # fmt: skip
 
 

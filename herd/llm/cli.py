@@ -30,7 +30,10 @@ from herd.llm.eval import (
 from herd.llm.eval import results as export
 from herd.llm.eval.builtin import tasks as eval_tasks
 from herd.llm.eval.money import dollars
+from herd.llm.eval.pipeline import Pipeline
 from herd.llm.eval.pipeline import load as load_pipeline
+from herd.llm.eval.pipeplan import PipelinePlan, plan_pipeline_paths
+from herd.llm.eval.pipeplan import render as render_pipeline_plan
 from herd.llm.eval.pipesubmit import check_pipeline, submit_pipeline
 from herd.llm.eval.plan import Plan, plan_paths
 from herd.llm.eval.plan import render as render_plan
@@ -179,7 +182,8 @@ def eval_submit(
         typer.Option(
             "--plan",
             help="Enqueue nothing: print the documents, tokens, dollars (synchronous and"
-            " Batch API), provider-cache share and time at the limits.",
+            " Batch API), provider-cache share and time at the limits; per stage with"
+            " --pipeline.",
         ),
     ] = False,
 ) -> None:
@@ -194,11 +198,9 @@ def eval_submit(
             raise _usage("give --pipeline, or --prompt and --model, not both", "--pipeline")
         if batch_api:
             raise _usage("a pipeline does not go through the Batch API yet", "--batch-api")
-        if plan or fallback:
-            raise _usage("a pipeline takes no --plan or --fallback yet", "--pipeline")
         _submit_pipeline(ctx, paths, pipeline, batch=batch, priority=priority, wait=wait,
                          concurrency=concurrency, budget=budget, limits=limits,
-                         as_json=as_json)  # fmt: skip
+                         as_json=as_json, plan=plan, fallbacks=fallback or [])  # fmt: skip
         return
     if prompt is None or model is None:
         raise _usage("give --prompt and --model (or --pipeline FILE)", "--prompt")
@@ -303,23 +305,30 @@ async def _follow(app: App, batch: str, concurrency: int, debug: bool) -> tuple[
 def _submit_pipeline(
     ctx: typer.Context, paths: list[Path], path: Path, *, batch: str | None, priority: int,
     wait: bool, concurrency: int, budget: float | None, limits: dict[str, int] | None,
-    as_json: bool,
+    as_json: bool, plan: bool = False, fallbacks: list[str] | None = None,
 ) -> None:  # fmt: skip
     """`herd eval submit DOCS --pipeline FILE`: every stage checked before anything is
     stored (one line, exit 2), the documents split and their first stage enqueued."""
     opts = console.opts(ctx)
     try:
         pipe = load_pipeline(path)
-        check_pipeline(pipe, opts.settings, budget=budget, limits=limits, batch=batch)
+        check_pipeline(pipe, opts.settings, budget=budget, limits=limits, batch=batch,
+                       fallbacks=fallbacks or [])  # fmt: skip
         missing = [p for p in paths if not p.exists()]
         if missing:
             raise InvalidInput(f"{missing[0]}: no such file or directory", field="paths")
     except InvalidInput as exc:
-        raise _usage(str(exc), "--pipeline" if exc.field != "paths" else "PATHS") from None
+        hint = {"paths": "PATHS", "fallbacks": "--fallback", "budget": "--budget"}
+        raise _usage(str(exc), hint.get(exc.field or "", "--pipeline")) from None
+    if plan:
+        _print_pipeline_plan(ctx, paths, pipe, limits=limits, budget=budget, batch=batch,
+                             fallbacks=fallbacks or [], as_json=as_json)  # fmt: skip
+        return
 
     def enqueue(app: App, read: Progress) -> Awaitable[SubmitReport]:
         return submit_pipeline(app, paths, pipe, batch=batch, priority=priority, progress=read,
-                               budget=budget, limits=limits)  # fmt: skip
+                               budget=budget, limits=limits,
+                               fallbacks=fallbacks or [])  # fmt: skip
 
     def queued(report: SubmitReport) -> str:
         return f"{report.queued} pieces queued for stage {pipe.first.name!r}"
@@ -341,6 +350,27 @@ def _print_plan(ctx: typer.Context, paths: list[Path], spec: EvalSpec, *,
         console.print_json(found.to_json())
         return
     for line in render_plan(found):
+        console.out.print(line, soft_wrap=True, highlight=False, markup=False)
+    for error in found.unreadable:
+        console.err.print(f"  unreadable: {error}", soft_wrap=True)
+
+
+def _print_pipeline_plan(
+    ctx: typer.Context, paths: list[Path], pipe: Pipeline, *, limits: dict[str, Any] | None,
+    budget: float | None, batch: str | None, fallbacks: list[str], as_json: bool,
+) -> None:  # fmt: skip
+    """``submit --pipeline --plan``: each stage's calls, tokens and dollars; nothing
+    enqueued."""
+
+    async def work(app: App) -> PipelinePlan:
+        return await plan_pipeline_paths(app, paths, pipe, limits=limits, budget=budget,
+                                         batch=batch, fallbacks=fallbacks)  # fmt: skip
+
+    found: PipelinePlan = _run(ctx, work)
+    if as_json:
+        console.print_json(found.to_json())
+        return
+    for line in render_pipeline_plan(found):
         console.out.print(line, soft_wrap=True, highlight=False, markup=False)
     for error in found.unreadable:
         console.err.print(f"  unreadable: {error}", soft_wrap=True)

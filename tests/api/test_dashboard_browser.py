@@ -7,8 +7,10 @@ import os
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 
+from herd import Worker
 from herd.app import App
 from herd.config import Settings
 from herd.llm.eval import EvalRuntime, EvalSpec, submit_texts
@@ -17,6 +19,7 @@ from herd.queue.base import Completion, DeadReason, Failure
 from tests.api.browser import ensure_chromium
 from tests.api.conftest import TOKEN, serving
 from tests.conftest import truncate
+from tests.llm.conftest import SECRET, Sim, sim_server  # noqa: F401
 
 
 @pytest.fixture(scope="session")
@@ -200,6 +203,102 @@ def test_dashboard_shows_a_batch_parked_on_its_budget(
             shots = os.environ.get("HERD_SCREENSHOTS")
             if shots:
                 page.screenshot(path=str(Path(shots) / "dashboard-batch.png"), full_page=True)
+            assert errors == []
+        finally:
+            browser.close()
+
+
+PIPE_BATCH = "manuals-in-stages"
+
+
+@pytest.fixture
+def fresh_sim(sim_server: Sim) -> Sim:  # noqa: F811 (the fixture imported above)
+    sim_server.reset()
+    return sim_server
+
+
+async def seed_pipeline_batch(pg_url: str, herd_home: Path, sim: Sim) -> None:
+    """A batch in stages run to its end on the simulator: two manuals split by heading,
+    a note per section (one section's answer invalid twice: a failed piece, skipped),
+    a summary per manual."""
+    from herd.llm import eval as evaluate
+    from herd.llm.eval import stages
+    from herd.llm.eval.pipeline import from_json
+    from herd.llm.eval.pipesubmit import submit_pipeline_texts
+
+    pipe = from_json({"defaults": {"model": "gpt-4o-mini"}, "stages": [
+        {"name": "sections", "kind": "split", "by": "headings", "depth": 2},
+        {"name": "register-notes", "kind": "map", "prompt": "Note the register.",
+         "schema": {"type": "object"}, "on_dead": "skip"},
+        {"name": "summary", "kind": "reduce", "prompt": "Sum up.", "schema": {"type": "object"}},
+    ]})  # fmt: skip
+    docs = {
+        f"manuals/{d}.md": "\n\n".join(
+            [f"# Device {d}", "Intro."]
+            + [f"## Register {i}\n\nBits {i} to {i + 7}." for i in range(1, 4 + d)]
+        )
+        for d in range(2)
+    }
+    async with App(settings=Settings(home=herd_home, database_url=pg_url)) as app:
+        app.task(name=stages.STAGE_TASK, queue=evaluate.QUEUE, lease_seconds=30.0,
+                 max_attempts=1)(stages.run_stage)  # fmt: skip
+        sim.configure(script=["ok", "invalid", "invalid"])  # piece 1 of the first manual
+        await submit_pipeline_texts(app, pipe, docs, batch=PIPE_BATCH)
+        await Worker(app, queues=[evaluate.QUEUE], concurrency=1, poll_interval=0.05,
+                     stop_when_idle=True, install_signal_handlers=False).run()  # fmt: skip
+        sim.configure(script=[])
+
+
+@pytest.mark.timeout(1200)
+def test_dashboard_shows_each_stage_of_a_batch_in_stages(
+    chromium, pg_url, herd_home, tmp_path, monkeypatch, fresh_sim
+):
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.api.conftest import clean_side_tables
+
+    prices = tmp_path / "prices.json"
+    prices.write_text('{"gpt-4o-mini": {"input": 150, "output": 600}}')  # $ per 1M tokens
+    monkeypatch.setenv("HERD_PRICES", str(prices))
+    monkeypatch.setenv("OPENAI_BASE_URL", fresh_sim.openai_url)
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    truncate(pg_url)
+    clean_side_tables(pg_url)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE herd_eval_pieces, herd_eval_fanin, herd_eval_pipelines")
+    asyncio.run(seed_pipeline_batch(pg_url, herd_home, fresh_sim))
+    with (
+        serving(pg_url, herd_home, tmp_path / "serve.log") as url,
+        sync_playwright() as pw,
+    ):
+        browser = pw.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+            page.goto(url)
+            card = page.locator(f"article.batch[data-batch='{PIPE_BATCH}']")
+            expect(card.locator(".done-of")).to_have_text("2 / 2 answered")
+            rows = card.locator("table.stages tbody tr")
+            expect(rows).to_have_count(2)
+            notes = card.locator("table.stages tr[data-stage='register-notes']")
+            # 4 + 5 sections, one of them failed (skipped: its manual was still summed).
+            expect(notes.locator("td").first).to_contain_text("map · gpt-4o-mini")
+            expect(notes.locator(".frac")).to_have_text("8 / 9")
+            expect(notes.locator("td.failed")).to_have_text("1")
+            expect(notes.locator("td.failed")).to_have_class("n failed bad")
+            expect(notes.locator(".segbar > i")).to_have_count(2)  # answered, failed
+            summary = card.locator("table.stages tr[data-stage='summary']")
+            expect(summary.locator(".frac")).to_have_text("2 / 2")
+            expect(summary.locator("td.failed")).to_have_text("0")
+            expect(summary.locator("td.n").nth(2)).to_have_text("2")  # calls
+            for row in (notes, summary):
+                expect(row.locator("td.cost")).to_contain_text("$")
+            page.screenshot(path=str(tmp_path / "stages.png"), full_page=True)
+            shots = os.environ.get("HERD_SCREENSHOTS")
+            if shots:
+                card.screenshot(path=str(Path(shots) / "dashboard-stages.png"))
             assert errors == []
         finally:
             browser.close()

@@ -1,9 +1,10 @@
 """CI-sized chaos runs, one per backend: real workers, real servers, real faults.
 
 Each run: 3 worker processes, 150 jobs of random length that each call the
-provider simulator, 36 evaluation documents (some repeated) against a simulator of
-their own, 3 s leases, and on a schedule 2 SIGKILLs, 2 SIGSTOPs past the lease, a
-SIGTERM, a restart of the job store and a drop of every client connection. The
+provider simulator, 36 evaluation documents (some repeated) and 8 manuals in stages
+(split, map, reduce) against a simulator of their own, 3 s leases, and on a schedule
+2 SIGKILLs, 2 SIGSTOPs past the lease, a SIGTERM, a restart of the job store and a
+drop of every client connection. The
 checker must find no violation (the evaluations' ledger equals their simulator's
 bill among them), and the faults must have bitten (leases taken over, evaluation
 calls cut short or lost), so that an injection that silently does nothing fails.
@@ -18,6 +19,7 @@ import pytest
 from chaos.harness import ChaosConfig, run_chaos
 
 JOBS = 150
+PIPELINE_DOCS = 8
 
 
 @pytest.mark.timeout(240)
@@ -32,6 +34,10 @@ async def test_a_chaos_run_breaks_no_guarantee(backend: str, tmp_path) -> None:
         fault_phase=24.0,
         faults={"kill": 2, "stop": 2, "term": 1, "restart": 1, "drop": 1},
         seed=8,
+        # A batch in stages too (chaos/pipeline.py): split, a note per section, one
+        # summary per manual, on the evaluations' simulator while the faults land.
+        pipeline_docs=PIPELINE_DOCS,
+        pipeline_sections=(3, 8),
         run_dir=tmp_path / "run",
         # A database of its own on the chaos server, named after the suite's.
         database=f"{os.environ.get('HERD_TEST_DB', 'herd_test')}_chaos",
@@ -56,3 +62,7 @@ async def test_a_chaos_run_breaks_no_guarantee(backend: str, tmp_path) -> None:
     assert f["eval_documents"].startswith(f"{config.eval_docs}/{config.eval_docs} done"), f
     assert "equal" in f["eval_ledger_equals_bill"], f  # or "equal but for" calls cut off
     assert f["eval_calls_hit_by_faults"] >= 1, f
+    # One reduce per document (guarantee 9): every manual answered by exactly one.
+    expected = f"{PIPELINE_DOCS}/{PIPELINE_DOCS} answered, {PIPELINE_DOCS} with one reduce"
+    assert f["pipeline_documents"] == expected, f
+    assert f["pipeline_keys_paid_twice"] == 0, f

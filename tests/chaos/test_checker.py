@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from chaos.checker import Observed, evaluate
+from chaos.pipeline import REDUCE_MODEL
 from chaos.record import RunRecord
 from herd.queue.base import Job, JobStatus
 
@@ -262,3 +263,41 @@ def test_open_calls_summary_drift_undone_documents_and_keys_called_twice_are_vio
     seen.ledger_rows = {"call": 2}
     text = " | ".join(evaluate(seen, record, sim, d).violations)
     assert "the ledger's summary counts 3 calls, its rows 2" in text
+
+
+def with_pipeline(tmp_path: Path) -> tuple[Observed, RunRecord, dict, Path]:
+    """The evaluations' scenario plus a batch in stages of two manuals, each with one
+    reduce piece, answered; one reduce call was cut short by a kill and paid again."""
+    seen, record, sim, d = with_evaluations(tmp_path)
+    record.pipeline_batch, record.pipeline_documents = "chaos-pipe-1", 2
+    seen.pipe_items = {"done": 2}
+    seen.pipe_reduces = {"manual-000.md": (1, 1), "manual-001.md": (1, 1)}
+    seen.pipe_reduce_ledger = {"call": 2, "cut_short": 1}
+    seen.pipe_reduce_keys_paid = 2
+    sim["eval"]["stats"]["by_model"] = {REDUCE_MODEL: 3}
+    return seen, record, sim, d
+
+
+def test_one_reduce_per_document_passes_with_a_reduce_cut_short_and_paid_again(tmp_path):
+    report = evaluate(*with_pipeline(tmp_path))
+    assert report.ok, report.text()
+    assert report.figures["pipeline_documents"] == "2/2 answered, 2 with one reduce"
+    assert report.figures["pipeline_reduce_calls"] == (
+        "3 billed for 2 distinct inputs (1 cut short or lost)"
+    )
+
+
+def test_two_reduces_a_missing_answer_or_a_key_paid_twice_are_violations(tmp_path):
+    seen, record, sim, d = with_pipeline(tmp_path)
+    seen.pipe_reduces["manual-001.md"] = (2, 2)  # the fan-in ran twice
+    seen.pipe_reduces["manual-002.md"] = (0, 0)  # never reduced
+    seen.pipe_items = {"done": 2, "queued": 1}
+    seen.pipe_keys_paid_twice = {"0123456789abcdef": 2}
+    sim["eval"]["stats"]["by_model"][REDUCE_MODEL] = 4  # one call no fault explains
+    text = " | ".join(evaluate(seen, record, sim, d).violations)
+    assert "pipeline: 2 documents submitted, 3 items stored" in text
+    assert "pipeline: 1 documents without a final answer: {'queued': 1}" in text
+    assert "manual-001.md has 2 reduce pieces, 2 answered (not 1)" in text
+    assert "manual-002.md has 0 reduce pieces, 0 answered (not 1)" in text
+    assert "key 0123456789ab… paid 2 times (call or failed rows)" in text
+    assert "billed 4 reduce calls for 2 distinct reduce inputs paid and 1 cut short" in text

@@ -407,6 +407,39 @@ function failureTable(b) {
     el("tbody", {}, ...rows));
 }
 
+// A batch in stages: a row per stage, its pieces' progress (answered, failed,
+// cancelled, still open), cache hits, calls paid, tokens and cost. A later stage's
+// pieces are made as documents reach it, so its count grows while the batch runs.
+function stageTable(b) {
+  if (!b.stages || !b.stages.length) return null;
+  const rows = b.stages.map((s) => {
+    const open = Math.max(0, s.pieces - s.done - s.failed - s.cancelled);
+    const track = el("div", { class: "segbar mini", role: "img", "aria-label": `${s.done} of ${s.pieces} answered` });
+    for (const [kind, n] of [["done", s.done], ["failed", s.failed], ["cancelled", s.cancelled], ["queued", open]]) {
+      if (!n) continue;
+      const part = el("i", { class: "seg-" + kind, title: `${n} ${kind === "done" ? "answered" : kind === "queued" ? "open" : kind}` });
+      part.style.width = ((100 * n) / Math.max(1, s.pieces)).toFixed(2) + "%";
+      track.append(part);
+    }
+    return el("tr", { "data-stage": s.stage, class: s.failed ? "has-failed" : "" },
+      el("td", {}, el("span", { class: "mono", text: s.stage }),
+        el("span", { class: "sub", text: `${s.kind} · ${s.model}` })),
+      el("td", { class: "progress" }, track,
+        el("span", { class: "sub frac", text: s.pieces ? `${fmt.int(s.done)} / ${fmt.int(s.pieces)}` : "not reached yet" })),
+      el("td", { class: "n failed" + (s.failed ? " bad" : ""), text: fmt.int(s.failed) }),
+      el("td", { class: "n", text: fmt.int(s.cached) }),
+      el("td", { class: "n", text: fmt.int(s.calls) }),
+      el("td", { class: "n", text: fmt.int(s.input_tokens + s.output_tokens) }),
+      el("td", { class: "n cost", text: s.cost == null ? (s.calls ? "unpriced" : "–") : fmt.usd(s.cost) }));
+  });
+  return el("table", { class: "stages" },
+    el("thead", {}, el("tr", {},
+      el("th", { text: "stage" }), el("th", { text: "answered" }), el("th", { class: "n", text: "failed" }),
+      el("th", { class: "n", text: "cached" }), el("th", { class: "n", text: "calls" }),
+      el("th", { class: "n", text: "tokens" }), el("th", { class: "n", text: "$" }))),
+    el("tbody", {}, ...rows));
+}
+
 function batchCard(b) {
   const finished = b.done + b.dead + b.lost + b.cancelled_items >= b.documents;
   const state = b.parked ? b.parked === "cancelled" ? "cancelled" : "parked" : finished ? "finished" : "running";
@@ -424,6 +457,7 @@ function batchCard(b) {
       spend(b),
       stat("rate", b.rate == null ? "–" : `${b.rate.toFixed(2)} docs/s`, "over the last minute"),
       stat("eta", eta, b.waited_for_limits ? `${fmt.secs(b.waited_for_limits)} waited for limits` : null)),
+    stageTable(b),
     costTable(b),
     failureTable(b));
 }

@@ -96,13 +96,23 @@ SELECT stage, count(*), count(*) FILTER (WHERE status = 'done'),
   FROM herd_eval_pieces WHERE batch = %(b)s GROUP BY stage;
 
 -- name: stage_costs
--- Per stage, what its calls cost this batch (paid calls, by the ledger's rows).
-SELECT p.stage, count(l.*), coalesce(sum(l.input_tokens), 0),
-       coalesce(sum(l.output_tokens), 0), sum(l.cost), bool_or(l.cost IS NULL)
-  FROM (SELECT DISTINCT stage, key FROM herd_eval_pieces WHERE batch = %(b)s) p
-  JOIN herd_eval_ledger l ON l.batch = %(b)s AND l.key = p.key
- WHERE l.state = 'closed' AND l.kind IN ('call', 'lost', 'failed', 'cut_short')
- GROUP BY p.stage;
+-- Per stage, what its calls cost this batch (paid calls, by the ledger's rows): the rows
+-- of its pieces' keys, and of its pieces' jobs (a call a fallback answered is under the
+-- fallback's key); a row found both ways is counted once.
+WITH l AS (SELECT * FROM herd_eval_ledger
+            WHERE batch = %(b)s AND state = 'closed'
+              AND kind IN ('call', 'lost', 'failed', 'cut_short')),
+     x AS (SELECT p.stage, l.id, l.input_tokens, l.output_tokens, l.cost
+             FROM (SELECT DISTINCT stage, key FROM herd_eval_pieces WHERE batch = %(b)s) p
+             JOIN l ON l.key = p.key
+           UNION
+           SELECT p.stage, l.id, l.input_tokens, l.output_tokens, l.cost
+             FROM (SELECT DISTINCT stage, job_id FROM herd_eval_pieces
+                    WHERE batch = %(b)s AND job_id IS NOT NULL) p
+             JOIN l ON l.job_id = p.job_id)
+SELECT stage, count(*), coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0),
+       sum(cost), bool_or(cost IS NULL)
+  FROM x GROUP BY stage;
 
 -- name: stage_failures
 SELECT path, stage, seq, loc, error FROM herd_eval_pieces
@@ -131,14 +141,25 @@ SELECT path, stage, round, seq, job_id FROM herd_eval_pieces
 
 -- name: doc_calls
 -- What each document's calls cost over all its stages (a key it shares with another
--- document counted for both), in the shape of queries.sql's key_calls.
-SELECT p.path, sum(l.input_tokens), sum(l.cached_input_tokens), sum(l.output_tokens),
-       sum(l.cost), bool_or(l.cost IS NULL), min(l.at), max(l.at), count(*)
-  FROM (SELECT DISTINCT path, key FROM herd_eval_pieces
-         WHERE batch = %(b)s AND path = ANY(%(paths)s)) p
-  JOIN herd_eval_ledger l ON l.batch = %(b)s AND l.key = p.key
- WHERE l.state = 'closed' AND l.kind IN ('call', 'lost', 'failed', 'cut_short')
- GROUP BY p.path;
+-- document counted for both; a fallback's call found by its piece's job), in the shape
+-- of queries.sql's key_calls.
+WITH l AS (SELECT * FROM herd_eval_ledger
+            WHERE batch = %(b)s AND state = 'closed'
+              AND kind IN ('call', 'lost', 'failed', 'cut_short')),
+     x AS (SELECT p.path, l.id, l.input_tokens, l.cached_input_tokens, l.output_tokens,
+                  l.cost, l.at
+             FROM (SELECT DISTINCT path, key FROM herd_eval_pieces
+                    WHERE batch = %(b)s AND path = ANY(%(paths)s)) p
+             JOIN l ON l.key = p.key
+           UNION
+           SELECT p.path, l.id, l.input_tokens, l.cached_input_tokens, l.output_tokens,
+                  l.cost, l.at
+             FROM (SELECT DISTINCT path, job_id FROM herd_eval_pieces
+                    WHERE batch = %(b)s AND path = ANY(%(paths)s) AND job_id IS NOT NULL) p
+             JOIN l ON l.job_id = p.job_id)
+SELECT path, sum(input_tokens), sum(cached_input_tokens), sum(output_tokens),
+       sum(cost), bool_or(cost IS NULL), min(at), max(at), count(*)
+  FROM x GROUP BY path;
 
 -- Retention (herd.llm.eval.store.purge, HERD_EVAL_TTL): a document's pieces and fan-in
 -- go with its item (purged HERD_EVAL_TTL after it finished); a pipeline no item names

@@ -5,7 +5,7 @@ stored with their locations and enqueued, one job per piece."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +34,16 @@ def check_pipeline(
     budget: float | None = None,
     limits: dict[str, Any] | None = None,
     batch: str | None = None,
+    fallbacks: Sequence[str] = (),
 ) -> tuple[float | None, dict[str, int] | None]:
     """Every stage's call checked as one submission's (its schema, params, provider key,
-    price where a budget needs one); InvalidInput names the stage."""
+    price where a budget needs one, the fallbacks its calls may move to); InvalidInput
+    names the stage."""
     checked: tuple[float | None, dict[str, int] | None] = (None, None)
     for stage, spec in zip(pipe.calls, pipe.check(settings), strict=True):
         try:
             checked = check_submission(spec, settings, budget=budget, limits=limits,
-                                       batch=batch)  # fmt: skip
+                                       batch=batch, fallbacks=fallbacks)  # fmt: skip
         except InvalidInput as exc:
             raise InvalidInput(f"stage {stage.name!r}: {exc}", field=exc.field) from None
     return checked
@@ -90,7 +92,7 @@ async def _put_doc(
 
 async def _new_batch(
     app: App, batch: str | None, budget: float | None, limits: dict[str, int] | None,
-    caller: Caller,
+    caller: Caller, fallbacks: Sequence[str] = (),
 ) -> str:  # fmt: skip
     """The batch's row made; a pipeline's batch is new (a re-run takes another name:
     its unchanged stages come from the cache)."""
@@ -104,6 +106,8 @@ async def _new_batch(
             field="batch",
         )
     await rt.store.put_batch(name, budget=budget, limits=limits, owner=caller.owner)
+    if fallbacks:  # every stage's calls read them (herd.llm.eval.task.answer)
+        await rt.store.put_fallbacks(name, list(fallbacks))
     return name
 
 
@@ -118,16 +122,18 @@ async def submit_pipeline(
     limits: dict[str, Any] | None = None,
     caller: Caller = LOCAL,
     progress: Callable[[int, int], None] | None = None,
+    fallbacks: Sequence[str] = (),
 ) -> SubmitReport:
     """Split and enqueue the documents under ``paths`` through ``pipe``; the unreadable
     ones are reported, not refused. Refused (InvalidInput) before anything is stored:
     a stage's call, a budget or limit, a missing path, an existing batch name."""
-    budget, checked = check_pipeline(pipe, app.settings, budget=budget, limits=limits, batch=batch)
+    budget, checked = check_pipeline(pipe, app.settings, budget=budget, limits=limits,
+                                     batch=batch, fallbacks=fallbacks)  # fmt: skip
     functions.check(app, pipe)
     files = check_paths(paths)
     if not files:
         raise InvalidInput("no document (.txt, .md, .pdf) under the paths given", field="paths")
-    report = SubmitReport(await _new_batch(app, batch, budget, checked, caller))
+    report = SubmitReport(await _new_batch(app, batch, budget, checked, caller, fallbacks))
     docs: list[tuple[str, list[str]]] = []
     for n, path in enumerate(files, 1):
         try:
@@ -150,15 +156,17 @@ async def submit_pipeline_texts(
     budget: float | None = None,
     limits: dict[str, Any] | None = None,
     caller: Caller = LOCAL,
+    fallbacks: Sequence[str] = (),
 ) -> SubmitReport:
     """The same for texts (name -> text), as the HTTP API gives them; form feeds are
     page breaks."""
-    budget, checked = check_pipeline(pipe, app.settings, budget=budget, limits=limits, batch=batch)
+    budget, checked = check_pipeline(pipe, app.settings, budget=budget, limits=limits,
+                                     batch=batch, fallbacks=fallbacks)  # fmt: skip
     functions.check(app, pipe)
     for i, (name, text) in enumerate(documents.items()):
         check_text(name, f"documents[{i}].name")
         check_text(text, f"documents[{i}].text")
-    report = SubmitReport(await _new_batch(app, batch, budget, checked, caller))
+    report = SubmitReport(await _new_batch(app, batch, budget, checked, caller, fallbacks))
     docs = [(name, [normalize_document(p) for p in text.split("\f")])
             for name, text in documents.items()]  # fmt: skip
     report.queued = await _store(app, pipe, report.batch, docs, priority)

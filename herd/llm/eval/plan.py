@@ -162,8 +162,11 @@ def estimate(
     batch_api: bool,
     has_batch: bool,
     limits: Iterable[Limit] = (),
+    extra: Sequence[int] = (),
 ) -> Plan:
-    """The calls of ``texts`` (one each, deduplicated already) counted and priced. No I/O."""
+    """The calls of ``texts`` (one each, deduplicated already) counted and priced. No I/O.
+    ``extra``: tokens to add to each call's input, by position (a pipeline's later stage
+    whose input is estimated: its skeleton's text plus the answers' output bounds)."""
     plan = Plan(spec.provider, spec.model, batch_api)
     plan.tokenizer = "registered" if has_tokenizer(spec.model) else "rule"
     prefix = prefix_tokens(spec)
@@ -172,6 +175,7 @@ def estimate(
     reserved = 0
     for n, text in enumerate(texts):
         i = estimate_input(spec.provider, spec.model, spec.system, text)
+        i += extra[n] if n < len(extra) else 0
         _, most = reservation_tokens(spec, text, default_max=default_max)
         o = estimate_output(spec.params, spec.schema, most)
         usage = _usage(spec, i, o, prefix, first=n == 0)

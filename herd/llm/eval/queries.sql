@@ -446,3 +446,9 @@ SELECT model, count(*), sum(input_tokens), sum(output_tokens), sum(cost),
   FROM herd_eval_ledger
  WHERE batch = %(b)s AND kind IN ('call', 'lost', 'failed', 'cut_short') AND state = 'closed'
  GROUP BY model ORDER BY model;
+
+-- name: put_fallbacks
+UPDATE herd_eval_batches SET fallbacks = %(fallbacks)s WHERE batch = %(b)s;
+
+-- name: batch_fallbacks
+SELECT fallbacks FROM herd_eval_batches WHERE batch = %(b)s;

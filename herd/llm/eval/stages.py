@@ -25,7 +25,6 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
-from herd import telemetry
 from herd.app import App
 from herd.context import JobContext
 from herd.db.queries import named
@@ -43,7 +42,7 @@ from herd.llm.eval.pipeline import (
 from herd.llm.eval.runtime import EvalRuntime
 from herd.llm.eval.spec import QUEUE, BatchCancelled, EvalSpec
 from herd.llm.eval.store import EvalStore
-from herd.llm.eval.task import Evaluation, fenced
+from herd.llm.eval.task import answer, fenced
 from herd.queue.base import EnqueueResult
 
 STAGE_TASK = "herd.eval.stage"
@@ -348,19 +347,16 @@ async def run_stage(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
 
 
 async def _answer(ctx: JobContext, rt: EvalRuntime, pipe: Pipeline, payload: dict[str, Any]) -> str:
-    key = payload["key"]
     spec = await rt.store.spec(payload["spec"])
     try:
         spec.check(ctx.app.settings)
     except InvalidInput as exc:
         raise Fatal(str(exc)) from None
     text = await rt.store.document(payload["doc"])
-    run = Evaluation(rt, ctx, payload, spec)
-    await run.limited()
+    fallbacks = await rt.store.fallbacks(payload["batch"])
     try:
-        found = await rt.cache.get_or_compute(
-            key, lambda: run.compute(text), owner=f"herd-job:{ctx.job_id}"
-        )
+        # As a one-prompt evaluation: the exact cache, the limits, the batch's fallbacks.
+        found, *_ = await answer(rt, ctx, payload, spec, text, fallbacks)
     except BatchCancelled:
         await rt.store.execute(Q["cancel_pieces"], piece_where(payload))
         return "cancelled"
@@ -372,11 +368,6 @@ async def _answer(ctx: JobContext, rt: EvalRuntime, pipe: Pipeline, payload: dic
         if isinstance(exc, Fatal) or _last_attempt(ctx):
             await end_piece(ctx, rt, pipe, payload, "failed", error=str(exc)[:2000])
         raise
-    telemetry.model_served(spec.provider, spec.model, found.source)
-    if found.source in ("hit", "waited", "stale"):
-        kind = "singleflight" if found.source == "waited" else "cache"
-        await rt.store.record(batch=payload["batch"], job_id=ctx.job_id, key=key, kind=kind,
-                              model=spec.model, provider=spec.provider)  # fmt: skip
     await end_piece(ctx, rt, pipe, payload, "done", source=found.source, result=found.value)
     return found.source
 

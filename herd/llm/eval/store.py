@@ -163,6 +163,16 @@ class EvalStore:
         # Items with no batch row: submitted before batches had rows, locally.
         return "local" if await self.exists(batch) else None
 
+    async def put_fallbacks(self, batch: str, fallbacks: list[str]) -> None:
+        await self.execute("put_fallbacks", {"b": batch, "fallbacks": Jsonb(fallbacks)})
+
+    async def fallbacks(self, batch: str | None) -> list[str]:
+        """The batch's fallbacks, as a pipeline's calls read them (provider:model)."""
+        if batch is None:
+            return []
+        rows = await self.execute("batch_fallbacks", {"b": batch})
+        return [str(f) for f in rows[0][0]] if rows else []
+
     async def exists(self, batch: str) -> bool:
         rows = await self.execute("batch_exists", {"b": batch})
         return bool(rows[0][0])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from decimal import Decimal
 from functools import partial
@@ -24,6 +25,7 @@ from psycopg.types.json import Jsonb
 
 from herd import telemetry
 from herd.app import App
+from herd.cache.exact import Lookup
 from herd.context import JobContext
 from herd.errors import Fatal, InvalidInput, Snooze
 from herd.jsonvalue import JSON
@@ -334,26 +336,23 @@ def _pause_for(exc: RateLimited) -> float:
     return exc.retry_after if exc.retry_after is not None else DEFAULT_PAUSE
 
 
-async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-    """The built-in evaluation task (registered in herd.builtin)."""
-    rt = await EvalRuntime.of(ctx.app)
+async def answer(
+    rt: EvalRuntime,
+    ctx: JobContext,
+    payload: dict[str, Any],
+    spec: EvalSpec,
+    document: str,
+    fallbacks: Sequence[str],
+) -> tuple[Lookup, int, EvalSpec, str]:
+    """``document`` answered through the exact cache by ``spec``'s model, or by the first
+    of its ``fallbacks`` available while it is not; returns the answer, the rank of the
+    model that gave it (0: the spec's own), that model's spec and its key. A one-prompt
+    evaluation and a pipeline's stage call alike. BatchCancelled: the batch was."""
     key, batch = payload["key"], payload.get("batch")
-    # A call the previous run of this job left open was cut short by its death.
-    await rt.store.cut_short(ctx.job_id)
-    spec = await rt.store.spec(payload["spec"])
-    try:
-        spec.check(ctx.app.settings)
-    except InvalidInput as exc:  # enqueued under a higher HERD_EVAL_MAX_TOKENS
-        raise Fatal(str(exc)) from None
-    if payload.get("batch_failed") and ctx.lease.token == 1:
-        # Failed by a provider batch and by its retry batch: dead-lettered with the
-        # provider's error. Requeued from the dead letters, it runs synchronously.
-        raise Fatal(f"the provider's batches failed this request twice: {payload['batch_error']}")
-    document = await rt.store.document(payload["doc"])
     # The batch's model, then its fallbacks in order: a model found unavailable is passed
     # over for a while (fallback.Breaker); each answer is cached under its own model's key.
     try:
-        chain = [spec, *fallback.specs(spec, payload.get("fallbacks") or [])]
+        chain = [spec, *fallback.specs(spec, fallbacks)]
     except InvalidInput as exc:  # a provider this process does not know (any more)
         raise Fatal(f"fallbacks: {exc}") from None
     breaker = fallback.breaker_of(ctx.app)
@@ -373,9 +372,6 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             found = await rt.cache.get_or_compute(
                 model_key, partial(run.compute, document), owner=f"herd-job:{ctx.job_id}"
             )
-        except BatchCancelled:
-            await rt.store.cancel_job_items(ctx.job_id)
-            return {"key": key, "path": payload.get("path"), "cancelled": True}
         except ModelUnavailable as exc:
             breaker.trip(model_spec, exc.reason)
             continue
@@ -387,6 +383,32 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         kind = "singleflight" if found.source == "waited" else "cache"
         await rt.store.record(batch=batch, job_id=ctx.job_id, key=model_key, kind=kind,
                               model=model_spec.model, provider=model_spec.provider)  # fmt: skip
+    return found, n, model_spec, model_key
+
+
+async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """The built-in evaluation task (registered in herd.builtin)."""
+    rt = await EvalRuntime.of(ctx.app)
+    key = payload["key"]
+    # A call the previous run of this job left open was cut short by its death.
+    await rt.store.cut_short(ctx.job_id)
+    spec = await rt.store.spec(payload["spec"])
+    try:
+        spec.check(ctx.app.settings)
+    except InvalidInput as exc:  # enqueued under a higher HERD_EVAL_MAX_TOKENS
+        raise Fatal(str(exc)) from None
+    if payload.get("batch_failed") and ctx.lease.token == 1:
+        # Failed by a provider batch and by its retry batch: dead-lettered with the
+        # provider's error. Requeued from the dead letters, it runs synchronously.
+        raise Fatal(f"the provider's batches failed this request twice: {payload['batch_error']}")
+    document = await rt.store.document(payload["doc"])
+    try:
+        found, n, model_spec, model_key = await answer(
+            rt, ctx, payload, spec, document, payload.get("fallbacks") or []
+        )
+    except BatchCancelled:
+        await rt.store.cancel_job_items(ctx.job_id)
+        return {"key": key, "path": payload.get("path"), "cancelled": True}
     result = {"key": key, "path": payload.get("path"), "source": found.source, **dict(found.value)}
     if n:  # answered by a fallback: its model is in the answer, its provider and rank here
         result.update(provider=model_spec.provider, fallback=n, answered_key=model_key)
