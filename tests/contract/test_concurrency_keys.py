@@ -8,13 +8,35 @@ import json
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from herd.queue.base import Broker, Completion, Failure, JobStatus, KeyStats, NewJob
+from herd.testing.fleet import Fleet, worker_env
 from tests.helpers import eventually, job
 
 ROOT = Path(__file__).resolve().parents[2]
 PROCESSES, CLAIMERS = 3, 16
+QUEUE = "keyed"
+# A worker process as `herd worker` runs it (as tests/contract/test_takeover.py's).
+WORKER = f"""
+import asyncio
+from herd.worker import Worker
+from tests.apps.crashapp import app
+asyncio.run(Worker(app, queues=["{QUEUE}"], concurrency=4, poll_interval=0.2).run())
+"""
+
+
+@pytest.fixture
+def fleet(broker, request, tmp_path) -> Iterator[Fleet]:
+    store = {"database_url" if broker.name == "postgres" else "redis_url": broker.url}
+    if broker.name == "postgres" and broker.url != request.getfixturevalue("pg_url"):
+        store["HERD_DATABASE_DIRECT_URL"] = request.getfixturevalue("pg_url")  # PgBouncer
+    env = worker_env(broker=broker.name, pythonpath=[ROOT], **store)
+    with Fleet([sys.executable, "-c", WORKER], env, logs=tmp_path, cwd=ROOT) as workers:
+        yield workers
 
 
 def keyed(key: str, limit: int, **kw: object) -> NewJob:
@@ -179,3 +201,37 @@ async def test_jobs_without_a_key_are_untouched_by_a_blocked_key(broker):
     assert (await broker.get_job(mine.job_id)).concurrency_key == "k"
     other = next(x for x in leases if x is not mine)
     assert (await broker.get_job(other.job_id)).concurrency_key is None
+
+
+async def test_a_killed_workers_slot_comes_back_once_its_job_is_taken_over(broker, fleet):
+    sleeper = {"seconds": 600}
+    first, second = await broker.enqueue(
+        [
+            job("crash.sleep", sleeper, queue=QUEUE, concurrency_key="t", max_running_per_key=1)
+            for _ in range(2)
+        ]
+    )
+    (worker,) = fleet.start()
+
+    async def running():
+        j = await broker.get_job(first.job_id)
+        mine = j.status == JobStatus.PROCESSING and f":{worker.pid}:" in j.lease_owner
+        return j if mine else None
+
+    held = await eventually(running, timeout=30)
+    # The worker has three idle slots, and the key none: the second job waits.
+    assert await counts(broker, "t", QUEUE) == (1, 1)
+    assert (await broker.get_job(second.job_id)).status == JobStatus.PENDING
+    fleet.kill(worker.pid)
+    # Taken over at once: the job keeps the key's one slot, so nothing else runs.
+    (rescued,) = await eventually(lambda: broker.claim([QUEUE], "rescuer", 5), timeout=10)
+    assert rescued.job_id == first.job_id and rescued.token > held.lease_token
+    assert await counts(broker, "t", QUEUE) == (1, 1)
+    assert await broker.claim([QUEUE], "rescuer", 5) == []
+    # Its end gives the slot back, once: the second job runs, and only it.
+    assert await broker.complete_if_leased([Completion(rescued, "done")]) == [True]
+    (nxt,) = await broker.claim([QUEUE], "rescuer", 5)
+    assert nxt.job_id == second.job_id
+    assert await counts(broker, "t", QUEUE) == (1, 0)
+    assert await broker.complete_if_leased([Completion(nxt, "done")]) == [True]
+    assert await broker.key_stats() == []
