@@ -18,14 +18,17 @@ from herd.embedded import database_url
 from herd.errors import BrokerUnavailable, ConfigError, HerdError, InvalidInput, JobNotFound
 from herd.jsonvalue import JSON, check, check_text
 from herd.queue.base import (
+    MAX_CONCURRENCY_KEY_LENGTH,
     MAX_DEDUP_KEY_LENGTH,
     MAX_NAME_LENGTH,
     MAX_PRIORITY,
+    MAX_RUNNING_PER_KEY,
     MIN_PRIORITY,
     Broker,
     EnqueueResult,
     Job,
     JobStatus,
+    KeyStats,
     NewJob,
     QueueStats,
     RequeueResult,
@@ -86,6 +89,7 @@ class App:
         max_attempts: int = 3,
         max_stalls: int = 3,
         backoff: Backoff | None = None,
+        max_running_per_key: int = 1,
     ) -> Callable[[TaskFunction], Task]: ...
 
     def task(  # type: ignore[misc]  # mypy misreads the positional-only default
@@ -100,8 +104,12 @@ class App:
         max_attempts: int = 3,
         max_stalls: int = 3,
         backoff: Backoff | None = None,
+        max_running_per_key: int = 1,
     ) -> Task | Callable[[TaskFunction], Task]:
-        """Register a function (async or sync) as a task: ``fn(payload[, ctx])``."""
+        """Register a function (async or sync) as a task: ``fn(payload[, ctx])``.
+
+        ``max_running_per_key``: of its jobs enqueued with a ``concurrency_key``, how
+        many of one key may run at once, fleet-wide (claims take turns round the keys)."""
 
         def register(f: TaskFunction) -> Task:
             task = Task(
@@ -113,6 +121,7 @@ class App:
                 max_attempts=max_attempts,
                 max_stalls=max_stalls,
                 backoff=backoff or Backoff(),
+                max_running_per_key=max_running_per_key,
             )
             self.add_task(task)
             return task
@@ -263,6 +272,8 @@ class App:
         dedup_key: str | None,
         delay: float,
         what: str = "payload",
+        concurrency_key: str | None = None,
+        max_running_per_key: int | None = None,
     ) -> NewJob:
         """The one gate of every producer (Python, CLI, API, built-in features): what
         a store, a listing or a dashboard would choke on later is refused here, with
@@ -289,6 +300,25 @@ class App:
             if dedup_key == "":
                 raise InvalidInput("dedup_key is empty; give a key or None", field="dedup_key")
             check_text(dedup_key, "dedup_key", max_length=MAX_DEDUP_KEY_LENGTH)
+        if concurrency_key is not None:
+            if concurrency_key == "":
+                raise InvalidInput(
+                    "concurrency_key is empty; give a key or None", field="concurrency_key"
+                )
+            check_text(concurrency_key, "concurrency_key", max_length=MAX_CONCURRENCY_KEY_LENGTH)
+        limit = max_running_per_key
+        if limit is None:
+            limit = spec.max_running_per_key if spec else 1
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise InvalidInput(
+                f"max_running_per_key must be an integer, not {type(limit).__name__}",
+                field="max_running_per_key",
+            )
+        if not 1 <= limit <= MAX_RUNNING_PER_KEY:
+            raise InvalidInput(
+                f"max_running_per_key is {limit}; the limit is 1 to {MAX_RUNNING_PER_KEY}",
+                field="max_running_per_key",
+            )
         if not isinstance(delay, int | float) or not math.isfinite(delay):
             raise InvalidInput(
                 f"delay must be a finite number of seconds, not {delay!r}", field="delay"
@@ -311,6 +341,8 @@ class App:
             max_attempts=spec.max_attempts if spec else 3,
             max_stalls=spec.max_stalls if spec else 3,
             payload_json=text,
+            concurrency_key=concurrency_key,
+            max_running_per_key=limit,
         )
 
     async def enqueue(
@@ -322,10 +354,22 @@ class App:
         priority: int | None = None,
         dedup_key: str | None = None,
         delay: float = 0.0,
+        concurrency_key: str | None = None,
+        max_running_per_key: int | None = None,
     ) -> EnqueueResult:
-        """Add one job. With a dedup_key held by an active job, returns that job instead."""
+        """Add one job. With a dedup_key held by an active job, returns that job instead.
+
+        ``concurrency_key`` (a tenant, a user): at most ``max_running_per_key`` jobs of
+        the key run at once in the queue (default: the task's, else 1)."""
         job = self._new_job(
-            task, payload, queue=queue, priority=priority, dedup_key=dedup_key, delay=delay
+            task,
+            payload,
+            queue=queue,
+            priority=priority,
+            dedup_key=dedup_key,
+            delay=delay,
+            concurrency_key=concurrency_key,
+            max_running_per_key=max_running_per_key,
         )
         with telemetry.sending([job]) as send:
             results = await self.broker.enqueue(send.jobs)
@@ -342,12 +386,18 @@ class App:
         dedup_keys: Sequence[str | None] | None = None,
         delay: float = 0.0,
         batch_size: int = 1000,
+        concurrency_keys: Sequence[str | None] | None = None,
+        max_running_per_key: int | None = None,
     ) -> list[EnqueueResult]:
-        """Add many jobs of one task, ``batch_size`` per round trip."""
+        """Add many jobs of one task, ``batch_size`` per round trip (``concurrency_keys``:
+        one per payload, as ``dedup_keys``)."""
         items = list(payloads)
         keys = list(dedup_keys) if dedup_keys is not None else [None] * len(items)
         if len(keys) != len(items):
             raise HerdError("dedup_keys must have one entry per payload")
+        ckeys = list(concurrency_keys) if concurrency_keys is not None else [None] * len(items)
+        if len(ckeys) != len(items):
+            raise HerdError("concurrency_keys must have one entry per payload")
         # Every job is checked before the first batch is sent: all are enqueued, or none.
         jobs = [
             self._new_job(
@@ -358,8 +408,10 @@ class App:
                 dedup_key=k,
                 delay=delay,
                 what=f"payloads[{i}]",
+                concurrency_key=c,
+                max_running_per_key=max_running_per_key,
             )
-            for i, (p, k) in enumerate(zip(items, keys, strict=True))
+            for i, (p, k, c) in enumerate(zip(items, keys, ckeys, strict=True))
         ]
         out: list[EnqueueResult] = []
         for start in range(0, len(jobs), batch_size):
@@ -396,6 +448,10 @@ class App:
 
     async def stats(self) -> list[QueueStats]:
         return await self.broker.stats()
+
+    async def key_stats(self, limit: int = 20) -> list[KeyStats]:
+        """Running and waiting jobs of the ``limit`` busiest concurrency keys."""
+        return await self.broker.key_stats(limit)
 
     def __repr__(self) -> str:
         return f"<herd.App tasks={sorted(self.tasks)}>"

@@ -338,6 +338,16 @@ def enqueue(
     delay: Annotated[
         float, typer.Option(min=0, metavar="SECONDS", help="Run it no sooner than this from now.")
     ] = 0.0,
+    concurrency_key: Annotated[
+        str | None,
+        typer.Option(
+            metavar="KEY", help="A tenant or user: its jobs run at most N at once, by turns."
+        ),
+    ] = None,
+    max_running_per_key: Annotated[
+        int | None,
+        typer.Option(min=1, metavar="N", help="That N; default the task's, else 1."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_HELP)] = False,
 ) -> None:
     """Add one job."""
@@ -348,7 +358,14 @@ def enqueue(
     result = run(
         opts(ctx),
         lambda a: a.enqueue(
-            task, data, queue=queue, priority=priority, dedup_key=dedup_key, delay=delay
+            task,
+            data,
+            queue=queue,
+            priority=priority,
+            dedup_key=dedup_key,
+            delay=delay,
+            concurrency_key=concurrency_key,
+            max_running_per_key=max_running_per_key,
         ),
     )
     if as_json:
@@ -360,9 +377,19 @@ def enqueue(
 @jobs_cli.command("stats")
 def jobs_stats(
     ctx: typer.Context,
+    by_key: Annotated[
+        bool,
+        typer.Option("--by-key", help="Running and waiting jobs per concurrency key."),
+    ] = False,
+    top: Annotated[
+        int, typer.Option(min=1, max=1000, metavar="N", help="With --by-key: the N busiest.")
+    ] = 20,
     as_json: Annotated[bool, typer.Option("--json", help=JSON_LINES_HELP)] = False,
 ) -> None:
     """Jobs per queue and status."""
+    if by_key:
+        _key_stats(ctx, top, as_json)
+        return
     stats = run(opts(ctx), lambda a: a.stats())
     if as_json:
         for s in stats:
@@ -382,6 +409,28 @@ def jobs_stats(
     for s in stats:
         age = f"{s.oldest_ready_age:.1f}s" if s.oldest_ready_age is not None else ""
         table.add_row(s.queue, *[str(s.counts.get(st, 0)) for st in JobStatus], str(s.ready), age)
+    out.print(table)
+
+
+def _key_stats(ctx: typer.Context, top: int, as_json: bool) -> None:
+    keys = run(opts(ctx), lambda a: a.key_stats(top))
+    if as_json:
+        for k in keys:
+            print_json(k)
+        return
+    if not keys:
+        out.print("no job with a concurrency key is running or waiting")
+        return
+    table = Table(
+        title=f"busiest {_count(len(keys), 'key')}", title_justify="left", box=None,
+        pad_edge=False, header_style="bold", collapse_padding=True,
+    )  # fmt: skip
+    table.add_column("queue", overflow="fold")
+    table.add_column("key", overflow="fold")
+    for col in ("running", "limit", "waiting"):
+        table.add_column(col, justify="right", min_width=5)
+    for k in keys:
+        table.add_row(k.queue, k.key, str(k.running), str(k.max_running), str(k.waiting))
     out.print(table)
 
 

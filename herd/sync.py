@@ -27,7 +27,7 @@ from typing import Any, Protocol, Self, TypeVar
 from herd.errors import HerdError
 from herd.jsonvalue import JSON
 from herd.portal import Portal
-from herd.queue.base import EnqueueResult, Job, JobStatus, QueueStats, RequeueResult
+from herd.queue.base import EnqueueResult, Job, JobStatus, KeyStats, QueueStats, RequeueResult
 from herd.tasks import TaskRef
 
 T = TypeVar("T")
@@ -61,6 +61,8 @@ class AsyncProducer(Protocol):
     def purge_dead(self) -> Verb[int]: ...
     @property
     def stats(self) -> Verb[list[QueueStats]]: ...
+    @property
+    def key_stats(self) -> Verb[list[KeyStats]]: ...
 
 
 class SyncApp:
@@ -142,11 +144,20 @@ class SyncApp:
         priority: int | None = None,
         dedup_key: str | None = None,
         delay: float = 0.0,
+        concurrency_key: str | None = None,
+        max_running_per_key: int | None = None,
     ) -> EnqueueResult:
         """Add one job. With a dedup_key held by an active job, returns that job instead."""
         return self._run(
             self._app.enqueue(
-                task, payload, queue=queue, priority=priority, dedup_key=dedup_key, delay=delay
+                task,
+                payload,
+                queue=queue,
+                priority=priority,
+                dedup_key=dedup_key,
+                delay=delay,
+                concurrency_key=concurrency_key,
+                max_running_per_key=max_running_per_key,
             )
         )
 
@@ -160,6 +171,8 @@ class SyncApp:
         dedup_keys: Sequence[str | None] | None = None,
         delay: float = 0.0,
         batch_size: int = 1000,
+        concurrency_keys: Sequence[str | None] | None = None,
+        max_running_per_key: int | None = None,
     ) -> list[EnqueueResult]:
         """Add many jobs of one task, ``batch_size`` per round trip."""
         return self._run(
@@ -171,6 +184,8 @@ class SyncApp:
                 dedup_keys=dedup_keys,
                 delay=delay,
                 batch_size=batch_size,
+                concurrency_keys=concurrency_keys,
+                max_running_per_key=max_running_per_key,
             )
         )
 
@@ -195,6 +210,10 @@ class SyncApp:
 
     def stats(self) -> list[QueueStats]:
         return self._run(self._app.stats())
+
+    def key_stats(self, limit: int = 20) -> list[KeyStats]:
+        """Running and waiting jobs of the ``limit`` busiest concurrency keys."""
+        return self._run(self._app.key_stats(limit))
 
     def __repr__(self) -> str:
         return f"<herd.SyncApp of {self._app!r}>"

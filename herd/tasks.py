@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from herd.queue.base import MAX_RUNNING_PER_KEY
+
 TaskFunction = Callable[..., Any]
 
 # herd's own tasks (herd.builtin) are named under this prefix; their payloads are made by
@@ -42,6 +44,8 @@ class Task:
     max_attempts: int = 3
     max_stalls: int = 3
     backoff: Backoff = field(default_factory=Backoff)
+    # Jobs of one concurrency key that may run at once (those enqueued with a key).
+    max_running_per_key: int = 1
 
     # Worked out once: inspect.signature on every job cost 7% of a no-op drain.
     is_async: bool = field(init=False, repr=False, compare=False)
@@ -52,6 +56,8 @@ class Task:
             raise ValueError("lease_seconds must be positive")
         if self.max_attempts < 1 or self.max_stalls < 1:
             raise ValueError("max_attempts and max_stalls must be at least 1")
+        if not 1 <= self.max_running_per_key <= MAX_RUNNING_PER_KEY:
+            raise ValueError(f"max_running_per_key must be 1 to {MAX_RUNNING_PER_KEY}")
         object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.fn))
         object.__setattr__(self, "wants_context", "ctx" in inspect.signature(self.fn).parameters)
 

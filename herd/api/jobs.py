@@ -14,6 +14,7 @@ from herd.api.models import (
     EnqueueOut,
     JobOut,
     JobSummaryOut,
+    KeyStatsOut,
     OverviewOut,
     PurgeDeadIn,
     PurgeDeadOut,
@@ -56,6 +57,8 @@ async def enqueue(body: EnqueueIn, app: HerdApp, response: Response) -> EnqueueO
         priority=body.priority,
         dedup_key=body.dedup_key,
         delay=body.delay,
+        concurrency_key=body.concurrency_key,
+        max_running_per_key=body.max_running_per_key,
     )
     if not result.created:
         response.status_code = status.HTTP_200_OK
@@ -111,6 +114,13 @@ async def purge_dead(body: PurgeDeadIn, app: HerdApp) -> PurgeDeadOut:
 async def stats(app: HerdApp) -> StatsOut:
     """Jobs per queue and status; cache counters and hit rates."""
     return StatsOut(queues=await app.stats(), caches=await overview.caches(app))
+
+
+@router.get("/stats/keys", tags=["statistics"])
+async def key_stats(app: HerdApp, limit: Limit = 20) -> KeyStatsOut:
+    """Running and waiting jobs of the ``limit`` busiest concurrency keys; the cost
+    follows the keys with work, not the jobs (counters kept as jobs change)."""
+    return KeyStatsOut(keys=await app.key_stats(limit))
 
 
 @router.get("/overview", tags=["statistics"])

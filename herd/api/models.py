@@ -22,12 +22,15 @@ from herd.jsonvalue import check, text_problem
 from herd.llm.eval.spec import TASK as EVAL_TASK
 from herd.llm.providers import registry
 from herd.queue.base import (
+    MAX_CONCURRENCY_KEY_LENGTH,
     MAX_DEDUP_KEY_LENGTH,
     MAX_NAME_LENGTH,
     MAX_PRIORITY,
+    MAX_RUNNING_PER_KEY,
     MIN_PRIORITY,
     Job,
     JobStatus,
+    KeyStats,
     QueueStats,
     RunningJob,
     Throughput,
@@ -67,6 +70,11 @@ class EnqueueIn(Strict):
         Annotated[str, Field(min_length=1, max_length=MAX_DEDUP_KEY_LENGTH), Stored] | None
     ) = None
     delay: Annotated[float, Field(ge=0, le=366 * 86400)] = 0.0
+    # A tenant or user: at most max_running_per_key of its jobs run at once, by turns.
+    concurrency_key: (
+        Annotated[str, Field(min_length=1, max_length=MAX_CONCURRENCY_KEY_LENGTH), Stored] | None
+    ) = None
+    max_running_per_key: Annotated[int, Field(ge=1, le=MAX_RUNNING_PER_KEY)] | None = None
 
 
 class EnqueueOut(BaseModel):
@@ -162,6 +170,7 @@ class JobOut(BaseModel):
     last_traceback: str | None
     dead_reason: str | None
     last_worker: str | None
+    concurrency_key: str | None = None
 
     @classmethod
     def of(cls, job: Job) -> JobOut:
@@ -286,6 +295,12 @@ class LedgerRow(BaseModel):
 class StatsOut(BaseModel):
     queues: list[QueueStats]
     caches: list[CacheOut]
+
+
+class KeyStatsOut(BaseModel):
+    """The busiest concurrency keys (running plus waiting), from counters."""
+
+    keys: list[KeyStats]
 
 
 class OverviewOut(BaseModel):

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 # priority names a Redis stream and a PostgreSQL integer; names and keys are indexed.
 MAX_NAME_LENGTH = 200  # task and queue names
 MAX_DEDUP_KEY_LENGTH = 1000
+MAX_CONCURRENCY_KEY_LENGTH = 200  # a concurrency key names a Redis key and a counter row
+MAX_RUNNING_PER_KEY = 1_000_000
 MIN_PRIORITY, MAX_PRIORITY = -1_000_000, 1_000_000
 # A job's trace context (its W3C traceparent is 55 bytes, a tracestate at most 512):
 # keys and values together, so a carrier cannot grow a job's every read.
@@ -65,6 +67,11 @@ class NewJob:
     # The context the job was enqueued in (herd.telemetry): a propagator's carrier,
     # e.g. {"traceparent": ..., "tracestate": ...}; its run continues that trace.
     trace_context: dict[str, str] | None = None
+    # Concurrency key: at most ``max_running_per_key`` jobs of the key run at once in
+    # the queue, fleet-wide (the latest enqueued job's limit rules the key); claims
+    # take turns round the keys. None: no key, no limit.
+    concurrency_key: str | None = None
+    max_running_per_key: int = 1
     # The payload as stored, when the producer (App) has checked and serialized it
     # already: a 300,000-job enqueue then serializes each payload once, not twice.
     payload_json: str | None = field(default=None, repr=False, compare=False)
@@ -127,6 +134,7 @@ class Job:
     dead_reason: str | None
     last_worker: str | None
     trace_context: dict[str, str] | None = None
+    concurrency_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -190,6 +198,17 @@ class QueueStats:
     counts: dict[JobStatus, int] = field(default_factory=dict)
     ready: int = 0  # pending and due now
     oldest_ready_age: float | None = None  # seconds
+
+
+@dataclass(frozen=True)
+class KeyStats:
+    """One concurrency key's jobs, from counters kept as they change (never a count)."""
+
+    queue: str
+    key: str
+    running: int
+    waiting: int  # pending, delayed ones included
+    max_running: int
 
 
 @dataclass(frozen=True)
@@ -331,6 +350,11 @@ class Broker(Protocol):
     async def purge_dead(self, older_than: float, queue: str | None = None) -> int:
         """Delete dead-lettered jobs (of ``queue``, or of all) finished more than
         ``older_than`` seconds ago; returns how many. Nothing else removes them."""
+        ...
+
+    async def key_stats(self, limit: int = 20) -> list[KeyStats]:
+        """Running and waiting jobs of the ``limit`` busiest concurrency keys (running
+        plus waiting), from counters: the cost follows the keys with work."""
         ...
 
     async def running(self, limit: int = 100) -> list[RunningJob]:

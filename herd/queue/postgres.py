@@ -32,6 +32,7 @@ from herd.queue.base import (
     Failure,
     Job,
     JobStatus,
+    KeyStats,
     Lease,
     NewJob,
     QueueStats,
@@ -80,6 +81,7 @@ def _job(row: dict[str, Any]) -> Job:
         dead_reason=row["dead_reason"],
         last_worker=row["last_worker"],
         trace_context=trace_of(row.get("trace_context")),
+        concurrency_key=row.get("concurrency_key"),
     )
 
 
@@ -95,6 +97,8 @@ def _enqueue_params(jobs: Sequence[NewJob]) -> dict[str, list[Any]]:
         "max_attempts": [j.max_attempts for j in jobs],
         "max_stalls": [j.max_stalls for j in jobs],
         "trace_context": [trace_text(j) for j in jobs],
+        "concurrency_key": [j.concurrency_key for j in jobs],
+        "key_limit": [j.max_running_per_key if j.concurrency_key else None for j in jobs],
     }
 
 
@@ -350,6 +354,7 @@ class PostgresBroker:
                 await self._fetch("purge_throughput", {"keep": self.throughput_ttl})
             await self.fold_counts()
             await self._fetch("purge_scheduled", {})
+            await self._batches("key_counts_prune", {}, 5000)
         except BrokerError as exc:
             log.warning("purging succeeded jobs failed (retried later): %s", exc)
             return 0
@@ -523,6 +528,10 @@ class PostgresBroker:
                     key=lambda c: c.job_id,
                 ),
             )
+
+    async def key_stats(self, limit: int = 20) -> list[KeyStats]:
+        rows = await self._fetch("key_stats", {"limit": max(1, limit)})
+        return [KeyStats(*row) for row in rows]
 
     async def running(self, limit: int = 100) -> list[RunningJob]:
         return [RunningJob(**r) for r in await self._fetch_dicts("running", {"limit": limit})]

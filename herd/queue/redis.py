@@ -16,6 +16,12 @@ in one Redis Cluster slot and each script touches one slot):
     herd:{q}:dlq           stream: a record of every dead-lettering with its reason
     herd:{q}:tp:<minute>   hash: jobs succeeded / dead in that minute (epoch // 60), kept
                            throughput_ttl (HERD_THROUGHPUT_TTL, 2 days)
+    herd:{q}:k:<key>       sorted set: the ready jobs of a concurrency key (score 0,
+                           members "<1e6 - priority>:<id>" compare as text), never in
+                           a stream
+    herd:{q}:kready        sorted set: keys with a ready job and room, by turn (kseq)
+    herd:{q}:krun, :kwait  hashes: key -> its jobs processing / pending (a key with
+                           neither has no field), :kmax key -> its limit
     herd:{q}:unindexed     list: ids swept from this queue, still to drop from herd:jobq
     herd:{q}:ids, :num     the queue's id counter (floored by the clock) and its number
     herd:{q}:retired       when the queue last gave its number back (redis_numbers)
@@ -66,6 +72,7 @@ from herd.queue.base import (
     Failure,
     Job,
     JobStatus,
+    KeyStats,
     Lease,
     NewJob,
     QueueStats,
@@ -455,6 +462,8 @@ class RedisBroker:
                         j.max_attempts,
                         j.max_stalls,
                         trace_text(j) or "",
+                        j.concurrency_key or "",
+                        j.max_running_per_key,
                     ]
                 p = prefix(queue)
                 calls.append(([p + "meta"], [p, *args]))
@@ -758,6 +767,30 @@ class RedisBroker:
         ms = [int(w) for w in waits if int(w) >= 0]
         return min(ms) / 1000 if ms else None
 
+    async def key_stats(self, limit: int = 20) -> list[KeyStats]:
+        queues = await self._queues()
+        if not queues:
+            return []
+        # Three small hashes per queue that hold only the keys with work.
+        with self._errors():
+            pipe = self._redis.pipeline(transaction=False)
+            for q in queues:
+                for h in ("krun", "kwait", "kmax"):
+                    pipe.hgetall(prefix(q) + h)
+            replies = await pipe.execute()
+        out = []
+        for i, q in enumerate(queues):
+            run, wait, most = replies[3 * i : 3 * i + 3]
+            for key in sorted(set(run) | set(wait)):
+                out.append(
+                    KeyStats(
+                        q, _text(key), int(run.get(key, 0)), int(wait.get(key, 0)),
+                        int(most.get(key, 1)),
+                    )
+                )  # fmt: skip
+        out.sort(key=lambda k: (-(k.running + k.waiting), k.queue, k.key))
+        return out[: max(1, limit)]
+
     async def purge_finished(self, older_than: float | None = None) -> int:
         """Remove succeeded jobs finished more than ``older_than`` seconds ago (default:
         ``finished_ttl``; 0 there keeps them): the hash if it is still there, the
@@ -930,7 +963,8 @@ class RedisBroker:
             for j in jobs:
                 args += [j.task, payload_text(j), j.priority, j.dedup_key or "",
                          int(max(0.0, j.delay) * 1000), j.lease_seconds, j.max_attempts,
-                         j.max_stalls, trace_text(j) or ""]  # fmt: skip
+                         j.max_stalls, trace_text(j) or "", j.concurrency_key or "",
+                         j.max_running_per_key]  # fmt: skip
             args += [name, sched.micros(after), sched.micros(tick)]
             with self._errors():
                 reply = await self._scripts["schedule_fire"](keys=[p + "meta"], args=args)
@@ -982,4 +1016,5 @@ def _job(h: dict[str, str]) -> Job:
         dead_reason=opt("dead_reason"),
         last_worker=opt("last_worker"),
         trace_context=trace_of(opt("trace")),
+        concurrency_key=opt("ckey"),
     )

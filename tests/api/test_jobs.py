@@ -265,3 +265,31 @@ async def test_dead_letters_are_purged_by_age_and_queue(any_client, any_app):
     await eventually(purged)
     assert [j["id"] for j in (await any_client.get("/dlq")).json()] == [kept]
     assert (await any_client.get(f"/jobs/{gone}")).status_code == 404
+
+
+async def test_enqueue_with_a_concurrency_key_and_stats_by_key(any_client, any_app):
+    for _ in range(3):
+        r = await any_client.post(
+            "/jobs",
+            json={"task": "t.echo", "concurrency_key": "tenant:acme", "max_running_per_key": 2},
+        )
+        assert r.status_code == 201, r.text
+    body = (await any_client.get(f"/jobs/{r.json()['job_id']}")).json()
+    assert body["concurrency_key"] == "tenant:acme"
+    assert len(await any_app.broker.claim(["default"], "w", 10)) == 2  # the key's limit
+    stats = (await any_client.get("/stats/keys", params={"limit": 5})).json()
+    assert stats == {
+        "keys": [
+            {
+                "queue": "default",
+                "key": "tenant:acme",
+                "running": 2,
+                "waiting": 1,
+                "max_running": 2,
+            }
+        ]
+    }
+    bad = await any_client.post(
+        "/jobs", json={"task": "t.echo", "concurrency_key": "k", "max_running_per_key": 0}
+    )
+    assert bad.status_code == 422 and "max_running_per_key" in bad.text

@@ -3,8 +3,9 @@
 -- CLIENT LIST). Returns per leased job: {id, token, expires_ms, task, payload,
 -- attempts, stalls, max_attempts, lease_seconds, trace}.
 -- Order: jobs of dead owners and jobs whose lease expired (a stall: their worker
--- died or froze), then ready jobs by priority (highest stream first), FIFO within
--- a priority.
+-- died or froze), then keyed jobs a turn per key (the keys with a ready job and room,
+-- in kready's order; a key served goes to the back), then ready jobs by priority
+-- (highest stream first), FIFO within a priority.
 local owner, limit, live = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local now = now_ms()
 local out = {}
@@ -84,6 +85,24 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', now, 'LIM
   if redis.call('EXISTS', lkey(id)) == 0 then
     local last = redis.call('HGET', jkey(id), 'owner')
     take_over(id, owner, 'lease expired while held by ' .. (last or '?'))
+  end
+end
+
+-- Keyed jobs: one per turn. A key without a ready job or room leaves kready (it gets a
+-- turn again when a job of it is pushed or gives its slot back).
+while #out < limit do
+  local head = redis.call('ZRANGE', P .. 'kready', 0, 0)
+  if #head == 0 then break end
+  local key = head[1]
+  redis.call('ZREM', P .. 'kready', key)
+  if kroom(key) > 0 then
+    local first = redis.call('ZRANGE', P .. 'k:' .. key, 0, 0)
+    if #first > 0 then
+      redis.call('ZREM', P .. 'k:' .. key, first[1])
+      local id = kid(first[1])
+      if redis.call('HGET', jkey(id), 'status') == 'pending' then lease(id, 'pending') end
+      kturn(key)
+    end
   end
 end
 

@@ -14,18 +14,74 @@ end
 local function jkey(id) return P .. 'job:' .. id end
 local function lkey(id) return P .. 'lease:' .. id end
 
+-- Concurrency keys (herd:{q}:k:<key>, :kready, :krun, :kwait, :kmax, :kseq; see
+-- herd.queue.redis). A keyed job never enters a priority stream: while ready it waits
+-- in its key's sorted set, whose members (score 0) compare as text in priority then id
+-- order; kready holds the keys with a ready job and room, by turn (kseq).
+local function kmember(id, prio)
+  return string.format('%07d', 1000000 - tonumber(prio)) .. ':' .. string.rep('0', 16 - #id) .. id
+end
+
+local function kid(member) return string.match(member, '^%d+:0*(%d+)$') end
+
+-- Counters per key; a field at 0 goes (the hashes hold the keys with work only), and
+-- the key's limit with the last of them.
+local function kinc(hash, key, by)
+  local n = redis.call('HINCRBY', P .. hash, key, by)
+  if n <= 0 then
+    redis.call('HDEL', P .. hash, key)
+    if redis.call('HEXISTS', P .. 'krun', key) == 0
+        and redis.call('HEXISTS', P .. 'kwait', key) == 0 then
+      redis.call('HDEL', P .. 'kmax', key)
+    end
+  end
+end
+
+local function kroom(key)
+  return (tonumber(redis.call('HGET', P .. 'kmax', key)) or 1)
+    - (tonumber(redis.call('HGET', P .. 'krun', key)) or 0)
+end
+
+-- Give the key a turn, at the back, if it has a ready job and room (none while it has one).
+local function kturn(key)
+  if redis.call('ZCARD', P .. 'k:' .. key) > 0 and kroom(key) > 0 then
+    redis.call('ZADD', P .. 'kready', 'NX', redis.call('INCR', P .. 'kseq'), key)
+  end
+end
+
 -- Active jobs are scored by id; finished ones by finish time (finish below), so
 -- that a sweep walks the expired ones oldest first and a count by score range
--- leaves out those whose hash has expired but not yet been swept.
+-- leaves out those whose hash has expired but not yet been swept. Every change of
+-- status passes here, so a keyed job's counters follow it exactly: a slot is given
+-- back by whatever moves the job out of processing, once.
 local function set_status(id, old, new, score)
   redis.call('ZREM', P .. 'st:' .. old, id)
   redis.call('ZADD', P .. 'st:' .. new, score or id, id)
   redis.call('HSET', jkey(id), 'status', new)
+  if old ~= new then
+    local key = redis.call('HGET', jkey(id), 'ckey')
+    if key and key ~= '' then
+      -- Up before down: a key's limit goes with its last counter.
+      if new == 'pending' then kinc('kwait', key, 1) end
+      if new == 'processing' then kinc('krun', key, 1) end
+      if old == 'pending' then kinc('kwait', key, -1) end
+      if old == 'processing' then
+        kinc('krun', key, -1)
+        kturn(key)
+      end
+    end
+  end
 end
 
--- Append the job to its priority's stream (one stream and consumer group per priority).
+-- Append the job to its priority's stream (one stream and consumer group per
+-- priority), or a keyed job to its key's set.
 local function push(id)
-  local prio = redis.call('HGET', jkey(id), 'priority')
+  local prio, key = unpack(redis.call('HMGET', jkey(id), 'priority', 'ckey'))
+  if key and key ~= '' then
+    redis.call('ZADD', P .. 'k:' .. key, 0, kmember(id, prio))
+    kturn(key)
+    return
+  end
   local stream = P .. 's:' .. prio
   if not redis.call('ZSCORE', P .. 'prios', prio) then
     redis.pcall('XGROUP', 'CREATE', stream, GROUP, '0', 'MKSTREAM')
@@ -35,9 +91,13 @@ local function push(id)
   redis.call('HSET', jkey(id), 'entry', entry)
 end
 
--- Acknowledge and drop the job's stream entry, if it has one.
+-- Acknowledge and drop the job's stream entry, if it has one; a keyed job leaves its
+-- key's set (a ready one rescheduled; a claimed one has left it already).
 local function ack(id)
-  local entry, prio = unpack(redis.call('HMGET', jkey(id), 'entry', 'priority'))
+  local entry, prio, key = unpack(redis.call('HMGET', jkey(id), 'entry', 'priority', 'ckey'))
+  if key and key ~= '' then
+    redis.call('ZREM', P .. 'k:' .. key, kmember(id, prio))
+  end
   if entry and entry ~= '' then
     local stream = P .. 's:' .. prio
     redis.call('XACK', stream, GROUP, entry)

@@ -2,7 +2,7 @@
 --       this client has seen, the server time (µs) at which the number was just read
 --       from herd:{queues} (0: a number the caller cached), then per job: task payload
 --       priority dedup_key delay_ms lease_seconds max_attempts max_stalls trace_context
---       ('' for none)
+--       ('' for none) concurrency_key ('' for none) max_running_per_key
 -- Returns per job: {id, created 0/1}; or 'renumber' (nothing written) when the queue's
 -- slot does not hold the number the caller cached. A job's id is the queue's own
 -- counter (ids, in this queue's slot: no key of another slot is needed) times 2^20 plus
@@ -54,7 +54,7 @@ end
 local now = now_ms()
 local out = {}
 for j = 0, n - 1 do
-  local b = 8 + j * 9
+  local b = 8 + j * 11
   local task, payload, prio, dedup = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local delay = tonumber(ARGV[b + 4])
   local holder = false
@@ -74,6 +74,12 @@ for j = 0, n - 1 do
       'lease_seconds', ARGV[b + 5], 'max_attempts', ARGV[b + 6], 'max_stalls', ARGV[b + 7],
       'token', 0, 'run_at', now + delay, 'created_at', now, 'entry', '')
     if ARGV[b + 8] ~= '' then redis.call('HSET', jkey(id), 'trace', ARGV[b + 8]) end
+    local ckey = ARGV[b + 9]
+    if ckey ~= '' then
+      redis.call('HSET', jkey(id), 'ckey', ckey)
+      redis.call('HSET', P .. 'kmax', ckey, ARGV[b + 10])
+      kinc('kwait', ckey, 1)
+    end
     redis.call('ZADD', P .. 'st:pending', id, id)
     if delay > 0 then
       redis.call('ZADD', P .. 'delayed', now + delay, id)

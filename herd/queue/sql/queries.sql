@@ -4,15 +4,18 @@
 
 -- name: enqueue
 INSERT INTO herd_jobs (queue, task, payload, priority, dedup_key, run_at,
-                       lease_seconds, max_attempts, max_stalls, trace_context)
+                       lease_seconds, max_attempts, max_stalls, trace_context,
+                       concurrency_key, key_limit)
 SELECT n.queue, n.task, n.payload::jsonb, n.priority, n.dedup_key,
        now() + n.delay * interval '1 second', n.lease_seconds, n.max_attempts, n.max_stalls,
-       n.trace_context
+       n.trace_context, n.concurrency_key, n.key_limit
   FROM unnest(%(queue)s::text[], %(task)s::text[], %(payload)s::text[], %(priority)s::int[],
               %(dedup_key)s::text[], %(delay)s::float8[], %(lease_seconds)s::float8[],
-              %(max_attempts)s::int[], %(max_stalls)s::int[], %(trace_context)s::text[])
+              %(max_attempts)s::int[], %(max_stalls)s::int[], %(trace_context)s::text[],
+              %(concurrency_key)s::text[], %(key_limit)s::int[])
        WITH ORDINALITY AS n(queue, task, payload, priority, dedup_key, delay, lease_seconds,
-                            max_attempts, max_stalls, trace_context, ord)
+                            max_attempts, max_stalls, trace_context, concurrency_key,
+                            key_limit, ord)
  ORDER BY n.ord
 ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('pending', 'processing')
 DO NOTHING
@@ -31,21 +34,63 @@ SELECT pg_notify('herd_jobs', q) FROM unnest(%(queues)s::text[]) AS q;
 -- Ready jobs and jobs whose lease expired (their worker died or froze), by
 -- priority then age. A takeover counts a stall; too many stalls dead-letter
 -- the job instead of handing it out again.
+-- Jobs with a concurrency key (0011) come first, a turn per key: the keys with
+-- waiting jobs and room (running < max_running), least recently served first, each
+-- locked (SKIP LOCKED: a key another claimer holds is skipped, never waited for)
+-- before its jobs are taken, at most its room; the first job of every key before
+-- the second of any. The trigger raises the key's running count under that lock.
+-- An expired keyed job is taken over only under its key's lock too, since a stall
+-- that dead-letters it gives its slot back. Without keyed jobs in the queue, `keys`
+-- and `expired_keys` find nothing and the claim is as before.
 WITH ready AS (
-    SELECT id, priority FROM herd_jobs
+    SELECT id, priority, NULL::text AS ckey, false AS keyed, 1::bigint AS rn FROM herd_jobs
      WHERE status = 'pending' AND queue = %(queue)s AND run_at <= now()
+       AND concurrency_key IS NULL
      ORDER BY priority DESC, id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
+), keys AS (
+    SELECT key, max_running - running AS room FROM herd_key_counts
+     WHERE queue = %(queue)s AND waiting > 0 AND running < max_running
+     ORDER BY served_at, key
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), keyed AS (
+    SELECT c.id, c.priority, k.key AS ckey, true AS keyed,
+           row_number() OVER (PARTITION BY k.key ORDER BY c.priority DESC, c.id) AS rn
+      FROM keys k CROSS JOIN LATERAL (
+        SELECT id, priority FROM herd_jobs
+         WHERE status = 'pending' AND queue = %(queue)s AND concurrency_key = k.key
+           AND run_at <= now()
+         ORDER BY priority DESC, id
+         LIMIT least(k.room, %(limit)s)
+           FOR UPDATE SKIP LOCKED) c
+), served AS (
+    -- Every key tried goes to the back of the turn order (one whose jobs are all
+    -- delayed too, so that it cannot hold the front).
+    UPDATE herd_key_counts h SET served_at = clock_timestamp()
+      FROM keys WHERE h.queue = %(queue)s AND h.key = keys.key
+    RETURNING h.key
 ), expired AS (
-    SELECT id, priority FROM herd_jobs
+    SELECT id, priority, concurrency_key AS ckey, false AS keyed, 1::bigint AS rn
+      FROM herd_jobs
      WHERE status = 'processing' AND queue = %(queue)s AND lease_expires_at < now()
      ORDER BY priority DESC, id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
+), expired_keys AS (
+    SELECT key FROM herd_key_counts
+     WHERE queue = %(queue)s AND key IN (SELECT ckey FROM expired WHERE ckey IS NOT NULL)
+       AND key NOT IN (SELECT key FROM served)
+       FOR UPDATE SKIP LOCKED
 ), picked AS (
-    SELECT id FROM (SELECT * FROM ready UNION ALL SELECT * FROM expired) c
-     ORDER BY priority DESC, id LIMIT %(limit)s
+    SELECT id FROM (
+        SELECT * FROM keyed
+        UNION ALL SELECT * FROM ready
+        UNION ALL SELECT * FROM expired
+         WHERE ckey IS NULL OR ckey IN (SELECT key FROM expired_keys)
+            OR ckey IN (SELECT key FROM served)) c
+     ORDER BY keyed DESC, rn, priority DESC, id LIMIT %(limit)s
 )
 UPDATE herd_jobs j SET
     lease_token      = j.lease_token + 1,
@@ -253,6 +298,23 @@ SELECT extract(epoch FROM min(run_at) - now()) FROM herd_jobs
 -- name: purge_scheduled
 -- Buckets of herd_job_scheduled in the past count nothing any more (the purge tick).
 DELETE FROM herd_job_scheduled WHERE due < now() - interval '1 minute';
+
+-- name: key_stats
+-- Running and waiting jobs per concurrency key (0011's counters, one row per key with
+-- work), the busiest first: the cost follows the keys with work, never the jobs.
+SELECT queue, key, running, waiting, max_running FROM herd_key_counts
+ WHERE running > 0 OR waiting > 0
+ ORDER BY running + waiting DESC, queue, key
+ LIMIT %(limit)s;
+
+-- name: key_counts_prune
+-- Rows of keys with no work left (the purge tick): SKIP LOCKED leaves a key a claim or
+-- an enqueue holds; the next enqueue of the key makes its row again.
+DELETE FROM herd_key_counts WHERE (queue, key) IN (
+    SELECT queue, key FROM herd_key_counts WHERE running = 0 AND waiting = 0
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED)
+RETURNING key;
 
 -- name: counters_to_fold
 SELECT DISTINCT queue, status FROM herd_job_counts WHERE slot <> 0 ORDER BY queue, status;

@@ -1,0 +1,81 @@
+"""Concurrency keys through the App and the CLI: the task's limit, bad input, the
+per-key statistics at 80 columns (the bound itself: tests/contract)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from herd import App
+from herd.errors import InvalidInput
+from tests.test_cli import herd
+
+
+async def test_a_keyed_job_takes_its_tasks_limit_unless_the_producer_gives_one(clean_pg):
+    app = App(database_url=clean_pg)
+
+    @app.task(name="per.tenant", max_running_per_key=3)
+    def per_tenant(payload: object) -> None: ...
+
+    async with app:
+        await app.enqueue_many(per_tenant, [{}] * 5, concurrency_keys=["a"] * 4 + [None])
+        assert len(await app.broker.claim(["default"], "w", 10)) == 4  # 3 of "a", the other
+        await app.enqueue("per.tenant", {}, concurrency_key="b", max_running_per_key=1)
+        await app.enqueue("per.tenant", {}, concurrency_key="b", max_running_per_key=1)
+        assert len(await app.broker.claim(["default"], "w", 10)) == 1
+        stats = {(k.key, k.running, k.waiting, k.max_running) for k in await app.key_stats()}
+        assert stats == {("a", 3, 1, 3), ("b", 1, 1, 1)}
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"concurrency_key": ""}, "concurrency_key"),
+        ({"concurrency_key": "x" * 201}, "concurrency_key"),
+        ({"concurrency_key": "k", "max_running_per_key": 0}, "max_running_per_key"),
+        ({"concurrency_key": "k", "max_running_per_key": True}, "max_running_per_key"),
+    ],
+)
+async def test_bad_keys_and_limits_are_refused_before_anything_is_stored(clean_pg, kw, field):
+    async with App(database_url=clean_pg) as app:
+        with pytest.raises(InvalidInput) as err:
+            await app.enqueue("t", {}, **kw)
+        assert err.value.field == field
+        assert await app.list_jobs() == []
+
+
+def test_a_task_limit_below_one_is_refused_at_definition():
+    app = App(database_url="postgresql://unused/none")
+    with pytest.raises(ValueError, match="max_running_per_key"):
+        app.task(name="t", max_running_per_key=0)(lambda payload: None)
+
+
+def test_stats_by_key_from_the_command_line_at_80_columns(clean_pg):
+    tenant = "tenant:a-long-customer-name-that-goes-on-and-on-for-a-while-longer-still"
+    for key in [tenant, tenant, "tenant:b"]:
+        r = herd(
+            "enqueue", "t", "{}", "--concurrency-key", key, "--max-running-per-key", "2",
+            url=clean_pg,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+    shown = herd("jobs", "stats", "--by-key", url=clean_pg, COLUMNS="80")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].rstrip() == "busiest 2 keys"
+    assert all(len(line) <= 80 for line in lines)
+    assert "running" in lines[1] and "waiting" in lines[1] and "limit" in lines[1]
+    assert "…" not in shown.stdout and "longer-still" in shown.stdout  # folded, never cut
+    rows = [json.loads(x) for x in herd("jobs", "stats", "--by-key", "--json", "--top", "1",
+                                        url=clean_pg).stdout.splitlines()]  # fmt: skip
+    assert rows == [
+        {"queue": "default", "key": tenant, "running": 0, "waiting": 2, "max_running": 2}
+    ]
+    bad = herd("enqueue", "t", "{}", "--concurrency-key", "k", "--max-running-per-key", "0")
+    assert bad.returncode == 2 and "max-running-per-key" in bad.stderr
+
+
+def test_stats_by_key_says_so_when_no_key_has_work(clean_pg):
+    shown = herd("jobs", "stats", "--by-key", url=clean_pg)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == "no job with a concurrency key is running or waiting\n"
