@@ -25,12 +25,13 @@ from typing import Any
 
 from herd.app import App
 from herd.cache.keys import normalize_document
+from herd.errors import InvalidInput
 from herd.jsonvalue import JSON, canonical
 from herd.limits import Limit
 from herd.limits.tokens import estimate_output, has_tokenizer
 from herd.llm.documents import DocumentError
 from herd.llm.eval.money import as_float, dollars, money
-from herd.llm.eval.pipeline import CallStage, Pipeline
+from herd.llm.eval.pipeline import CallStage, FunctionStage, Pipeline
 from herd.llm.eval.pipesubmit import check_pipeline
 from herd.llm.eval.plan import _duration, estimate, minutes_at
 from herd.llm.eval.runtime import EvalRuntime
@@ -207,6 +208,15 @@ async def plan_documents(
     (the fallbacks too; the plan prices each stage's own model)."""
     budget, checked = check_pipeline(pipe, app.settings, budget=budget, limits=limits,
                                      batch=batch, fallbacks=fallbacks)  # fmt: skip
+    functions = [s.name for s in pipe.steps if isinstance(s, FunctionStage)]
+    if functions:
+        # What a function returns is unknown until it runs: the stages after it could
+        # only be guessed, and a plan says what it knows.
+        raise InvalidInput(
+            f"--plan: stage {functions[0]!r} is a function; a pipeline with function stages"
+            " is not planned yet (submit without --plan)",
+            field="plan",
+        )
     rt = await EvalRuntime.of(app)
     plan = PipelinePlan(pipe.name, documents=len(docs) + len(unreadable))
     plan.unreadable, plan.budget = list(unreadable), money(budget)
@@ -232,6 +242,7 @@ async def plan_documents(
                                              [x for x in (fleet, own) if x])  # fmt: skip
         plan.stages.append(found)
         nxt = pipe.after(stage.name)
+        assert nxt is None or isinstance(nxt, CallStage)  # function stages refused above
         if nxt is not None:
             per_doc = _next_inputs(pipe, stage, nxt, per_doc, answers, bound)
         stage = nxt
@@ -249,7 +260,9 @@ def _time(rt: EvalRuntime, pipe: Pipeline, plan: PipelinePlan, own: Limit) -> No
     for stage in plan.stages:
         if stage.kind != "split":
             scope = (stage.provider, stage.model)
-            specs.setdefault(scope, pipe.spec(pipe.stage(stage.name)))
+            step = pipe.stage(stage.name)
+            assert isinstance(step, CallStage)  # function stages refused above
+            specs.setdefault(scope, pipe.spec(step))
             calls[scope][0] += stage.calls
             calls[scope][1] += stage.input_tokens + stage.output_tokens
     best: tuple[float, str, str, Limit] | None = None
