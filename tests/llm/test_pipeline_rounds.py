@@ -14,8 +14,8 @@ from herd.llm.eval.pipesubmit import submit_pipeline_texts
 from herd.llm.eval.rounds import group, room
 from herd.llm.eval.runtime import EvalRuntime
 from herd.llm.eval.stageview import stage_progress, stage_rows
-from herd.llm.eval.status import batch_status
-from herd.llm.follow import print_stages
+from herd.llm.eval.status import BatchStatus, batch_status
+from herd.llm.follow import print_stages, summary
 from tests.llm.test_pipeline import NOTE, SUMMARY, app, drain, manual  # noqa: F401
 
 # 256 tokens of context for the reduce's model: a quarter kept for the answer, the rest
@@ -118,3 +118,11 @@ def test_batches_fit_the_room_and_always_shrink():
     # Items each larger than the room: two a batch, so that every round halves the count.
     huge = [{"piece": i, "answer": "y" * 2000} for i in range(5)]
     assert [len(b) for b in group(huge, spec, SMALL)] == [2, 2, 1]
+
+
+def test_the_progress_line_names_the_round_under_way():
+    stage = {"failed": 0, "cancelled": 0}
+    status = BatchStatus(batch="b", documents=2, queued=2, stages=[
+        {**stage, "stage": "notes", "pieces": 48, "done": 48, "round": 1},
+        {**stage, "stage": "summary", "pieces": 9, "done": 7, "round": 2}])  # fmt: skip
+    assert summary(status) == "0/2 answered, summary round 2 7/9, 2 queued"

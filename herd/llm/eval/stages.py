@@ -245,6 +245,7 @@ async def _put_next_pieces(
 async def _decide(
     conn: AsyncConnection[Any], pipe: Pipeline, batch: str, path: str, name: str, round_: int
 ) -> None:
+    """What follows a stage's round whose every piece ended (see advance)."""
     stage = pipe.stage(name)
     where = {"b": batch, "path": path}
     answers = await on(conn, "stage_answers", stage=name, round=round_, **where)
