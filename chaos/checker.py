@@ -229,10 +229,13 @@ def _observe_pipeline(backend: PostgresBackend | RedisBackend, seen: Observed, b
     seen.pipe_reduces = {
         path: (int(n), int(done))
         for path, n, done in store.fetch(
+            # A reduce larger than its context runs in rounds: one piece in the last.
             "SELECT i.path, count(p.*), count(p.*) FILTER (WHERE p.status = 'done')"
             " FROM herd_eval_items i LEFT JOIN herd_eval_pieces p ON p.batch = i.batch"
-            " AND p.path = i.path AND p.stage = %s WHERE i.batch = %s GROUP BY i.path",
-            (REDUCE_STAGE, batch),
+            " AND p.path = i.path AND p.stage = %s AND p.round = (SELECT max(q.round)"
+            " FROM herd_eval_pieces q WHERE q.batch = i.batch AND q.path = i.path"
+            " AND q.stage = %s) WHERE i.batch = %s GROUP BY i.path",
+            (REDUCE_STAGE, REDUCE_STAGE, batch),
         )
     }
     keys = "SELECT DISTINCT key FROM herd_eval_pieces WHERE batch = %s"
