@@ -18,10 +18,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -502,9 +505,10 @@ class Harness:
         deadline = time.monotonic() + 30.0
         while True:
             try:
-                results = await enqueue_documents(
-                    self.producer, EVAL_SPEC, self.record.eval_batch, items
-                )
+                with self._provider_env():
+                    results = await enqueue_documents(
+                        self.producer, EVAL_SPEC, self.record.eval_batch, items
+                    )
                 break
             except (HerdError, OSError) as exc:
                 if time.monotonic() > deadline:
@@ -517,6 +521,11 @@ class Harness:
         self.record.eval_documents += len(items)
         self.record.eval_waves.append({"t": time.time(), "documents": len(items)})
 
+    def _provider_env(self) -> AbstractContextManager[None]:
+        """A submission is checked as a user's is (its provider's key set): the key and
+        server are those the workers are given, the evaluations' simulator."""
+        return _environ(OPENAI_BASE_URL=f"{self.eval_sim_url}/v1", OPENAI_API_KEY="sk-chaos-eval")
+
     async def _submit_pipeline(self) -> None:
         """The pipeline's batch (retried while the job store is down: the batch is made
         once, its name refused after that, and a run that made it is done)."""
@@ -526,10 +535,11 @@ class Harness:
         deadline = time.monotonic() + 30.0
         while True:
             try:
-                report = await submit_pipeline_texts(
-                    self.producer, chaos_pipeline.pipeline(), docs,
-                    batch=self.record.pipeline_batch,
-                )  # fmt: skip
+                with self._provider_env():
+                    report = await submit_pipeline_texts(
+                        self.producer, chaos_pipeline.pipeline(), docs,
+                        batch=self.record.pipeline_batch,
+                    )  # fmt: skip
                 log.info("pipeline: %d documents, %d pieces queued", len(docs), report.queued)
                 break
             except InvalidInput:
@@ -683,6 +693,21 @@ class Harness:
             self.backend.stop()
         except Exception as exc:  # a stop that fails must not hide the run's own outcome
             log.warning("could not stop the chaos %s server: %s", self.backend.name, exc)
+
+
+@contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    """These environment variables set for the block, then as they were."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 async def run_chaos(config: ChaosConfig) -> Report:
