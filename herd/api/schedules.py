@@ -1,4 +1,4 @@
-"""Periodic jobs: the stored schedules, pause, resume, run now (operator's token only:
+"""Periodic jobs: the stored schedules, pause, resume, run now, remove (operator's token only:
 tenant tokens reach none of these routes, herd.api.security)."""
 
 from __future__ import annotations
@@ -43,6 +43,13 @@ async def pause(name: ScheduleName, app: HerdApp) -> ScheduleView:
 async def resume(name: ScheduleName, app: HerdApp) -> ScheduleView:
     """Fire its ticks again from the next one; the ticks of the pause are dropped."""
     return await ops.resume(app, name)
+
+
+@router.delete("/schedules/{name}", responses=NOT_FOUND)
+async def remove(name: ScheduleName, app: HerdApp) -> ScheduleView:
+    """Forget a schedule no app defines any more (what it was comes back); a worker of
+    an app that still defines it registers it again."""
+    return await ops.remove(app, name)
 
 
 @router.post("/schedules/{name}/run-now", responses=NOT_FOUND)

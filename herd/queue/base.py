@@ -395,3 +395,8 @@ class Broker(Protocol):
         """Pause or resume; a resume moves the last tick up to ``floor`` (the ticks of the
         pause are not back-filled). False: no such schedule."""
         ...
+
+    async def remove_schedule(self, name: str) -> bool:
+        """Forget a schedule, its definition and its state (a worker of an app that
+        still defines it registers it again). False: no such schedule."""
+        ...

@@ -602,3 +602,6 @@ class PostgresBroker:
     async def pause_schedule(self, name: str, paused: bool, floor: datetime | None) -> bool:
         rows = await self._fetch("schedule_pause", {"name": name, "paused": paused, "floor": floor})
         return bool(rows)
+
+    async def remove_schedule(self, name: str) -> bool:
+        return bool(await self._fetch("schedule_remove", {"name": name}))

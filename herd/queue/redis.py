@@ -986,6 +986,15 @@ class RedisBroker:
         done = await self._run("schedule_pause", queue, name, int(paused), sched.micros(floor))
         return bool(done)
 
+    async def remove_schedule(self, name: str) -> bool:
+        with self._errors():
+            queue = await self._redis.hget(sched.REGISTRY, name)
+            if queue is None:
+                return False
+            # The hash first: a schedule still listed but gone fires nothing ('missing').
+            await self._redis.delete(f"{prefix(queue)}sched:{name}")
+            return bool(await self._redis.hdel(sched.REGISTRY, name))
+
 
 def _job(h: dict[str, str]) -> Job:
     def opt(key: str) -> str | None:

@@ -12,7 +12,7 @@ from herd import console
 from herd.schedule import ops
 
 schedule_cli = typer.Typer(
-    no_args_is_help=True, help="Periodic jobs: list, pause, resume, run now."
+    no_args_is_help=True, help="Periodic jobs: list, pause, resume, run now, remove."
 )
 
 Name = Annotated[str, typer.Argument(help="The schedule's name (`herd schedule list`).")]
@@ -87,6 +87,16 @@ def schedule_run_now(ctx: typer.Context, name: Name, as_json: AsJson = False) ->
         console.print_json({"schedule": name, "job_id": job_id})
     else:
         console.out.print(f"enqueued job {job_id} for schedule {name}")
+
+
+@schedule_cli.command("remove")
+def schedule_remove(ctx: typer.Context, name: Name, as_json: AsJson = False) -> None:
+    """Forget a schedule that no app defines any more.
+
+    A worker of an app that still defines it registers it again.
+    """
+    view = console.run(console.opts(ctx), lambda app: ops.remove(app, name))
+    _said(view, f"removed {name}", as_json)
 
 
 def _said(view: ops.ScheduleView, text: str, as_json: bool) -> None:

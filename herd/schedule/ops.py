@@ -1,6 +1,6 @@
 """The operator's verbs on stored schedules, shared by `herd schedule …`, the API and
 the dashboard: list (with the next run and the last run's outcome), pause, resume,
-run now. They need no app that defines the schedules: the store has their definitions.
+run now, remove. They need no app that defines the schedules: the store has their definitions.
 """
 
 from __future__ import annotations
@@ -89,6 +89,16 @@ async def resume(app: App, name: str, *, clock: Clock = wall_clock) -> ScheduleV
     if not await app.broker.pause_schedule(name, False, state.schedule.latest(clock())):
         raise ScheduleNotFound(f"no schedule is named {name!r}")
     return (await views(app, [name]))[0]
+
+
+async def remove(app: App, name: str) -> ScheduleView:
+    """Forget ``name`` (definition and state): for a schedule no app defines any more,
+    which would stay listed for ever. A worker of an app that still defines it
+    registers it again. Returns what it was."""
+    view = (await views(app, [name]))[:1]
+    if not view or not await app.broker.remove_schedule(name):
+        raise ScheduleNotFound(f"no schedule is named {name!r}")
+    return view[0]
 
 
 async def run_now(app: App, name: str) -> int:

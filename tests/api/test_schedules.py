@@ -40,6 +40,20 @@ async def test_schedules_are_listed_paused_resumed_and_run_now(any_app, any_clie
     assert r.status_code == 200 and r.json()["paused"] is False
 
 
+async def test_a_removed_schedule_is_listed_no_more(any_app, any_client):
+    name = f"retired-{uuid.uuid4().hex[:8]}"
+    any_app.add_schedule(Schedule(name, "reindex", queue="nightly", every=3600))
+    await Ticker(any_app, clock=lambda: datetime(2026, 12, 3, 12, tzinfo=UTC)).register()
+    r = await any_client.delete(f"/schedules/{name}")
+    assert r.status_code == 200, r.text
+    assert (r.json()["name"], r.json()["when"]) == (name, "every 3600s")  # what it was
+    assert name not in {s["name"] for s in (await any_client.get("/schedules")).json()}
+    r = await any_client.post(f"/schedules/{name}/run-now")  # nothing left to run
+    assert r.status_code == 404, r.text
+    r = await any_client.delete(f"/schedules/{name}")
+    assert r.status_code == 404 and "no schedule is named" in r.json()["error"]
+
+
 async def test_an_unknown_schedule_is_a_404(any_client):
     for verb in ("pause", "resume", "run-now"):
         r = await any_client.post(f"/schedules/no-such-{verb}/{verb}")

@@ -156,6 +156,23 @@ async def test_run_now_enqueues_one_job_and_moves_no_tick(broker):
     assert await broker.fire_schedule("no-such-schedule", [job], after=None, tick=None) is None
 
 
+async def test_a_removed_schedule_is_gone_until_a_ticker_registers_it_again(broker):
+    app, name, queue = periodic_app(broker, every=10)
+    clock = Clock()
+    ticker = Ticker(app, clock=clock)
+    await ticker.register()
+    assert await broker.remove_schedule(name)
+    assert await broker.schedules([name]) == []
+    job = app._new_job(f"{name}.task", {"schedule": name, "tick": None}, queue=queue,
+                       priority=None, dedup_key=None, delay=0.0)  # fmt: skip
+    assert await broker.fire_schedule(name, [job], after=None, tick=None) is None
+    assert not await broker.remove_schedule(name)
+    # A worker of an app that still defines it puts it back at its next step.
+    clock.advance(10)
+    await ticker.step()
+    assert [s.schedule.name for s in await broker.schedules([name])] == [name]
+
+
 async def test_a_stale_compare_and_set_writes_nothing(broker):
     app, name, queue = periodic_app(broker, every=60)
     clock = Clock()

@@ -12,7 +12,7 @@ from herd.schedule.ticker import Ticker
 from tests.test_cli import herd
 
 
-async def test_list_pause_resume_run_now_and_an_unknown_name(pg_url):
+async def test_list_pause_resume_run_now_remove_and_an_unknown_name(pg_url):
     name = f"cli-{uuid.uuid4().hex[:8]}"
     app = App(database_url=pg_url)
     app.add_schedule(Schedule(name, "reindex", queue="nightly", every=3600))
@@ -48,3 +48,11 @@ async def test_list_pause_resume_run_now_and_an_unknown_name(pg_url):
     r = herd("schedule", "list", url=pg_url)
     assert r.returncode == 0 and name in r.stdout, r.stderr
     assert not set("┃━┏└…") & set(r.stdout), r.stdout  # nothing boxed or cut short
+
+    # One no app defines any more is forgotten; a second remove finds nothing.
+    r = herd("schedule", "remove", name, url=pg_url)
+    assert (r.returncode, r.stdout) == (0, f"removed {name}\n"), r.stderr
+    r = herd("schedule", "list", "--json", url=pg_url)
+    assert name not in {json.loads(line)["name"] for line in r.stdout.splitlines()}
+    r = herd("schedule", "remove", name, url=pg_url)
+    assert r.returncode == 1 and f"no schedule is named {name!r}" in r.stderr

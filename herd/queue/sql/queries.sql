@@ -460,6 +460,10 @@ UPDATE herd_schedules SET last_job_id = %(job_id)s, last_run_at = now(), runs = 
  WHERE name = %(name)s
 RETURNING name;
 
+-- name: schedule_remove
+DELETE FROM herd_schedules WHERE name = %(name)s
+RETURNING name;
+
 -- name: schedule_pause
 -- A resume moves last_tick to the floor given (the latest tick): the ticks of the
 -- pause are dropped, not back-filled.
