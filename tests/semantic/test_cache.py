@@ -44,13 +44,14 @@ async def test_threshold_boundary_exactly_at_just_under_just_over(make_cache: Ma
     cache = await make_cache()
     stored = at_angle(0.95)
     await cache.astore(Q, "answer", vector=stored)
-    exact = similarity(unit(0), stored)  # float64 of the float32 vectors, as the cache scores
-    assert abs(exact - 0.95) < 1e-6
+    # float64 of the vectors as the store keeps them (float16 on Redis), as the cache scores
+    exact = similarity(unit(0), cache.backend.quantize(stored))
+    assert abs(exact - 0.95) < 1e-3
     hit = await cache.alookup(Q, vector=unit(0), threshold=exact)
     assert hit is not None and hit.similarity == exact and hit.value == "answer"
     assert await cache.alookup(Q, vector=unit(0), threshold=exact - 1e-9) is not None
     assert await cache.alookup(Q, vector=unit(0), threshold=exact + 1e-9) is None
-    # The stored float32 vector sits a hair below 0.95; the default threshold says so.
+    # The stored vector sits a hair off 0.95; the default threshold says which side.
     assert (await cache.alookup(Q, vector=unit(0)) is None) == (exact < 0.95)
     assert await cache.alookup(Q, vector=unit(0), threshold=np.nextafter(exact, 2)) is None
 
