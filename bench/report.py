@@ -78,6 +78,8 @@ BENCHES = [
           "Retrieval: dense vs lexical vs hybrid on KJV paraphrases and exact terms"),
     Bench("semantic_cache", "redisvl", ["bench/semantic_cache.py"],
           "Semantic cache vs RedisVL", optional=True),
+    Bench("semantic_defaults", "bench", ["bench/semantic_defaults.py"],
+          "Semantic cache defaults, each labelled set held out in turn (vs RedisVL's rule)"),
     # No peer: the issue's goals stand in the peer column. About 40 minutes at full size.
     Bench("soak", "bench", ["bench/soak.py"],
           "Soak: flat state and cheap read paths as history grows (vs the goals of issue 14)",

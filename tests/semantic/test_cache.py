@@ -16,6 +16,7 @@ import redis
 
 from herd.errors import ConfigError, InvalidInput
 from herd.semantic import SemanticCache, similarity
+from herd.semantic.cache import DEFAULT_THRESHOLD
 from herd.semantic.postgres import PostgresSemanticStore
 from herd.semantic.redis import NAMES, RedisSemanticStore
 from herd.semantic.stores import store_for_url
@@ -42,17 +43,17 @@ def test_threshold_outside_0_1_is_refused(bad):
 
 async def test_threshold_boundary_exactly_at_just_under_just_over(make_cache: MakeCache):
     cache = await make_cache()
-    stored = at_angle(0.95)
+    stored = at_angle(DEFAULT_THRESHOLD)
     await cache.astore(Q, "answer", vector=stored)
     # float64 of the vectors as the store keeps them (float16 on Redis), as the cache scores
     exact = similarity(unit(0), cache.backend.quantize(stored))
-    assert abs(exact - 0.95) < 1e-3
+    assert abs(exact - DEFAULT_THRESHOLD) < 1e-3
     hit = await cache.alookup(Q, vector=unit(0), threshold=exact)
     assert hit is not None and hit.similarity == exact and hit.value == "answer"
     assert await cache.alookup(Q, vector=unit(0), threshold=exact - 1e-9) is not None
     assert await cache.alookup(Q, vector=unit(0), threshold=exact + 1e-9) is None
-    # The stored vector sits a hair off 0.95; the default threshold says which side.
-    assert (await cache.alookup(Q, vector=unit(0)) is None) == (exact < 0.95)
+    # The stored vector sits a hair off the default threshold, which says which side.
+    assert (await cache.alookup(Q, vector=unit(0)) is None) == (exact < DEFAULT_THRESHOLD)
     assert await cache.alookup(Q, vector=unit(0), threshold=np.nextafter(exact, 2)) is None
 
 
@@ -397,7 +398,7 @@ def test_a_cache_used_without_opening_opens_itself(backend_url, embedder):
         cache.store("Which sins are forgiven?", {"hits": ["kjv/matthew/12/31"]}, collection="kjv")
         hit = cache.lookup("Which sins will be forgiven?", collection="kjv")
         assert hit is not None and hit.value == {"hits": ["kjv/matthew/12/31"]}
-        assert hit.similarity >= 0.95
+        assert hit.similarity >= DEFAULT_THRESHOLD
         assert cache.lookup("Which sins are not forgiven?", collection="kjv") is None
     finally:
         cache.__exit__(None, None, None)
