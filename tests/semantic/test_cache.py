@@ -450,3 +450,21 @@ def test_the_url_s_scheme_chooses_the_store_and_an_unknown_one_is_refused():
     assert isinstance(store_for_url("host=127.0.0.1 port=9 dbname=db"), PostgresSemanticStore)
     with pytest.raises(ConfigError, match=r"redis:// or postgresql://, not 'mysql://h/db'"):
         store_for_url("mysql://h/db")
+
+
+async def test_redis_keeps_float16_vectors_once_and_a_query_still_meets_its_own_entry(
+    make_cache: MakeCache, backend_url: tuple[str, str]
+):
+    if backend_url[0] != "redis":
+        pytest.skip("float16 storage is the Redis store's; pgvector keeps float32")
+    cache = await make_cache(name="half")
+    v = random_vectors(1)[0]
+    await cache.astore(Q, "x", vector=v)
+    with redis.Redis.from_url(backend_url[1]) as r:
+        keys = list(r.scan_iter(match="herd:semantic:*half*:e:*"))
+        assert len(keys) == 1
+        assert len(r.hget(keys[0], "vec")) == DIM * 2  # two bytes a dimension
+        assert not {b"id", b"scope"} & set(r.hkeys(keys[0]))  # the key and tags say it
+    hit = await cache.alookup(Q, vector=v, threshold=1.0)
+    assert hit is not None and hit.similarity == 1.0 and hit.value == "x"
+    assert cache.backend.quantize(v).tolist() != v.tolist()  # it was rounded, and matched
