@@ -84,6 +84,8 @@ BENCHES = [
           "Retrieval: dense vs lexical vs hybrid on KJV paraphrases and exact terms"),
     Bench("semantic_cache", "redisvl", ["bench/semantic_cache.py"],
           "Semantic cache vs RedisVL", optional=True),
+    Bench("semantic_defaults", "bench", ["bench/semantic_defaults.py"],
+          "Semantic cache defaults, each labelled set held out in turn (vs RedisVL's rule)"),
     # No peer: the goals stand in the peer column.
     Bench("plan_accuracy", "bench", ["bench/plan_accuracy.py"],
           "A plan before paying: planned vs billed dollars per mode (vs the goal)"),

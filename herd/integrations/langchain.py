@@ -53,6 +53,7 @@ from herd.errors import ConfigError, HerdError
 from herd.jsonvalue import JSON, canonical
 from herd.locks.base import LockLease
 from herd.portal import PortalBacked
+from herd.semantic.cache import DEFAULT_THRESHOLD
 
 try:
     from langchain_core.caches import RETURN_VAL_TYPE, BaseCache
@@ -359,7 +360,7 @@ class HerdSemanticCache(PortalBacked, BaseCache):
         settings: Settings | None = None,
         embedder: Any = None,
         name: str = NAMESPACE,
-        threshold: float = 0.95,
+        threshold: float = DEFAULT_THRESHOLD,
         guards: bool = True,
         ttl: float | None = 3600.0,
     ) -> None:

@@ -407,7 +407,7 @@ def query(
     hybrid mode (HERD_RAG_FUSION=rrf or weighted); a query naming a unit
     (John 3:16, Pasal 5 ayat (2), a chunk id) gets that unit first, scored 1.
 
-    A query close enough to one answered before (cosine similarity 0.95 or more,
+    A query close enough to one answered before (cosine similarity 0.94 or more,
     with the same numbers, names, negations and scope words) is answered from the
     semantic cache, which says so, with the similarity.
     """

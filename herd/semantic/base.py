@@ -96,6 +96,12 @@ class SemanticStore(Protocol):
         """The server's clock, epoch seconds."""
         ...
 
+    def quantize(self, vector: Vector) -> Vector:
+        """``vector`` as this store keeps it (float32 holding its precision): the cache
+        searches, stores and scores that, so a threshold holds exactly on what is kept
+        and a query meets its own entry at similarity 1."""
+        ...
+
     async def search(
         self, cache: str, scope: Scope, vector: Vector, *, k: int, alive_at: float, floor: float
     ) -> tuple[float | None, list[Candidate]]:

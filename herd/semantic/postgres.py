@@ -79,6 +79,9 @@ class PostgresSemanticStore:
                 cur = await conn.execute(query, params)
                 return await cur.fetchall() if cur.description else []
 
+    def quantize(self, vector: Vector) -> Vector:
+        return vector  # pgvector's vector is float32
+
     async def server_time(self) -> float:
         rows = await self._exec(Q["server_time"], {})
         return float(rows[0][0])

@@ -16,6 +16,7 @@ import redis
 
 from herd.errors import ConfigError, InvalidInput
 from herd.semantic import SemanticCache, similarity
+from herd.semantic.cache import DEFAULT_THRESHOLD
 from herd.semantic.postgres import PostgresSemanticStore
 from herd.semantic.redis import NAMES, RedisSemanticStore
 from herd.semantic.stores import store_for_url
@@ -42,16 +43,17 @@ def test_threshold_outside_0_1_is_refused(bad):
 
 async def test_threshold_boundary_exactly_at_just_under_just_over(make_cache: MakeCache):
     cache = await make_cache()
-    stored = at_angle(0.95)
+    stored = at_angle(DEFAULT_THRESHOLD)
     await cache.astore(Q, "answer", vector=stored)
-    exact = similarity(unit(0), stored)  # float64 of the float32 vectors, as the cache scores
-    assert abs(exact - 0.95) < 1e-6
+    # float64 of the vectors as the store keeps them (float16 on Redis), as the cache scores
+    exact = similarity(unit(0), cache.backend.quantize(stored))
+    assert abs(exact - DEFAULT_THRESHOLD) < 1e-3
     hit = await cache.alookup(Q, vector=unit(0), threshold=exact)
     assert hit is not None and hit.similarity == exact and hit.value == "answer"
     assert await cache.alookup(Q, vector=unit(0), threshold=exact - 1e-9) is not None
     assert await cache.alookup(Q, vector=unit(0), threshold=exact + 1e-9) is None
-    # The stored float32 vector sits a hair below 0.95; the default threshold says so.
-    assert (await cache.alookup(Q, vector=unit(0)) is None) == (exact < 0.95)
+    # The stored vector sits a hair off the default threshold, which says which side.
+    assert (await cache.alookup(Q, vector=unit(0)) is None) == (exact < DEFAULT_THRESHOLD)
     assert await cache.alookup(Q, vector=unit(0), threshold=np.nextafter(exact, 2)) is None
 
 
@@ -396,7 +398,7 @@ def test_a_cache_used_without_opening_opens_itself(backend_url, embedder):
         cache.store("Which sins are forgiven?", {"hits": ["kjv/matthew/12/31"]}, collection="kjv")
         hit = cache.lookup("Which sins will be forgiven?", collection="kjv")
         assert hit is not None and hit.value == {"hits": ["kjv/matthew/12/31"]}
-        assert hit.similarity >= 0.95
+        assert hit.similarity >= DEFAULT_THRESHOLD
         assert cache.lookup("Which sins are not forgiven?", collection="kjv") is None
     finally:
         cache.__exit__(None, None, None)
@@ -448,3 +450,21 @@ def test_the_url_s_scheme_chooses_the_store_and_an_unknown_one_is_refused():
     assert isinstance(store_for_url("host=127.0.0.1 port=9 dbname=db"), PostgresSemanticStore)
     with pytest.raises(ConfigError, match=r"redis:// or postgresql://, not 'mysql://h/db'"):
         store_for_url("mysql://h/db")
+
+
+async def test_redis_keeps_float16_vectors_once_and_a_query_still_meets_its_own_entry(
+    make_cache: MakeCache, backend_url: tuple[str, str]
+):
+    if backend_url[0] != "redis":
+        pytest.skip("float16 storage is the Redis store's; pgvector keeps float32")
+    cache = await make_cache(name="half")
+    v = random_vectors(1)[0]
+    await cache.astore(Q, "x", vector=v)
+    with redis.Redis.from_url(backend_url[1]) as r:
+        keys = list(r.scan_iter(match="herd:semantic:*half*:e:*"))
+        assert len(keys) == 1
+        assert len(r.hget(keys[0], "vec")) == DIM * 2  # two bytes a dimension
+        assert not {b"id", b"scope"} & set(r.hkeys(keys[0]))  # the key and tags say it
+    hit = await cache.alookup(Q, vector=v, threshold=1.0)
+    assert hit is not None and hit.similarity == 1.0 and hit.value == "x"
+    assert cache.backend.quantize(v).tolist() != v.tolist()  # it was rounded, and matched

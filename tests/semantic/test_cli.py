@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 
+from herd.semantic.cache import DEFAULT_THRESHOLD
 from tests.test_cli import herd
 
 
@@ -34,7 +35,7 @@ def test_query_says_when_the_answer_came_from_the_semantic_cache(pg_url, herd_ho
     }  # fmt: skip
     assert len(first["hits"]) == 2 and "Jakarta" in first["hits"][0]["text"]
     again = query("What's the minimum wage in Jakarta?")
-    assert again["cache"]["hit"] is True and again["cache"]["similarity"] >= 0.95
+    assert again["cache"]["hit"] is True and again["cache"]["similarity"] >= DEFAULT_THRESHOLD
     assert again["cache"]["cached_query"] == "What is the minimum wage in Jakarta?"
     assert again["hits"] == first["hits"]
     assert query("What's the minimum wage in Jakarta?", "--no-cache")["cache"] is None

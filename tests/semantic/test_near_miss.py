@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from herd.semantic.cache import DEFAULT_THRESHOLD
 from tests.semantic.conftest import MakeCache
 
 NEAR_MISSES = [
@@ -42,4 +43,4 @@ async def test_rewordings_hit_at_the_default_threshold(
     cache = await make_cache(embedder=embedder)
     await cache.astore(cached, "answer")
     hit = await cache.alookup(asked)
-    assert hit is not None and hit.value == "answer" and 0.95 <= hit.similarity < 1.0
+    assert hit is not None and hit.value == "answer" and DEFAULT_THRESHOLD <= hit.similarity < 1.0
