@@ -20,7 +20,7 @@ from herd.jsonvalue import check_text
 from herd.rag import vectors
 from herd.rag.errors import IndexError_
 from herd.rag.ingest import QUEUE, IngestError, Plan, RagRuntime, plan_and_apply
-from herd.rag.query import DEFAULT_MODE, MODES, Answer, answer
+from herd.rag.query import DEFAULT_MODE, MODES, WEAK, Answer, answer
 from herd.rag.sources import pages_of
 from herd.rag.watch import Sync, Watcher
 from herd.rag.watch import status as watch_status
@@ -413,6 +413,10 @@ def query(
     A query close enough to one answered before (cosine similarity 0.95 or more,
     with the same numbers, names, negations and scope words) is answered from the
     semantic cache, which says so, with the similarity.
+
+    When nothing in the collection is near a query (its best cosine is below what
+    the embedder gives unrelated questions), its title says "no close match" and
+    --json gives "match": "weak" ("strong" otherwise).
     """
     _check_vector_url(ctx)
     queries = list(texts or [])
@@ -440,10 +444,15 @@ def query(
         raise typer.Exit(1) from None
     for a in answers:
         if as_json:
-            console.print_json({"query": a.query, "cache": a.cache_json(), "hits": a.hits})
+            console.print_json(
+                {"query": a.query, "match": a.match, "cache": a.cache_json(), "hits": a.hits}
+            )
             continue
         title = Text(a.query)
         title.append(f"  ({_cache_note(a)})", style="dim")
+        if a.match == WEAK:
+            # In the title, on stdout: the hits below are the nearest, not answers.
+            title.append("\nno close match: nothing in the collection is near this query")
         # No box: at 80 columns its lines would take what the chunk's text needs.
         table = Table(title=title, title_justify="left", box=None, pad_edge=False,
                       header_style="bold")  # fmt: skip
