@@ -45,6 +45,10 @@ CACHED_K = 10
 MODES = ("dense", "lexical", "hybrid")
 DEFAULT_MODE = "hybrid"
 """The mode that won bench/retrieval.py over all its queries (docs/retrieval.md)."""
+RANKING = 2
+"""In every cache scope: answers cached by a herd that ranked or judged ``match``
+otherwise (1: before spelling variants, the lexical weight that follows what BM25
+found, and ``match``) are not served by this one."""
 CANDIDATES = 50
 """How deep each ranking goes before fusion: a chunk ranked 40th by one and 3rd
 by the other must be seen by both."""
@@ -125,7 +129,7 @@ async def answer(
         plain: list[Any] = [await retrieve(i, k) for i in range(len(queries))]
         return [Answer(q, v["hits"], None, v["match"]) for q, v in zip(queries, plain, strict=True)]
     semantic = await query_cache(app, model)
-    scope = f"{gen.id}/{mode}" + (f"/{how}" if how else "")
+    scope = f"{gen.id}/{mode}" + (f"/{how}" if how else "") + f"/r{RANKING}"
     out = []
     for i, q in enumerate(queries):
         found = await semantic.aget_or_compute(
