@@ -452,10 +452,11 @@ def query(
         title.append(f"  ({_cache_note(a)})", style="dim")
         if a.match == WEAK:
             # In the title, on stdout: the hits below are the nearest, not answers.
-            title.append("\nno close match: nothing in the collection is near this query")
+            title.append("\n" + WEAK_NOTE)
         # No box: at 80 columns its lines would take what the chunk's text needs.
+        # A title wraps to the table's width: with few or no hits, keep it on its lines.
         table = Table(title=title, title_justify="left", box=None, pad_edge=False,
-                      header_style="bold")  # fmt: skip
+                      header_style="bold", min_width=min(len(WEAK_NOTE), 80))  # fmt: skip
         for col in ("score", "reference", "text"):
             table.add_column(col, no_wrap=col == "score", overflow="fold")
         for h in a.hits:
@@ -466,6 +467,9 @@ def query(
             table.add_row(f"{h['score']:.3f}", Text(ref), Text(text))
         console.out.print(table)
     sys.stdout.flush()
+
+
+WEAK_NOTE = "no close match: nothing in the collection is near this query"
 
 
 def _cache_note(a: Answer) -> str:

@@ -62,7 +62,12 @@ def fuse(
     *,
     dense_weight: float = DENSE_WEIGHT,
     match_power: float = MATCH_POWER,
+    dense_close: bool = True,
 ) -> list[Hit]:
+    """``dense_close``: whether the dense list's best is close to the query (its cosine
+    at least the embedder's ``weak_below``). When it is not, dense has no answer to
+    prefer, and the lexical weight stays whole however little BM25 found (a query
+    with one word the text spells otherwise, "Zacchaeus sycomore climbed")."""
     scores: dict[str, float] = {}
     hits: dict[str, Hit] = {}
     if fusion == "rrf":
@@ -73,7 +78,8 @@ def fuse(
     else:
         # Lexical hits that carry no share (a caller's own) count as wholly found.
         found = max((1.0 if h.found is None else h.found for h in lexical), default=0.0)
-        lexical_weight = (1.0 - dense_weight) * min(1.0, found / FOUND_ENOUGH) ** match_power
+        share = min(1.0, found / FOUND_ENOUGH) ** match_power if dense_close else 1.0
+        lexical_weight = (1.0 - dense_weight) * share
         for ranking, weight in ((dense, dense_weight), (lexical, lexical_weight)):
             if not ranking:
                 continue

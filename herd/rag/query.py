@@ -45,10 +45,11 @@ CACHED_K = 10
 MODES = ("dense", "lexical", "hybrid")
 DEFAULT_MODE = "hybrid"
 """The mode that won bench/retrieval.py over all its queries (docs/retrieval.md)."""
-RANKING = 2
+RANKING = 3
 """In every cache scope: answers cached by a herd that ranked or judged ``match``
 otherwise (1: before spelling variants, the lexical weight that follows what BM25
-found, and ``match``) are not served by this one."""
+found, and ``match``; 2: before that weight spared queries dense has nothing close
+to) are not served by this one."""
 CANDIDATES = 50
 """How deep each ranking goes before fusion: a chunk ranked 40th by one and 3rd
 by the other must be seen by both."""
@@ -215,7 +216,12 @@ async def _ranked(
     depth = max(n, CANDIDATES) if mode == "hybrid" else n
     dense = await rt.store.search(gen, vector, depth) if mode != "lexical" else []
     lexical = await rt.store.search_lexical(gen, text, depth) if mode != "dense" else []
-    ranked = fusions.fuse(dense, lexical, how) if mode == "hybrid" else dense or lexical
+    close = weak_below is None or bool(dense) and dense[0].score >= weak_below
+    ranked = (
+        fusions.fuse(dense, lexical, how, dense_close=close)
+        if mode == "hybrid"
+        else dense or lexical
+    )
     first = {h.chunk_id for h in named}
     hits = (named + [h for h in ranked if h.chunk_id not in first])[:n]
     match = STRONG

@@ -126,6 +126,12 @@ class English(Dictionary):
         m = re.search(r"(ell)(ed|ing|er|ers)$", word)
         if m and len(word) > 7:
             out.add(word[: m.start(2) - 1] + m.group(2))
+        # The KJV's ligatures: Zacchæus, Cæsar, Phœbe.
+        for plain, joined in (("ae", "æ"), ("oe", "œ")):
+            if plain in word:
+                out.add(word.replace(plain, joined))
+            if joined in word:
+                out.add(word.replace(joined, plain))
         for base in {*out, *_bases(word)}:
             out.add(base)
             out |= _archaic_endings(base)

@@ -78,6 +78,7 @@ def test_the_variants_of_a_word():
     forms = {(w, f) for w, f in zip(q.words, q.forms, strict=True)}
     assert {("neighbor", "neighbour"), ("lovest", "love"), ("lovest", "loveth")} <= forms
     assert {f for w, f in forms if w == "believes"} == set()
+    assert "zacchæus" in lexical_query("english", "Zacchaeus").forms
     believes = lexical_query("english", "whoever believes").forms
     assert "believeth" in believes
     # Other languages have no dictionary: the query as written.
@@ -95,6 +96,8 @@ def test_a_lexical_list_that_matched_little_does_not_outvote_dense():
     # candidate's min-max score is 1 all the same.
     weak = [hit("l", 3.0, 0.2), hit("x", 1.0, 0.2)]
     assert [h.chunk_id for h in fuse(dense, weak, "weighted")][0] == "d"
+    # Unless the dense list has nothing close either: then BM25 keeps its weight.
+    assert [h.chunk_id for h in fuse(dense, weak, "weighted", dense_close=False)][0] == "l"
     # The same list holding the whole query still wins, as before.
     strong = [hit("l", 3.0, 1.0), hit("x", 1.0, 1.0)]
     assert [h.chunk_id for h in fuse(dense, strong, "weighted")][0] == "l"
