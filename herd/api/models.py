@@ -660,6 +660,9 @@ class Answer(BaseModel):
     query: str
     hits: list[Hit]
     cache: CacheInfo | None = None  # None when the request asked for no cache
+    # weak: nothing in the collection is close to the query (the embedder's calibrated
+    # cosine for unrelated questions), whatever the hits' scores say.
+    match: Literal["strong", "weak"] = "strong"
 
 
 class QueryOut(BaseModel):

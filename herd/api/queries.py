@@ -49,6 +49,7 @@ async def query(body: QueryIn, app: HerdApp, request: Request) -> QueryOut | JSO
                 query=a.query,
                 hits=[Hit(**h) for h in a.hits],
                 cache=CacheInfo(**info) if (info := a.cache_json()) else None,
+                match=a.match,
             )
             for a in answers
         ]

@@ -21,7 +21,7 @@ from herd.rag import vectors
 from herd.rag.builtin import tasks as rag_tasks
 from herd.rag.errors import IndexError_
 from herd.rag.ingest import QUEUE, IngestError, Plan, RagRuntime, plan_and_apply
-from herd.rag.query import DEFAULT_MODE, MODES, Answer, answer
+from herd.rag.query import DEFAULT_MODE, MODES, WEAK, Answer, answer
 from herd.rag.sources import pages_of
 from herd.rag.watch import Sync, Watcher
 from herd.rag.watch import status as watch_status
@@ -410,6 +410,10 @@ def query(
     A query close enough to one answered before (cosine similarity 0.94 or more,
     with the same numbers, names, negations and scope words) is answered from the
     semantic cache, which says so, with the similarity.
+
+    When nothing in the collection is near a query (its best cosine is below what
+    the embedder gives unrelated questions), its title says "no close match" and
+    --json gives "match": "weak" ("strong" otherwise).
     """
     _check_vector_url(ctx)
     queries = list(texts or [])
@@ -437,13 +441,19 @@ def query(
         raise typer.Exit(1) from None
     for a in answers:
         if as_json:
-            console.print_json({"query": a.query, "cache": a.cache_json(), "hits": a.hits})
+            console.print_json(
+                {"query": a.query, "match": a.match, "cache": a.cache_json(), "hits": a.hits}
+            )
             continue
         title = Text(a.query)
         title.append(f"  ({_cache_note(a)})", style="dim")
+        if a.match == WEAK:
+            # In the title, on stdout: the hits below are the nearest, not answers.
+            title.append("\n" + WEAK_NOTE)
         # No box: at 80 columns its lines would take what the chunk's text needs.
+        # A title wraps to the table's width: with few or no hits, keep it on its lines.
         table = Table(title=title, title_justify="left", box=None, pad_edge=False,
-                      header_style="bold")  # fmt: skip
+                      header_style="bold", min_width=min(len(WEAK_NOTE), 80))  # fmt: skip
         for col in ("score", "reference", "text"):
             table.add_column(col, no_wrap=col == "score", overflow="fold")
         for h in a.hits:
@@ -454,6 +464,9 @@ def query(
             table.add_row(f"{h['score']:.3f}", Text(ref), Text(text))
         console.out.print(table)
     sys.stdout.flush()
+
+
+WEAK_NOTE = "no close match: nothing in the collection is near this query"
 
 
 def _cache_note(a: Answer) -> str:

@@ -8,6 +8,13 @@ over its lexemes) and ``hybrid`` (both, fused: ``herd.rag.fusion``). Whatever th
 mode, a query that names a unit (``John 3:16``, ``Pasal 5 ayat (2)``, a chunk id;
 ``herd.rag.references``) gets that unit first when the collection has it. The
 cache keeps each mode's answers apart (and each fusion's).
+
+Each answer says how close it came (``Answer.match``): ``weak`` when the query's best
+cosine over the collection is below what the embedder's kind gives unrelated
+questions (``herd.rag.embedders.spec``, ``Kind.weak_below``) and, in the modes that
+match words, BM25 found less than ``fusion.FOUND_ENOUGH`` of the query (a rare name
+the embedder blurs is still a match); ``strong`` otherwise, and always when the query
+names a unit the collection has.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import asyncio
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from herd.app import App
 from herd.errors import InvalidInput
@@ -38,9 +45,19 @@ CACHED_K = 10
 MODES = ("dense", "lexical", "hybrid")
 DEFAULT_MODE = "hybrid"
 """The mode that won bench/retrieval.py over all its queries (docs/retrieval.md)."""
+RANKING = 3
+"""In every cache scope: answers cached by a herd that ranked or judged ``match``
+otherwise (1: before spelling variants, the lexical weight that follows what BM25
+found, and ``match``; 2: before that weight spared queries dense has nothing close
+to) are not served by this one."""
 CANDIDATES = 50
 """How deep each ranking goes before fusion: a chunk ranked 40th by one and 3rd
 by the other must be seen by both."""
+
+
+Match = Literal["strong", "weak"]
+STRONG: Match = "strong"
+WEAK: Match = "weak"
 
 
 @dataclass(frozen=True)
@@ -48,6 +65,8 @@ class Answer:
     query: str
     hits: list[dict[str, Any]]  # id, ref, score, text; page, page_end (from a PDF)
     cache: SemanticHit | None  # None: the cache was not asked
+    match: Match = STRONG
+    """``weak``: nothing in the collection is close to the query (see the module)."""
 
     @property
     def cached(self) -> bool:
@@ -101,16 +120,17 @@ async def answer(
             f" not {model.id}: re-run herd ingest to build a matching generation"
         )
     vectors = await embed_slots(app).run(embed_queries, model, queries)
+    weak_below = specs.kind_of(specs.recorded_spec(gen.settings)).weak_below
 
     async def retrieve(i: int, n: int) -> JSON:
-        hits = await _ranked(rt, gen, queries[i], vectors[i], n, mode, how)
-        return {"k": n, "hits": [_hit(h) for h in hits]}
+        hits, match = await _ranked(rt, gen, queries[i], vectors[i], n, mode, how, weak_below)
+        return {"k": n, "hits": [_hit(h) for h in hits], "match": match}
 
     if not cache:
         plain: list[Any] = [await retrieve(i, k) for i in range(len(queries))]
-        return [Answer(q, v["hits"], None) for q, v in zip(queries, plain, strict=True)]
+        return [Answer(q, v["hits"], None, v["match"]) for q, v in zip(queries, plain, strict=True)]
     semantic = await query_cache(app, model)
-    scope = f"{gen.id}/{mode}" + (f"/{how}" if how else "")
+    scope = f"{gen.id}/{mode}" + (f"/{how}" if how else "") + f"/r{RANKING}"
     out = []
     for i, q in enumerate(queries):
         found = await semantic.aget_or_compute(
@@ -122,9 +142,11 @@ async def answer(
             generation=scope,  # a mode's answers are not another's
         )
         value: Any = found.value
-        if value["k"] < k:  # cached by a run with a larger -k than this bound allows
+        # Cached by a run with a larger -k than this bound allows, or before answers
+        # said how close they came.
+        if value["k"] < k or "match" not in value:
             value = await retrieve(i, k)
-        out.append(Answer(q, value["hits"][:k], found))
+        out.append(Answer(q, value["hits"][:k], found, value["match"]))
     return out
 
 
@@ -178,17 +200,40 @@ def _spec_of(gen: Generation, asked: str | None) -> str:
 
 
 async def _ranked(
-    rt: RagRuntime, gen: Generation, text: str, vector: Any, n: int, mode: str, how: str
-) -> list[Hit]:
+    rt: RagRuntime,
+    gen: Generation,
+    text: str,
+    vector: Any,
+    n: int,
+    mode: str,
+    how: str,
+    weak_below: float | None,
+) -> tuple[list[Hit], Match]:
+    """The n best chunks, and whether the best is close to the query (``match``)."""
     named = await rt.store.units(gen.collection, references.patterns(text))
     if not any(references.is_elucidation(p) for p in references.patterns(text)):
         named = [h for h in named if not references.is_elucidation(h.chunk_id)]
     depth = max(n, CANDIDATES) if mode == "hybrid" else n
     dense = await rt.store.search(gen, vector, depth) if mode != "lexical" else []
     lexical = await rt.store.search_lexical(gen, text, depth) if mode != "dense" else []
-    ranked = fusions.fuse(dense, lexical, how) if mode == "hybrid" else dense or lexical
+    close = weak_below is None or bool(dense) and dense[0].score >= weak_below
+    ranked = (
+        fusions.fuse(dense, lexical, how, dense_close=close)
+        if mode == "hybrid"
+        else dense or lexical
+    )
     first = {h.chunk_id for h in named}
-    return (named + [h for h in ranked if h.chunk_id not in first])[:n]
+    hits = (named + [h for h in ranked if h.chunk_id not in first])[:n]
+    match = STRONG
+    if weak_below is not None and not named:
+        # Far by the embedder (whatever ranked the answer: BM25 has no scale on which
+        # "far" could be read), and, where words were matched, too few of the query's.
+        nearest = dense[:1] if mode != "lexical" else await rt.store.search(gen, vector, 1)
+        far = not nearest or nearest[0].score < weak_below
+        found = max((h.found or 0.0 for h in lexical), default=0.0)
+        if far and found < fusions.FOUND_ENOUGH:
+            match = WEAK
+    return hits, match
 
 
 def _hit(h: Hit) -> dict[str, Any]:

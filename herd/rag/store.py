@@ -39,6 +39,7 @@ from psycopg.types.json import Jsonb
 
 from herd.db import postgres as pgdb
 from herd.db.queries import named
+from herd.rag import variants
 from herd.rag import vectors as stores
 from herd.rag.errors import IndexError_, generation_gone
 from herd.rag.runs import RunStage, finish
@@ -91,6 +92,10 @@ class Hit:
     text: str
     score: float  # cosine (dense search), BM25 (lexical) or fused (hybrid, herd.rag.fusion)
     metadata: dict[str, Any]
+    matched: float | None = None
+    """Lexical search: the share of the query's words (by idf) the chunk holds."""
+    found: float | None = None
+    """Lexical search: the share of the query's words (by idf) that any chunk holds."""
 
 
 class RagStore:
@@ -387,11 +392,21 @@ class RagStore:
         """The k chunks that best match the words of ``text``, by BM25 (k1 1.2, b 0.75).
 
         Words go through the generation's text-search configuration (stemming,
-        stopwords), any of them may match (OR), and each counts by its inverse
-        document frequency. The score is BM25's, not a cosine.
+        stopwords) and its language's variants (``herd.rag.variants``: spellings,
+        archaic forms), any of them may match (OR), and each counts by its inverse
+        document frequency. The score is BM25's, not a cosine; ``matched`` the share
+        of the query each chunk holds.
         """
         query = _q("bm25", t=gen.table)
-        params = {"cfg": gen.language, "q": text, "k": k, "c": gen.collection}
+        lexical = variants.lexical_query(gen.language, text)
+        params = {
+            "cfg": gen.language,
+            "q": lexical.text,
+            "words": lexical.words,
+            "forms": lexical.forms,
+            "k": k,
+            "c": gen.collection,
+        }
         async with self.connection() as conn:
             try:
                 cur = await conn.execute(query, params)
@@ -402,7 +417,8 @@ class RagStore:
                     f"generation {gen.id} of {gen.collection!r} predates lexical search:"
                     " re-run herd ingest with --new-generation to build one that has it"
                 ) from None
-            return [Hit(a, b, t, float(s), m) for a, b, t, s, m in await cur.fetchall()]
+            rows = await cur.fetchall()
+            return [Hit(a, b, t, float(s), m, float(f), float(q)) for a, b, t, s, m, f, q in rows]
 
     async def units(self, collection: str, patterns: Sequence[str]) -> list[Hit]:
         """Chunks whose ids match any of the SQL LIKE ``patterns`` (exact-reference lookup),

@@ -129,34 +129,65 @@ SELECT c.chunk_id, c.breadcrumb, c.text, c.metadata FROM herd_chunks c
 SELECT cfgname FROM pg_ts_config;
 
 -- name: bm25
--- BM25 (k1 1.2, b 0.75) over the generation's lexemes. A query lexeme becomes a
--- tsquery operand quoted, so that no character of it is an operator.
+-- BM25 (k1 1.2, b 0.75) over the generation's lexemes. A query term is a group of
+-- lexemes that count as one word (herd.rag.variants: neighbor and neighbour, love and
+-- loveth): each lexeme of %(q)s with the forms that the (word, form) pairs of
+-- %(words)s and %(forms)s give its word. A group's df counts the chunks holding any
+-- of its lexemes, its tf a chunk's occurrences of all of them. ``matched``: the share
+-- of the query's idf that the chunk holds (a group no chunk holds counts at its full
+-- idf), by which hybrid fusion weighs the lexical ranking. A lexeme becomes a tsquery
+-- operand quoted, so that no character of it is an operator.
 WITH terms AS (
-    SELECT DISTINCT lex
+    SELECT DISTINCT lex AS term
     FROM unnest(tsvector_to_array(to_tsvector(%(cfg)s::regconfig, %(q)s))) AS lex
-), df AS (
-    SELECT lex, (SELECT count(*) FROM {t}
-                  WHERE lexemes @@ ('''' || replace(replace(lex, '\', '\\'), '''', '''''') || '''')::tsquery) AS df
-    FROM terms
+), alts AS (
+    SELECT DISTINCT w.lex AS term, f.lex
+    FROM unnest(%(words)s::text[], %(forms)s::text[]) AS p(word, form)
+    CROSS JOIN LATERAL unnest(tsvector_to_array(to_tsvector(%(cfg)s::regconfig, p.word))) AS w(lex)
+    CROSS JOIN LATERAL unnest(tsvector_to_array(to_tsvector(%(cfg)s::regconfig, p.form))) AS f(lex)
+), grouped AS (
+    SELECT DISTINCT lexes FROM (
+        SELECT array_agg(DISTINCT lex ORDER BY lex) AS lexes
+        FROM (SELECT term, term AS lex FROM terms
+              UNION SELECT a.term, a.lex FROM alts a JOIN terms USING (term)) AS g
+        GROUP BY term
+    ) AS d
+), groups AS (
+    SELECT row_number() OVER (ORDER BY lexes) AS g, lexes,
+           (SELECT string_agg('''' || replace(replace(l, '\', '\\'), '''', '''''') || '''', ' | ')
+              FROM unnest(lexes) AS l)::tsquery AS tsq
+    FROM grouped
 ), stats AS (
     SELECT count(*)::float8 AS n, greatest(avg(length(lexemes)), 1)::float8 AS avgdl FROM {t}
+), idf AS (
+    SELECT g, lexes, tsq, df, ln(1 + (stats.n - df + 0.5) / (df + 0.5)) AS idf
+    FROM stats, (SELECT g, lexes, tsq, (SELECT count(*) FROM {t} WHERE lexemes @@ tsq) AS df
+                   FROM groups) AS counted
+), total AS (
+    SELECT greatest(sum(idf), 1e-9) AS idf,
+           coalesce(sum(idf) FILTER (WHERE df > 0), 0) / greatest(sum(idf), 1e-9) AS found
+    FROM idf
 ), wanted AS (
-    SELECT string_agg('''' || replace(replace(lex, '\', '\\'), '''', '''''') || '''', ' | ')::tsquery AS tsq
-    FROM df WHERE df > 0
-), scored AS (
-    SELECT v.chunk_id, sum(
-        ln(1 + (stats.n - df.df + 0.5) / (df.df + 0.5))
-        * cardinality(u.positions) * 2.2
-        / (cardinality(u.positions) + 1.2 * (0.25 + 0.75 * length(v.lexemes) / stats.avgdl))
-    ) AS score
-    FROM wanted, stats, {t} v
+    SELECT string_agg(tsq::text, ' | ')::tsquery AS tsq FROM idf WHERE df > 0
+), member AS (
+    SELECT g, unnest(lexes) AS lex, idf FROM idf WHERE df > 0
+), per AS (
+    SELECT v.chunk_id, m.g, m.idf, sum(cardinality(u.positions)) AS tf,
+           length(v.lexemes) AS dl
+    FROM wanted, {t} v
     CROSS JOIN LATERAL unnest(v.lexemes) AS u(lexeme, positions, weights)
-    JOIN df ON df.lex = u.lexeme
+    JOIN member m ON m.lex = u.lexeme
     WHERE v.lexemes @@ wanted.tsq
-    GROUP BY v.chunk_id
-    ORDER BY score DESC, v.chunk_id LIMIT %(k)s
+    GROUP BY v.chunk_id, m.g, m.idf, length(v.lexemes)
+), scored AS (
+    SELECT per.chunk_id, sum(per.idf) / total.idf AS matched, total.found, sum(
+        per.idf * per.tf * 2.2 / (per.tf + 1.2 * (0.25 + 0.75 * per.dl / stats.avgdl))
+    ) AS score
+    FROM per, stats, total
+    GROUP BY per.chunk_id, total.idf, total.found
+    ORDER BY score DESC, per.chunk_id LIMIT %(k)s
 )
-SELECT s.chunk_id, c.breadcrumb, c.text, s.score, c.metadata
+SELECT s.chunk_id, c.breadcrumb, c.text, s.score, c.metadata, s.matched, s.found
 FROM scored s JOIN herd_chunks c ON c.collection = %(c)s AND c.chunk_id = s.chunk_id
 ORDER BY s.score DESC, s.chunk_id;
 
