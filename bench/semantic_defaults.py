@@ -137,10 +137,16 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     started = time.perf_counter()
     specs = [x for x in args.embedders.split(",") if x]
+    # MRPC's and STS-B's samples are not shipped (their licenses do not clearly allow
+    # it): bench/data/make_more_pairs.py builds them from the corpora's own files.
+    sets = {name: path for name, path in SETS.items() if path.exists()}
+    for name in SETS.keys() - sets.keys():
+        log.warning("%s: %s is absent; build it with bench/data/make_more_pairs.py"
+                    " (bench/data/README.md)", name, SETS[name].name)  # fmt: skip
     scored: dict[tuple[str, str], Scored] = {}
     for spec in specs:
         embedder = build(spec, args.home)
-        for name, path in SETS.items():
+        for name, path in sets.items():
             rows = load(path, 80 if args.quick else None)
             log.info("%s, %s: embedding %d pairs", spec, name, len(rows))
             scored[(name, spec)] = score(rows, embedder)
@@ -151,7 +157,7 @@ def main() -> None:
     print(f"{'held out':16} {'chosen on the others':28} {'hits':>6} {'false':>6}  goal")
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
-    for held in SETS:
+    for held in sets if len(sets) > 1 else ():
         p = choose([t for (name, _), t in scored.items() if name != held])
         for spec in specs:
             hit, false = scored[(held, spec)].rates(p)
