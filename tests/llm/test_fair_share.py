@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 
+from herd.api import overview
 from herd.llm import eval as evaluate
 from herd.llm.eval import enqueue_documents
 from tests.conftest import flush_redis, truncate
@@ -71,6 +72,9 @@ async def test_a_small_batch_behind_a_big_one_is_served_before_the_big_one_ends(
             assert shown["weight"] == 2 and shown["fair_share"] == pytest.approx(2 / 3, abs=0.01)
             (usage,) = [u for u in shown["limit_usage"] if u["shares"]]
             assert {f["batch"]: f["weight"] for f in usage["shares"]} == {"big": 1, "small": 2}
+            # The dashboard's "Provider limits" card: the batches using the limit now.
+            (card,) = [r for r in await overview.limits(app) if r.scope == usage["scope"]]
+            assert "big" in {f.batch for f in card.shares}
 
             async def small_done() -> dict[str, int] | None:
                 small = await _counts(app, "small")
