@@ -72,7 +72,8 @@ BENCHES = [
     Bench("rate_limits", "celery", ["bench/rate_limits.py"],
           "A provider's rate limits: herd's fleet-wide limits vs Celery's rate_limit"),
     # No peer: the issue's goals stand in the peer column.
-    Bench("fair_share", "bench", ["bench/fair_share.py"],
+    Bench("fair_share", "bench",
+          ["bench/fair_share.py", "--concurrency", "64", "--small-priority", "1"],
           "Fair shares: a small batch behind a big one on one limit (vs the goals of issue 32)"),
     Bench("takeover", "celery", ["bench/takeover.py"],
           "A SIGKILLed worker's job runs again: herd vs Celery's visibility timeout"),

@@ -240,6 +240,16 @@ class CacheOut(BaseModel):
     counters: dict[str, int]
 
 
+class ShareOut(BaseModel):
+    """A batch using a fleet-wide limit now, and its fair share (herd.limits.Share)."""
+
+    batch: str
+    weight: float
+    share: float  # its part of the limit's recent use, 0..1
+    fair: float  # what its weight entitles it to beside the others, 0..1
+    waiting: bool  # its calls wait for capacity now
+
+
 class LimitOut(BaseModel):
     """A fleet-wide provider limit (provider:model:key id, never the key) and its use."""
 
@@ -257,6 +267,7 @@ class LimitOut(BaseModel):
     wait_seconds: float
     rate_limited: int  # the provider's 429s, each of which paused the limit fleet-wide
     paused_for: float  # seconds the limit stays paused (0: not paused)
+    shares: list[ShareOut] = []  # the batches using it now
 
     @classmethod
     def of(cls, s: Any, now: float) -> LimitOut:
@@ -275,6 +286,16 @@ class LimitOut(BaseModel):
             wait_seconds=s.wait_seconds,
             rate_limited=s.rate_limited,
             paused_for=max(0.0, (s.paused_until or 0.0) - now),
+            shares=[
+                ShareOut(
+                    batch=f.flow,
+                    weight=f.weight,
+                    share=round(f.share, 3),
+                    fair=round(f.fair, 3),
+                    waiting=f.waiting,
+                )
+                for f in s.shares
+            ],  # fmt: skip
         )
 
 

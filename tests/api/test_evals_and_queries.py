@@ -232,11 +232,12 @@ async def test_an_eval_batch_keeps_its_budget_and_limits_and_the_budget_can_chan
 ):
     priced(monkeypatch, tmp_path, SPEC["model"])
     body = {**SPEC, "documents": [{"name": "a.txt", "text": "Budgets."}], "batch": "api-budget"}
-    limits = {"rpm": 10, "tpm": 1000, "max_concurrent": 2}
+    limits = {"rpm": 10, "tpm": 1000, "max_concurrent": 2, "weight": 3}
     r = await client.post("/evals", json={**body, "budget": 0.5, **limits})
     assert r.status_code == 201, r.text
     status = (await client.get("/evals/api-budget")).json()
     assert status["budget"] == 0.5 and status["spent"] == 0.0 and status["limits"] == limits
+    assert status["weight"] == 3 and status["share"] is None  # no call yet
     changed = await client.post("/evals/api-budget/budget", json={"budget": 2.5})
     assert changed.status_code == 200, changed.text
     out = changed.json()
@@ -250,7 +251,15 @@ async def test_an_eval_batch_keeps_its_budget_and_limits_and_the_budget_can_chan
 
 @pytest.mark.parametrize(
     ("field", "bad"),
-    [("budget", -1), ("budget", "lots"), ("rpm", 0), ("tpm", 1.5), ("max_concurrent", 0)],
+    [
+        ("budget", -1),
+        ("budget", "lots"),
+        ("rpm", 0),
+        ("tpm", 1.5),
+        ("max_concurrent", 0),
+        ("weight", 0),
+        ("weight", 1001),
+    ],  # fmt: skip
 )
 async def test_a_bad_eval_budget_or_limit_is_422_naming_the_field(client, field, bad):
     body = {**SPEC, "documents": [{"name": "a.txt", "text": "x"}], "batch": "api-bad", field: bad}

@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 
+from herd.api import overview
 from herd.llm import eval as evaluate
 from herd.llm.eval import enqueue_documents
 from tests.conftest import flush_redis, truncate
@@ -57,7 +58,23 @@ async def test_a_small_batch_behind_a_big_one_is_served_before_the_big_one_ends(
                 return (await _counts(app, "big"))["done"] >= 5
 
             await eventually(started, timeout=30, interval=0.05)
-            await enqueue_documents(app, spec(model), "small", docs(SMALL, "s"))
+            await enqueue_documents(
+                app, spec(model), "small", docs(SMALL, "s"), limits={"weight": 2}
+            )
+
+            async def sharing() -> dict[str, object] | None:
+                status = (await evaluate.batch_status(app, "small")).to_json()
+                return status if status["share"] is not None else None
+
+            # `herd eval status` of the small batch: its weight, and its share of the
+            # fleet's limit beside the big one's (2 to 1 by weight).
+            shown = await eventually(sharing, timeout=30, interval=0.05)
+            assert shown["weight"] == 2 and shown["fair_share"] == pytest.approx(2 / 3, abs=0.01)
+            (usage,) = [u for u in shown["limit_usage"] if u["shares"]]
+            assert {f["batch"]: f["weight"] for f in usage["shares"]} == {"big": 1, "small": 2}
+            # The dashboard's "Provider limits" card: the batches using the limit now.
+            (card,) = [r for r in await overview.limits(app) if r.scope == usage["scope"]]
+            assert "big" in {f.batch for f in card.shares}
 
             async def small_done() -> dict[str, int] | None:
                 small = await _counts(app, "small")

@@ -291,7 +291,11 @@ function renderLedger(rows) {
 function renderLimits(rows) {
   const of = (now, limit) => limit == null ? fmt.int(Math.round(now)) : `${fmt.int(Math.round(now))} / ${fmt.int(limit)}`;
   const out = (rows || []).map((r) => el("tr", {},
-    el("td", { class: "mono", text: r.scope + (r.paused_for > 0 ? ` (paused ${r.paused_for.toFixed(1)} s)` : "") }),
+    el("td", { class: "mono" },
+      el("span", { text: r.scope + (r.paused_for > 0 ? ` (paused ${r.paused_for.toFixed(1)} s)` : "") }),
+      // The batches sharing it now: weight, share of its recent use, and their fair share.
+      ...(r.shares || []).map((f) => el("div", { class: "share",
+        text: `${f.batch} weight ${f.weight}: ${Math.round(f.share * 100)}% (fair ${Math.round(f.fair * 100)}%)` }))),
     el("td", { class: "n", text: of(r.requests_now, r.rpm) }),
     el("td", { class: "n", text: of(r.tokens_now, r.tpm) }),
     el("td", { class: "n", text: of(r.in_flight, r.max_concurrent) }),
