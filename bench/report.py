@@ -64,6 +64,8 @@ BENCHES = [
     Bench("queue_throughput_celery", "celery",
           ["bench/queue_throughput.py", "--backends", "redis", "--redis-systems", "herd,celery"],
           "Queue throughput: Redis vs Celery (Celery's own venv)", full=["--rounds", "3"]),
+    Bench("concurrency_keys", "bench", ["bench/concurrency_keys.py"],
+          "Claims with concurrency keys (1 and 1,000 keys) vs the claim without keys"),
     Bench("eval_cost", "celery", ["bench/eval_cost.py"],
           "Model calls under SIGKILLs: evaluation jobs vs Celery"),
     Bench("rate_limits", "celery", ["bench/rate_limits.py"],

@@ -67,10 +67,13 @@ BEGIN
         SELECT queue, key, sum(run) AS run, sum(wait) AS wait FROM moved
          GROUP BY queue, key HAVING sum(run) <> 0 OR sum(wait) <> 0
     )
+    -- A key whose job was claimed goes to the back of the claims' turn order.
     INSERT INTO herd_key_counts AS k (queue, key, running, waiting, max_running)
     SELECT queue, key, run, wait, 1 FROM delta ORDER BY queue, key
     ON CONFLICT (queue, key) DO UPDATE SET running = k.running + excluded.running,
-           waiting = k.waiting + excluded.waiting;
+           waiting = k.waiting + excluded.waiting,
+           served_at = CASE WHEN excluded.running > 0 THEN clock_timestamp()
+                            ELSE k.served_at END;
     RETURN NULL;
 END $$;
 

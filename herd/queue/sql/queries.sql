@@ -38,7 +38,8 @@ SELECT pg_notify('herd_jobs', q) FROM unnest(%(queues)s::text[]) AS q;
 -- waiting jobs and room (running < max_running), least recently served first, each
 -- locked (SKIP LOCKED: a key another claimer holds is skipped, never waited for)
 -- before its jobs are taken, at most its room; the first job of every key before
--- the second of any. The trigger raises the key's running count under that lock.
+-- the second of any. The trigger raises the key's running count under that lock, and
+-- sends each key served to the back of the turn order (served_at).
 -- An expired keyed job is taken over only under its key's lock too, since a stall
 -- that dead-letters it gives its slot back. Without keyed jobs in the queue, `keys`
 -- and `expired_keys` find nothing and the claim is as before.
@@ -50,8 +51,15 @@ WITH ready AS (
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ), keys AS (
-    SELECT key, max_running - running AS room FROM herd_key_counts
+    SELECT key, max_running - running AS room FROM herd_key_counts k
      WHERE queue = %(queue)s AND waiting > 0 AND running < max_running
+       -- A key whose waiting jobs are all delayed must not hold the front. A scalar
+       -- subquery (LIMIT 1), one probe of herd_jobs_ready_key per key looked at: as
+       -- EXISTS the planner may join every pending job instead.
+       AND (SELECT true FROM herd_jobs j
+             WHERE j.status = 'pending' AND j.queue = %(queue)s
+               AND j.concurrency_key = k.key AND j.run_at <= now()
+             LIMIT 1)
      ORDER BY served_at, key
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -65,12 +73,6 @@ WITH ready AS (
          ORDER BY priority DESC, id
          LIMIT least(k.room, %(limit)s)
            FOR UPDATE SKIP LOCKED) c
-), served AS (
-    -- Every key tried goes to the back of the turn order (one whose jobs are all
-    -- delayed too, so that it cannot hold the front).
-    UPDATE herd_key_counts h SET served_at = clock_timestamp()
-      FROM keys WHERE h.queue = %(queue)s AND h.key = keys.key
-    RETURNING h.key
 ), expired AS (
     SELECT id, priority, concurrency_key AS ckey, false AS keyed, 1::bigint AS rn
       FROM herd_jobs
@@ -81,7 +83,7 @@ WITH ready AS (
 ), expired_keys AS (
     SELECT key FROM herd_key_counts
      WHERE queue = %(queue)s AND key IN (SELECT ckey FROM expired WHERE ckey IS NOT NULL)
-       AND key NOT IN (SELECT key FROM served)
+       AND key NOT IN (SELECT key FROM keys)
        FOR UPDATE SKIP LOCKED
 ), picked AS (
     SELECT id FROM (
@@ -89,7 +91,7 @@ WITH ready AS (
         UNION ALL SELECT * FROM ready
         UNION ALL SELECT * FROM expired
          WHERE ckey IS NULL OR ckey IN (SELECT key FROM expired_keys)
-            OR ckey IN (SELECT key FROM served)) c
+            OR ckey IN (SELECT key FROM keys)) c
      ORDER BY keyed DESC, rn, priority DESC, id LIMIT %(limit)s
 )
 UPDATE herd_jobs j SET
