@@ -35,7 +35,7 @@ SELECT pg_notify('herd_jobs', q) FROM unnest(%(queues)s::text[]) AS q;
 -- priority then age. A takeover counts a stall; too many stalls dead-letter
 -- the job instead of handing it out again.
 -- Jobs with a concurrency key (0011) come first, a turn per key: the keys with
--- waiting jobs and room (running < max_running), least recently served first, each
+-- waiting jobs and room (claimed - released < max_running), least recently served first, each
 -- locked (SKIP LOCKED: a key another claimer holds is skipped, never waited for)
 -- before its jobs are taken, at most its room; the first job of every key before
 -- the second of any. The trigger raises the key's running count under that lock, and
@@ -51,8 +51,11 @@ WITH ready AS (
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ), keys AS (
-    SELECT key, max_running - running AS room FROM herd_key_counts k
-     WHERE queue = %(queue)s AND waiting > 0 AND running < max_running
+    SELECT key, max_running - k.claimed + r.n AS room
+      FROM herd_key_counts k
+     CROSS JOIN LATERAL (SELECT coalesce(sum(n), 0) AS n FROM herd_key_released r
+                          WHERE r.queue = %(queue)s AND r.key = k.key) r
+     WHERE queue = %(queue)s AND waiting > 0 AND k.claimed - r.n < max_running
        -- A key whose waiting jobs are all delayed must not hold the front. A scalar
        -- subquery (LIMIT 1), one probe of herd_jobs_ready_key per key looked at: as
        -- EXISTS the planner may join every pending job instead.
@@ -62,7 +65,7 @@ WITH ready AS (
              LIMIT 1)
      ORDER BY served_at, key
      LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
+       FOR UPDATE OF k SKIP LOCKED
 ), keyed AS (
     SELECT c.id, c.priority, k.key AS ckey, true AS keyed,
            row_number() OVER (PARTITION BY k.key ORDER BY c.priority DESC, c.id) AS rn
@@ -279,21 +282,34 @@ SELECT c.queue, c.status, c.n, coalesce(r.ready, 0), r.oldest_ready_age
  ORDER BY c.queue, c.status;
 
 -- name: key_stats
--- Running and waiting jobs per concurrency key (0011's counters, one row per key with
--- work), the busiest first: the cost follows the keys with work, never the jobs.
-SELECT queue, key, running, waiting, max_running FROM herd_key_counts
- WHERE running > 0 OR waiting > 0
- ORDER BY running + waiting DESC, queue, key
+-- Running and waiting jobs per concurrency key (0011's counters: a row per key with
+-- work, and at most 16 slots of releases), the busiest first: the cost follows the keys
+-- with work, never the jobs.
+SELECT k.queue, k.key, (k.claimed - r.n)::int AS running, k.waiting, k.max_running
+  FROM herd_key_counts k
+ CROSS JOIN LATERAL (SELECT coalesce(sum(n), 0) AS n FROM herd_key_released r
+                      WHERE r.queue = k.queue AND r.key = k.key) r
+ WHERE k.claimed > r.n OR k.waiting > 0
+ ORDER BY k.claimed - r.n + k.waiting DESC, k.queue, k.key
  LIMIT %(limit)s;
 
 -- name: key_counts_prune
--- Rows of keys with no work left (the purge tick): SKIP LOCKED leaves a key a claim or
--- an enqueue holds; the next enqueue of the key makes its row again.
-DELETE FROM herd_key_counts WHERE (queue, key) IN (
-    SELECT queue, key FROM herd_key_counts WHERE running = 0 AND waiting = 0
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED)
-RETURNING key;
+-- Keys with no work left (the purge tick), with their releases: SKIP LOCKED leaves a
+-- key a claim or an enqueue holds; the next enqueue of the key makes its row again.
+WITH gone AS (
+    DELETE FROM herd_key_counts WHERE (queue, key) IN (
+        SELECT queue, key FROM herd_key_counts k
+         WHERE waiting = 0
+           AND claimed = (SELECT coalesce(sum(n), 0) FROM herd_key_released r
+                           WHERE r.queue = k.queue AND r.key = k.key)
+         LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED)
+    RETURNING queue, key
+), shards AS (
+    DELETE FROM herd_key_released r USING gone
+     WHERE r.queue = gone.queue AND r.key = gone.key
+)
+SELECT key FROM gone;
 
 -- name: counters_to_fold
 SELECT DISTINCT queue, status FROM herd_job_counts WHERE slot <> 0 ORDER BY queue, status;
