@@ -119,7 +119,7 @@ UPDATE herd_jobs j SET
  WHERE j.id = picked.id
 RETURNING j.id AS job_id, j.lease_token AS token, j.task, j.queue, j.payload, j.attempts,
           j.stalls, j.max_attempts, j.lease_seconds, j.lease_expires_at AS expires_at, j.status,
-          j.trace_context;
+          j.trace_context, j.concurrency_key;
 
 -- name: claim_orphans
 -- Jobs whose lease still runs but whose owner's liveness mark is gone: the
@@ -167,7 +167,7 @@ UPDATE herd_jobs j SET
  WHERE j.id = picked.id
 RETURNING j.id AS job_id, j.lease_token AS token, j.task, j.queue, j.payload, j.attempts,
           j.stalls, j.max_attempts, j.lease_seconds, j.lease_expires_at AS expires_at, j.status,
-          j.trace_context;
+          j.trace_context, j.concurrency_key;
 
 -- name: renew
 WITH held AS (
