@@ -67,6 +67,8 @@ BENCHES = [
           "Queue throughput: Redis vs Celery (Celery's own venv)", full=["--rounds", "3"]),
     Bench("queue_stats", "bench", ["bench/queue_stats.py"],
           "stats() and /overview in a backlog and just after a drain (vs the goals of issue 34)"),
+    Bench("concurrency_keys", "bench", ["bench/concurrency_keys.py"],
+          "Claims with concurrency keys (1 and 1,000 keys) vs the claim without keys"),
     Bench("eval_cost", "celery", ["bench/eval_cost.py"],
           "Model calls under SIGKILLs: evaluation jobs vs Celery"),
     Bench("rate_limits", "celery", ["bench/rate_limits.py"],

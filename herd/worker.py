@@ -110,6 +110,8 @@ class Worker:
         self._stopping = asyncio.Event()
         self._release_now = asyncio.Event()
         self._slot_freed = asyncio.Event()
+        # A keyed job ended: its key has room again, which no NOTIFY announces.
+        self._key_freed = asyncio.Event()
         self._completions: list[tuple[Completion, asyncio.Future[bool]]] = []
         self._completion_ready = asyncio.Event()
         self._threads = ThreadPoolExecutor(
@@ -209,12 +211,14 @@ class Worker:
                 ):
                     self.stop()
                     break
-                # Fewer jobs than slots: wait for a NOTIFY, a poll tick or a free slot.
+                # Fewer jobs than slots: wait for a NOTIFY, a poll tick or a free slot
+                # (of a concurrency key: its waiting jobs may run now).
                 self._slot_freed.clear()
+                self._key_freed.clear()
                 timeout = self.poll_interval * random.uniform(0.5, 1.0)
                 await self._until(
                     self.app.broker.wait_for_jobs(self.queues, timeout),
-                    self._slot_freed.wait() if self.stop_when_idle else None,
+                    (self._slot_freed if self.stop_when_idle else self._key_freed).wait(),
                 )
 
     async def _queues_active(self) -> bool:
@@ -270,6 +274,8 @@ class Worker:
     def _finished(self, running: _Running) -> None:
         self._running.pop(running.lease.job_id, None)
         self._slot_freed.set()
+        if running.lease.concurrency_key is not None:
+            self._key_freed.set()
 
     # -- running one job
 

@@ -3,12 +3,15 @@ per-key statistics at 80 columns (the bound itself: tests/contract)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
-from herd import App
+from herd import App, Worker
 from herd.errors import InvalidInput
+from herd.queue.base import JobStatus
+from tests.helpers import eventually
 from tests.test_cli import herd
 
 
@@ -79,3 +82,26 @@ def test_stats_by_key_says_so_when_no_key_has_work(clean_pg):
     shown = herd("jobs", "stats", "--by-key", url=clean_pg)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout == "no job with a concurrency key is running or waiting\n"
+
+
+async def test_a_worker_claims_again_as_soon_as_its_keyed_job_frees_the_key(clean_pg):
+    # Polls come 60 s or more apart: only the freed key can have woken the worker.
+    app = App(database_url=clean_pg)
+
+    @app.task(name="one.at.a.time", max_running_per_key=1)
+    def one(payload: object) -> None: ...
+
+    async with app:
+        ids = [r.job_id for r in await app.enqueue_many(one, [{}] * 3, concurrency_keys=["k"] * 3)]
+        worker = Worker(app, concurrency=4, poll_interval=120, install_signal_handlers=False)
+        running = asyncio.create_task(worker.run())
+        try:
+
+            async def all_done() -> bool:
+                jobs = await app.broker.get_jobs(ids)
+                return all(j.status == JobStatus.SUCCEEDED for j in jobs) or None  # type: ignore[return-value]
+
+            assert await eventually(all_done, timeout=30)
+        finally:
+            worker.stop()
+            await running

@@ -228,3 +228,24 @@ async def test_a_delayed_job_counts_as_ready_once_its_time_has_come(clean_pg):
         assert s.ready == 0 and s.counts == {JobStatus.SUCCEEDED: 1}
     finally:
         await broker.close()
+
+
+async def test_a_keys_counters_go_once_its_work_is_done_and_come_back_with_new_work(clean_pg):
+    broker = PostgresBroker(clean_pg)
+    await broker.open()
+    try:
+        jobs = [NewJob("t", {}, concurrency_key=f"k{i % 50}", max_running_per_key=2)
+                for i in range(100)]  # fmt: skip
+        await broker.enqueue(jobs)
+        while leases := await broker.claim(["default"], "w", 40):
+            assert all(await broker.complete_if_leased([Completion(x, 1) for x in leases]))
+        with psycopg.connect(clean_pg) as conn:
+            assert conn.execute("SELECT count(*) FROM herd_key_counts").fetchone() == (50,)
+            assert await broker.prune_keys() == 50
+            for table in ("herd_key_counts", "herd_key_released"):
+                assert conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
+        await broker.enqueue(jobs[:1])
+        (k,) = await broker.key_stats()
+        assert (k.key, k.running, k.waiting, k.max_running) == ("k0", 0, 1, 2)
+    finally:
+        await broker.close()

@@ -174,6 +174,7 @@ class Lease:
     expires_at: datetime  # server time
     owner: str
     trace_context: dict[str, str] | None = None  # as enqueued (NewJob.trace_context)
+    concurrency_key: str | None = None  # as enqueued (NewJob.concurrency_key)
 
 
 @dataclass(frozen=True)

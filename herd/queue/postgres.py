@@ -347,6 +347,11 @@ class PostgresBroker:
         for queue, status in await self._fetch("counters_to_fold", {}):
             await self._fetch("fold_counts", {"queue": queue, "status": status})
 
+    async def prune_keys(self) -> int:
+        """Drop the counter rows of concurrency keys with no job running or waiting (the
+        purge tick), so that they cost nothing once a key's work is done."""
+        return await self._batches("key_counts_prune", {}, 5000)
+
     async def _purge_quietly(self) -> int:
         try:
             removed = await self.purge_finished()
@@ -354,7 +359,7 @@ class PostgresBroker:
                 await self._fetch("purge_throughput", {"keep": self.throughput_ttl})
             await self.fold_counts()
             await self._fetch("purge_scheduled", {})
-            await self._batches("key_counts_prune", {}, 5000)
+            await self.prune_keys()
         except BrokerError as exc:
             log.warning("purging succeeded jobs failed (retried later): %s", exc)
             return 0

@@ -505,7 +505,19 @@ class RedisBroker:
             rows = await self._run(
                 "claim", queue, owner, limit - len(leases), live[queue], *dead.get(queue, ())
             )
-            for job_id, token, expires, task, payload, attempts, stalls, most, ttl, trace in rows:
+            for (
+                job_id,
+                token,
+                expires,
+                task,
+                payload,
+                attempts,
+                stalls,
+                most,
+                ttl,
+                trace,
+                key,
+            ) in rows:
                 leases.append(
                     Lease(
                         job_id=int(job_id),
@@ -520,6 +532,7 @@ class RedisBroker:
                         expires_at=_ms(str(expires)) or datetime.now(UTC),
                         owner=owner,
                         trace_context=trace_of(trace),
+                        concurrency_key=key or None,
                     )
                 )
         self._saw(lease.job_id for lease in leases)

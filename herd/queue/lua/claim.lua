@@ -1,7 +1,7 @@
 -- ARGV: prefix, owner, limit, live (the CLIENT ID of the owner's liveness connection,
 -- '' for none), then dead owner / CLIENT ID pairs (marks found gone by the caller's
 -- CLIENT LIST). Returns per leased job: {id, token, expires_ms, task, payload,
--- attempts, stalls, max_attempts, lease_seconds, trace}.
+-- attempts, stalls, max_attempts, lease_seconds, trace, concurrency key}.
 -- Order: jobs of dead owners and jobs whose lease expired (a stall: their worker
 -- died or froze), then keyed jobs a turn per key (the keys with a ready job and room,
 -- in kready's order; a key served goes to the back), then ready jobs by priority
@@ -30,8 +30,9 @@ local function lease(id, old)
   redis.call('HSETNX', job, 'started_at', now)
   own(id, owner, live)
   local d = redis.call('HMGET', job, 'task', 'payload', 'attempts', 'stalls', 'max_attempts',
-    'lease_seconds', 'trace')
-  out[#out + 1] = {id, token, now + ttl, d[1], d[2], d[3], d[4], d[5], d[6], d[7] or ''}
+    'lease_seconds', 'trace', 'ckey')
+  out[#out + 1] = {id, token, now + ttl, d[1], d[2], d[3], d[4], d[5], d[6], d[7] or '',
+    d[8] or ''}
 end
 
 -- Delayed jobs (backoff, `delay=`) that are due join their stream.

@@ -17,6 +17,6 @@ end
 for _, prio in ipairs(redis.call('ZRANGE', P .. 'prios', 0, -1)) do
   redis.call('DEL', P .. 's:' .. prio)
 end
-redis.call('DEL', P .. 'prios', P .. 'dlq', P .. 'num')
+redis.call('DEL', P .. 'prios', P .. 'dlq', P .. 'num', P .. 'kready', P .. 'kseq')
 redis.call('SET', P .. 'retired', ARGV[3])
 return 1

@@ -35,10 +35,11 @@ SELECT pg_notify('herd_jobs', q) FROM unnest(%(queues)s::text[]) AS q;
 -- priority then age. A takeover counts a stall; too many stalls dead-letter
 -- the job instead of handing it out again.
 -- Jobs with a concurrency key (0011) come first, a turn per key: the keys with
--- waiting jobs and room (running < max_running), least recently served first, each
+-- waiting jobs and room (claimed - released < max_running), least recently served first, each
 -- locked (SKIP LOCKED: a key another claimer holds is skipped, never waited for)
 -- before its jobs are taken, at most its room; the first job of every key before
--- the second of any. The trigger raises the key's running count under that lock.
+-- the second of any. The trigger raises the key's running count under that lock, and
+-- sends each key served to the back of the turn order (served_at).
 -- An expired keyed job is taken over only under its key's lock too, since a stall
 -- that dead-letters it gives its slot back. Without keyed jobs in the queue, `keys`
 -- and `expired_keys` find nothing and the claim is as before.
@@ -50,11 +51,21 @@ WITH ready AS (
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ), keys AS (
-    SELECT key, max_running - running AS room FROM herd_key_counts
-     WHERE queue = %(queue)s AND waiting > 0 AND running < max_running
+    SELECT key, max_running - k.claimed + r.n AS room
+      FROM herd_key_counts k
+     CROSS JOIN LATERAL (SELECT coalesce(sum(n), 0) AS n FROM herd_key_released r
+                          WHERE r.queue = %(queue)s AND r.key = k.key) r
+     WHERE queue = %(queue)s AND waiting > 0 AND k.claimed - r.n < max_running
+       -- A key whose waiting jobs are all delayed must not hold the front. A scalar
+       -- subquery (LIMIT 1), one probe of herd_jobs_ready_key per key looked at: as
+       -- EXISTS the planner may join every pending job instead.
+       AND (SELECT true FROM herd_jobs j
+             WHERE j.status = 'pending' AND j.queue = %(queue)s
+               AND j.concurrency_key = k.key AND j.run_at <= now()
+             LIMIT 1)
      ORDER BY served_at, key
      LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
+       FOR UPDATE OF k SKIP LOCKED
 ), keyed AS (
     SELECT c.id, c.priority, k.key AS ckey, true AS keyed,
            row_number() OVER (PARTITION BY k.key ORDER BY c.priority DESC, c.id) AS rn
@@ -65,12 +76,6 @@ WITH ready AS (
          ORDER BY priority DESC, id
          LIMIT least(k.room, %(limit)s)
            FOR UPDATE SKIP LOCKED) c
-), served AS (
-    -- Every key tried goes to the back of the turn order (one whose jobs are all
-    -- delayed too, so that it cannot hold the front).
-    UPDATE herd_key_counts h SET served_at = clock_timestamp()
-      FROM keys WHERE h.queue = %(queue)s AND h.key = keys.key
-    RETURNING h.key
 ), expired AS (
     SELECT id, priority, concurrency_key AS ckey, false AS keyed, 1::bigint AS rn
       FROM herd_jobs
@@ -81,7 +86,7 @@ WITH ready AS (
 ), expired_keys AS (
     SELECT key FROM herd_key_counts
      WHERE queue = %(queue)s AND key IN (SELECT ckey FROM expired WHERE ckey IS NOT NULL)
-       AND key NOT IN (SELECT key FROM served)
+       AND key NOT IN (SELECT key FROM keys)
        FOR UPDATE SKIP LOCKED
 ), picked AS (
     SELECT id FROM (
@@ -89,7 +94,7 @@ WITH ready AS (
         UNION ALL SELECT * FROM ready
         UNION ALL SELECT * FROM expired
          WHERE ckey IS NULL OR ckey IN (SELECT key FROM expired_keys)
-            OR ckey IN (SELECT key FROM served)) c
+            OR ckey IN (SELECT key FROM keys)) c
      ORDER BY keyed DESC, rn, priority DESC, id LIMIT %(limit)s
 )
 UPDATE herd_jobs j SET
@@ -114,7 +119,7 @@ UPDATE herd_jobs j SET
  WHERE j.id = picked.id
 RETURNING j.id AS job_id, j.lease_token AS token, j.task, j.queue, j.payload, j.attempts,
           j.stalls, j.max_attempts, j.lease_seconds, j.lease_expires_at AS expires_at, j.status,
-          j.trace_context;
+          j.trace_context, j.concurrency_key;
 
 -- name: claim_orphans
 -- Jobs whose lease still runs but whose owner's liveness mark is gone: the
@@ -162,7 +167,7 @@ UPDATE herd_jobs j SET
  WHERE j.id = picked.id
 RETURNING j.id AS job_id, j.lease_token AS token, j.task, j.queue, j.payload, j.attempts,
           j.stalls, j.max_attempts, j.lease_seconds, j.lease_expires_at AS expires_at, j.status,
-          j.trace_context;
+          j.trace_context, j.concurrency_key;
 
 -- name: renew
 WITH held AS (
@@ -300,21 +305,34 @@ SELECT extract(epoch FROM min(run_at) - now()) FROM herd_jobs
 DELETE FROM herd_job_scheduled WHERE due < now() - interval '1 minute';
 
 -- name: key_stats
--- Running and waiting jobs per concurrency key (0011's counters, one row per key with
--- work), the busiest first: the cost follows the keys with work, never the jobs.
-SELECT queue, key, running, waiting, max_running FROM herd_key_counts
- WHERE running > 0 OR waiting > 0
- ORDER BY running + waiting DESC, queue, key
+-- Running and waiting jobs per concurrency key (0011's counters: a row per key with
+-- work, and at most 16 slots of releases), the busiest first: the cost follows the keys
+-- with work, never the jobs.
+SELECT k.queue, k.key, (k.claimed - r.n)::int AS running, k.waiting, k.max_running
+  FROM herd_key_counts k
+ CROSS JOIN LATERAL (SELECT coalesce(sum(n), 0) AS n FROM herd_key_released r
+                      WHERE r.queue = k.queue AND r.key = k.key) r
+ WHERE k.claimed > r.n OR k.waiting > 0
+ ORDER BY k.claimed - r.n + k.waiting DESC, k.queue, k.key
  LIMIT %(limit)s;
 
 -- name: key_counts_prune
--- Rows of keys with no work left (the purge tick): SKIP LOCKED leaves a key a claim or
--- an enqueue holds; the next enqueue of the key makes its row again.
-DELETE FROM herd_key_counts WHERE (queue, key) IN (
-    SELECT queue, key FROM herd_key_counts WHERE running = 0 AND waiting = 0
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED)
-RETURNING key;
+-- Keys with no work left (the purge tick), with their releases: SKIP LOCKED leaves a
+-- key a claim or an enqueue holds; the next enqueue of the key makes its row again.
+WITH gone AS (
+    DELETE FROM herd_key_counts WHERE (queue, key) IN (
+        SELECT queue, key FROM herd_key_counts k
+         WHERE waiting = 0
+           AND claimed = (SELECT coalesce(sum(n), 0) FROM herd_key_released r
+                           WHERE r.queue = k.queue AND r.key = k.key)
+         LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED)
+    RETURNING queue, key
+), shards AS (
+    DELETE FROM herd_key_released r USING gone
+     WHERE r.queue = gone.queue AND r.key = gone.key
+)
+SELECT key FROM gone;
 
 -- name: counters_to_fold
 SELECT DISTINCT queue, status FROM herd_job_counts WHERE slot <> 0 ORDER BY queue, status;
