@@ -18,12 +18,19 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
+from psycopg_pool import PoolTimeout
 
 from herd import aio
 from herd.config import Settings
-from herd.db.postgres import SessionLock, SharedPool, migrate, translate_errors
+from herd.db.postgres import (
+    SessionLock,
+    SharedPool,
+    migrate,
+    translate_errors,
+    unchecked_if_fresh,
+)
 from herd.db.queries import named
-from herd.errors import BrokerError, LeaseLost
+from herd.errors import BrokerError, BrokerUnavailable, LeaseLost
 from herd.jsonvalue import dumps
 from herd.queue.base import (
     Completion,
@@ -232,6 +239,26 @@ class PostgresBroker:
                 await cur.execute(self._q[name], params)
                 return await cur.fetchall()
 
+    async def _worker_fetch(
+        self, name: str, params: dict[str, Any], *, dicts: bool = False
+    ) -> list[Any]:
+        """A worker's claim, completion or renewal: on a connection that answered within
+        the last second, unchecked (herd.db.postgres.unchecked_if_fresh). One the server
+        has dropped since fails as it sends, before the statement runs: it is sent once
+        more, on a checked connection. (One dropped after the statement ran is the case
+        of any connection lost mid-answer, unchanged: a claim's jobs run again once
+        their lease expires, a completion finds itself in already_completed.)"""
+        fetch = self._fetch_dicts if dicts else self._fetch
+        with unchecked_if_fresh():
+            try:
+                return await fetch(name, params)
+            except BrokerUnavailable as exc:
+                if isinstance(exc.__cause__, PoolTimeout) or not isinstance(
+                    exc.__cause__, psycopg.OperationalError
+                ):
+                    raise  # no connection to be had: a second try would wait as long
+        return await fetch(name, params)
+
     # -- producers
 
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
@@ -300,13 +327,12 @@ class PostgresBroker:
             if now >= self._next_orphan_check.get(queue, 0.0):
                 # A dead worker's jobs first: they have waited longest.
                 self._next_orphan_check[queue] = now + ORPHAN_CHECK
-                rows = await self._fetch_dicts(
-                    "claim_orphans",
-                    {**params, "limit": limit - len(leases)},
+                rows = await self._worker_fetch(
+                    "claim_orphans", {**params, "limit": limit - len(leases)}, dicts=True
                 )
             if len(rows) < limit - len(leases):
-                rows += await self._fetch_dicts(
-                    "claim", {**params, "limit": limit - len(leases) - len(rows)}
+                rows += await self._worker_fetch(
+                    "claim", {**params, "limit": limit - len(leases) - len(rows)}, dicts=True
                 )
             for row in rows:
                 if row.pop("status") != JobStatus.PROCESSING:
@@ -360,7 +386,7 @@ class PostgresBroker:
     async def renew_if_leased(self, leases: Sequence[Lease]) -> dict[int, datetime]:
         if not leases:
             return {}
-        rows = await self._fetch("renew", _ids_tokens(leases))
+        rows = await self._worker_fetch("renew", _ids_tokens(leases))
         return {job_id: expires for job_id, expires in rows}
 
     async def complete_if_leased(self, items: Sequence[Completion]) -> list[bool]:
@@ -368,7 +394,7 @@ class PostgresBroker:
             return []
         params: dict[str, Any] = dict(_ids_tokens([c.lease for c in items]))
         params["results"] = [dumps(c.result, what=f"result of job {c.lease.job_id}") for c in items]
-        done = {row[0] for row in await self._fetch("complete", params)}
+        done = {row[0] for row in await self._worker_fetch("complete", params)}
         refused = [c.lease for c in items if c.lease.job_id not in done]
         if refused:
             done |= {row[0] for row in await self._fetch("already_completed", _ids_tokens(refused))}
