@@ -8,6 +8,7 @@ worker that lost its lease cannot write, whatever its own clock says.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -90,19 +91,27 @@ def _job(row: dict[str, Any]) -> Job:
     )
 
 
-def _enqueue_params(jobs: Sequence[NewJob]) -> dict[str, list[Any]]:
-    return {
-        "queue": [j.queue for j in jobs],
-        "task": [j.task for j in jobs],
-        "payload": [payload_text(j) for j in jobs],
-        "priority": [j.priority for j in jobs],
-        "dedup_key": [j.dedup_key for j in jobs],
-        "delay": [max(0.0, float(j.delay)) for j in jobs],
-        "lease_seconds": [float(j.lease_seconds) for j in jobs],
-        "max_attempts": [j.max_attempts for j in jobs],
-        "max_stalls": [j.max_stalls for j in jobs],
-        "trace_context": [trace_text(j) for j in jobs],
-    }
+def _enqueue_params(jobs: Sequence[NewJob]) -> dict[str, str]:
+    """The batch as one JSON array for the enqueue statement. Each payload is spliced in
+    as the JSON text it was checked as (payload_text), not parsed and dumped again."""
+    rows = []
+    for j in jobs:
+        head = json.dumps(
+            {
+                "queue": j.queue,
+                "task": j.task,
+                "priority": j.priority,
+                "dedup_key": j.dedup_key,
+                "delay": max(0.0, float(j.delay)),
+                "lease_seconds": float(j.lease_seconds),
+                "max_attempts": j.max_attempts,
+                "max_stalls": j.max_stalls,
+                "trace_context": trace_text(j),
+            },
+            allow_nan=False,
+        )
+        rows.append(f'{head[:-1]},"payload":{payload_text(j)}}}')
+    return {"jobs": "[" + ",".join(rows) + "]"}
 
 
 def _schedule_state(row: dict[str, Any]) -> ScheduleState:
