@@ -269,6 +269,14 @@ class App:
         """The one gate of every producer (Python, CLI, API, built-in features): what
         a store, a listing or a dashboard would choke on later is refused here, with
         the field named."""
+        return self._one_job(
+            self._job_fields(task, queue, priority, delay), payload, dedup_key, what
+        )
+
+    def _job_fields(
+        self, task: TaskRef, queue: str | None, priority: int | None, delay: float
+    ) -> dict[str, Any]:
+        """What every job of one enqueue shares, checked once (enqueue_many's jobs too)."""
         name = task.name if isinstance(task, Task) else task
         spec = task if isinstance(task, Task) else self.tasks.get(name)
         if not name:
@@ -286,15 +294,28 @@ class App:
                 f"priority is {priority}; the limit is {MIN_PRIORITY} to {MAX_PRIORITY}",
                 field="priority",
             )
+        if not isinstance(delay, int | float) or not math.isfinite(delay):
+            raise InvalidInput(
+                f"delay must be a finite number of seconds, not {delay!r}", field="delay"
+            )
+        return {
+            "task": name,
+            "queue": queue,
+            "priority": priority,
+            "delay": delay,
+            "lease_seconds": spec.lease_seconds if spec else 30.0,
+            "max_attempts": spec.max_attempts if spec else 3,
+            "max_stalls": spec.max_stalls if spec else 3,
+        }
+
+    def _one_job(
+        self, fields: dict[str, Any], payload: JSON, dedup_key: str | None, what: str
+    ) -> NewJob:
         if dedup_key is not None:
             # An empty key means "none" to the Redis broker and a key to PostgreSQL.
             if dedup_key == "":
                 raise InvalidInput("dedup_key is empty; give a key or None", field="dedup_key")
             check_text(dedup_key, "dedup_key", max_length=MAX_DEDUP_KEY_LENGTH)
-        if not isinstance(delay, int | float) or not math.isfinite(delay):
-            raise InvalidInput(
-                f"delay must be a finite number of seconds, not {delay!r}", field="delay"
-            )
         text = check(
             payload,
             what=what,
@@ -302,18 +323,7 @@ class App:
             max_bytes=self.settings.max_payload_bytes,
             limit_name="HERD_MAX_PAYLOAD_BYTES",
         )
-        return NewJob(
-            task=name,
-            payload=payload,
-            queue=queue,
-            priority=priority,
-            dedup_key=dedup_key,
-            delay=delay,
-            lease_seconds=spec.lease_seconds if spec else 30.0,
-            max_attempts=spec.max_attempts if spec else 3,
-            max_stalls=spec.max_stalls if spec else 3,
-            payload_json=text,
-        )
+        return NewJob(**fields, payload=payload, dedup_key=dedup_key, payload_json=text)
 
     async def enqueue(
         self,
@@ -351,16 +361,9 @@ class App:
         if len(keys) != len(items):
             raise HerdError("dedup_keys must have one entry per payload")
         # Every job is checked before the first batch is sent: all are enqueued, or none.
+        fields = self._job_fields(task, queue, priority, delay)
         jobs = [
-            self._new_job(
-                task,
-                p,
-                queue=queue,
-                priority=priority,
-                dedup_key=k,
-                delay=delay,
-                what=f"payloads[{i}]",
-            )
+            self._one_job(fields, p, k, f"payloads[{i}]")
             for i, (p, k) in enumerate(zip(items, keys, strict=True))
         ]
         out: list[EnqueueResult] = []
