@@ -241,11 +241,13 @@ class PostgresBroker:
                 cur = await conn.execute(self._q[name], params)
                 return await cur.fetchall() if cur.description else []
 
-    async def _fetch_dicts(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    async def _fetch_dicts(
+        self, name: str, params: dict[str, Any], *, prepare: bool | None = None
+    ) -> list[dict[str, Any]]:
         with translate_errors(self.url):
             async with self._pool.connection() as conn:
                 cur = conn.cursor(row_factory=dict_row)
-                await cur.execute(self._q[name], params)
+                await cur.execute(self._q[name], params, prepare=prepare)
                 return await cur.fetchall()
 
     async def _worker_fetch(
@@ -509,9 +511,13 @@ class PostgresBroker:
     async def list_jobs(
         self, *, status: JobStatus | None = None, queue: str | None = None, limit: int = 100
     ) -> list[Job]:
+        # Planned for its values each time (never prepared): a generic plan cannot see
+        # which filters are NULL, nor use the partial index of the status asked for
+        # (herd_jobs_dead_id for the dashboard's dead letters).
         rows = await self._fetch_dicts(
             "list_jobs",
             {"status": status.value if status else None, "queue": queue, "limit": limit},
+            prepare=False,
         )
         return [_job(r) for r in rows]
 
