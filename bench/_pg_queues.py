@@ -12,10 +12,11 @@ that every job ran exactly as asked. Each peer runs at its own recommended setti
 - **DBOS** Transact: a queue registered with ``worker_concurrency`` (its per-process
   cap) and a no-op ``@DBOS.workflow``. A DBOS queue is polled, not woken: at its
   default ``polling_interval_sec`` of 1 s it starts at most ``worker_concurrency``
-  workflows a second, so it polls every 0.05 s here, as herd and Procrastinate do. DBOS has no batch
-  enqueue: ``DBOSClient.enqueue`` (one transaction per workflow) is issued from a pool
-  of threads, before ``DBOS.launch()`` starts the queue's worker so that the drain is
-  timed alone, until every workflow reads ``SUCCESS``.
+  workflows a second, so it polls every 0.05 s here, as herd and Procrastinate do.
+  DBOS has no batch enqueue: ``DBOSClient.enqueue`` (one transaction per workflow) is
+  issued from 5 threads (its client's pool holds 5 connections), before
+  ``DBOS.launch()`` starts the queue's worker, so that the drain is timed alone, until
+  every workflow reads ``SUCCESS``.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def _dbos_app(db: str, concurrency: int, poll: float, ran: list[int]) -> None:
 
 
 def bench_dbos(
-    url: str, jobs: int, concurrency: int, poll: float = 0.05, enqueuers: int = 10
+    url: str, jobs: int, concurrency: int, poll: float = 0.05, enqueuers: int = 5
 ) -> tuple[float, float]:
     from dbos import DBOS, DBOSClient
 

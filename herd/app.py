@@ -278,6 +278,18 @@ class App:
         """The one gate of every producer (Python, CLI, API, built-in features): what
         a store, a listing or a dashboard would choke on later is refused here, with
         the field named."""
+        fields = self._job_fields(task, queue, priority, delay, max_running_per_key)
+        return self._one_job(fields, payload, dedup_key, what, concurrency_key)
+
+    def _job_fields(
+        self,
+        task: TaskRef,
+        queue: str | None,
+        priority: int | None,
+        delay: float,
+        max_running_per_key: int | None = None,
+    ) -> dict[str, Any]:
+        """What every job of one enqueue shares, checked once (enqueue_many's jobs too)."""
         name = task.name if isinstance(task, Task) else task
         spec = task if isinstance(task, Task) else self.tasks.get(name)
         if not name:
@@ -295,17 +307,10 @@ class App:
                 f"priority is {priority}; the limit is {MIN_PRIORITY} to {MAX_PRIORITY}",
                 field="priority",
             )
-        if dedup_key is not None:
-            # An empty key means "none" to the Redis broker and a key to PostgreSQL.
-            if dedup_key == "":
-                raise InvalidInput("dedup_key is empty; give a key or None", field="dedup_key")
-            check_text(dedup_key, "dedup_key", max_length=MAX_DEDUP_KEY_LENGTH)
-        if concurrency_key is not None:
-            if concurrency_key == "":
-                raise InvalidInput(
-                    "concurrency_key is empty; give a key or None", field="concurrency_key"
-                )
-            check_text(concurrency_key, "concurrency_key", max_length=MAX_CONCURRENCY_KEY_LENGTH)
+        if not isinstance(delay, int | float) or not math.isfinite(delay):
+            raise InvalidInput(
+                f"delay must be a finite number of seconds, not {delay!r}", field="delay"
+            )
         limit = max_running_per_key
         if limit is None:
             limit = spec.max_running_per_key if spec else 1
@@ -319,10 +324,36 @@ class App:
                 f"max_running_per_key is {limit}; the limit is 1 to {MAX_RUNNING_PER_KEY}",
                 field="max_running_per_key",
             )
-        if not isinstance(delay, int | float) or not math.isfinite(delay):
-            raise InvalidInput(
-                f"delay must be a finite number of seconds, not {delay!r}", field="delay"
-            )
+        return {
+            "task": name,
+            "queue": queue,
+            "priority": priority,
+            "delay": delay,
+            "max_running_per_key": limit,
+            "lease_seconds": spec.lease_seconds if spec else 30.0,
+            "max_attempts": spec.max_attempts if spec else 3,
+            "max_stalls": spec.max_stalls if spec else 3,
+        }
+
+    def _one_job(
+        self,
+        fields: dict[str, Any],
+        payload: JSON,
+        dedup_key: str | None,
+        what: str,
+        concurrency_key: str | None = None,
+    ) -> NewJob:
+        if dedup_key is not None:
+            # An empty key means "none" to the Redis broker and a key to PostgreSQL.
+            if dedup_key == "":
+                raise InvalidInput("dedup_key is empty; give a key or None", field="dedup_key")
+            check_text(dedup_key, "dedup_key", max_length=MAX_DEDUP_KEY_LENGTH)
+        if concurrency_key is not None:
+            if concurrency_key == "":
+                raise InvalidInput(
+                    "concurrency_key is empty; give a key or None", field="concurrency_key"
+                )
+            check_text(concurrency_key, "concurrency_key", max_length=MAX_CONCURRENCY_KEY_LENGTH)
         text = check(
             payload,
             what=what,
@@ -330,20 +361,8 @@ class App:
             max_bytes=self.settings.max_payload_bytes,
             limit_name="HERD_MAX_PAYLOAD_BYTES",
         )
-        return NewJob(
-            task=name,
-            payload=payload,
-            queue=queue,
-            priority=priority,
-            dedup_key=dedup_key,
-            delay=delay,
-            lease_seconds=spec.lease_seconds if spec else 30.0,
-            max_attempts=spec.max_attempts if spec else 3,
-            max_stalls=spec.max_stalls if spec else 3,
-            payload_json=text,
-            concurrency_key=concurrency_key,
-            max_running_per_key=limit,
-        )
+        return NewJob(**fields, payload=payload, dedup_key=dedup_key, payload_json=text,
+                      concurrency_key=concurrency_key)  # fmt: skip
 
     async def enqueue(
         self,
@@ -399,18 +418,9 @@ class App:
         if len(ckeys) != len(items):
             raise HerdError("concurrency_keys must have one entry per payload")
         # Every job is checked before the first batch is sent: all are enqueued, or none.
+        fields = self._job_fields(task, queue, priority, delay, max_running_per_key)
         jobs = [
-            self._new_job(
-                task,
-                p,
-                queue=queue,
-                priority=priority,
-                dedup_key=k,
-                delay=delay,
-                what=f"payloads[{i}]",
-                concurrency_key=c,
-                max_running_per_key=max_running_per_key,
-            )
+            self._one_job(fields, p, k, f"payloads[{i}]", c)
             for i, (p, k, c) in enumerate(zip(items, keys, ckeys, strict=True))
         ]
         out: list[EnqueueResult] = []

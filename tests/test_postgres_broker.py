@@ -249,3 +249,44 @@ async def test_a_keys_counters_go_once_its_work_is_done_and_come_back_with_new_w
         assert (k.key, k.running, k.waiting, k.max_running) == ("k0", 0, 1, 2)
     finally:
         await broker.close()
+
+
+async def test_a_workers_verbs_skip_the_checkout_check_yet_survive_dropped_connections(
+    clean_pg, monkeypatch
+):
+    broker = PostgresBroker(clean_pg, pool_size=2)
+    await broker.open()
+    checks = []
+    execute = psycopg.AsyncConnection.execute
+
+    async def counting(self, query, params=None, **kw):
+        if query == "":  # the pool's check on checkout (AsyncConnectionPool.check_connection)
+            checks.append(query)
+        return await execute(self, query, params, **kw)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", counting)
+    try:
+        await broker.enqueue([NewJob(task="t", payload={}, lease_seconds=30.0) for _ in range(12)])
+        (first,) = await broker.claim(["default"], "w", 1)
+        assert await broker.complete_if_leased([Completion(first, None)]) == [True]
+        await broker._purging  # the first claim's retention pass: statements of its own
+        checks.clear()
+        for _ in range(5):  # claims, renewals and completions on connections just used
+            (lease,) = await broker.claim(["default"], "w", 1)
+            assert lease.job_id in await broker.renew_if_leased([lease])
+            assert await broker.complete_if_leased([Completion(lease, None)]) == [True]
+        assert checks == []
+        # The server drops every connection of the pool: the next claim and completion
+        # land all the same (sent again on a checked connection), and a fenced
+        # transaction is still checked before it starts (tests/chaos/test_findings.py).
+        (lease,) = await broker.claim(["default"], "w", 1)
+        with psycopg.connect(clean_pg, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        assert await broker.complete_if_leased([Completion(lease, None)]) == [True]
+        assert len(await broker.claim(["default"], "w", 1)) == 1
+        assert checks  # the second tries were checked
+    finally:
+        await broker.close()

@@ -65,7 +65,9 @@ class HerdCollector(Collector):
         )
         ready = GaugeMetricFamily("herd_queue_ready", "Pending jobs due now.", labels=["queue"])
         age = GaugeMetricFamily(
-            "herd_queue_oldest_ready_age_seconds", "Wait of the oldest due job.", labels=["queue"]
+            "herd_queue_oldest_ready_age_seconds",
+            "Wait of the oldest due job (PostgreSQL: the next in line).",
+            labels=["queue"],
         )
         running = GaugeMetricFamily(
             "herd_jobs_running", "Jobs leased by a worker.", labels=["queue"]

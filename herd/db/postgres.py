@@ -24,9 +24,11 @@ import asyncio
 import logging
 import os
 import re
+import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -230,15 +232,47 @@ async def behind_pooler(conn: AsyncConnection[Any]) -> bool:
     return row is None or row[0] != conn.info.backend_pid
 
 
+# Inside unchecked_if_fresh(), a connection that came back from a statement less than
+# FRESH seconds ago is handed out without the check's round trip: a worker checks a
+# connection out for every claim and every batch of completions, and the checks were
+# more round trips than the work itself (0.43 a job against 0.30 at 10 in flight).
+FRESH = 1.0
+_answered: weakref.WeakKeyDictionary[AsyncConnection[Any], float] = weakref.WeakKeyDictionary()
+_unchecked: ContextVar[bool] = ContextVar("herd_unchecked_if_fresh", default=False)
+
+
+@contextmanager
+def unchecked_if_fresh() -> Iterator[None]:
+    """Checkouts in this block skip the check on a connection that answered within
+    ``FRESH`` seconds. Only for a statement that is safe to send again on another
+    connection (it failed before running, or it is idempotent under its fencing), whose
+    caller does so when it fails: a dropped connection then costs a second try, where
+    outside such a block (a fenced transaction, a producer's enqueue) it would fail the
+    caller's work."""
+    token = _unchecked.set(True)
+    try:
+        yield
+    finally:
+        _unchecked.reset(token)
+
+
+async def _check_unless_fresh(conn: AsyncConnection[Any]) -> None:
+    at = _answered.get(conn)
+    if _unchecked.get() and at is not None and time.monotonic() - at < FRESH:
+        return
+    await AsyncConnectionPool.check_connection(conn)
+
+
 def connection_pool(
     url: str, *, max_size: int, name: str = "herd", pooler: bool = False
 ) -> AsyncConnectionPool[Any]:
     """A pool of herd connections, opened later with ``open(wait=True)``.
 
-    Each connection is checked on checkout: after a server restart, a failover or a
-    dropped connection the pool would otherwise hand out a dead one, and a job's
-    fenced write would fail although its lease is still held (a retry, and a model
-    call paid again). The check costs one round trip per checkout.
+    Each connection is checked on checkout (but see ``unchecked_if_fresh``): after a
+    server restart, a failover or a dropped connection the pool would
+    otherwise hand out a dead one, and a job's fenced write would fail although its
+    lease is still held (a retry, and a model call paid again). The check costs one
+    round trip per checkout.
     """
     return AsyncConnectionPool(
         url,
@@ -248,7 +282,7 @@ def connection_pool(
         kwargs=connect_kwargs(url, pooler=pooler),
         timeout=OPEN_TIMEOUT,
         name=name,
-        check=AsyncConnectionPool.check_connection,
+        check=_check_unless_fresh,
     )
 
 
@@ -400,7 +434,12 @@ class SharedPool:
         async with self.pool.connection() as conn:
             if self._adapt is not None:
                 await self._adapt(conn)
-            yield conn
+            try:
+                yield conn
+            except BaseException:
+                _answered.pop(conn, None)
+                raise
+            _answered[conn] = time.monotonic()
 
     async def open(self, migrations: str | None = None) -> None:
         if self._shared is not None:

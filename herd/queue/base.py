@@ -198,7 +198,10 @@ class QueueStats:
     queue: str
     counts: dict[JobStatus, int] = field(default_factory=dict)
     ready: int = 0  # pending and due now
-    oldest_ready_age: float | None = None  # seconds
+    # Seconds the oldest due job has waited; on PostgreSQL the one next in line (the
+    # head of the claim order, one index entry), the same unless a priority or a retry
+    # put a younger job first.
+    oldest_ready_age: float | None = None
 
 
 @dataclass(frozen=True)

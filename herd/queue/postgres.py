@@ -8,6 +8,7 @@ worker that lost its lease cannot write, whatever its own clock says.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -18,12 +19,19 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
+from psycopg_pool import PoolTimeout
 
 from herd import aio
 from herd.config import Settings
-from herd.db.postgres import SessionLock, SharedPool, migrate, translate_errors
+from herd.db.postgres import (
+    SessionLock,
+    SharedPool,
+    migrate,
+    translate_errors,
+    unchecked_if_fresh,
+)
 from herd.db.queries import named
-from herd.errors import BrokerError, LeaseLost
+from herd.errors import BrokerError, BrokerUnavailable, LeaseLost
 from herd.jsonvalue import dumps
 from herd.queue.base import (
     Completion,
@@ -85,21 +93,29 @@ def _job(row: dict[str, Any]) -> Job:
     )
 
 
-def _enqueue_params(jobs: Sequence[NewJob]) -> dict[str, list[Any]]:
-    return {
-        "queue": [j.queue for j in jobs],
-        "task": [j.task for j in jobs],
-        "payload": [payload_text(j) for j in jobs],
-        "priority": [j.priority for j in jobs],
-        "dedup_key": [j.dedup_key for j in jobs],
-        "delay": [max(0.0, float(j.delay)) for j in jobs],
-        "lease_seconds": [float(j.lease_seconds) for j in jobs],
-        "max_attempts": [j.max_attempts for j in jobs],
-        "max_stalls": [j.max_stalls for j in jobs],
-        "trace_context": [trace_text(j) for j in jobs],
-        "concurrency_key": [j.concurrency_key for j in jobs],
-        "key_limit": [j.max_running_per_key if j.concurrency_key else None for j in jobs],
-    }
+def _enqueue_params(jobs: Sequence[NewJob]) -> dict[str, str]:
+    """The batch as one JSON array for the enqueue statement. Each payload is spliced in
+    as the JSON text it was checked as (payload_text), not parsed and dumped again."""
+    rows = []
+    for j in jobs:
+        head = json.dumps(
+            {
+                "queue": j.queue,
+                "task": j.task,
+                "priority": j.priority,
+                "dedup_key": j.dedup_key,
+                "delay": max(0.0, float(j.delay)),
+                "lease_seconds": float(j.lease_seconds),
+                "max_attempts": j.max_attempts,
+                "max_stalls": j.max_stalls,
+                "trace_context": trace_text(j),
+                "concurrency_key": j.concurrency_key,
+                "key_limit": j.max_running_per_key if j.concurrency_key else None,
+            },
+            allow_nan=False,
+        )
+        rows.append(f'{head[:-1]},"payload":{payload_text(j)}}}')
+    return {"jobs": "[" + ",".join(rows) + "]"}
 
 
 def _schedule_state(row: dict[str, Any]) -> ScheduleState:
@@ -229,12 +245,34 @@ class PostgresBroker:
                 cur = await conn.execute(self._q[name], params)
                 return await cur.fetchall() if cur.description else []
 
-    async def _fetch_dicts(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    async def _fetch_dicts(
+        self, name: str, params: dict[str, Any], *, prepare: bool | None = None
+    ) -> list[dict[str, Any]]:
         with translate_errors(self.url):
             async with self._pool.connection() as conn:
                 cur = conn.cursor(row_factory=dict_row)
-                await cur.execute(self._q[name], params)
+                await cur.execute(self._q[name], params, prepare=prepare)
                 return await cur.fetchall()
+
+    async def _worker_fetch(
+        self, name: str, params: dict[str, Any], *, dicts: bool = False
+    ) -> list[Any]:
+        """A worker's claim, completion or renewal: on a connection that answered within
+        the last second, unchecked (herd.db.postgres.unchecked_if_fresh). One the server
+        has dropped since fails as it sends, before the statement runs: it is sent once
+        more, on a checked connection. (One dropped after the statement ran is the case
+        of any connection lost mid-answer, unchanged: a claim's jobs run again once
+        their lease expires, a completion finds itself in already_completed.)"""
+        fetch = self._fetch_dicts if dicts else self._fetch
+        with unchecked_if_fresh():
+            try:
+                return await fetch(name, params)
+            except BrokerUnavailable as exc:
+                if isinstance(exc.__cause__, PoolTimeout) or not isinstance(
+                    exc.__cause__, psycopg.OperationalError
+                ):
+                    raise  # no connection to be had: a second try would wait as long
+        return await fetch(name, params)
 
     # -- producers
 
@@ -304,13 +342,12 @@ class PostgresBroker:
             if now >= self._next_orphan_check.get(queue, 0.0):
                 # A dead worker's jobs first: they have waited longest.
                 self._next_orphan_check[queue] = now + ORPHAN_CHECK
-                rows = await self._fetch_dicts(
-                    "claim_orphans",
-                    {**params, "limit": limit - len(leases)},
+                rows = await self._worker_fetch(
+                    "claim_orphans", {**params, "limit": limit - len(leases)}, dicts=True
                 )
             if len(rows) < limit - len(leases):
-                rows += await self._fetch_dicts(
-                    "claim", {**params, "limit": limit - len(leases) - len(rows)}
+                rows += await self._worker_fetch(
+                    "claim", {**params, "limit": limit - len(leases) - len(rows)}, dicts=True
                 )
             for row in rows:
                 if row.pop("status") != JobStatus.PROCESSING:
@@ -370,7 +407,7 @@ class PostgresBroker:
     async def renew_if_leased(self, leases: Sequence[Lease]) -> dict[int, datetime]:
         if not leases:
             return {}
-        rows = await self._fetch("renew", _ids_tokens(leases))
+        rows = await self._worker_fetch("renew", _ids_tokens(leases))
         return {job_id: expires for job_id, expires in rows}
 
     async def complete_if_leased(self, items: Sequence[Completion]) -> list[bool]:
@@ -378,7 +415,7 @@ class PostgresBroker:
             return []
         params: dict[str, Any] = dict(_ids_tokens([c.lease for c in items]))
         params["results"] = [dumps(c.result, what=f"result of job {c.lease.job_id}") for c in items]
-        done = {row[0] for row in await self._fetch("complete", params)}
+        done = {row[0] for row in await self._worker_fetch("complete", params)}
         refused = [c.lease for c in items if c.lease.job_id not in done]
         if refused:
             done |= {row[0] for row in await self._fetch("already_completed", _ids_tokens(refused))}
@@ -484,9 +521,13 @@ class PostgresBroker:
     async def list_jobs(
         self, *, status: JobStatus | None = None, queue: str | None = None, limit: int = 100
     ) -> list[Job]:
+        # Planned for its values each time (never prepared): a generic plan cannot see
+        # which filters are NULL, nor use the partial index of the status asked for
+        # (herd_jobs_dead_id for the dashboard's dead letters).
         rows = await self._fetch_dicts(
             "list_jobs",
             {"status": status.value if status else None, "queue": queue, "limit": limit},
+            prepare=False,
         )
         return [_job(r) for r in rows]
 
