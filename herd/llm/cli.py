@@ -114,7 +114,12 @@ def eval_submit(
         ),
     ] = None,
     schema: Annotated[
-        Path | None, typer.Option(metavar="FILE", help="JSON Schema file for the answer.")
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="JSON Schema file for the answer; without one, the "
+            "answer is the model's text (or its JSON, when it is JSON).",
+        ),
     ] = None,
     provider: Annotated[
         str,

@@ -11,7 +11,7 @@ from herd import App, JobStatus, Worker
 from herd.config import EVAL_MAX_TOKENS, Settings
 from herd.errors import HerdError, InvalidInput
 from herd.llm import eval as evaluate
-from herd.llm.eval import EvalRuntime, EvalSpec, submit
+from herd.llm.eval import EvalRuntime, EvalSpec, results, submit
 from tests.conftest import truncate
 from tests.helpers import eventually
 from tests.llm.conftest import clean_eval_tables
@@ -336,3 +336,20 @@ def test_the_default_public_endpoint_keeps_the_keys_cached_before(monkeypatch):
     moved = anthropic.key(text)
     monkeypatch.delenv("ANTHROPIC_BASE_URL")
     assert anthropic.key(text) != moved
+
+
+async def test_without_a_schema_the_models_text_is_the_answer(app, sim, tmp_path):
+    """A prompt and no schema: nothing asks the model for JSON, so its prose is the
+    answer, paid once; not a failure that is paid again and dead-lettered."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("Paper A measures the boiling point of water.\n")
+    sim.configure(content="fixed", fixed_text="Rigour: 4 of 5. The method is sound.")
+    spec = EvalSpec(model="sim-1", system="Rate the paper's rigour from 1 to 5.")
+    report = await submit(app, [docs], spec, batch="prose")
+    await run_until_idle(app)
+    status = (await evaluate.batch_status(app, "prose")).to_json()
+    assert (status["done"], status["dead"]) == (1, 0), status
+    (row,) = [r async for r in results.rows(app, "prose")]
+    assert row["output"] == "Rigour: 4 of 5. The method is sound.", row
+    assert sim.stats()["calls"] == 1 and report.queued == 1

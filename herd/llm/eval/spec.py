@@ -186,12 +186,17 @@ def check_schema(schema: Any) -> dict[str, Any] | None:
 
 
 def validate_answer(text: str, schema: dict[str, Any] | None) -> tuple[JSON, str | None]:
-    """The parsed answer and None, or the raw text and what is wrong with it."""
+    """The parsed answer and None, or the raw text and what is wrong with it. Without
+    a schema nothing asked the model for JSON: a plain-text answer is the answer (a
+    JSON string), as a user who gave only a prompt expects, not a failure to pay for
+    again."""
     if len(text) > MAX_ANSWER_CHARS:
         return text[:200], f"the answer is longer than {MAX_ANSWER_CHARS:,} characters"
     try:
         value = json.loads(text)
     except ValueError as exc:
+        if schema is None:
+            return text, None
         return text, f"the answer is not JSON ({exc})"
     if schema is not None:
         try:
