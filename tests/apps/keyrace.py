@@ -25,7 +25,10 @@ from herd.queue.redis import RedisBroker
 
 async def main(kind: str, url: str, queue: str, claimers: int) -> int:
     broker: Broker = (
-        PostgresBroker(url, auto_migrate=False, pool_size=claimers)
+        # Fewer connections than claimers: the suite's PostgreSQL (100 connections) is
+        # shared by every test worker and its PgBouncer; 3 processes x 16 held 48 of
+        # them and starved PgBouncer's logins elsewhere (connection timeouts).
+        PostgresBroker(url, auto_migrate=False, pool_size=min(claimers, 6))
         if kind == "postgres"
         else RedisBroker(url, pool_size=claimers)
     )
