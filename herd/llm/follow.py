@@ -14,6 +14,7 @@ import contextlib
 import signal
 import time
 from collections.abc import Callable, Coroutine
+from decimal import Decimal
 from typing import Any
 
 from rich.console import Console
@@ -23,7 +24,7 @@ from rich.table import Table
 from herd import console
 from herd.app import App
 from herd.llm.eval import BatchStatus, batch_status
-from herd.llm.eval.money import dollars
+from herd.llm.eval.money import dollars, money
 
 # Exit codes of `herd eval submit --wait` and `herd eval wait`, listed in their --help.
 ALL_ANSWERED = 0
@@ -66,7 +67,15 @@ def summary(s: BatchStatus) -> str:
         parts.append("spent: unpriced")
     elif spent is not None:
         of = f" of {dollars(s.budget)}" if s.budget is not None else ""
-        parts.append(f"spent {dollars(spent)}{of}")
+        cut = money(s.estimated) or Decimal(0)
+        if cut:
+            # A call cut off mid-call is counted at its worst case (the budget must hold
+            # whatever the provider bills), which can dwarf what was billed: the line
+            # says which part is known and which is a bound.
+            billed = (money(spent) or Decimal(0)) - cut
+            parts.append(f"spent {dollars(billed)} + up to {dollars(cut)} cut short{of}")
+        else:
+            parts.append(f"spent {dollars(spent)}{of}")
     if s.waited_for_limits:
         parts.append(f"waited {_duration(s.waited_for_limits)} for limits")
     return ", ".join(parts)
