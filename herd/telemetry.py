@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from decimal import Decimal
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -280,7 +281,7 @@ class ModelCall:
     def __init__(self, span: Any = None) -> None:
         self._span = span
 
-    def answered(self, done: Completion, cost: float | None) -> None:
+    def answered(self, done: Completion, cost: Decimal | float | None) -> None:
         if self._span is None:
             return
         attrs: dict[str, Any] = {
@@ -295,7 +296,7 @@ class ModelCall:
         if done.finish_reason:
             attrs["gen_ai.response.finish_reasons"] = [done.finish_reason]
         if cost is not None:
-            attrs["herd.cost_usd"] = cost
+            attrs["herd.cost_usd"] = float(cost)  # an attribute is a number, not a Decimal
         self._span.set_attributes(attrs)
 
 
@@ -339,7 +340,7 @@ def model_batch(provider: str, model: str, usages: Sequence[Usage], *, price: Pr
         "herd.usage.cached_input_tokens": sum(u.cached_input_tokens for u in usages),
     }
     if price is not None:
-        attrs["herd.cost_usd"] = sum(price.batch_cost(u) for u in usages)
+        attrs["herd.cost_usd"] = float(sum(price.batch_cost(u) for u in usages))
     _instant(model, attrs)
 
 

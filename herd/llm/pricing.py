@@ -28,6 +28,10 @@ batch rates are half the standard ones.
 
 ``DEFAULT_PRICES`` holds list prices of a few common models as published in 2025;
 prices change, so load your own table for anything that matters.
+
+Rates and costs are exact decimals: a float rate (0.15) is taken as written, and a
+call's cost is its token counts times its rates with no float rounding, so a ledger
+row is 0.00001515, not 0.000015149999999999999.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ import json
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -44,76 +49,96 @@ from herd.errors import ConfigError
 from herd.llm.completion import Completion, Usage
 
 _DATED = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8}|latest)$")
+MILLION = Decimal(1_000_000)
+HALF = Decimal("0.5")
+
+
+def exact(rate: float | Decimal | int) -> Decimal:
+    """A rate as written: a float through its shortest repr (0.1 is 0.1)."""
+    if isinstance(rate, Decimal):
+        return rate
+    return Decimal(repr(rate)) if isinstance(rate, float) else Decimal(rate)
 
 
 @dataclass(frozen=True)
 class Price:
-    """US dollars per million tokens. ``None`` rates take their family's default
-    (``Price.of``); a bare ``Price(input, output)`` is OpenAI's shape."""
+    """US dollars per million tokens, as exact decimals (floats given are converted as
+    written). ``None`` rates take their family's default (``Price.of``); a bare
+    ``Price(input, output)`` is OpenAI's shape."""
 
-    input: float
-    output: float
-    cached_input: float | None = None
-    cache_write: float | None = None
-    batch_input: float | None = None
-    batch_output: float | None = None
+    input: Decimal
+    output: Decimal
+    cached_input: Decimal | None = None
+    cache_write: Decimal | None = None
+    batch_input: Decimal | None = None
+    batch_output: Decimal | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                object.__setattr__(self, f.name, exact(value))
 
     @classmethod
-    def of(cls, model: str, input: float, output: float, **rates: float | None) -> Price:  # noqa: A002
+    def of(
+        cls, model: str, input: float | Decimal, output: float | Decimal,  # noqa: A002
+        **rates: float | Decimal | None,
+    ) -> Price:  # fmt: skip
         """A price whose missing rates are ``model``'s family defaults (see the module)."""
         anthropic = model.startswith(("claude", "anthropic/"))
+        i, o = exact(input), exact(output)
         defaults = {
-            "cached_input": input * (0.1 if anthropic else 0.5),
-            "cache_write": input * (1.25 if anthropic else 1.0),
-            "batch_input": input * 0.5,
-            "batch_output": output * 0.5,
+            "cached_input": i * Decimal("0.1" if anthropic else "0.5"),
+            "cache_write": i * Decimal("1.25" if anthropic else "1"),
+            "batch_input": i * HALF,
+            "batch_output": o * HALF,
         }
-        given = {k: v for k, v in rates.items() if v is not None}
-        return cls(input, output, **{**defaults, **given})
+        given = {k: exact(v) for k, v in rates.items() if v is not None}
+        return cls(i, o, **{**defaults, **given})
 
     @property
-    def cached_rate(self) -> float:
-        return self.input * 0.5 if self.cached_input is None else self.cached_input
+    def cached_rate(self) -> Decimal:
+        return self.input * HALF if self.cached_input is None else self.cached_input
 
     @property
-    def write_rate(self) -> float:
+    def write_rate(self) -> Decimal:
         return self.input if self.cache_write is None else self.cache_write
 
-    def cost(self, usage: Usage) -> float:
+    def cost(self, usage: Usage) -> Decimal:
         """Uncached input, cached input, cache writes and output, each at its rate."""
         return (
             usage.uncached_input_tokens * self.input
             + usage.cached_input_tokens * self.cached_rate
             + usage.cache_write_tokens * self.write_rate
             + usage.output_tokens * self.output
-        ) / 1_000_000
+        ) / MILLION
 
-    def batch_cost(self, usage: Usage) -> float:
+    def batch_cost(self, usage: Usage) -> Decimal:
         """The cost of a Batch API request: the batch rates (half the synchronous ones by
         default); its prompt-cache reads and writes at their rates scaled alike, as both
         providers stack the two discounts."""
-        bi = self.input * 0.5 if self.batch_input is None else self.batch_input
-        bo = self.output * 0.5 if self.batch_output is None else self.batch_output
-        scale = bi / self.input if self.input else 0.5
-        return (
-            usage.uncached_input_tokens * bi
-            + usage.cached_input_tokens * self.cached_rate * scale
-            + usage.cache_write_tokens * self.write_rate * scale
-            + usage.output_tokens * bo
-        ) / 1_000_000
+        bi = self.input * HALF if self.batch_input is None else self.batch_input
+        bo = self.output * HALF if self.batch_output is None else self.batch_output
+        cached = (
+            usage.cached_input_tokens * self.cached_rate
+            + usage.cache_write_tokens * self.write_rate
+        )
+        # Scaled last, so a discount that is not a round fraction rounds once.
+        scaled = cached * bi / self.input if self.input else cached * HALF
+        return (usage.uncached_input_tokens * bi + scaled + usage.output_tokens * bo) / MILLION
 
-    def batch_cache_saved(self, usage: Usage) -> float:
+    def batch_cache_saved(self, usage: Usage) -> Decimal:
         """What the prompt cache saved on a Batch API request, at the batch rates."""
-        bi = self.input * 0.5 if self.batch_input is None else self.batch_input
-        bo = self.output * 0.5 if self.batch_output is None else self.batch_output
-        full = (usage.input_tokens * bi + usage.output_tokens * bo) / 1_000_000
+        bi = self.input * HALF if self.batch_input is None else self.batch_input
+        bo = self.output * HALF if self.batch_output is None else self.batch_output
+        full = (usage.input_tokens * bi + usage.output_tokens * bo) / MILLION
         return full - self.batch_cost(usage)
 
-    def full_cost(self, usage: Usage) -> float:
+    def full_cost(self, usage: Usage) -> Decimal:
         """What ``usage`` would cost with no prompt cache: all input at the input price."""
-        return (usage.input_tokens * self.input + usage.output_tokens * self.output) / 1_000_000
+        return (usage.input_tokens * self.input + usage.output_tokens * self.output) / MILLION
 
-    def cache_saved(self, usage: Usage) -> float:
+    def cache_saved(self, usage: Usage) -> Decimal:
         """Money the provider's prompt cache saved on ``usage`` (negative: writes that
         no read has paid back yet)."""
         return self.full_cost(usage) - self.cost(usage)
@@ -192,16 +217,16 @@ class PriceTable:
                 return self._prices[name]
         return None
 
-    def cost_of(self, model: str, usage: Usage, provider: str | None = None) -> float | None:
+    def cost_of(self, model: str, usage: Usage, provider: str | None = None) -> Decimal | None:
         price = self.lookup(model, provider)
         return None if price is None else price.cost(usage)
 
-    def cost(self, completion: Completion) -> float | None:
+    def cost(self, completion: Completion) -> Decimal | None:
         """US dollars the completion cost, or ``None`` if its model is not priced."""
         return self.cost_of(completion.model, completion.usage, completion.provider)
 
 
-def cost(completion: Completion, table: PriceTable | None = None) -> float | None:
+def cost(completion: Completion, table: PriceTable | None = None) -> Decimal | None:
     """The cost of ``completion`` in US dollars by ``table`` (default prices if none)."""
     return (table if table is not None else PriceTable.default()).cost(completion)
 
@@ -211,12 +236,12 @@ def _price(model: str, value: Price | Mapping[str, Any]) -> Price:
         price = value
     elif isinstance(value, Mapping):
         try:
-            price = Price(float(value["input"]), float(value["output"]))
+            price = Price(exact(float(value["input"])), exact(float(value["output"])))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(
                 f"price table: {model!r} needs numbers 'input' and 'output' (USD per 1M tokens)"
             ) from exc
-        rates: dict[str, float | None] = {}
+        rates: dict[str, float | Decimal | None] = {}
         for name in RATES:
             raw = value.get(name)
             if raw is not None and (isinstance(raw, bool) or not isinstance(raw, int | float)):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,16 @@ def completion(model: str, usage: Usage, provider: str = "openai") -> Completion
 def test_cost_is_tokens_times_price_per_million() -> None:
     table = PriceTable({"m": {"input": 3.0, "output": 15.0}})
     used = completion("m", Usage(input_tokens=200_000, output_tokens=10_000))
-    assert table.cost(used) == pytest.approx(0.6 + 0.15)
+    assert table.cost(used) == Decimal("0.75")
+
+
+def test_a_cost_is_exact_with_no_float_residue() -> None:
+    # 33 x 0.15 + 17 x 0.60 in floats is 15.149999999999999: a ledger row and a result
+    # line read 1.5149999999999999e-05 (seen in `herd eval results`).
+    table = PriceTable({"gpt-4o-mini": {"input": 0.15, "output": 0.6}})
+    assert table.cost(completion("gpt-4o-mini", Usage(33, 17))) == Decimal("0.00001515")
+    assert PriceTable.default().cost(completion("gpt-4o-mini", Usage(33, 17))) == Decimal(
+        "0.00001515")  # fmt: skip
 
 
 def test_unknown_model_costs_none_not_an_error() -> None:
@@ -41,7 +51,7 @@ def test_snapshots_take_the_undated_price_and_provider_keys_win() -> None:
     )
     million_in = Usage(1_000_000, 0)
     assert table.cost(completion("gpt-4o-2024-08-06", million_in)) == 2.5
-    assert table.cost(completion("gpt-4o-mini-2024-07-18", million_in)) == 0.15
+    assert table.cost(completion("gpt-4o-mini-2024-07-18", million_in)) == Decimal("0.15")
     assert table.cost(completion("claude-sonnet-4-5-20250929", million_in, "anthropic")) == 3
     assert table.cost(completion("gpt-4o", million_in, provider="vllm")) == 0
     assert table.cost(completion("gpt-4o-audio", million_in)) is None  # not a snapshot
@@ -56,7 +66,7 @@ def test_tables_load_from_toml_and_json(tmp_path: Path) -> None:
     nested.write_text(json.dumps({"models": {"gpt-4o": {"input": 2.5, "output": 10}}}))
     used = completion("gpt-4o", Usage(1000, 1000))
     for path in (toml, flat, nested):
-        assert PriceTable.from_file(path).cost(used) == pytest.approx(0.0125)
+        assert PriceTable.from_file(path).cost(used) == Decimal("0.0125")
     assert "gpt-4o" in PriceTable.default() and len(PriceTable.default()) > 0
     merged = PriceTable.default().merged(PriceTable({"gpt-4o": {"input": 0, "output": 0}}))
     assert merged.cost(used) == 0
@@ -93,7 +103,8 @@ async def test_a_dry_run_against_the_simulator_has_a_cost(sim: Sim) -> None:
         done = await llm.complete("Grade it.", "x" * 4000)
     assert done.usage.input_tokens >= 1000 and done.usage.output_tokens > 0
     table = PriceTable({"gpt-4o": {"input": 2.5, "output": 10}})
-    assert cost(done, table) == pytest.approx(
-        (done.usage.input_tokens * 2.5 + done.usage.output_tokens * 10) / 1e6
+    assert (
+        cost(done, table)
+        == (done.usage.input_tokens * Decimal("2.5") + done.usage.output_tokens * 10) / 1_000_000
     )
     assert cost(done) is not None  # gpt-4o has a default price

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from decimal import Decimal
 
 import anthropic
 import openai
@@ -134,18 +135,18 @@ def test_the_official_sdks_parse_the_simulators_cache_usage(sim):
 def test_cached_and_written_tokens_are_priced_apart():
     sonnet = PriceTable.default().lookup("claude-sonnet-4-5-20250929")
     assert sonnet is not None
-    assert (sonnet.cached_input, sonnet.cache_write) == (pytest.approx(0.3), pytest.approx(3.75))
+    assert (sonnet.cached_input, sonnet.cache_write) == (Decimal("0.3"), Decimal("3.75"))
     usage = Usage(input_tokens=3_000_000, output_tokens=1_000_000,
                   cached_input_tokens=1_000_000, cache_write_tokens=1_000_000)  # fmt: skip
-    assert sonnet.cost(usage) == pytest.approx(3.0 + 0.3 + 3.75 + 15.0)
-    assert sonnet.cache_saved(usage) == pytest.approx(3 * 3.0 - (3.0 + 0.3 + 3.75))
+    assert sonnet.cost(usage) == Decimal("22.05")
+    assert sonnet.cache_saved(usage) == Decimal("1.95")
     gpt = PriceTable.default().lookup("gpt-4o")
     assert gpt is not None and (gpt.cached_input, gpt.cache_write) == (1.25, 2.5)
     assert (gpt.batch_input, gpt.batch_output) == (1.25, 5.0)
     # A file may name the new rates; one that does not keeps its meaning.
     table = PriceTable({"m": {"input": 2, "output": 4, "cached_input": 0.2}, "old": Price(1, 2)})
     m = table.lookup("m")
-    assert m is not None and (m.cached_input, m.cache_write) == (0.2, 2.0)
+    assert m is not None and (m.cached_input, m.cache_write) == (Decimal("0.2"), 2)
     assert table.cost_of("old", Usage(1_000_000, 1_000_000)) == 3.0
     with pytest.raises(ConfigError, match="'m' 'cache_write' must be a number"):
         PriceTable({"m": {"input": 1, "output": 1, "cache_write": "cheap"}})

@@ -38,6 +38,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -73,7 +74,7 @@ def new_handle(at: float | None = None) -> str:
     return f"{ms:012x}{uuid.uuid4().hex[:20]}"
 
 
-def batch_cost(price: Price | None, usage: Usage) -> float | None:
+def batch_cost(price: Price | None, usage: Usage) -> Decimal | None:
     """A batch request's cost at the batch rates (half the synchronous ones by default)."""
     return None if price is None else price.batch_cost(usage)
 
