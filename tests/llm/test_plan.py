@@ -133,6 +133,26 @@ def test_time_at_the_limits_and_eighty_columns():
     assert any("2.0 min" in line and "rpm binds" in line for line in lines)
 
 
+def test_a_plan_says_when_nothing_bounds_the_answer_and_how_to_bound_it():
+    free = {"type": "object", "properties": {"claim": {"type": "string"}}}
+    texts = ["a short paper"] * 3
+    price = Price(1.0, 4.0)
+
+    def plan_of(spec: EvalSpec) -> list[str]:
+        plan = estimate(spec, texts, price, default_max=16384, batch_api=False, has_batch=True)
+        assert plan.to_json()["output_bound"] == plan.output_bound
+        return render(plan)
+
+    unbounded = plan_of(EvalSpec(model="m", system="Claim?", schema=free))
+    assert any("a ceiling" in line for line in unbounded)
+    assert any('"max_tokens" to --params' in line for line in unbounded)
+    assert all(len(line) <= 80 for line in unbounded)
+    for bounded in (EvalSpec(model="m", system="Rate it.", schema=SCHEMA),
+                    EvalSpec(model="m", system="Claim?", schema=free,
+                             params={"max_tokens": 64})):  # fmt: skip
+        assert not any("a ceiling" in line for line in plan_of(bounded))
+
+
 async def test_cli_plan_enqueues_nothing_and_is_refused_like_a_submission(
     app, sim, pg_url, tmp_path
 ):

@@ -40,7 +40,14 @@ from typing import Any
 from herd.app import App
 from herd.cache.keys import normalize_document
 from herd.limits import Limit
-from herd.limits.tokens import count_text, estimate_input, estimate_output, has_tokenizer
+from herd.limits.tokens import (
+    count_text,
+    estimate_input,
+    estimate_output,
+    has_tokenizer,
+    requested_max,
+    schema_bound,
+)
 from herd.llm.completion import Usage
 from herd.llm.documents import DocumentError, read_document
 from herd.llm.eval.money import as_float, dollars, money
@@ -79,6 +86,9 @@ class Plan:
     minutes: float | None = None  # at the limits in force; None: no rpm/tpm binds
     binds: str = ""  # "rpm" or "tpm"
     budget: Decimal | None = None  # the batch's budget, where one is given
+    # What bounds an answer's length: "params" (max_tokens), "schema" (its lengths), or
+    # "nothing" (the model's default max: the output tokens and dollars are a ceiling).
+    output_bound: str = "nothing"
 
     @property
     def cache_share(self) -> float:
@@ -113,6 +123,7 @@ class Plan:
             "minutes": None if self.minutes is None else round(self.minutes, 2),
             "binds": self.binds or None,
             "budget": as_float(self.budget),
+            "output_bound": self.output_bound,
         }
 
 
@@ -169,6 +180,10 @@ def estimate(
     whose input is estimated: its skeleton's text plus the answers' output bounds)."""
     plan = Plan(spec.provider, spec.model, batch_api)
     plan.tokenizer = "registered" if has_tokenizer(spec.model) else "rule"
+    if requested_max(spec.params) is not None:
+        plan.output_bound = "params"
+    elif spec.schema is not None and schema_bound(spec.schema, spec.schema) is not None:
+        plan.output_bound = "schema"
     prefix = prefix_tokens(spec)
     sync: Decimal | None = None if price is None else Decimal(0)
     batch: Decimal | None = None if price is None or not has_batch else Decimal(0)
@@ -309,6 +324,14 @@ def render(plan: Plan) -> list[str]:
     for name, value, note in rows:
         line = f"  {name:<20}{value:>14}  {note}".rstrip()
         lines.append(line if len(line) <= 80 else line[:79] + "…")
+    if plan.calls and plan.output_bound == "nothing":
+        # Output is priced at four times input or more, so an unbounded answer makes the
+        # plan a ceiling many times the bill (a claim-and-score answer of ~15 tokens was
+        # planned at 16,384: $0.07 for a $0.004 run). Said, with the way to bound it.
+        lines += [
+            "  nothing bounds an answer's length, so output and cost are a ceiling:",
+            '  add "max_tokens" to --params (or maxLength to the schema) for a closer plan',
+        ]
     return lines
 
 
