@@ -233,7 +233,8 @@ async def test_mutual_exclusion_across_processes(lock_backend: LockBackend, name
         outputs = await asyncio.wait_for(
             # A bound for a hung race, not a speed check: 100 turns at load 3 or more
             # on 2 cores took 20 s and more; correctness is read from the marks below.
-            asyncio.gather(*(child.communicate(b"go\n") for child in children)), 180
+            asyncio.gather(*(child.communicate(b"go\n") for child in children)),
+            180,
         )
     finally:
         for child in children:
