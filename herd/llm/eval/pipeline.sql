@@ -9,7 +9,8 @@ ON CONFLICT (hash) DO UPDATE SET created_at = now();
 SELECT pipeline FROM herd_eval_pipelines WHERE hash = %(hash)s;
 
 -- name: batch_pipeline
-SELECT DISTINCT pipeline FROM herd_eval_items WHERE batch = %(b)s AND pipeline IS NOT NULL;
+-- A batch has one pipeline: its first document's, along herd_eval_items_staged (3016).
+SELECT pipeline FROM herd_eval_items WHERE batch = %(b)s AND pipeline IS NOT NULL LIMIT 1;
 
 -- name: put_doc_item
 -- A pipeline's document: its one item (its final answer lands here), no job of its own
@@ -124,7 +125,8 @@ SELECT path, result FROM herd_eval_items
  WHERE batch = %(b)s AND status = 'failed' ORDER BY path LIMIT %(limit)s;
 
 -- name: failed_count
-SELECT count(*) FROM herd_eval_items WHERE batch = %(b)s AND status = 'failed';
+-- From the item counters (3016), not a count of the batch's items.
+SELECT coalesce(sum(n), 0) FROM herd_eval_item_counts WHERE batch = %(b)s AND status = 'failed';
 
 -- name: stage_results
 -- A stage's answers per piece (a reduce's by round), with where each piece came from.

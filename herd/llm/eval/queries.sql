@@ -17,12 +17,29 @@ SELECT text FROM herd_eval_documents WHERE hash = %(hash)s;
 -- name: spec
 SELECT spec FROM herd_eval_specs WHERE hash = %(hash)s;
 
+-- name: join_lock
+-- Items stored and a job's end meet under the lock of the job's bucket (of 64): an item
+-- stored after its job's end takes the answer it left (job_answers), and a job's end
+-- after the items were stored finds them. Buckets in order: no two submissions wait on
+-- each other in a cycle. Two-key locks: apart from the one-key locks of liveness.
+SELECT pg_advisory_xact_lock(hashtext('herd.eval.join'), b)
+  FROM (SELECT DISTINCT mod(j, 64)::int AS b FROM unnest(%(jobs)s::bigint[]) AS j
+         ORDER BY 1) AS x;
+
 -- name: put_items
--- doc and spec: what the job will read, kept from retention while this is queued.
-INSERT INTO herd_eval_items (batch, path, key, job_id, doc, spec)
-SELECT %(batch)s, p, k, j, d, %(spec)s
+-- doc and spec: what the job will read, kept from retention while this is queued. An
+-- item whose job ended already (deduplicated onto it as it finished) is done at once.
+INSERT INTO herd_eval_items (batch, path, key, job_id, doc, spec, status, source, result,
+                             finished_at)
+SELECT %(batch)s, p, k, j, d, %(spec)s, CASE WHEN a.result IS NULL THEN 'queued' ELSE 'done' END,
+       a.source, a.result, CASE WHEN a.result IS NOT NULL THEN now() END
   FROM unnest(%(paths)s::text[], %(keys)s::text[], %(jobs)s::bigint[], %(docs)s::text[])
        AS x(p, k, j, d)
+  LEFT JOIN herd_eval_job_answers a ON a.job_id = x.j AND a.key = x.k
+ON CONFLICT DO NOTHING;
+
+-- name: put_batch_specs
+INSERT INTO herd_eval_batch_specs (batch, spec) VALUES (%(batch)s, %(spec)s)
 ON CONFLICT DO NOTHING;
 
 -- name: put_batch
@@ -94,7 +111,8 @@ SELECT handle, spec, provider_batch_id FROM herd_eval_provider_batches
  WHERE batch = %(b)s AND state <> 'done' ORDER BY handle;
 
 -- name: items_cancelled
-SELECT count(*) FROM herd_eval_items WHERE batch = %(b)s AND status = 'cancelled';
+SELECT coalesce(sum(n), 0) FROM herd_eval_item_counts
+ WHERE batch = %(b)s AND status = 'cancelled';
 
 -- name: job_done
 -- Every item a job serves: documents deduplicated onto it share its result. Only the
@@ -102,6 +120,16 @@ SELECT count(*) FROM herd_eval_items WHERE batch = %(b)s AND status = 'cancelled
 UPDATE herd_eval_items SET status = 'done', source = %(source)s, result = %(result)s,
        finished_at = now()
  WHERE job_id = %(job)s AND key = %(key)s AND status <> 'done';
+
+-- name: job_answer
+-- For the items stored after this end (job_done's lock held): kept an hour (purge).
+INSERT INTO herd_eval_job_answers (job_id, key, source, result)
+VALUES (%(job)s, %(key)s, %(source)s, %(result)s)
+ON CONFLICT (job_id, key) DO UPDATE SET source = excluded.source, result = excluded.result,
+       at = now();
+
+-- name: job_join_lock
+SELECT pg_advisory_xact_lock(hashtext('herd.eval.join'), mod(%(job)s::bigint, 64)::int);
 
 -- name: waiting_jobs
 -- Parked items too: a job running when its batch parked is still running.
@@ -114,15 +142,15 @@ UPDATE herd_eval_items SET status = 'done', source = %(source)s, result = %(resu
        finished_at = now()
  WHERE job_id = %(job)s AND key = %(key)s AND status IN ('queued', 'parked');
 
--- name: counts
-SELECT count(*), count(*) FILTER (WHERE status = 'done'),
-       count(*) FILTER (WHERE status = 'parked'),
-       count(*) FILTER (WHERE status = 'cancelled')
-  FROM herd_eval_items WHERE %(b)s::text IS NULL OR batch = %(b)s;
+-- name: item_counts
+-- By status, from the counters (3016): a few rows per batch, whatever its size.
+SELECT status, staged, sum(n) FROM herd_eval_item_counts
+ WHERE %(b)s::text IS NULL OR batch = %(b)s
+ GROUP BY status, staged HAVING sum(n) <> 0;
 
 -- name: batch_specs
 SELECT s.spec->>'provider', s.spec->>'model' FROM herd_eval_specs s
- WHERE s.hash IN (SELECT DISTINCT spec FROM herd_eval_items WHERE batch = %(b)s);
+ WHERE s.hash IN (SELECT spec FROM herd_eval_batch_specs WHERE batch = %(b)s);
 
 -- name: list_batches
 -- Newest first, a page at a time: (created_at, batch) of the last row seen.
@@ -132,10 +160,10 @@ SELECT b.batch, b.created_at, b.budget, b.spent, b.parked, b.parked_reason
  ORDER BY b.created_at DESC, b.batch DESC LIMIT %(limit)s;
 
 -- name: batch_counts
-SELECT batch, count(*), count(*) FILTER (WHERE status = 'done'),
-       count(*) FILTER (WHERE status = 'parked'),
-       count(*) FILTER (WHERE status = 'cancelled')
-  FROM herd_eval_items WHERE batch = ANY(%(batches)s) GROUP BY batch;
+SELECT batch, sum(n), coalesce(sum(n) FILTER (WHERE status = 'done'), 0),
+       coalesce(sum(n) FILTER (WHERE status = 'parked'), 0),
+       coalesce(sum(n) FILTER (WHERE status = 'cancelled'), 0)
+  FROM herd_eval_item_counts WHERE batch = ANY(%(batches)s) GROUP BY batch;
 
 -- name: results
 -- One row per document, answered or not, with what its answer cost.
@@ -351,6 +379,19 @@ DELETE FROM herd_eval_items WHERE (batch, path) IN (
        AND finished_at < now() - make_interval(secs => %(keep)s)
      ORDER BY finished_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
 
+-- name: purge_job_answers
+DELETE FROM herd_eval_job_answers WHERE (job_id, key) IN (
+    SELECT job_id, key FROM herd_eval_job_answers
+     WHERE at < now() - make_interval(secs => %(keep)s)
+     ORDER BY at LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
+
+-- name: purge_batch_specs
+DELETE FROM herd_eval_batch_specs WHERE (batch, spec) IN (
+    SELECT batch, spec FROM herd_eval_batch_specs s
+     WHERE NOT EXISTS (SELECT 1 FROM herd_eval_items i WHERE i.batch = s.batch)
+       AND NOT EXISTS (SELECT 1 FROM herd_eval_batches b WHERE b.batch = s.batch)
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
+
 -- name: purge_batch_totals
 DELETE FROM herd_eval_batch_totals WHERE (batch, kind) IN (
     SELECT batch, kind FROM herd_eval_batch_totals b
@@ -404,21 +445,77 @@ UPDATE herd_eval_keys
        dedup = dedup + (%(kind)s = 'dedup')::int
  WHERE key = %(key)s;
 
--- name: waiting_items
--- The items still waiting on a job (of a batch, or of all), with the key each job
--- must answer: a job id that names another key was reused after its store lost data.
--- A pipeline's documents wait on their pieces' jobs (herd.llm.eval.stages), not one job.
+-- name: items_on_jobs
+-- The batch's items (all batches: NULL) waiting on these jobs: the running ones.
 SELECT path, job_id, key, status FROM herd_eval_items
- WHERE status IN ('queued', 'parked') AND (%(b)s::text IS NULL OR batch = %(b)s)
-   AND pipeline IS NULL
- ORDER BY path;
+ WHERE job_id = ANY(%(jobs)s) AND status IN ('queued', 'parked') AND pipeline IS NULL
+   AND (%(b)s::text IS NULL OR batch = %(b)s);
+
+-- name: failure_counts
+-- Waiting items whose job died or is gone, while they still wait on that job; those on
+-- a running job (requeued from the dead letters) are running. From the failures, each
+-- item looked up by its key (LIMIT 1: never a join that walks the batch's items).
+SELECT f.kind, count(*), count(*) FILTER (WHERE i.status = 'parked')
+  FROM herd_eval_failures f
+ CROSS JOIN LATERAL (SELECT status FROM herd_eval_items i
+                      WHERE i.batch = f.batch AND i.path = f.path AND i.job_id = f.job_id
+                        AND i.status IN ('queued', 'parked') LIMIT 1) i
+ WHERE (%(b)s::text IS NULL OR f.batch = %(b)s) AND f.job_id <> ALL(%(running)s)
+ GROUP BY f.kind;
+
+-- name: failures_shown
+SELECT f.batch, f.path, f.job_id, f.kind, i.key
+  FROM herd_eval_failures f
+ CROSS JOIN LATERAL (SELECT key FROM herd_eval_items i
+                      WHERE i.batch = f.batch AND i.path = f.path AND i.job_id = f.job_id
+                        AND i.status IN ('queued', 'parked') LIMIT 1) i
+ WHERE (%(b)s::text IS NULL OR f.batch = %(b)s) AND f.job_id <> ALL(%(running)s)
+ ORDER BY f.batch, f.path LIMIT %(limit)s;
+
+-- name: unswept
+-- Waiting items not known to have failed, not on a running job, first by path: the
+-- sweep's (herd.llm.eval.status), at most limit. A pipeline's documents wait on their
+-- pieces' jobs (herd.llm.eval.stages), not one job.
+SELECT i.path, i.job_id, i.key, i.batch FROM herd_eval_items i
+ WHERE (%(b)s::text IS NULL OR i.batch = %(b)s) AND i.status IN ('queued', 'parked')
+   AND i.pipeline IS NULL AND i.job_id <> ALL(%(running)s)
+   AND NOT EXISTS (SELECT 1 FROM herd_eval_failures f
+                    WHERE f.batch = i.batch AND f.path = i.path AND f.job_id = i.job_id)
+ ORDER BY i.batch, i.path LIMIT %(limit)s;
+
+-- name: record_failures
+-- Items found waiting on a dead or gone job: (batch, path, job, kind) each.
+INSERT INTO herd_eval_failures AS f (batch, path, job_id, kind)
+SELECT * FROM unnest(%(batches)s::text[], %(paths)s::text[], %(jobs)s::bigint[],
+                     %(kinds)s::text[])
+ON CONFLICT (batch, path) DO UPDATE SET job_id = excluded.job_id, kind = excluded.kind,
+       at = now();
+
+-- name: job_failed
+-- The job's task failed for good (its last attempt, or Fatal): its waiting items of its
+-- key are dead, unless its dead-lettering is refused and it runs again (job_running).
+INSERT INTO herd_eval_failures (batch, path, job_id, kind)
+SELECT batch, path, job_id, 'dead' FROM herd_eval_items
+ WHERE job_id = %(job)s AND key = %(key)s AND status IN ('queued', 'parked')
+ON CONFLICT (batch, path) DO UPDATE SET job_id = excluded.job_id, kind = 'dead', at = now();
+
+-- name: job_running
+-- A job that runs is not dead (requeued from the dead letters, or its death refused).
+DELETE FROM herd_eval_failures WHERE job_id = %(job)s;
+
+-- name: forget_failure
+DELETE FROM herd_eval_failures WHERE batch = %(b)s AND path = %(path)s AND job_id = %(job)s;
 
 -- name: recent_rate
 -- Documents answered in the last minute, and the first answer's time: the rate and ETA.
-SELECT count(*) FILTER (WHERE finished_at > now() - interval '60 seconds'),
-       extract(epoch FROM now() - min(finished_at)),
-       extract(epoch FROM now() - max(finished_at))
-  FROM herd_eval_items WHERE batch = %(b)s AND status = 'done';
+-- Along herd_eval_items_done_at: the last minute's answers and the two ends.
+SELECT (SELECT count(*) FROM herd_eval_items
+         WHERE batch = %(b)s AND status = 'done'
+           AND finished_at > now() - interval '60 seconds'),
+       extract(epoch FROM now() - (SELECT min(finished_at) FROM herd_eval_items
+                                    WHERE batch = %(b)s AND status = 'done')),
+       extract(epoch FROM now() - (SELECT max(finished_at) FROM herd_eval_items
+                                    WHERE batch = %(b)s AND status = 'done'));
 
 -- name: batch_schema
 SELECT s.spec->'schema' FROM herd_eval_specs s

@@ -16,12 +16,16 @@ from herd.limits import batch_scope
 from herd.llm.eval import batchapi
 from herd.llm.eval.ledger import ESTIMATED
 from herd.llm.eval.runtime import EvalRuntime
-from herd.llm.eval.spec import BATCH_API_TASKS, TASK, own_limits
+from herd.llm.eval.spec import BATCH_API_TASKS, QUEUE, TASK, own_limits
 from herd.llm.eval.stageview import failed_documents, settle_pieces, stage_progress
-from herd.queue.base import Job
+from herd.queue.base import Job, JobStatus
 
 FAILURES_SHOWN = 50
 GONE = "its job no longer exists; submit it again"
+# Leased jobs read for the running count: the fleet's active work, whatever the backlog.
+RUNNING_READ = 10_000
+# Waiting items whose jobs one status read may look at (herd.llm.eval.status.sweep).
+SWEEP = 200
 
 
 def next_step(batch: str, parked: str | None) -> str | None:
@@ -116,46 +120,99 @@ def _serves(job: Job, key: str) -> bool:
     return job.task != TASK or payload.get("key") == key
 
 
-async def settle(app: App, batch: str | None) -> Settled:
-    """Bring a batch's items (all batches: None) up to date with their jobs; count the
-    waiting ones by their job's state.
+async def item_counts(rt: EvalRuntime, batch: str | None) -> dict[tuple[str, bool], int]:
+    """The batch's items (all batches: None) by (status, in stages), from the counters."""
+    rows = await rt.store.execute("item_counts", {"b": batch})
+    return {(str(status), bool(staged)): int(n) for status, staged, n in rows}
 
-    A document deduplicated onto a job that finished while it was being submitted
-    misses the job's own update of its items, so the job's result is copied here.
+
+async def settle(app: App, batch: str | None) -> Settled:
+    """Count a batch's waiting items (all batches: None) by their job's state, at a cost
+    of O(active work): never a fetch of every waiting item's job.
+
+    Running: the broker's leased jobs, and the batch's items waiting on them. Dead and
+    lost: the items recorded as such (herd_eval_failures), by their task on its last
+    attempt or by the sweep; the jobs of the FAILURES_SHOWN shown are fetched for their
+    error. The sweep looks at the jobs of at most SWEEP items that wait with no such
+    record, and only when it can matter: the batch's last ones, or nothing of the
+    evaluation queue is ready to run (a job store that lost them all, a worker-less
+    wait). It records the dead and gone, and settles an item whose job ended without
+    it (one stored by hand, a Batch API item that joined a chunk as it finished).
     """
     rt = await EvalRuntime.of(app)
-    waiting = await rt.store.execute("waiting_items", {"b": batch})
-    jobs = {j.id: j for j in await jobs_of(app, sorted({row[1] for row in waiting}))}
     out = Settled()
-    late: set[int] = set()
-    for path, job_id, key, item_status in waiting:
+    leased = [r.id for r in await app.broker.running(RUNNING_READ)]
+    on_leased = await rt.store.execute("items_on_jobs", {"b": batch, "jobs": leased})
+    jobs = {j.id: j for j in await jobs_of(app, sorted({r[1] for r in on_leased}))}
+    running: set[int] = set()
+    for _path, job_id, key, item_status in on_leased:
         job = jobs.get(job_id)
-        if item_status == "parked" and (
-            job is None or not _serves(job, key) or job.status in ("dead", "processing")
-        ):
-            out.parked_counted += 1
-        if job is None or not _serves(job, key):
-            out.lost += 1
-            if len(out.failures) < FAILURES_SHOWN:
-                out.failures.append({"path": path, "job": job_id, "error": GONE})
-        elif job.status == "dead":
-            out.dead += 1
-            if len(out.failures) < FAILURES_SHOWN:
-                error = job.last_error or job.dead_reason or "dead-lettered"
-                out.failures.append({"path": path, "job": job_id, "error": error})
-        elif job.status == "processing":
+        if job is not None and _serves(job, key) and job.status == JobStatus.PROCESSING:
+            running.add(job_id)
             out.running += 1
-        elif job.status == "succeeded" and job.task in BATCH_API_TASKS:
+            out.parked_counted += item_status == "parked"
+    if await _sweep_due(app, rt, batch, out.running):
+        await sweep(app, rt, batch, sorted(running))
+    params = {"b": batch, "running": sorted(running)}
+    for kind, n, parked in await rt.store.execute("failure_counts", params):
+        setattr(out, kind, int(n))
+        out.parked_counted += int(parked)
+    shown = await rt.store.execute("failures_shown", {**params, "limit": FAILURES_SHOWN})
+    jobs = {j.id: j for j in await jobs_of(app, sorted({r[2] for r in shown}))}
+    for item_batch, path, job_id, kind, key in shown:
+        job = jobs.get(job_id)
+        if kind == "lost":
+            out.failures.append({"path": path, "job": job_id, "error": GONE})
+        elif job is not None and _serves(job, key) and job.status == JobStatus.DEAD:
+            error = job.last_error or job.dead_reason or "dead-lettered"
+            out.failures.append({"path": path, "job": job_id, "error": error})
+        else:  # requeued from the dead letters since (or gone): not dead now
+            forget = {"b": item_batch, "path": path, "job": job_id}
+            await rt.store.execute("forget_failure", forget)
+            out.dead -= 1
+    return out
+
+
+async def _sweep_due(app: App, rt: EvalRuntime, batch: str | None, running: int) -> bool:
+    """Whether the sweep can matter now: the batch's single-prompt items waiting with no
+    failure recorded, not running, are SWEEP at most (its last ones), or no job of the
+    evaluation queue is ready (nothing a worker would run can settle them)."""
+    counts = await item_counts(rt, batch)
+    waiting = counts.get(("queued", False), 0) + counts.get(("parked", False), 0)
+    if waiting == 0:
+        return False
+    failed = await rt.store.execute("failure_counts", {"b": batch, "running": []})
+    unswept = waiting - running - sum(int(n) for _, n, _ in failed)
+    if unswept <= SWEEP:
+        return unswept > 0
+    ready = sum(s.ready for s in await app.broker.stats() if s.queue == QUEUE)
+    return ready == 0
+
+
+async def sweep(app: App, rt: EvalRuntime, batch: str | None, running: list[int]) -> None:
+    """Look at the jobs of the batch's first SWEEP waiting items with no failure
+    recorded: record the dead and gone; settle those whose job ended without them."""
+    rows = await rt.store.execute("unswept", {"b": batch, "running": running, "limit": SWEEP})
+    jobs = {j.id: j for j in await jobs_of(app, sorted({r[1] for r in rows}))}
+    failed: list[tuple[str, str, int, str]] = []
+    late: set[int] = set()
+    for path, job_id, key, item_batch in rows:
+        job = jobs.get(job_id)
+        if job is None or not _serves(job, key):
+            failed.append((item_batch, path, job_id, "lost"))
+        elif job.status == JobStatus.DEAD:
+            failed.append((item_batch, path, job_id, "dead"))
+        elif job.status == JobStatus.SUCCEEDED and job.task in BATCH_API_TASKS:
             late.add(job_id)
-        elif job.status == "succeeded" and isinstance(job.result, dict):
+        elif job.status == JobStatus.SUCCEEDED and isinstance(job.result, dict):
             await rt.store.execute(
                 "settle_job",
                 {"source": job.result.get("source"), "result": Jsonb(job.result), "job": job_id,
                  "key": key},
             )  # fmt: skip
+    await rt.store.record_failures(failed)
     for job_id in sorted(late):
         await batchapi.settle_late(app, jobs[job_id])
-    return out
 
 
 def provider_cache(totals: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -228,7 +285,12 @@ async def batch_status(app: App, batch: str | None) -> BatchStatus:
     settled = await settle(app, batch)
     if batch is not None:  # a pipeline's pieces whose jobs died uncounted
         await settle_pieces(app, rt, batch)
-    ((documents, done, parked, cancelled),) = await rt.store.execute("counts", {"b": batch})
+    counts = await item_counts(rt, batch)
+    documents = sum(counts.values())
+    done, parked, cancelled = (
+        sum(n for (status, _), n in counts.items() if status == want)
+        for want in ("done", "parked", "cancelled")
+    )
     # The ledger's summary (of the batch, or of all time), not its rows: it costs
     # O(kinds) and keeps the totals of rows past HERD_LEDGER_TTL.
     totals = await rt.store.totals(batch)

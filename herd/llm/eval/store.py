@@ -27,6 +27,9 @@ Q = {**ledger.Q, **named("herd.llm.eval", "pipeline.sql")}
 # Why a batch's jobs wait: its budget is spent, the provider refused its key or model,
 # or it was cancelled (for good).
 PARK_REASONS = ("budget", "refused", "cancelled")
+# Seconds a job's answer is kept for items stored after its end (herd_eval_job_answers):
+# submit stores a batch's items just after it enqueues their jobs.
+JOB_ANSWER_TTL = 3600.0
 
 
 def translate_errors(url: str) -> AbstractContextManager[None]:
@@ -92,14 +95,20 @@ class EvalStore:
         await self.execute("put_spec", {"hash": spec.hash, "spec": Jsonb(asdict(spec))})
 
     async def put_items(self, batch: str, spec: str, rows: list[tuple[str, str, int, str]]) -> None:
-        """The batch's items: (path, key, job id, document hash) each."""
+        """The batch's items: (path, key, job id, document hash) each. Under the join
+        lock of their jobs: an item whose job ended before it was stored (deduplicated
+        onto a job as it finished, or a job a worker ran at once) takes its answer here,
+        so no read has to repair it."""
         if rows:
             paths, keys, jobs, docs = (list(c) for c in zip(*rows, strict=True))
-            await self.execute(
-                "put_items",
-                {"batch": batch, "spec": spec, "paths": paths, "keys": keys, "jobs": jobs,
-                 "docs": docs},
-            )  # fmt: skip
+            async with self.transaction() as conn:
+                await conn.execute(Q["join_lock"], {"jobs": jobs})
+                await conn.execute(
+                    Q["put_items"],
+                    {"batch": batch, "spec": spec, "paths": paths, "keys": keys,
+                     "jobs": jobs, "docs": docs},
+                )  # fmt: skip
+                await conn.execute(Q["put_batch_specs"], {"batch": batch, "spec": spec})
 
     async def put_batch(
         self,
@@ -251,6 +260,26 @@ class EvalStore:
     async def cancel_job_items(self, job_id: int) -> None:
         await self.execute("cancel_job_items", {"job": job_id})
 
+    # -- failures: items whose job died or is gone ---------------------------------
+
+    async def job_running(self, job_id: int) -> None:
+        """The job runs (again): its items are not dead."""
+        await self.execute("job_running", {"job": job_id})
+
+    async def job_failed(self, job_id: int, key: str) -> None:
+        """The job's last attempt failed: its waiting items of ``key`` are dead."""
+        await self.execute("job_failed", {"job": job_id, "key": key})
+
+    async def record_failures(self, rows: list[tuple[str, str, int, str]]) -> None:
+        """(batch, path, job id, 'dead' or 'lost') of items found waiting on a job that
+        is dead or gone."""
+        if rows:
+            batches, paths, jobs, kinds = (list(c) for c in zip(*rows, strict=True))
+            await self.execute(
+                "record_failures",
+                {"batches": batches, "paths": paths, "jobs": jobs, "kinds": kinds},
+            )
+
     # -- the ledger ------------------------------------------------------------------
 
     async def record(self, **row: Any) -> None:
@@ -361,8 +390,11 @@ class EvalStore:
         steps: list[tuple[str, float]] = []
         if keep_ledger:
             steps += [("purge_ledger", keep_ledger), ("purge_keys", keep_ledger)]
+        # A job's answer waits for items stored just after its end: minutes at most.
+        steps.append(("purge_job_answers", JOB_ANSWER_TTL))
         if keep_eval:
             steps += [("purge_items", keep_eval), ("purge_batch_totals", keep_eval)]
+            steps.append(("purge_batch_specs", keep_eval))
             # A pipeline's pieces and fan-in go with their document's item.
             steps += [("purge_pieces", keep_eval), ("purge_fanin", keep_eval),
                       ("purge_pipelines", keep_eval)]  # fmt: skip

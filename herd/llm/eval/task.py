@@ -27,7 +27,7 @@ from herd import telemetry
 from herd.app import App
 from herd.cache.exact import Lookup
 from herd.context import JobContext
-from herd.errors import Fatal, InvalidInput, Snooze
+from herd.errors import Fatal, InvalidInput, LeaseLost, Snooze
 from herd.jsonvalue import JSON
 from herd.limits import CapacityTimeout, Limit, Share, Slot, batch_scope, hold, scope_name
 from herd.limits.tokens import estimate_input, estimate_output, requested_max
@@ -389,6 +389,22 @@ async def answer(
 async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """The built-in evaluation task (registered in herd.builtin)."""
     rt = await EvalRuntime.of(ctx.app)
+    # Running, it is not dead: requeued from the dead letters, or its death refused.
+    await rt.store.job_running(ctx.job_id)
+    try:
+        return await _evaluate(rt, payload, ctx)
+    except (Snooze, LeaseLost):
+        raise
+    except Exception as exc:
+        lease = ctx.lease
+        if isinstance(exc, Fatal) or lease.attempts + 1 >= lease.max_attempts:
+            # Dead-lettered next (the worker's rule): status counts its items dead from
+            # here, not from a fetch of every waiting item's job.
+            await rt.store.job_failed(ctx.job_id, payload["key"])
+        raise
+
+
+async def _evaluate(rt: EvalRuntime, payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     key = payload["key"]
     # A call the previous run of this job left open was cut short by its death.
     await rt.store.cut_short(ctx.job_id)
@@ -413,6 +429,10 @@ async def evaluate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     if n:  # answered by a fallback: its model is in the answer, its provider and rank here
         result.update(provider=model_spec.provider, fallback=n, answered_key=model_key)
     async with fenced(ctx, rt.store) as conn:  # lands only while this job's lease holds
+        # Under the join lock: items stored after this end take the answer kept here.
+        await EvalStore.on(conn, "job_join_lock", job=ctx.job_id)
         await EvalStore.on(conn, "job_done", source=found.source, result=Jsonb(result),
+                           job=ctx.job_id, key=key)  # fmt: skip
+        await EvalStore.on(conn, "job_answer", source=found.source, result=Jsonb(result),
                            job=ctx.job_id, key=key)  # fmt: skip
     return result
