@@ -217,11 +217,12 @@ def print_stages(stages: list[dict[str, Any]]) -> None:
 
 
 def scope_label(u: dict[str, Any]) -> str:
-    """A limit's scope with its key named by its variable (a pool's keys told apart)."""
-    scope, key, ident = u["scope"], u.get("key"), u.get("key_id")
+    """A limit's scope, its key named by its variable on a line of its own where
+    HERD_LIMITS names it (a pool's keys told apart, and not folded at 80 columns)."""
+    scope, key, ident = str(u["scope"]), u.get("key"), u.get("key_id")
     if key and ident and key != ident and scope.endswith(":" + ident):
-        return str(scope[: -len(ident)]) + str(key)
-    return str(scope)
+        return f"{scope[: -len(ident) - 1]}\n  key {key}"
+    return scope
 
 
 def print_shares(status: BatchStatus) -> None:
