@@ -54,7 +54,10 @@ _QUOTED_KEY = re.compile(
     re.I,
 )
 _BEARER = re.compile(r"\b(?P<head>Bearer\s+)(?P<value>[\w.~+/=-]{8,})")
-_SECRET_ENV = re.compile(r"(?:^|_)(?:API_?KEY|TOKEN|PASSWORD|PASSWD|SECRET|ACCESS_KEY)$", re.I)
+# A numbered one too: a pool's second key (OPENAI_API_KEY_2, herd.limits.config).
+_SECRET_ENV = re.compile(
+    r"(?:^|_)(?:API_?KEY|TOKEN|PASSWORD|PASSWD|SECRET|ACCESS_KEY)(?:_?\d{1,3})?$", re.I
+)
 # What ends an unquoted value besides whitespace: the next query parameter, a fragment,
 # or the quote and brackets of the repr around it.
 _QUERY_END = re.compile(r"[&#]")

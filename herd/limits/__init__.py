@@ -10,7 +10,7 @@ kept in the job store so every worker of a fleet shares them.
 """
 
 from herd.errors import CapacityTimeout
-from herd.limits.acquire import Slot, hold
+from herd.limits.acquire import Slot, hold, hold_any
 from herd.limits.base import (
     Grant,
     Limit,
@@ -21,7 +21,7 @@ from herd.limits.base import (
     key_id,
     scope_name,
 )
-from herd.limits.config import LimitsFile, load
+from herd.limits.config import LimitsFile, PoolKey, load
 from herd.limits.postgres import PostgresLimiter
 from herd.limits.redis import RedisLimiter
 from herd.limits.registry import LIMITERS, for_broker, limiter_for
@@ -35,6 +35,7 @@ __all__ = [
     "LimitStats",
     "Limiter",
     "LimitsFile",
+    "PoolKey",
     "PostgresLimiter",
     "RedisLimiter",
     "Share",
@@ -45,6 +46,7 @@ __all__ = [
     "estimate_output",
     "for_broker",
     "hold",
+    "hold_any",
     "key_id",
     "limiter_for",
     "load",

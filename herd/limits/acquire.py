@@ -17,13 +17,13 @@ import logging
 import random
 import time
 import weakref
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 
 from herd import aio
 from herd.errors import CapacityTimeout, HerdError
-from herd.limits.base import Limit, Limiter, Share
+from herd.limits.base import Grant, Limit, Limiter, Share
 
 log = logging.getLogger("herd.limits")
 
@@ -41,6 +41,7 @@ class _Gate:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     released: asyncio.Event = field(default_factory=asyncio.Event)
     last_wait: float = 0.0
+    turn: int = 0  # the option a pool's head asks first (the one after the last granted)
 
 
 # Per event loop, per limiter object (weakly: a closed limiter's gates go with it).
@@ -84,23 +85,28 @@ class Slot:
 
 async def _acquire(
     limiter: Limiter,
-    scope: str,
-    limit: Limit,
+    options: Sequence[tuple[str, Limit]],
     tokens: int,
     holder: str,
     hold_for: float,
     max_wait: float,
     share: Share | None,
 ) -> tuple[Slot, float]:
-    gate = _gate(limiter, scope, share)
+    """The first of ``options`` (scope, limit) with room, asked in turn from the one
+    after the gate's last grant: a pool's keys take the calls in turn while each has
+    room, and the others' while one is full or paused. Every ask is the store's atomic
+    try_acquire, so the pick is fleet-wide; the head waits the shortest of their waits."""
+    scopes = [scope for scope, _ in options]
+    name = scopes[0] if len(scopes) == 1 else f"pool of {len(scopes)}: {', '.join(scopes)}"
+    gate = _gate(limiter, "\n".join(scopes), share)
     started = time.monotonic()
     deadline = started + max_wait
 
     def timeout(reason: str, retry_in: float) -> CapacityTimeout:
         return CapacityTimeout(
-            f"no capacity under the limit of {scope} ({reason}) within {max_wait:g} s;"
+            f"no capacity under the limit of {name} ({reason}) within {max_wait:g} s;"
             f" retry in {retry_in:.2f} s",
-            scope=scope,
+            scope=scopes[0],
             reason=reason,
             retry_in=retry_in,
         )
@@ -113,12 +119,18 @@ async def _acquire(
     try:
         while True:
             gate.released.clear()
-            grant = await limiter.try_acquire(scope, limit, tokens, holder, hold_for, share)
-            if grant.granted:
-                gate.last_wait = 0.0
-                waited = time.monotonic() - started
-                slot = Slot(limiter, scope, limit, holder, tokens, waited, grant.at)
-                return slot, waited
+            refusals: list[Grant] = []
+            for n in range(len(options)):
+                scope, limit = options[(gate.turn + n) % len(options)]
+                grant = await limiter.try_acquire(scope, limit, tokens, holder, hold_for, share)
+                if grant.granted:
+                    gate.turn = (gate.turn + n + 1) % len(options)
+                    gate.last_wait = 0.0
+                    waited = time.monotonic() - started
+                    slot = Slot(limiter, scope, limit, holder, tokens, waited, grant.at)
+                    return slot, waited
+                refusals.append(grant)
+            grant = min(refusals, key=lambda g: g.wait)
             gate.last_wait = grant.wait
             left = deadline - time.monotonic()
             # A slot may be released before the estimate; the others cannot come sooner.
@@ -136,8 +148,7 @@ async def _acquire(
         gate.lock.release()
 
 
-@asynccontextmanager
-async def hold(
+def hold(
     limiter: Limiter,
     scope: str,
     limit: Limit,
@@ -147,13 +158,35 @@ async def hold(
     hold_for: float = 120.0,
     max_wait: float = 30.0,
     share: Share | None = None,
-) -> AsyncIterator[Slot]:
+) -> AbstractAsyncContextManager[Slot]:
     """Wait for capacity (raising CapacityTimeout past max_wait, nothing taken), hold it
     for the call (renewing the concurrency slot every hold_for/3 in a background task),
     release the slot on exit, whatever happens. Slot.adjust(actual_tokens) reconciles
     (charges actual - reserved); Slot.waited: seconds this acquire waited. ``share``:
     the call's flow and weight for the scope's fair share (herd.limits.base.Share)."""
-    slot, waited = await _acquire(limiter, scope, limit, tokens, holder, hold_for, max_wait, share)
+    return hold_any(
+        limiter, [(scope, limit)], tokens, holder=holder, hold_for=hold_for,
+        max_wait=max_wait, share=share,
+    )  # fmt: skip
+
+
+@asynccontextmanager
+async def hold_any(
+    limiter: Limiter,
+    options: Sequence[tuple[str, Limit]],
+    tokens: int,
+    *,
+    holder: str,
+    hold_for: float = 120.0,
+    max_wait: float = 30.0,
+    share: Share | None = None,
+) -> AsyncIterator[Slot]:
+    """``hold()`` over the first of several scopes with room (a key pool's: one scope
+    per key, each with its own limit); ``Slot.scope`` is the one granted."""
+    if not options:
+        raise ValueError("hold_any needs at least one scope")
+    slot, waited = await _acquire(limiter, options, tokens, holder, hold_for, max_wait, share)
+    scope, limit = slot.scope, slot.limit
     if waited > 0.001:
         with contextlib.suppress(HerdError):
             await limiter.note_wait(scope, waited)
@@ -170,7 +203,7 @@ async def hold(
             # Shielded: a cancelled call must not strand its slot for hold_for.
             with contextlib.suppress(HerdError):
                 await asyncio.shield(limiter.release(scope, holder))
-            _gate(limiter, scope, share).released.set()
+            _gate(limiter, "\n".join(s for s, _ in options), share).released.set()
 
 
 async def _renew(limiter: Limiter, scope: str, holder: str, hold_for: float) -> None:

@@ -225,12 +225,21 @@ def print_stages(stages: list[dict[str, Any]]) -> None:
     console.out.print(table)
 
 
+def scope_label(u: dict[str, Any]) -> str:
+    """A limit's scope, its key named by its variable on a line of its own where
+    HERD_LIMITS names it (a pool's keys told apart, and not folded at 80 columns)."""
+    scope, key, ident = str(u["scope"]), u.get("key"), u.get("key_id")
+    if key and ident and key != ident and scope.endswith(":" + ident):
+        return f"{scope[: -len(ident) - 1]}\n  key {key}"
+    return scope
+
+
 def print_shares(status: BatchStatus) -> None:
     """The batches sharing each fleet limit now: weight, share of its use, fair share."""
     for u in status.limit_usage:
         if len(u["shares"]) < 2 and not (status.batch and u["shares"]):
             continue
-        table = Table(title=f"shares of {u['scope']}", title_justify="left", box=None)
+        table = Table(title=f"shares of {scope_label(u)}", title_justify="left", box=None)
         for col in ("batch", "weight", "share now", "fair share", ""):
             table.add_column(col, justify="left" if col == "batch" else "right",
                              overflow="fold")  # fmt: skip
@@ -278,7 +287,7 @@ def print_status(status: BatchStatus) -> None:
                 return f"{now:,.0f}/{lim[name]:,}" if lim.get(name) else f"{now:,.0f}"
 
             paused = f" (paused {u['paused_for']:.1f} s)" if u["paused_for"] else ""
-            use.add_row(u["scope"] + paused, of(u["requests_now"], "rpm"),
+            use.add_row(scope_label(u) + paused, of(u["requests_now"], "rpm"),
                         of(u["tokens_now"], "tpm"), of(u["in_flight"], "max_concurrent"),
                         f"{u['wait_seconds']:.1f} s", f"{u['rate_limited']:,}")  # fmt: skip
         console.out.print(use)

@@ -8,6 +8,7 @@ from herd.errors import ConfigError
 from herd.limits import Limit, key_id
 from herd.limits import load as load_file
 from herd.llm.providers import registry
+from herd.masking import mask
 
 GOOD = """
 [[limits]]
@@ -128,3 +129,96 @@ def test_a_key_written_in_the_file_is_refused_and_not_echoed(tmp_path):
 def test_a_missing_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="nope.toml: cannot be read"):
         load(tmp_path / "nope.toml")
+
+
+POOL = """
+[[limits]]
+provider = "openai"
+key = ["env:HERD_TEST_POOL_A", "env:HERD_TEST_POOL_B"]
+rpm = 600
+
+[[limits]]
+provider = "openai"
+key = "env:HERD_TEST_POOL_B"
+rpm = 300
+
+[[limits]]
+provider = "openai"
+model = "gpt-4o"
+key = ["env:HERD_TEST_POOL_B", "env:HERD_TEST_POOL_A"]
+tpm = 1000
+"""
+
+
+def test_a_pool_names_several_keys_each_with_its_own_limit(tmp_path, monkeypatch):
+    monkeypatch.setenv("HERD_TEST_POOL_A", "sk-pool-secret-a")
+    monkeypatch.setenv("HERD_TEST_POOL_B", "sk-pool-secret-b")
+    limits = load(write(tmp_path, POOL))
+    a, b = key_id("sk-pool-secret-a"), key_id("sk-pool-secret-b")
+    pool = limits.pool_for("openai", "gpt-4o-mini")
+    assert [(k.variable, k.id) for k in pool] == [("HERD_TEST_POOL_A", a), ("HERD_TEST_POOL_B", b)]
+    # The pool's limits are each key's own; a key's own entry wins over the pool's.
+    assert [k.limit for k in pool] == [Limit(rpm=600), Limit(rpm=300)]
+    # An exact model's pool over the "*" one, in its own order.
+    assert [k.variable for k in limits.pool_for("openai", "gpt-4o")] == [
+        "HERD_TEST_POOL_B", "HERD_TEST_POOL_A"
+    ]  # fmt: skip
+    assert limits.pool_for("anthropic", "claude") == ()
+    assert limits.variables() == {a: "HERD_TEST_POOL_A", b: "HERD_TEST_POOL_B"}
+    assert "sk-pool-secret" not in repr(limits)
+    # Any key outside the pool is limited as before: no entry.
+    assert not limits.limit_for("openai", "gpt-4o-mini", "kother")
+
+
+def test_a_file_without_pools_reads_as_before(tmp_path, monkeypatch):
+    monkeypatch.setenv("HERD_TEST_LIMITS_KEY", "sk-secret-value")
+    limits = load(write(tmp_path, GOOD))
+    assert limits.pool_for("openai", "gpt-4o-mini") == ()
+
+
+def test_a_pool_key_that_is_not_set_is_refused_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("HERD_TEST_POOL_A", "sk-pool-secret-a")
+    monkeypatch.delenv("HERD_TEST_POOL_B", raising=False)
+    path = write(tmp_path, POOL)
+    with pytest.raises(ConfigError) as caught:
+        load(path)
+    assert str(caught.value) == (
+        f"{path}: limits[0].key[1]: HERD_TEST_POOL_B is not set (a typo?); set it, or"
+        " remove it from the pool"
+    )
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ('["env:HERD_TEST_POOL_A"]', "limits[0].key: a pool names 2 to 16 keys, not 1"),
+        ('["env:HERD_TEST_POOL_A", "sk-live-123"]', "limits[0].key[1]: must name the variable"),
+        (
+            '["env:HERD_TEST_POOL_A", "env:HERD_TEST_POOL_SAME"]',
+            "limits[0].key[1]: HERD_TEST_POOL_SAME holds the same key as another of the pool",
+        ),
+    ],
+)
+def test_a_bad_pool_is_refused(tmp_path, monkeypatch, keys, message):
+    monkeypatch.setenv("HERD_TEST_POOL_A", "sk-pool-secret-a")
+    monkeypatch.setenv("HERD_TEST_POOL_SAME", "sk-pool-secret-a")
+    path = write(tmp_path, f'[[limits]]\nprovider = "openai"\nkey = {keys}\nrpm = 5\n')
+    with pytest.raises(ConfigError) as caught:
+        load(path)
+    assert message in str(caught.value) and "sk-" not in str(caught.value)
+
+
+def test_a_key_in_two_pools_of_one_model_is_refused(tmp_path, monkeypatch):
+    for name in ("HERD_TEST_POOL_A", "HERD_TEST_POOL_B", "HERD_TEST_POOL_C"):
+        monkeypatch.setenv(name, f"sk-{name}")
+    one = '[[limits]]\nprovider = "openai"\nkey = ["env:HERD_TEST_POOL_A", "env:{}"]\nrpm = 5\n'
+    path = write(tmp_path, one.format("HERD_TEST_POOL_B") + one.format("HERD_TEST_POOL_C"))
+    with pytest.raises(ConfigError, match=r"limits\[1\]\.key: HERD_TEST_POOL_A is in the pool"):
+        load(path)
+
+
+def test_a_pool_key_is_masked_even_in_a_numbered_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("HERD_TEST_POOL_A", "sk-pool-secret-a")
+    monkeypatch.setenv("HERD_TEST_POOL_B", "sk-pool-secret-b")
+    load(write(tmp_path, POOL))
+    assert mask("key sk-pool-secret-b refused") == "key **** refused"

@@ -113,9 +113,10 @@ async def reserve(conn: AsyncConnection[Any], batch: str, worst: Decimal | None)
 
 
 async def open_call(conn: AsyncConnection[Any], row: dict[str, Any]) -> int:
-    """Open a call's row (keys of ledger_open: ``w`` the reservation) before the request
-    leaves; in the caller's transaction (fenced by the job's lease on PostgreSQL)."""
-    cur = await conn.execute(Q["ledger_open"], {**row, "w": money(row.get("w"))})
+    """Open a call's row (keys of ledger_open: ``w`` the reservation, ``kid`` the id of
+    the key that pays, never the key) before the request leaves; in the caller's
+    transaction (fenced by the job's lease on PostgreSQL)."""
+    cur = await conn.execute(Q["ledger_open"], {"kid": None, **row, "w": money(row.get("w"))})
     fetched = await cur.fetchone()
     assert fetched is not None
     return int(fetched[0])

@@ -321,8 +321,9 @@ RETURNING budget;
 
 -- name: ledger_open
 INSERT INTO herd_eval_ledger (batch, job_id, key, kind, model, provider, input_tokens, state,
-                              reserved)
-VALUES (%(batch)s, %(job)s, %(key)s, 'call', %(model)s, %(provider)s, %(i)s, 'open', %(w)s)
+                              reserved, key_id)
+VALUES (%(batch)s, %(job)s, %(key)s, 'call', %(model)s, %(provider)s, %(i)s, 'open', %(w)s,
+        %(kid)s)
 RETURNING id;
 
 -- name: ledger_lock_open

@@ -15,7 +15,7 @@ from herd.cache import ExactCache
 from herd.cache.stores import cache_stores
 from herd.config import EVAL_MAX_TOKENS
 from herd.errors import Fatal, InvalidInput
-from herd.limits import Limit, Limiter, LimitsFile, limiter_for
+from herd.limits import Limit, Limiter, LimitsFile, PoolKey, limiter_for
 from herd.limits import load as load_limits
 from herd.llm.eval.spec import EvalSpec, own_limits
 from herd.llm.eval.store import EvalStore
@@ -46,7 +46,8 @@ class EvalRuntime:
     store: EvalStore
     cache: ExactCache
     prices: PriceTable
-    providers: dict[tuple[str, str, bool, bool], Provider] = field(default_factory=dict)
+    # (provider, model, limited, failover, the pool key's variable or "") -> client
+    providers: dict[tuple[str, str, bool, bool, str], Provider] = field(default_factory=dict)
     batch_apis: dict[tuple[str, str], BatchAPI] = field(default_factory=dict)
     max_tokens: int = EVAL_MAX_TOKENS  # the setting eval_max_tokens
     # The fleet's provider limits, kept in the job store (None: a broker without one).
@@ -123,13 +124,20 @@ class EvalRuntime:
         return runtime
 
     def provider(
-        self, spec: EvalSpec, *, limited: bool = False, failover: bool = False
+        self,
+        spec: EvalSpec,
+        *,
+        limited: bool = False,
+        failover: bool = False,
+        key: PoolKey | None = None,
     ) -> Provider:
         """The spec's provider client; ``limited``: one that raises a 429 at once, for the
         fleet's limiter to pause the limit and decide when to try again; ``failover``:
         one that gives up on a 5xx after FAILOVER_TRIES, for a batch with a fallback
-        (herd.llm.eval.fallback) to move on rather than wait out the backoff."""
-        found = self.providers.get((spec.provider, spec.model, limited, failover))
+        (herd.llm.eval.fallback) to move on rather than wait out the backoff; ``key``:
+        one that calls with that key of a pool (None: the provider's own variable's)."""
+        ident = (spec.provider, spec.model, limited, failover, key.variable if key else "")
+        found = self.providers.get(ident)
         if found is None:
             retry = (
                 RetryPolicy(
@@ -143,9 +151,21 @@ class EvalRuntime:
                 kind = registry.kind(spec.provider)
             except InvalidInput as exc:
                 raise Fatal(str(exc)) from None
-            found = kind.sync(spec.model, self.max_tokens, retry)
-            self.providers[(spec.provider, spec.model, limited, failover)] = found
+            secret = None
+            if key is not None:
+                secret = os.environ.get(key.variable)
+                if not secret:  # it was set when HERD_LIMITS was read
+                    raise Fatal(f"{key.variable} (a key of the pool in HERD_LIMITS) is not set")
+            found = kind.sync(spec.model, self.max_tokens, retry, secret)
+            self.providers[ident] = found
         return found
+
+    def pool(self, spec: EvalSpec) -> tuple[PoolKey, ...]:
+        """The keys of HERD_LIMITS's pool for the spec's provider and model, each with its
+        own limit; () when none (the provider's one key is used)."""
+        if self.limits_file is None:
+            return ()
+        return self.limits_file.pool_for(spec.provider, spec.model)
 
     def batch_api(self, spec: EvalSpec) -> BatchAPI:
         """The spec's Batch API client, one per process and (provider, model)."""

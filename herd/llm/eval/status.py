@@ -245,9 +245,14 @@ async def limit_usage(rt: EvalRuntime, batch: str | None) -> list[dict[str, Any]
     else:
         # A limit in use now (or paused): one batch's --rpm long done is not shown.
         found = [s for s in found if s.requests_now or s.in_flight or (s.paused_until or 0) > now]
+    names = rt.limits_file.variables() if rt.limits_file else {}
     return [
         {
             "scope": s.scope,
+            # The key the scope counts for, by its variable where HERD_LIMITS names it,
+            # else its id (never the key); None for a batch's own limit.
+            "key": _key_of(s.scope, names),
+            "key_id": None if s.scope.startswith("batch:") else s.scope.rpartition(":")[2],
             "limit": s.limit.to_json(),
             "requests_now": round(s.requests_now, 2),
             "tokens_now": round(s.tokens_now, 2),
@@ -272,6 +277,13 @@ async def limit_usage(rt: EvalRuntime, batch: str | None) -> list[dict[str, Any]
         }
         for s in found
     ]
+
+
+def _key_of(scope: str, names: dict[str, str]) -> str | None:
+    if scope.startswith("batch:"):
+        return None
+    ident = scope.rpartition(":")[2]
+    return names.get(ident, ident)
 
 
 async def batch_status(app: App, batch: str | None) -> BatchStatus:

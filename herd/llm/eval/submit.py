@@ -16,8 +16,9 @@ from typing import Any
 from herd.app import App
 from herd.cache.keys import normalize_document
 from herd.config import Settings
-from herd.errors import InvalidInput
+from herd.errors import ConfigError, InvalidInput
 from herd.jsonvalue import canonical, check, check_text
+from herd.limits import load as load_limits
 from herd.llm.documents import DocumentError, find_documents, read_document
 from herd.llm.errors import MissingAPIKey
 from herd.llm.eval import control, fallback
@@ -110,10 +111,20 @@ def check_submission(
             "model %r has no price: its calls are counted but shown as unpriced, not $0"
             " (add it to HERD_PRICES)", spec.model,
         )  # fmt: skip
-    try:
-        kind.check_key()
-    except MissingAPIKey as exc:
-        raise InvalidInput(str(exc), field="provider") from None
+    # HERD_LIMITS read here too: a key of a pool that is not set (or any other fault of
+    # the file) is refused now, before anything is stored, not by the first worker call.
+    limits_file = None
+    if settings.limits_path:
+        try:
+            limits_file = load_limits(settings.limits_path, providers=registry.names())
+        except ConfigError as exc:
+            raise InvalidInput(f"HERD_LIMITS: {exc}", field="limits") from None
+    # A pool's keys are the batch's keys: the provider's own variable is not needed.
+    if limits_file is None or not limits_file.pool_for(spec.provider, spec.model):
+        try:
+            kind.check_key()
+        except MissingAPIKey as exc:
+            raise InvalidInput(str(exc), field="provider") from None
     return checked_budget, checked_limits
 
 

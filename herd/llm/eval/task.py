@@ -29,7 +29,16 @@ from herd.cache.exact import Lookup
 from herd.context import JobContext
 from herd.errors import Fatal, InvalidInput, LeaseLost, Snooze
 from herd.jsonvalue import JSON
-from herd.limits import CapacityTimeout, Limit, Share, Slot, batch_scope, hold, scope_name
+from herd.limits import (
+    CapacityTimeout,
+    Limit,
+    PoolKey,
+    Share,
+    Slot,
+    batch_scope,
+    hold_any,
+    scope_name,
+)
 from herd.limits.tokens import estimate_input, estimate_output, requested_max
 from herd.llm.completion import Completion, Usage
 from herd.llm.errors import (
@@ -127,9 +136,15 @@ class Evaluation:
         self.key: str = payload["key"]
         self.batch: str | None = payload.get("batch")
         self.price = rt.prices.lookup(spec.model, spec.provider)
-        self.plain = rt.provider(spec)
+        # A key pool (HERD_LIMITS): the keys a call may go to, each under a scope and a
+        # limit of its own; the limiter picks one with room for each call (without a
+        # limiter, the first key takes them all). Empty: the provider's one key.
+        self.pool: tuple[PoolKey, ...] = rt.pool(spec)
+        self.first = self.pool[0] if self.pool else None
+        self.plain = rt.provider(spec, key=self.first)
         self.scope = scope_name(spec.provider, spec.model, self.plain.key_id)
         self.limit = Limit()  # the fleet's (HERD_LIMITS), kept under self.scope
+        self.key_id = self.plain.key_id  # the key of this call: what the ledger names
         # The batch's own, under a scope of its own: merged into the fleet's, it would
         # become the limit (and the rate state) of every batch on the key.
         self.batch_scope = batch_scope(self.batch, spec.provider, spec.model) if self.batch else ""
@@ -149,7 +164,9 @@ class Evaluation:
             if self.batch is not None:
                 self.share = Share(self.batch, await self.rt.batch_weight(self.batch))
         if self.limit or self.batch_limit:
-            self.provider = self.rt.provider(self.spec, limited=True, failover=self.failover)
+            self.provider = self.rt.provider(
+                self.spec, limited=True, failover=self.failover, key=self.first
+            )
 
     @property
     def failover(self) -> bool:
@@ -159,7 +176,7 @@ class Evaluation:
         """This call has a fallback: the model's unavailability, or a 429 pause longer than
         ``seconds``, raises ModelUnavailable; a 5xx is retried once, not backed off."""
         self.fallback_after = seconds
-        self.plain = self.provider = self.rt.provider(self.spec, failover=True)
+        self.plain = self.provider = self.rt.provider(self.spec, failover=True, key=self.first)
 
     def priced(self, i: int, o: int = 0) -> Decimal | None:
         return None if self.price is None else money(self.price.cost(Usage(i, o)))
@@ -169,7 +186,8 @@ class Evaluation:
         in one transaction fenced by the lease: a worker that lost it opens nothing."""
         spec, batch = self.spec, self.batch
         row = {"batch": batch, "job": self.ctx.job_id, "key": self.key, "model": spec.model,
-               "provider": spec.provider, "i": estimate, "w": worst}  # fmt: skip
+               "provider": spec.provider, "i": estimate, "w": worst,
+               "kid": self.key_id}  # fmt: skip
         async with fenced(self.ctx, self.rt.store) as conn:
             if batch is not None:
                 budgeted = await ledger.reserve(conn, batch, worst)
@@ -210,18 +228,22 @@ class Evaluation:
         # of the fleet's meanwhile. The fleet's scope is held even with no HERD_LIMITS
         # entry (an empty limit): a 429 pauses it, and this batch must wait that out too.
         # Batches on one fleet scope share it by their weights; the batch's own is its own.
-        scopes: list[tuple[str, Limit, Share | None]] = []
+        # With a key pool, the fleet's step is one scope per key: the limiter grants the
+        # first with room, and the call goes out with that key.
+        keys = {scope_name(spec.provider, spec.model, k.id): k for k in self.pool}
+        fleet = [(s, k.limit) for s, k in keys.items()] or [(self.scope, self.limit)]
+        scopes: list[tuple[list[tuple[str, Limit]], Share | None]] = []
         if self.batch_limit:
-            scopes.append((self.batch_scope, self.batch_limit, None))
-        scopes.append((self.scope, self.limit, self.share))
+            scopes.append(([(self.batch_scope, self.batch_limit)], None))
+        scopes.append((fleet, self.share))
         for _ in range(MAX_RATE_LIMITED):
             slots: list[Slot] = []
             try:
                 async with AsyncExitStack() as held:
-                    for scope, limit, share in scopes:
+                    for options, share in scopes:
                         try:
-                            slots.append(await held.enter_async_context(hold(
-                                rt.limiter, scope, limit, tokens, holder=holder,
+                            slots.append(await held.enter_async_context(hold_any(
+                                rt.limiter, options, tokens, holder=holder,
                                 hold_for=SLOT_HOLD, max_wait=rt.max_wait, share=share,
                             )))  # fmt: skip
                         except CapacityTimeout:
@@ -229,13 +251,16 @@ class Evaluation:
                             # given back (its slot is released on leaving the stack).
                             await _charge(slots, 0)
                             raise
+                    paying = slots[-1].scope  # the fleet's scope granted: the key's
+                    self.use_key(keys.get(paying))
                     try:
                         done = await self.send(user)
                     except RateLimited as exc:
                         # The provider's own count disagrees with ours (another client on
                         # the key, a lower tier): everyone waits, not only this worker.
+                        # A pool's key is paused alone: the next try goes to another.
                         await _charge(slots, 0)  # a refusal is charged nothing
-                        await rt.limiter.pause(self.scope, _pause_for(exc))
+                        await rt.limiter.pause(paying, _pause_for(exc))
                         continue
                     except (Snooze, BatchCancelled, ModelUnavailable):  # nothing was sent or billed
                         await _charge(slots, 0)
@@ -254,6 +279,13 @@ class Evaluation:
             f"{self.scope}: the provider answered 429 {MAX_RATE_LIMITED} times in a row",
             after=DEFAULT_PAUSE * MAX_RATE_LIMITED,
         )
+
+    def use_key(self, key: PoolKey | None) -> None:
+        """Send the next call with ``key`` of the pool (None: the process's key)."""
+        if key is None:
+            return
+        self.key_id = key.id
+        self.provider = self.rt.provider(self.spec, limited=True, failover=self.failover, key=key)
 
     async def send(self, user: str) -> Completion:
         rt, spec, ctx, batch = self.rt, self.spec, self.ctx, self.batch

@@ -32,8 +32,9 @@ class ProviderKind:
     key_variable: str
     base_url_variable: str
     default_base_url: str
-    # (model, the most output tokens a call may ask for, retry policy) -> client
-    sync: Callable[[str, int, RetryPolicy | None], Provider]
+    # (model, the most output tokens a call may ask for, retry policy, the API key or
+    # None for the kind's variable's) -> client
+    sync: Callable[[str, int, RetryPolicy | None, str | None], Provider]
     batch: Callable[[str], BatchAPI] | None = None
     # The max_tokens the client sends when the params name none (the API requires one).
     default_max_tokens: int | None = None
@@ -78,13 +79,15 @@ def normalize_url(url: str) -> str:
     return f"{u.scheme.lower()}://{u.host.lower()}{port}{path}{query}"
 
 
-def _openai(model: str, _max: int, retry: RetryPolicy | None) -> Provider:
-    return OpenAICompatible(model=model, retry=retry)
+def _openai(model: str, _max: int, retry: RetryPolicy | None, key: str | None) -> Provider:
+    return OpenAICompatible(model=model, retry=retry, api_key=key)
 
 
-def _anthropic(model: str, most: int, retry: RetryPolicy | None) -> Provider:
+def _anthropic(model: str, most: int, retry: RetryPolicy | None, key: str | None) -> Provider:
     # Anthropic needs a max_tokens: its default, unless the setting is lower.
-    return Anthropic(model=model, max_tokens=min(DEFAULT_MAX_TOKENS, most), retry=retry)
+    return Anthropic(
+        model=model, max_tokens=min(DEFAULT_MAX_TOKENS, most), retry=retry, api_key=key
+    )
 
 
 def _not_openai(url: str) -> bool:

@@ -57,6 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--retry-after", type=float, default=1.0, help="seconds sent with a 429")
     p.add_argument("--api-key", default=None, help="require this key (default: accept any)")
+    p.add_argument(
+        "--key",
+        action="append",
+        default=[],
+        metavar="KEY[:RPM[:TPM]]",
+        help="accept this key too, with buckets of its own at RPM and TPM (default: the"
+        " simulator's); repeated for several keys (a key pool)",
+    )
     p.add_argument("--hang-max", type=float, default=3600.0, help="longest hang, seconds")
     p.add_argument("--seed", type=int, default=None, help="seed of the failure draws")
     p.add_argument(
@@ -109,9 +117,22 @@ def config_from(args: argparse.Namespace) -> SimConfig:
             "batch_latency": args.batch_latency,
             "batch_expire": args.batch_expire,
             "prompt_cache_ttl": args.prompt_cache_ttl,
+            "keys": dict(parse_key(k) for k in args.key),
         }
     )
     return config
+
+
+def parse_key(text: str) -> tuple[str, dict[str, int | None]]:
+    """``KEY[:RPM[:TPM]]`` -> (KEY, {"rpm", "tpm"}); a key holds no colon."""
+    key, *sizes = text.split(":")
+    if not key or len(sizes) > 2:
+        raise ConfigError("--key is KEY, KEY:RPM or KEY:RPM:TPM")
+    try:
+        numbers = [int(n) if n else None for n in sizes] + [None, None]
+    except ValueError:
+        raise ConfigError("--key: RPM and TPM are whole numbers per minute") from None
+    return key, {"rpm": numbers[0], "tpm": numbers[1]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,8 +25,9 @@ are bounded: past ``MAX_BODY_BYTES`` (32 MiB, the size Anthropic's API takes) th
 answer is 413 and the body is not read.
 
 What a model call gets is decided in this order: a wrong or missing key (when the
-simulator has one) → 401; an Anthropic call without ``anthropic-version`` → 400;
-``stream: true`` → 400; a key the config refuses (``keys``, ``spells.py``) → 401;
+simulator has one: its own, or one of the ``keys`` of the config) → 401; an
+Anthropic call without ``anthropic-version`` → 400; ``stream: true`` → 400; a key
+the config refuses (``keys``, ``spells.py``) → 401;
 then the rate limits (``rpm``, ``tpm``, a key's own; ``limits.py``): a call that does
 not fit is answered 429 at once; then a spell over the model (``spells``: 529/5xx for a
 time, ``spells.py``), at once, not billed; then the next entry of the script if
@@ -47,7 +48,10 @@ Requests answered in batches are counted apart: ``batches``, ``batch_billed`` an
 ``batch_tokens`` (``batches.py``).
 ``cached_input_tokens`` and ``cache_write_tokens`` are the prompt-cache reads and writes
 of billed calls (promptcache.py), ``prompt_cache_keys`` the distinct OpenAI
-``prompt_cache_key`` values calls carried.
+``prompt_cache_key`` values calls carried. ``by_key`` counts per API key (by its id,
+``k`` + 10 hex digits of its sha256 as herd.limits.key_id names it, never the key) the
+calls that passed the key check, the 429s its limits sent and the calls billed: a
+test of a key pool reads which key paid for what.
 """
 
 from __future__ import annotations
@@ -197,7 +201,7 @@ class _Handler(Exchange):
             retry_after = state.config.retry_after
             hang_max = state.config.hang_max
         given = given_key(self.headers, api)
-        if key is not None and not same_key(given, key):
+        if key is not None and not same_key(given, key) and not state.known_key(given):
             # Like the real services, the refusal names the key it got: the clients must
             # keep it out of their errors and logs.
             self._error(api, generation, 401, "authentication_error", f"Invalid API key: {given}")
@@ -256,7 +260,7 @@ class _Handler(Exchange):
         if name in ("ok", "malformed", "schema_invalid"):
             # Generation begins: billed from here even if the client hangs up before the end.
             text, tokens = generate(state, req, name)
-            state.bill(generation, tokens)
+            state.bill(generation, tokens, given)
             cache = state.cache_prompt(generation, api, given, model, body)
         if name == "hang":
             if self._client_gone(hang_max):

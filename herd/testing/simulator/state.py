@@ -8,9 +8,10 @@ import threading
 import time
 from typing import Any
 
+from herd.limits.base import key_id as herd_key_id
 from herd.testing.simulator import promptcache
 from herd.testing.simulator.config import SimConfig
-from herd.testing.simulator.limits import RateLimits, Verdict, key_id
+from herd.testing.simulator.limits import MAX_BUCKETS, RateLimits, Verdict, key_id
 from herd.testing.simulator.spells import spell_on
 
 TAGGED_MAX = 1_000_000  # tagged-call records kept until the next reset
@@ -55,6 +56,8 @@ class SimState:
         # status None when no answer was delivered).
         self.tagged: dict[str, list[dict[str, Any]]] = {}
         self.tagged_calls = 0
+        # Per key id (herd.limits.key_id): calls past the key check, 429s, billed calls.
+        self.by_key: dict[str, dict[str, int]] = {}
 
     def reset(self) -> None:
         with self.lock:
@@ -121,9 +124,28 @@ class SimState:
             self.input_tokens += sign * tokens[0]
             self.output_tokens += sign * tokens[1]
 
+    def _count_key(self, generation: int, key: str | None, what: str) -> None:
+        """One more ``what`` for ``key`` (the lock held); bounded like the buckets."""
+        if generation != self.generation:
+            return
+        ident = herd_key_id(key or None)
+        counts = self.by_key.get(ident)
+        if counts is None:
+            if len(self.by_key) >= MAX_BUCKETS:
+                return
+            counts = self.by_key[ident] = {"calls": 0, "rate_limited": 0, "billed": 0}
+        counts[what] += 1
+
+    def known_key(self, key: str | None) -> bool:
+        """Whether ``key`` is one of the config's ``keys`` (a pool's keys are accepted
+        beside the simulator's own)."""
+        with self.lock:
+            return key is not None and key in self.config.keys
+
     def admit(self, generation: int, key: str | None, model: str, tokens: int) -> Verdict | None:
         """Weigh a call against the limits (None when there are none); count a refusal."""
         with self.lock:
+            self._count_key(generation, key, "calls")
             rule = self.config.keys.get(key or "")
             rpm, tpm = (rule.rpm, rule.tpm) if rule else (None, None)
             if not (self.limits.active or rpm or tpm):
@@ -131,6 +153,7 @@ class SimState:
             verdict = self.limits.admit(key_id(key), model, tokens, rpm=rpm, tpm=tpm)
             if not verdict.admitted and generation == self.generation:
                 self.rate_limited += 1
+                self._count_key(generation, key, "rate_limited")
             return verdict
 
     def refused_key(self, key: str | None) -> bool:
@@ -149,9 +172,10 @@ class SimState:
                 self.spell_errors[model] = self.spell_errors.get(model, 0) + 1
             return found.status
 
-    def bill(self, generation: int, tokens: tuple[int, int]) -> None:
+    def bill(self, generation: int, tokens: tuple[int, int], key: str | None = None) -> None:
         """A call began generating: the provider's bill counts it, answer delivered or not."""
         with self.lock:
+            self._count_key(generation, key, "billed")
             if generation == self.generation:
                 self.billed += 1
                 self.billed_tokens[0] += tokens[0]
@@ -230,6 +254,7 @@ class SimState:
                 "cached_input_tokens": self.cached_input_tokens,
                 "cache_write_tokens": self.cache_write_tokens,
                 "prompt_cache_keys": sorted(self.prompt_cache_keys),
+                "by_key": {k: dict(v) for k, v in self.by_key.items()},
                 "since": self.since,
                 "seconds": time.time() - self.since,
             }
