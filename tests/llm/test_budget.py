@@ -85,7 +85,7 @@ async def test_spend_stays_within_budget_plus_in_flight_reservations_then_resume
             settled = s["running"] == 0 and s["reserved"] < 1e-9
             return s if s["parked"] == "budget" and settled and s["parked_items"] else None
 
-        status = await eventually(parked, timeout=15)
+        status = await eventually(parked, timeout=90)
         spent, calls = await spend(app, "capped")
         assert spent == pytest.approx(status["spent"])
         assert spent <= budget + CONCURRENCY * worst
@@ -110,6 +110,34 @@ async def test_spend_stays_within_budget_plus_in_flight_reservations_then_resume
         spent, calls = await spend(app, "capped")
         assert calls == {"call": 40} and sim.stats()["calls"] == 40
         assert final["spent"] == pytest.approx(spent) and final["reserved"] < 1e-9
+    finally:
+        worker.stop(immediate=True)
+        await run
+
+
+async def test_a_budget_held_by_calls_in_flight_waits_for_them_instead_of_parking(app, sim):
+    """A budget that holds one call's worst case at a time, with four workers: the other
+    three wait for the first call to settle at its real cost (a tenth of the worst case
+    here), then go on; the batch never parks while most of its budget is unspent (it
+    parked with 0 % spent, seen on the dashboard)."""
+    spec = EvalSpec(model="sim-budget", system="Rate it.", schema=SCHEMA,
+                    params={"max_tokens": 2000})  # fmt: skip
+    docs = documents(4)
+    worst = max((sum(reservation_tokens(spec, t)) / 1000 for _, t in docs))
+    await enqueue_documents(app, spec, "held", docs, budget=1.5 * worst)
+    worker = Worker(app, queues=[evaluate.QUEUE], concurrency=4, poll_interval=0.05,
+                    install_signal_handlers=False)  # fmt: skip
+    run = asyncio.create_task(worker.run())
+    try:
+
+        async def ended():
+            s = (await evaluate.batch_status(app, "held")).to_json()
+            return s if s["done"] == 4 or s["parked"] else None
+
+        status = await eventually(ended, timeout=90)
+        assert status["parked"] is None and status["done"] == 4
+        spent, calls = await spend(app, "held")
+        assert calls == {"call": 4} and spent <= 1.5 * worst
     finally:
         worker.stop(immediate=True)
         await run

@@ -69,6 +69,10 @@ PARK_DELAY = 10 * 365 * 86400.0
 # resumed) while it was handing itself back would otherwise miss it (it was running,
 # not pending).
 PARK_RECHECK = 60.0
+# A call whose worst case fits what is left of the budget, but not beside the worst
+# cases reserved by calls in flight, looks again this soon: those calls settle at their
+# real cost (usually far below the worst case), and the room comes back.
+IN_FLIGHT_RECHECK = 2.0
 # A 429 that says nothing of when to come back pauses its limit this long.
 DEFAULT_PAUSE = 1.0
 # 429s in a row one call takes before its job is handed back (no attempt counted).
@@ -198,6 +202,12 @@ class Evaluation:
                         raise BatchCancelled
                     if found is not None and found[3] == "refused":
                         raise Snooze(f"batch {batch!r} is parked: {found[5]}", after=PARK_RECHECK)
+                    if found is not None and _held_by_calls_in_flight(found, worst):
+                        raise Snooze(
+                            f"batch {batch!r}: the rest of its budget is reserved by calls"
+                            " in flight; waiting for them to settle",
+                            after=IN_FLIGHT_RECHECK,
+                        )
                     if found is not None:
                         raise OverBudget
                 elif budgeted and worst is None:
@@ -468,3 +478,13 @@ async def _evaluate(rt: EvalRuntime, payload: dict[str, Any], ctx: JobContext) -
         await EvalStore.on(conn, "job_answer", source=found.source, result=Jsonb(result),
                            job=ctx.job_id, key=key)  # fmt: skip
     return result
+
+
+def _held_by_calls_in_flight(batch_row: Sequence[Any], worst: Decimal | None) -> bool:
+    """Whether a refused reservation fits the budget once the calls in flight settle:
+    the budget is not spent, only held by their worst cases, so the batch must not park
+    (a budget of one worst case, with two workers, parked with 0 % of it spent)."""
+    budget, spent, _reserved, parked = batch_row[:4]
+    if parked is not None or budget is None or worst is None:
+        return False
+    return bool(spent + worst <= budget)
