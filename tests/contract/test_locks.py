@@ -189,7 +189,7 @@ async def test_a_release_wakes_a_waiter_at_once(lock_backend: LockBackend, name:
         assert await lock_backend.locks.release(held)
         lease = await asyncio.wait_for(task, 5)
         assert lease is not None and lease.token > held.token
-        assert time.monotonic() - released_at < 2.0
+        assert time.monotonic() - released_at < 15  # not the 30 s poll
 
 
 async def test_a_waiter_takes_over_an_expired_lock(lock_backend: LockBackend, name: str) -> None:
@@ -277,12 +277,12 @@ async def test_hold_cancels_the_body_when_the_lock_is_lost(
             thief = await lock_backend.steal(lease)
             lost_at = time.monotonic()
             try:
-                await asyncio.sleep(5)
+                await asyncio.sleep(60)
             except asyncio.CancelledError:
                 cancelled.set()
                 raise
     assert cancelled.is_set()
-    assert time.monotonic() - lost_at < 0.5
+    assert time.monotonic() - lost_at < 30  # a renewal or two, not the body's 60 s
     assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
     stolen = LockLease(name, thief, "thief", 60)
     assert await locks.check(stolen)  # the loser's exit released nothing
