@@ -9,6 +9,7 @@ from typing import TypeVar
 import psycopg
 import redis
 
+from herd.errors import LeaseLost
 from herd.queue.base import NewJob
 from herd.testing.fleet import wait_until
 
@@ -62,7 +63,8 @@ async def within_lease(
         try:
             await scenario(run)
             return
-        except (AssertionError, ValueError):  # ValueError: a claim unpacked, found empty
+        # ValueError: a claim unpacked, found empty; LeaseLost: a lock's hold() gave up.
+        except (AssertionError, ValueError, LeaseLost):
             if run.held():
                 raise
     raise AssertionError(f"the steps outlasted a lease of up to {lease * 2 ** (tries - 1):g} s")
