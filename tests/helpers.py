@@ -9,6 +9,7 @@ from typing import TypeVar
 import psycopg
 import redis
 
+from herd.errors import LeaseLost
 from herd.queue.base import NewJob
 from herd.testing.fleet import wait_until
 
@@ -30,6 +31,43 @@ async def eventually(
 ) -> T:
     """Call ``probe`` until it returns something truthy; fail after ``timeout`` seconds."""
     return await wait_until(probe, timeout, interval=interval)
+
+
+class LeaseRun:
+    """One try of a scenario whose steps need a short lease to hold (see ``within_lease``):
+    its lease length, a queue of its own, and when the lease that must hold was asked."""
+
+    def __init__(self, lease: float, queue: str) -> None:
+        self.lease, self.queue = lease, queue
+        self.since: float | None = None
+
+    def start(self, at: float | None = None) -> None:
+        """Call just before the claim (or renewal) whose lease the next steps need; ``at``:
+        when that claim or renewal was sent, if earlier."""
+        self.since = time.monotonic() if at is None else at
+
+    def held(self) -> bool:
+        """Every step so far ran inside that lease (the store started it after ``start``)."""
+        return self.since is None or time.monotonic() - self.since < self.lease
+
+
+async def within_lease(
+    scenario: Callable[[LeaseRun], Awaitable[None]], *, lease: float = 0.3, tries: int = 6
+) -> None:
+    """Run ``scenario``, which lets a short lease run out and then needs a lease of the
+    same length to hold for a few steps. A failure after that lease could have run out
+    (a loaded machine) proves nothing: the scenario runs again, in a queue of its own,
+    with a lease twice as long; a failure inside the lease is raised."""
+    for n in range(tries):
+        run = LeaseRun(lease * 2**n, f"lease-try-{n}")
+        try:
+            await scenario(run)
+            return
+        # ValueError: a claim unpacked, found empty; LeaseLost: a lock's hold() gave up.
+        except (AssertionError, ValueError, LeaseLost):
+            if run.held():
+                raise
+    raise AssertionError(f"the steps outlasted a lease of up to {lease * 2 ** (tries - 1):g} s")
 
 
 def eventually_sync(probe: Callable[[], T], *, timeout: float = 10.0, interval: float = 0.02) -> T:

@@ -111,11 +111,13 @@ async def test_a_vanished_lease_key_is_recovered_by_reclaim(redis_app, redis_sta
     started = asyncio.Event()
     runs = []
 
-    @redis_app.task(name="slow", lease_seconds=0.6)
+    # A lease a loaded machine's heartbeat keeps (0.6 s ones were lost to a stall and
+    # ran a third time); the first run lasts until the vanished key cancels it.
+    @redis_app.task(name="slow", lease_seconds=3.0)
     async def slow(payload, ctx):
         runs.append(ctx.lease.token)
         started.set()
-        await asyncio.sleep(1.5 if len(runs) == 1 else 0.01)
+        await asyncio.sleep(60 if len(runs) == 1 else 0.01)
         return ctx.lease.token
 
     r = await redis_app.enqueue("slow")

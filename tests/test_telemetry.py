@@ -134,7 +134,8 @@ async def test_a_request_trace_continues_in_the_worker(app, spans):
 async def test_one_claim_span_per_round_trip_and_errors_marked(app, spans):
     lost_once: list[int] = []
 
-    @app.task(name="work", max_attempts=1, lease_seconds=0.5)
+    # 2 s: the lost job is retaken once it runs out; the others must keep theirs under load.
+    @app.task(name="work", max_attempts=1, lease_seconds=2.0)
     async def work(payload):
         if payload["n"] == 1:
             raise Fatal("bad input")

@@ -6,7 +6,7 @@ import asyncio
 from collections import Counter
 
 from herd.queue.base import JobStatus
-from tests.helpers import eventually, job
+from tests.helpers import LeaseRun, eventually, job, within_lease
 
 
 async def test_twenty_concurrent_claimers_never_share_a_job(broker):
@@ -60,14 +60,19 @@ async def test_delayed_job_is_claimed_only_when_due(broker):
 
 
 async def test_expired_lease_is_taken_over_with_a_new_token_and_a_stall(broker):
-    (r,) = await broker.enqueue([job(lease_seconds=0.4)])
-    (first,) = await broker.claim(["default"], "w1", 1)
-    assert await broker.claim(["default"], "w2", 1) == []  # held
-    (second,) = await eventually(lambda: broker.claim(["default"], "w2", 1), timeout=5)
-    assert second.job_id == r.job_id
-    assert second.token > first.token
-    assert second.stalls == 1 and second.attempts == 0
-    stored = await broker.get_job(r.job_id)
-    assert stored.status == JobStatus.PROCESSING
-    assert stored.lease_owner == "w2"
-    assert "w1" in stored.last_error
+    async def scenario(run: LeaseRun) -> None:
+        q = [run.queue]
+        (r,) = await broker.enqueue([job(queue=run.queue, lease_seconds=run.lease)])
+        run.start()
+        (first,) = await broker.claim(q, "w1", 1)
+        assert await broker.claim(q, "w2", 1) == []  # held
+        (second,) = await eventually(lambda: broker.claim(q, "w2", 1), timeout=run.lease + 10)
+        assert second.job_id == r.job_id
+        assert second.token > first.token
+        assert second.stalls == 1 and second.attempts == 0
+        stored = await broker.get_job(r.job_id)
+        assert stored.status == JobStatus.PROCESSING
+        assert stored.lease_owner == "w2"
+        assert "w1" in stored.last_error
+
+    await within_lease(scenario, lease=0.4)

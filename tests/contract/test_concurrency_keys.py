@@ -15,7 +15,7 @@ import pytest
 
 from herd.queue.base import Broker, Completion, Failure, JobStatus, KeyStats, NewJob
 from herd.testing.fleet import Fleet, worker_env
-from tests.helpers import eventually, job
+from tests.helpers import LeaseRun, eventually, job, within_lease
 
 ROOT = Path(__file__).resolve().parents[2]
 PROCESSES, CLAIMERS = 3, 16
@@ -133,44 +133,62 @@ async def test_claims_stop_at_the_limit_and_resume_as_slots_come_back(broker):
 
 
 async def test_a_stale_holder_gives_no_slot_back_and_the_new_holder_does_once(broker):
-    await broker.enqueue([keyed("k", 1, lease_seconds=0.3), keyed("k", 1)])
-    (stale,) = await broker.claim(["default"], "old", 5)
-    (fresh,) = await eventually(lambda: broker.claim(["default"], "new", 5), timeout=5)
-    assert fresh.job_id == stale.job_id and fresh.token > stale.token  # the slot moved
-    assert await counts(broker, "k") == (1, 1)
-    assert await broker.complete_if_leased([Completion(stale, "late")]) == [False]
-    assert await broker.fail_if_leased(Failure(stale, "late")) is None
-    assert await broker.release_if_leased([stale]) == []
-    assert await counts(broker, "k") == (1, 1)
-    assert await broker.claim(["default"], "other", 5) == []
-    assert await broker.complete_if_leased([Completion(fresh, "ok")]) == [True]
-    assert await broker.complete_if_leased([Completion(fresh, "ok")]) == [True]  # a retry
-    assert await counts(broker, "k") == (0, 1)
-    (second,) = await broker.claim(["default"], "other", 5)
-    assert second.job_id != fresh.job_id
-    assert await counts(broker, "k") == (1, 0)
+    async def scenario(run: LeaseRun) -> None:
+        q, qs = run.queue, [run.queue]
+        k = f"k-{q}"
+        await broker.enqueue([keyed(k, 1, queue=q, lease_seconds=run.lease), keyed(k, 1, queue=q)])
+        (stale,) = await broker.claim(qs, "old", 5)
+
+        async def fresh_claim():
+            run.start()  # the fresh lease must hold to the end
+            return await broker.claim(qs, "new", 5)
+
+        (fresh,) = await eventually(fresh_claim, timeout=run.lease + 10)
+        assert fresh.job_id == stale.job_id and fresh.token > stale.token  # the slot moved
+        assert await counts(broker, k, q) == (1, 1)
+        assert await broker.complete_if_leased([Completion(stale, "late")]) == [False]
+        assert await broker.fail_if_leased(Failure(stale, "late")) is None
+        assert await broker.release_if_leased([stale]) == []
+        assert await counts(broker, k, q) == (1, 1)
+        assert await broker.claim(qs, "other", 5) == []
+        assert await broker.complete_if_leased([Completion(fresh, "ok")]) == [True]
+        assert await broker.complete_if_leased([Completion(fresh, "ok")]) == [True]  # a retry
+        assert await counts(broker, k, q) == (0, 1)
+        (second,) = await broker.claim(qs, "other", 5)
+        assert second.job_id != fresh.job_id
+        assert await counts(broker, k, q) == (1, 0)
+
+    await within_lease(scenario)
 
 
 async def test_a_stall_that_dead_letters_the_job_gives_its_slot_back(broker):
-    (r, _) = await broker.enqueue([keyed("k", 1, lease_seconds=0.3, max_stalls=1)] * 2)
-    (lease,) = await broker.claim(["default"], "frozen", 5)
-    assert lease.job_id == r.job_id
-    # Its first stall is a takeover that keeps the slot; its second dead-letters it.
-    (taken,) = await eventually(lambda: broker.claim(["default"], "frozen too", 5), timeout=5)
-    assert taken.job_id == r.job_id and taken.stalls == 1
-    assert await counts(broker, "k") == (1, 1)
+    async def scenario(run: LeaseRun) -> None:
+        q, qs = run.queue, [run.queue]
+        k = f"k-{q}"
+        stalling = keyed(k, 1, queue=q, lease_seconds=run.lease, max_stalls=1)
+        (r, _) = await broker.enqueue([stalling, keyed(k, 1, queue=q)])
+        (lease,) = await broker.claim(qs, "frozen", 5)
+        assert lease.job_id == r.job_id
+        # Its first stall is a takeover that keeps the slot; its second dead-letters it.
+        wait = run.lease + 10
+        (taken,) = await eventually(lambda: broker.claim(qs, "frozen too", 5), timeout=wait)
+        assert taken.job_id == r.job_id and taken.stalls == 1
+        assert await counts(broker, k, q) == (1, 1)
 
-    async def second():
-        return await broker.claim(["default"], "w", 5)
+        async def second():
+            run.start()  # the next job's lease must hold to the end
+            return await broker.claim(qs, "w", 5)
 
-    (nxt,) = await eventually(second, timeout=5)
-    assert nxt.job_id != r.job_id
-    assert (await broker.get_job(r.job_id)).status == JobStatus.DEAD
-    assert await counts(broker, "k") == (1, 0)
-    # Requeued from the dead-letter queue, it waits for its key's slot again.
-    assert (await broker.requeue_dead([r.job_id])).requeued == [r.job_id]
-    assert await counts(broker, "k") == (1, 1)
-    assert await broker.claim(["default"], "w", 5) == []
+        (nxt,) = await eventually(second, timeout=wait)
+        assert nxt.job_id != r.job_id
+        assert (await broker.get_job(r.job_id)).status == JobStatus.DEAD
+        assert await counts(broker, k, q) == (1, 0)
+        # Requeued from the dead-letter queue, it waits for its key's slot again.
+        assert (await broker.requeue_dead([r.job_id])).requeued == [r.job_id]
+        assert await counts(broker, k, q) == (1, 1)
+        assert await broker.claim(qs, "w", 5) == []
+
+    await within_lease(scenario)
 
 
 async def test_stats_by_key_counts_running_and_waiting_busiest_first(broker):

@@ -70,8 +70,8 @@ async def test_a_killed_workers_job_is_taken_over_long_before_its_lease_ends(bro
     async def rescued():
         return await broker.claim([QUEUE], "rescuer", 1)
 
-    (lease,) = await eventually(rescued, timeout=5, interval=0.05)
-    assert time.monotonic() - killed < 5  # the 30 s lease had 25 s or more to run
+    (lease,) = await eventually(rescued, timeout=15, interval=0.05)
+    assert time.monotonic() - killed < 15  # the 30 s lease had 15 s or more to run
     assert lease.job_id == held.id and lease.token > held.lease_token and lease.stalls == 1
     taken = await broker.get_job(held.id)
     assert taken.lease_owner == "rescuer"

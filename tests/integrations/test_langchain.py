@@ -178,7 +178,7 @@ async def test_a_failed_model_call_lets_a_waiting_caller_in(counter, tag, pg_url
         with pytest.raises(ValueError, match="model call 1 failed"):
             await first
         assert (await second).content == "the answer"
-        assert time.monotonic() - started < 10  # not max_hold: the failed caller let go
+        assert time.monotonic() - started < 60  # not max_hold (120 s): the failed caller let go
         assert calls(counter, tag) == 2
     finally:
         await asyncio.to_thread(cache.close)
@@ -193,7 +193,7 @@ def test_a_retry_of_the_holder_calls_again_instead_of_waiting_for_itself(
         retried = m.with_retry(stop_after_attempt=2, wait_exponential_jitter=False)
         started = time.monotonic()
         assert retried.invoke(f"retried {tag}").content == "the answer"
-        assert time.monotonic() - started < 10 and calls(counter, tag) == 2
+        assert time.monotonic() - started < 60 and calls(counter, tag) == 2  # not max_hold
     finally:
         cache.close()
 
@@ -208,7 +208,7 @@ def test_a_holder_that_never_updates_holds_its_key_for_max_hold_at_most(pg_url, 
         other.start()
         other.join(30)
         assert found == [None]  # its turn to call the model: the claim lapsed
-        assert 0.5 < time.monotonic() - started < 10
+        assert 0.5 < time.monotonic() - started < 30  # max_hold, not the wait (60 s)
     finally:
         cache.close()
 

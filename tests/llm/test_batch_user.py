@@ -86,8 +86,9 @@ def test_a_catastrophic_pattern_is_matched_in_linear_time():
     answer = json.dumps({"echo": "a" * 5000 + "!"})
     started = time.monotonic()
     value, error = validate_answer(answer, schema)
-    # Python's re takes seconds at 30 characters and doubles with each two more.
-    assert time.monotonic() - started < 1.0
+    # Python's re takes seconds at 30 characters and doubles with each two more: at 5,000
+    # it would not end. A bound on a loaded machine, not a speed.
+    assert time.monotonic() - started < 10
     assert error is not None and "does not match" in error
 
 
@@ -177,7 +178,7 @@ async def test_wait_returns_at_once_when_its_batch_parks_naming_the_reason(
     folder(tmp_path, 3)
     started = time.monotonic()
     r = cli_submit(tmp_path, pg_url, sim, "parks", "--wait", "--budget", "0.000001")
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 60  # a CLI process on a loaded machine: a bound
     assert r.returncode == 3, r.stderr
     assert "budget is spent" in r.stderr and "herd eval budget parks USD" in r.stderr
     assert sim.stats()["calls"] == 0

@@ -32,8 +32,9 @@ async def app(pg_url, sim, monkeypatch):
     truncate(pg_url)
     clean_eval_tables(pg_url)
     the_app = App(database_url=pg_url)
-    # The built-in task with a short lease, so that losing it is quick to show.
-    the_app.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=1.0, max_attempts=2)(
+    # The built-in task with a lease a loaded machine's heartbeat keeps (the test of a
+    # lost lease takes it over by its token, not by waiting it out).
+    the_app.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=5.0, max_attempts=2)(
         evaluate.task.evaluate
     )
     async with the_app:

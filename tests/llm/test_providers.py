@@ -212,7 +212,7 @@ async def test_a_long_retry_after_is_raised_not_waited(
     started = time.monotonic()
     with pytest.raises(RateLimited) as caught:
         await llm.complete("s", "u")
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 30  # not the 120 s asked: a bound, not a speed
     assert caught.value.retry_after == 120  # for the queue: Retry(after=...)
     assert sim.stats()["calls"] == 1
 
@@ -318,7 +318,7 @@ async def test_a_hanging_call_hits_the_read_timeout(
     started = time.monotonic()
     with pytest.raises(ProviderTimeout) as caught:
         await llm.complete("s", "u")
-    assert 0.5 <= time.monotonic() - started < 3
+    assert 0.5 <= time.monotonic() - started < 30  # the hang lasts an hour
     assert "read timeout of 0.5 s" in str(caught.value)
     assert caught.value.attempts == 1  # the provider may still be billing: not retried
     stats = await sim.wait_for(lambda s: s["disconnected"] == 1)
@@ -347,8 +347,8 @@ async def test_cancelling_the_task_aborts_the_http_call(
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert time.monotonic() - cancelled_at < 1.0
-    stats = await sim.wait_for(lambda s: s["disconnected"] == 1 and s["in_flight"] == 0, 2.0)
+    assert time.monotonic() - cancelled_at < 15  # not the 30 s latency
+    stats = await sim.wait_for(lambda s: s["disconnected"] == 1 and s["in_flight"] == 0, 15)
     assert stats["calls"] == 1 and stats["by_status"] == {}  # never answered
 
 
@@ -529,7 +529,7 @@ async def test_a_429_without_retry_after_waits_for_the_reset_of_the_exhausted_li
     started = time.monotonic()
     with pytest.raises(RateLimited) as caught:
         await llm.complete("s", "u", params={"max_tokens": 900})
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 30  # raised, not the minute's reset waited out
     assert caught.value.scope == "tokens"
     # The bucket is full again in (900 + input) / (1000/60) s: about 54 s.
     assert caught.value.retry_after is not None and 50 < caught.value.retry_after < 61
