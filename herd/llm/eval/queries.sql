@@ -380,6 +380,15 @@ DELETE FROM herd_eval_items WHERE (batch, path) IN (
        AND finished_at < now() - make_interval(secs => %(keep)s)
      ORDER BY finished_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
 
+-- name: purge_failures
+-- Records of items no longer waiting (answered, cancelled, purged).
+DELETE FROM herd_eval_failures WHERE (batch, path) IN (
+    SELECT batch, path FROM herd_eval_failures f
+     WHERE NOT EXISTS (SELECT 1 FROM herd_eval_items i
+                        WHERE i.batch = f.batch AND i.path = f.path
+                          AND i.status IN ('queued', 'parked'))
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
+
 -- name: purge_job_answers
 DELETE FROM herd_eval_job_answers WHERE (job_id, key) IN (
     SELECT job_id, key FROM herd_eval_job_answers

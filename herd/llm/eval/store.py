@@ -392,6 +392,7 @@ class EvalStore:
             steps += [("purge_ledger", keep_ledger), ("purge_keys", keep_ledger)]
         # A job's answer waits for items stored just after its end: minutes at most.
         steps.append(("purge_job_answers", JOB_ANSWER_TTL))
+        steps.append(("purge_failures", 0.0))
         if keep_eval:
             steps += [("purge_items", keep_eval), ("purge_batch_totals", keep_eval)]
             steps.append(("purge_batch_specs", keep_eval))

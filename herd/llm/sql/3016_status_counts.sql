@@ -67,6 +67,7 @@ END $$;
 CREATE FUNCTION herd_eval_items_count_truncate() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM herd_eval_item_counts;
+    DELETE FROM herd_eval_failures;
     RETURN NULL;
 END $$;
 
@@ -76,8 +77,9 @@ CREATE TABLE herd_eval_failures (
     job_id bigint      NOT NULL,   -- valid while the item still waits on this job
     kind   text        NOT NULL CHECK (kind IN ('dead', 'lost')),
     at     timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (batch, path),
-    FOREIGN KEY (batch, path) REFERENCES herd_eval_items ON DELETE CASCADE
+    -- No foreign key: a TRUNCATE of the items alone must not be refused. Records of
+    -- items no longer waiting match nothing and are purged (purge_failures).
+    PRIMARY KEY (batch, path)
 );
 CREATE INDEX herd_eval_failures_job ON herd_eval_failures (job_id);
 
