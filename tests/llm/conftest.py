@@ -80,7 +80,7 @@ def sim(sim_server: Sim) -> Sim:
 EVAL_TABLES = (
     "herd_eval_items, herd_eval_ledger, herd_eval_documents, herd_eval_specs,"
     " herd_eval_ledger_totals, herd_eval_batch_totals, herd_eval_keys, herd_cache,"
-    " herd_cache_stats, herd_eval_batches, herd_eval_provider_batches"
+    " herd_cache_stats, herd_eval_batches, herd_eval_provider_batches, herd_eval_batch_keys"
 )
 
 

@@ -126,9 +126,17 @@ async def test_a_pool_of_two_keys_drains_on_both_without_a_429(pool_env, sim, mo
         keys = {u["key"]: u["requests"] for u in found.to_json()["limit_usage"]}
         assert keys == {"HERD_POOL_KEY_A": counted[scopes[0]],
                         "HERD_POOL_KEY_B": counted[scopes[1]]}  # fmt: skip
+        # What each key paid, from the ledger's summary: the provider's count per key.
+        assert found.to_json()["keys"] == [
+            {"key": v, "key_id": k, "calls": by_key[k]["billed"], "cost": None}
+            for v, k in sorted([("HERD_POOL_KEY_A", A), ("HERD_POOL_KEY_B", B)],
+                               key=lambda p: p[1])
+        ]  # fmt: skip
         with console.out.capture() as shown:
             print_status(found)
         out = shown.get()
+        assert "paid by key" in out
+        assert all(len(line) <= 80 for line in out.splitlines() if "KEY" in line)
         assert out.count(f"openai:{model}") == 2
         assert "key HERD_POOL_KEY_A" in out and "key HERD_POOL_KEY_B" in out
         assert KEY_A not in out and KEY_B not in out

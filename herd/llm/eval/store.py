@@ -362,7 +362,11 @@ class EvalStore:
         if keep_ledger:
             steps += [("purge_ledger", keep_ledger), ("purge_keys", keep_ledger)]
         if keep_eval:
-            steps += [("purge_items", keep_eval), ("purge_batch_totals", keep_eval)]
+            steps += [
+                ("purge_items", keep_eval),
+                ("purge_batch_totals", keep_eval),
+                ("purge_batch_keys", keep_eval),
+            ]
             # A pipeline's pieces and fan-in go with their document's item.
             steps += [("purge_pieces", keep_eval), ("purge_fanin", keep_eval),
                       ("purge_pipelines", keep_eval)]  # fmt: skip
