@@ -17,10 +17,11 @@ import psycopg
 import pytest
 
 from herd import App, JobStatus, console
-from herd.limits import scope_name
-from herd.limits.base import key_id
+from herd.limits import Limit, scope_name
+from herd.limits.base import key_id, pooled
 from herd.llm import eval as evaluate
 from herd.llm.eval import EvalSpec, enqueue_documents
+from herd.llm.eval.plan import plan_items
 from herd.llm.follow import print_status
 from tests.conftest import truncate
 from tests.helpers import eventually
@@ -189,3 +190,20 @@ def test_a_pool_key_that_is_not_set_is_refused_at_submit(pool_env, sim, tmp_path
               "--model", model, "--batch", "set", url=pool_env,
               **env, HERD_POOL_KEY_B=KEY_B)  # fmt: skip
     assert ok.returncode == 0, ok.stderr
+
+
+async def test_a_plan_counts_the_time_at_the_pools_limits_added_up(pool_env, sim, model):
+    async with worker_app(pool_env) as app:
+        plan = await plan_items(app, spec(model), docs(24, "t"))
+    # Two keys of 8 a second each: 24 calls take 1.5 s, not one key's 3 s.
+    assert plan.limits == {"rpm": 16, "period": 1.0} and plan.binds == "rpm"
+    assert plan.minutes == pytest.approx(24 / 16 / 60)
+    assert sim.stats()["calls"] == 0
+
+
+def test_pooled_limits_add_up_per_the_first_period():
+    assert pooled([Limit(rpm=600, tpm=1000), Limit(rpm=10, tpm=10, period=1.0)]) == Limit(
+        rpm=1200, tpm=1600, period=60.0
+    )
+    # A key without a tpm leaves the pool's tokens unlimited.
+    assert pooled([Limit(rpm=5, tpm=9), Limit(rpm=5, max_concurrent=2)]) == Limit(rpm=10)
