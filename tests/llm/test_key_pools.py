@@ -23,6 +23,7 @@ from herd.llm import eval as evaluate
 from herd.llm.eval import EvalSpec, enqueue_documents
 from herd.llm.eval.plan import plan_items
 from herd.llm.follow import print_status
+from tests.api.conftest import client_of
 from tests.conftest import truncate
 from tests.helpers import eventually
 from tests.llm.conftest import clean_eval_tables
@@ -137,6 +138,13 @@ async def test_a_pool_of_two_keys_drains_on_both_without_a_429(pool_env, sim, mo
             print_status(found)
         out = shown.get()
         assert "paid by key" in out
+        # GET /evals/{batch}: the same keys, by their variables, and never a key.
+        async with client_of(a) as client:
+            r = await client.get("/evals/pool")
+        assert r.status_code == 200, r.text
+        assert [k["key"] for k in r.json()["keys"]] == [k["key"] for k in found.keys]
+        assert {u["key"] for u in r.json()["limit_usage"]} == set(keys)
+        assert KEY_A not in r.text and KEY_B not in r.text
         assert all(len(line) <= 80 for line in out.splitlines() if "KEY" in line)
         assert out.count(f"openai:{model}") == 2
         assert "key HERD_POOL_KEY_A" in out and "key HERD_POOL_KEY_B" in out
@@ -169,6 +177,18 @@ async def test_a_429_on_one_key_pauses_that_key_only(pool_env, sim, model):
         assert len(jobs) == 10 and all(j.attempts == 0 for j in jobs)
         paid = [r["key_id"] for r in ledger(pool_env, "one429") if r["kind"] in PAID]
         assert sorted(paid) == sorted([A] + [B] * 9)
+
+
+async def test_the_api_refuses_a_batch_whose_pool_key_is_not_set(pool_env, sim, model,
+                                                                 monkeypatch):  # fmt: skip
+    monkeypatch.delenv("HERD_POOL_KEY_B")
+    body = {"model": model, "system": "Rate it.", "batch": "api-unset",
+            "documents": [{"name": "d", "text": "One document."}]}  # fmt: skip
+    async with worker_app(pool_env) as app, client_of(app) as client:
+        r = await client.post("/evals", json=body)
+    assert r.status_code == 422, r.text
+    assert "HERD_POOL_KEY_B is not set" in r.text and KEY_A not in r.text
+    assert sim.stats()["calls"] == 0
 
 
 def test_a_pool_key_that_is_not_set_is_refused_at_submit(pool_env, sim, tmp_path, model):
