@@ -494,6 +494,16 @@ class FailureOut(BaseModel):
     error: str
 
 
+class KeyPaidOut(BaseModel):
+    """The calls one key of a batch paid for: by its variable where HERD_LIMITS names
+    it, else its id (a hash prefix), never the key."""
+
+    key: str
+    key_id: str
+    calls: int
+    cost: float | None = None
+
+
 class EvalStatusOut(BaseModel):
     batch: str | None
     created_at: str | None = None
@@ -521,7 +531,10 @@ class EvalStatusOut(BaseModel):
     weight: int = 1
     share: float | None = None
     fair_share: float | None = None
-    limit_usage: list[dict[str, Any]] = []  # each with "shares": the batches using it now
+    # each with "shares" (the batches using it now) and "key" (its key's variable or id)
+    limit_usage: list[dict[str, Any]] = []
+    # The calls each key paid for: {key, key_id, calls, cost} (several: a key pool).
+    keys: list[KeyPaidOut] = []
     waited_for_limits: float = 0.0
     ledger: dict[str, dict[str, Any]]
     provider_cache: ProviderCacheOut = ProviderCacheOut()

@@ -36,6 +36,7 @@ __all__ = [
     "FlowShare",
     "key_id",
     "pause_seconds",
+    "pooled",
     "batch_scope",
     "scope_name",
 ]
@@ -134,6 +135,24 @@ class Limit:
                 field=f"{where}.period",
             )
         return cls(**values, period=float(period))
+
+
+def pooled(limits: Sequence[Limit]) -> Limit:
+    """What several keys' limits allow together (a key pool: each key has its own), per
+    the first one's period: each field added up, None (unlimited) where a key sets none."""
+    first = limits[0]
+
+    def total(name: str, scaled: bool) -> int | None:
+        values: list[int] = []
+        for lim in limits:
+            v: int | None = getattr(lim, name)
+            if v is None:
+                return None
+            values.append(max(1, math.floor(v * first.period / lim.period)) if scaled else v)
+        return sum(values)
+
+    return Limit(rpm=total("rpm", True), tpm=total("tpm", True),
+                 max_concurrent=total("max_concurrent", False), period=first.period)  # fmt: skip
 
 
 @dataclass(frozen=True)

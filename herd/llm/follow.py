@@ -318,6 +318,13 @@ def print_status(status: BatchStatus) -> None:
                       f"{row['output_tokens']:,}", cost)  # fmt: skip
     if led:
         console.out.print(table)
+    if len(status.keys) > 1:  # a key pool spread the calls: who paid for what
+        by_key = Table(title="paid by key", title_justify="left", box=None)
+        for col in ("key", "calls", "cost"):
+            by_key.add_column(col, justify="left" if col == "key" else "right")
+        for k in status.keys:
+            by_key.add_row(k["key"], f"{k['calls']:,}", dollars(k["cost"]))
+        console.out.print(by_key)
     pc = status.provider_cache
     if pc.get("cached_input_tokens") or pc.get("cache_write_tokens"):
         saved = pc.get("saved")

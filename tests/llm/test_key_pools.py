@@ -17,11 +17,13 @@ import psycopg
 import pytest
 
 from herd import App, JobStatus, console
-from herd.limits import scope_name
-from herd.limits.base import key_id
+from herd.limits import Limit, scope_name
+from herd.limits.base import key_id, pooled
 from herd.llm import eval as evaluate
 from herd.llm.eval import EvalSpec, enqueue_documents
+from herd.llm.eval.plan import plan_items
 from herd.llm.follow import print_status
+from tests.api.conftest import client_of
 from tests.conftest import truncate
 from tests.helpers import eventually
 from tests.llm.conftest import clean_eval_tables
@@ -126,9 +128,24 @@ async def test_a_pool_of_two_keys_drains_on_both_without_a_429(pool_env, sim, mo
         keys = {u["key"]: u["requests"] for u in found.to_json()["limit_usage"]}
         assert keys == {"HERD_POOL_KEY_A": counted[scopes[0]],
                         "HERD_POOL_KEY_B": counted[scopes[1]]}  # fmt: skip
+        # What each key paid, from the ledger's summary: the provider's count per key.
+        assert found.to_json()["keys"] == [
+            {"key": v, "key_id": k, "calls": by_key[k]["billed"], "cost": None}
+            for v, k in sorted([("HERD_POOL_KEY_A", A), ("HERD_POOL_KEY_B", B)],
+                               key=lambda p: p[1])
+        ]  # fmt: skip
         with console.out.capture() as shown:
             print_status(found)
         out = shown.get()
+        assert "paid by key" in out
+        # GET /evals/{batch}: the same keys, by their variables, and never a key.
+        async with client_of(a) as client:
+            r = await client.get("/evals/pool")
+        assert r.status_code == 200, r.text
+        assert [k["key"] for k in r.json()["keys"]] == [k["key"] for k in found.keys]
+        assert {u["key"] for u in r.json()["limit_usage"]} == set(keys)
+        assert KEY_A not in r.text and KEY_B not in r.text
+        assert all(len(line) <= 80 for line in out.splitlines() if "KEY" in line)
         assert out.count(f"openai:{model}") == 2
         assert "key HERD_POOL_KEY_A" in out and "key HERD_POOL_KEY_B" in out
         assert KEY_A not in out and KEY_B not in out
@@ -162,6 +179,18 @@ async def test_a_429_on_one_key_pauses_that_key_only(pool_env, sim, model):
         assert sorted(paid) == sorted([A] + [B] * 9)
 
 
+async def test_the_api_refuses_a_batch_whose_pool_key_is_not_set(pool_env, sim, model,
+                                                                 monkeypatch):  # fmt: skip
+    monkeypatch.delenv("HERD_POOL_KEY_B")
+    body = {"model": model, "system": "Rate it.", "batch": "api-unset",
+            "documents": [{"name": "d", "text": "One document."}]}  # fmt: skip
+    async with worker_app(pool_env) as app, client_of(app) as client:
+        r = await client.post("/evals", json=body)
+    assert r.status_code == 422, r.text
+    assert "HERD_POOL_KEY_B is not set" in r.text and KEY_A not in r.text
+    assert sim.stats()["calls"] == 0
+
+
 def test_a_pool_key_that_is_not_set_is_refused_at_submit(pool_env, sim, tmp_path, model):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "d.txt").write_text("One document.")
@@ -181,3 +210,20 @@ def test_a_pool_key_that_is_not_set_is_refused_at_submit(pool_env, sim, tmp_path
               "--model", model, "--batch", "set", url=pool_env,
               **env, HERD_POOL_KEY_B=KEY_B)  # fmt: skip
     assert ok.returncode == 0, ok.stderr
+
+
+async def test_a_plan_counts_the_time_at_the_pools_limits_added_up(pool_env, sim, model):
+    async with worker_app(pool_env) as app:
+        plan = await plan_items(app, spec(model), docs(24, "t"))
+    # Two keys of 8 a second each: 24 calls take 1.5 s, not one key's 3 s.
+    assert plan.limits == {"rpm": 16, "period": 1.0} and plan.binds == "rpm"
+    assert plan.minutes == pytest.approx(24 / 16 / 60)
+    assert sim.stats()["calls"] == 0
+
+
+def test_pooled_limits_add_up_per_the_first_period():
+    assert pooled([Limit(rpm=600, tpm=1000), Limit(rpm=10, tpm=10, period=1.0)]) == Limit(
+        rpm=1200, tpm=1600, period=60.0
+    )
+    # A key without a tpm leaves the pool's tokens unlimited.
+    assert pooled([Limit(rpm=5, tpm=9), Limit(rpm=5, max_concurrent=2)]) == Limit(rpm=10)

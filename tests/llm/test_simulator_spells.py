@@ -4,12 +4,17 @@ keys with buckets of their own sizes, and a key the provider refuses."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import anthropic as anthropic_sdk
+import httpx
 import openai as openai_sdk
 import pytest
 
+from herd.limits import key_id
+from herd.testing.simulator import Simulator
+from herd.testing.simulator.__main__ import build_parser, config_from
 from tests.llm.conftest import Sim
 
 BODY = {"max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
@@ -118,3 +123,33 @@ def test_keys_have_buckets_of_their_own_sizes_and_a_refused_key_gets_401(sim: Si
 def test_bad_spells_and_keys_are_refused_with_400(sim: Sim, bad: dict) -> None:
     r = sim.http.post("/_sim/config", json=bad)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_config"
+
+
+def test_a_simulator_with_a_key_accepts_a_pools_keys_each_with_its_own_bucket() -> None:
+    args = build_parser().parse_args(
+        ["--api-key", "sk-operator-0000", "--key", "sk-pool-a-1111:1", "--key", "sk-pool-b-2222"]
+    )
+    simulator = Simulator(config_from(args)).start()
+    try:
+        url = simulator.url + "/v1"
+        with openai_sdk.OpenAI(base_url=url, api_key="sk-pool-a-1111", max_retries=0) as a:
+            a.chat.completions.create(model="m", **BODY)  # type: ignore[arg-type]
+            with pytest.raises(openai_sdk.RateLimitError):  # its own bucket: one a minute
+                a.chat.completions.create(model="m", **BODY)  # type: ignore[arg-type]
+        with openai_sdk.OpenAI(base_url=url, api_key="sk-pool-b-2222", max_retries=0) as b:
+            for _ in range(3):  # the simulator's (no limit): not A's
+                b.chat.completions.create(model="m", **BODY)  # type: ignore[arg-type]
+        with (
+            openai_sdk.OpenAI(base_url=url, api_key="sk-stranger-3333", max_retries=0) as c,
+            pytest.raises(openai_sdk.AuthenticationError),
+        ):
+            c.chat.completions.create(model="m", **BODY)  # type: ignore[arg-type]
+        shown = httpx.get(simulator.url + "/_sim/stats").text
+        stats = json.loads(shown)
+        assert stats["by_key"] == {
+            key_id("sk-pool-a-1111"): {"calls": 2, "rate_limited": 1, "billed": 1},
+            key_id("sk-pool-b-2222"): {"calls": 3, "rate_limited": 0, "billed": 3},
+        }
+        assert "sk-pool" not in shown and "sk-operator" not in shown
+    finally:
+        simulator.close()

@@ -29,6 +29,7 @@ from typing import Any
 from herd.app import App
 from herd.errors import InvalidInput
 from herd.jsonvalue import check_text
+from herd.limits import LimitsFile
 from herd.llm.errors import MissingAPIKey, ProviderAuthError, ProviderError, ProviderUnavailable
 from herd.llm.eval.spec import EvalSpec
 from herd.llm.pricing import PriceTable
@@ -76,6 +77,7 @@ def check(
     budget: float | None,
     batch_api: bool,
     prices: PriceTable,
+    limits_file: LimitsFile | None = None,
 ) -> list[str]:
     """Refuse, before anything is stored, fallbacks that could only fail: a malformed or
     repeated one, one whose key is not set, one without a price under a budget, and any
@@ -100,7 +102,9 @@ def check(
             )
         seen.add((other.provider, other.model))
         try:
-            registry.kind(other.provider).check_key()
+            # A key pool's keys are the fallback's (checked as HERD_LIMITS was read).
+            if limits_file is None or not limits_file.pool_for(other.provider, other.model):
+                registry.kind(other.provider).check_key()
         except MissingAPIKey as exc:
             raise InvalidInput(f"fallback {other.provider}:{other.model}: {exc}",
                                field="fallbacks") from None  # fmt: skip

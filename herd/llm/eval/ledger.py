@@ -91,6 +91,8 @@ async def _summarize(conn: AsyncConnection[Any], row: dict[str, Any]) -> None:
             await conn.execute(Q["ledger_key_avoided"], {"kind": kind, "key": row["key"]})
     if row["batch"] is not None:
         await conn.execute(Q["ledger_add_batch"], row)
+        if kind in PAID and row.get("kid"):  # which key of a pool paid (its id)
+            await conn.execute(Q["ledger_add_batch_key"], row)
     kinds = [k for k in KINDS if k in totals]
     columns = [list(c) for c in zip(*(totals[k] for k in kinds), strict=True)]
     await conn.execute(
@@ -150,7 +152,7 @@ async def close(
         found = await cur.fetchone()
         if found is None:
             return False
-        batch, job, key, model, provider, estimate, reserved = found
+        batch, job, key, model, provider, estimate, reserved, kid = found
         if kind is None:
             await conn.execute(Q["ledger_not_sent"], {"id": call_id})
             await conn.execute(Q["ledger_spend"], {"batch": batch, "cost": None, "w": reserved})
@@ -160,7 +162,7 @@ async def close(
         row = _exact({"id": call_id, "batch": batch, "job": job, "key": key, "kind": kind,
                       "model": model, "provider": provider, "i": estimate if i is None else i,
                       "o": o, "cost": cost, "ci": cached, "cw": written,
-                      "ps": provider_saved})  # fmt: skip
+                      "ps": provider_saved, "kid": kid})  # fmt: skip
         await _summarize(conn, row)
         await conn.execute(Q["ledger_close"], row)
         if batch is not None:

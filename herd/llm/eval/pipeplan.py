@@ -236,7 +236,7 @@ async def plan_documents(
     stage: CallStage | None = first
     while stage is not None:
         spec = pipe.spec(stage)
-        fleet = rt.limit_for(spec, rt.provider(spec).key_id)
+        fleet = rt.fleet_limit(spec)
         inputs = [i for ins in per_doc.values() for i in ins]
         found, answers, bound = await _stage(rt, pipe, stage, inputs,
                                              [x for x in (fleet, own) if x])  # fmt: skip
@@ -268,7 +268,7 @@ def _time(rt: EvalRuntime, pipe: Pipeline, plan: PipelinePlan, own: Limit) -> No
     best: tuple[float, str, str, Limit] | None = None
     for (provider, model), (n, tokens) in calls.items():
         spec = specs[(provider, model)]
-        fleet = rt.limit_for(spec, rt.provider(spec).key_id)
+        fleet = rt.fleet_limit(spec)
         for limit in (x for x in (fleet, own) if x):
             minutes, binds = minutes_at(limit, n, tokens)
             if minutes is not None and (best is None or minutes > best[0]):

@@ -239,8 +239,7 @@ async def plan_items(
     cached = {k for k, v in zip(keys, found, strict=True) if v is not None}
     flying = {k for k, _ in await in_flight(app, spec, [k for k in keys if k not in cached])}
     todo = [text for k, text in keys.items() if k not in cached and k not in flying]
-    client = rt.provider(spec)
-    fleet = rt.limit_for(spec, client.key_id)
+    fleet = rt.fleet_limit(spec)  # a key pool's: its keys' limits added up
     own = Limit.from_json(own_limits(checked)[0], where="limits")
     plan = estimate(
         spec, todo, rt.prices.lookup(spec.model, spec.provider), default_max=rt.max_tokens,

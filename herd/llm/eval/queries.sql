@@ -327,8 +327,20 @@ VALUES (%(batch)s, %(job)s, %(key)s, 'call', %(model)s, %(provider)s, %(i)s, 'op
 RETURNING id;
 
 -- name: ledger_lock_open
-SELECT batch, job_id, key, model, provider, input_tokens, reserved FROM herd_eval_ledger
- WHERE id = %(id)s AND state = 'open' FOR UPDATE;
+SELECT batch, job_id, key, model, provider, input_tokens, reserved, key_id
+  FROM herd_eval_ledger WHERE id = %(id)s AND state = 'open' FOR UPDATE;
+
+-- name: ledger_add_batch_key
+INSERT INTO herd_eval_batch_keys AS t (batch, key_id, n, cost)
+VALUES (%(batch)s, %(kid)s, 1, %(cost)s)
+ON CONFLICT (batch, key_id) DO UPDATE
+   SET n = t.n + 1,
+       cost = CASE WHEN excluded.cost IS NULL THEN t.cost
+                   ELSE coalesce(t.cost, 0) + excluded.cost END,
+       updated_at = now();
+
+-- name: batch_keys
+SELECT key_id, n, cost FROM herd_eval_batch_keys WHERE batch = %(b)s ORDER BY key_id;
 
 -- name: ledger_close
 UPDATE herd_eval_ledger SET state = 'closed', kind = %(kind)s, input_tokens = %(i)s,
@@ -405,6 +417,13 @@ DELETE FROM herd_eval_batch_specs WHERE (batch, spec) IN (
 -- name: purge_batch_totals
 DELETE FROM herd_eval_batch_totals WHERE (batch, kind) IN (
     SELECT batch, kind FROM herd_eval_batch_totals b
+     WHERE updated_at < now() - make_interval(secs => %(keep)s)
+       AND NOT EXISTS (SELECT 1 FROM herd_eval_items i WHERE i.batch = b.batch)
+     ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
+
+-- name: purge_batch_keys
+DELETE FROM herd_eval_batch_keys WHERE (batch, key_id) IN (
+    SELECT batch, key_id FROM herd_eval_batch_keys b
      WHERE updated_at < now() - make_interval(secs => %(keep)s)
        AND NOT EXISTS (SELECT 1 FROM herd_eval_items i WHERE i.batch = b.batch)
      ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED);

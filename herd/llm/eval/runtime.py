@@ -17,6 +17,7 @@ from herd.config import EVAL_MAX_TOKENS
 from herd.errors import Fatal, InvalidInput
 from herd.limits import Limit, Limiter, LimitsFile, PoolKey, limiter_for
 from herd.limits import load as load_limits
+from herd.limits.base import pooled
 from herd.llm.eval.spec import EvalSpec, own_limits
 from herd.llm.eval.store import EvalStore
 from herd.llm.pricing import PriceTable
@@ -194,6 +195,15 @@ class EvalRuntime:
         if self.limits_file is None:
             return Limit()
         return self.limits_file.limit_for(spec.provider, spec.model, key)
+
+    def fleet_limit(self, spec: EvalSpec) -> Limit:
+        """What HERD_LIMITS allows the spec's calls taken together: a pool's keys' limits
+        added up (each key has its own), else the limit of the provider's one key. For a
+        plan's time at the limits; a call is held under its key's own."""
+        keys = self.pool(spec)
+        if keys:
+            return pooled([k.limit for k in keys])
+        return self.limit_for(spec, self.provider(spec).key_id)
 
     async def batch_limit(self, batch: str | None) -> Limit:
         """The batch's own limits (rpm, tpm, max_concurrent), read again after

@@ -15,6 +15,7 @@ from herd.errors import BatchNotFound
 from herd.limits import batch_scope
 from herd.llm.eval import batchapi
 from herd.llm.eval.ledger import ESTIMATED
+from herd.llm.eval.money import as_float
 from herd.llm.eval.runtime import EvalRuntime
 from herd.llm.eval.spec import BATCH_API_TASKS, QUEUE, TASK, own_limits
 from herd.llm.eval.stageview import failed_documents, settle_pieces, stage_progress
@@ -80,6 +81,9 @@ class BatchStatus:
     share: float | None = None
     fair_share: float | None = None  # what its weight entitles it to, beside those batches
     limit_usage: list[dict[str, Any]] = field(default_factory=list)
+    # The calls each key paid for and their cost: {key (its variable, else its id),
+    # key_id, calls, cost}; more than one where a key pool spread them (HERD_LIMITS).
+    keys: list[dict[str, Any]] = field(default_factory=list)
     waited_for_limits: float = 0.0
     ledger: dict[str, dict[str, Any]] = field(default_factory=dict)
     provider_cache: dict[str, Any] = field(default_factory=dict)
@@ -341,6 +345,11 @@ async def batch_status(app: App, batch: str | None) -> BatchStatus:
             status.share, status.fair_share = mine[0]["share"], mine[0]["fair"]
         status.next = next_step(batch, row["parked"])
         status.stages = await stage_progress(rt, batch)
+        names = rt.limits_file.variables() if rt.limits_file else {}
+        status.keys = [
+            {"key": names.get(kid, kid), "key_id": kid, "calls": int(n), "cost": as_float(c)}
+            for kid, n, c in await rt.store.execute("batch_keys", {"b": batch})
+        ]
         specs = await rt.store.execute("batch_specs", {"b": batch})
         status.unpriced = sorted({m for p, m in specs if rt.prices.lookup(m, p) is None})
         ((recent, since_first, _),) = await rt.store.execute("recent_rate", {"b": batch})

@@ -395,7 +395,7 @@ class EvalStore:
         steps.append(("purge_failures", 0.0))
         if keep_eval:
             steps += [("purge_items", keep_eval), ("purge_batch_totals", keep_eval)]
-            steps.append(("purge_batch_specs", keep_eval))
+            steps += [("purge_batch_specs", keep_eval), ("purge_batch_keys", keep_eval)]
             # A pipeline's pieces and fan-in go with their document's item.
             steps += [("purge_pieces", keep_eval), ("purge_fanin", keep_eval),
                       ("purge_pipelines", keep_eval)]  # fmt: skip

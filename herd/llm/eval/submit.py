@@ -96,8 +96,17 @@ def check_submission(
                 " the Batch API yet; submit without one or the other",
                 field="batch_api",
             )
+    # HERD_LIMITS read here too: a key of a pool that is not set (or any other fault of
+    # the file) is refused now, before anything is stored, not by the first worker call.
+    limits_file = None
+    if settings.limits_path:
+        try:
+            limits_file = load_limits(settings.limits_path, providers=registry.names())
+        except ConfigError as exc:
+            raise InvalidInput(f"HERD_LIMITS: {exc}", field="limits") from None
     prices = prices or prices_in_force()
-    fallback.check(spec, fallbacks, budget=checked_budget, batch_api=batch_api, prices=prices)
+    fallback.check(spec, fallbacks, budget=checked_budget, batch_api=batch_api, prices=prices,
+                   limits_file=limits_file)  # fmt: skip
     price = prices.lookup(spec.model, spec.provider)
     if price is None and checked_budget is not None:
         raise InvalidInput(
@@ -111,14 +120,6 @@ def check_submission(
             "model %r has no price: its calls are counted but shown as unpriced, not $0"
             " (add it to HERD_PRICES)", spec.model,
         )  # fmt: skip
-    # HERD_LIMITS read here too: a key of a pool that is not set (or any other fault of
-    # the file) is refused now, before anything is stored, not by the first worker call.
-    limits_file = None
-    if settings.limits_path:
-        try:
-            limits_file = load_limits(settings.limits_path, providers=registry.names())
-        except ConfigError as exc:
-            raise InvalidInput(f"HERD_LIMITS: {exc}", field="limits") from None
     # A pool's keys are the batch's keys: the provider's own variable is not needed.
     if limits_file is None or not limits_file.pool_for(spec.provider, spec.model):
         try:
