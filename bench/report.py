@@ -270,8 +270,10 @@ def merge(existing: str, results: list[dict[str, Any]], info: dict[str, str]) ->
         at = [i for i, line in enumerate(lines) if line.startswith(prefix)]
         if at:
             lines[at[0] : at[-1] + 1] = _rows(s)
-        else:  # a comparison new to the table: at its end
-            end = max(i for i, line in enumerate(lines) if line.startswith("| "))
+        else:  # a comparison new to the table: at the end of the results, not of
+            # the machine's or the versions' tables below them
+            notes = lines.index("## Notes per comparison")
+            end = max(i for i, line in enumerate(lines[:notes]) if line.startswith("| "))
             lines[end + 1 : end + 1] = _rows(s)
         title = titles.get(r["name"], r["name"])
         when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
