@@ -1,7 +1,7 @@
 """Evaluations in stages under faults: herd's pipeline (split, map, reduce) against
 DocETL on the same documents and the same provider simulator, one run.
 
-Documents: ``--docs`` (200) reference manuals of 20 to 200 pieces each (log-uniform:
+Documents: ``--docs`` (200) reference manuals of 20 to 200 pieces each (``--skew``:
 most are short, a few long), made as chaos/pipeline.py makes its manuals: a title
 piece and ``##`` sections, 30 % of sections drawn from a small pool that several
 manuals carry word for word. The stages are the chaos run's (chaos/pipeline.py): split
@@ -13,28 +13,33 @@ same seed); the simulator's count per model tells map calls from reduce calls.
   replaced every ``--kill-every`` (5) s (herd.testing.fleet). Checked with the chaos
   checker's own definitions (chaos/checker.py guarantees 7 and 9): every document has
   exactly one final answer and one reduce, no key is paid twice, the ledger equals the
-  simulator's bill but for calls cut short by kills (counted).
+  simulator's bill but for calls cut short by kills (counted). A key paid twice by one
+  job taken over after a kill (its attempt got the answer and died before storing it)
+  is counted as such a call, and printed; any other key paid twice fails the run.
 * ``herd-rerun``: on the same database and simulator, the same documents again with
   only the reduce prompt changed, no kills: exactly one call per document, no map call.
 * ``herd``: a fresh database and simulator, no kills (the calls to hold against
   DocETL's without kills).
-* ``docetl``, ``docetl-kill``: ``docetl run`` (its own venv, ``--docetl-python``) of an
+* ``docetl``, ``docetl-kill``: DocETL's runner (its own venv, ``--docetl-python``) on an
   equivalent YAML pipeline (split by the ``##`` delimiter, map, reduce by document)
-  through litellm's OpenAI settings pointed at the simulator, ``--docetl-threads``
-  (herd's workers x concurrency) calls in flight. Under kills its one process is
-  SIGKILLed every ``--docetl-kill-every`` s (default: workers x kill-every, the rate at
-  which each of herd's processes is killed) and started again, as a user would, until
-  its output file is written; what it re-pays is counted. DocETL keeps its LLM-call
-  cache on disk (its default): a re-run reads what an earlier run stored.
+  through litellm's OpenAI settings pointed at the simulator, ``max_threads`` = herd's
+  workers x concurrency. Under kills its one process is SIGKILLed
+  ``--docetl-kill-every`` s after each run's first call (default: workers x kill-every,
+  the rate at which each of herd's processes is killed; a wall clock from the start
+  would kill it before it calls anything on a loaded machine) and started again, as a
+  user would, until its output file is written; what it re-pays is counted. DocETL
+  keeps its LLM-call cache on disk (its default): a re-run reads what an earlier run
+  stored.
 
 Dollars are the simulator's billed tokens at gpt-5 list prices (bench/eval_cost.py's
 PRICES and billed_dollars). Goals (issue 31): herd no more calls than DocETL without
 kills; under kills at most 0.6x its dollars and 0.8x its wall time.
 
-    python3 -m venv /work/venv-docetl && /work/venv-docetl/bin/pip install docetl
-    python bench/pipeline_cost.py --docetl-python /work/venv-docetl/bin/python
+    python3 -m venv .venv-docetl && .venv-docetl/bin/pip install -e ".[test,bench-docetl]"
+    .venv-docetl/bin/python bench/pipeline_cost.py          # about 35 minutes on 2 cores
 
-``--quick`` (20 documents, 4 workers) is a smoke run of a minute or two; ``--summary
+``--quick`` (6 manuals, 4 workers) is a smoke run (about 6 minutes on 2 cores at load
+18, mostly the start-ups of workers and DocETL); ``--summary
 PATH`` writes the figures as JSON for ``bench/report.py``; ``--systems`` picks the
 runs. Without a DocETL interpreter (none given, none found) the DocETL runs are
 skipped and said so. Run from the repository root.
@@ -685,7 +690,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--docs", type=int, default=200, help="manuals")
-    p.add_argument("--pieces", default="20:200", help="pieces per manual, LOW:HIGH (log-uniform)")
+    p.add_argument("--pieces", default="20:200", help="pieces per manual, LOW:HIGH (see --skew)")
     p.add_argument(
         "--skew", type=float, default=16.0,
         help="pieces drawn as LOW + (HIGH - LOW) x u ** SKEW: 1 uniform, 16 mostly short",
@@ -696,7 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kill-every", type=float, default=5.0, help="seconds between herd SIGKILLs")
     p.add_argument(
         "--docetl-kill-every", type=float, default=None,
-        help="seconds between SIGKILLs of DocETL's process (default: workers x --kill-every)",
+        help="seconds from a DocETL run's first call to its SIGKILL (none: workers x --kill-every)",
     )  # fmt: skip
     p.add_argument("--docetl-python", default=None, help="an interpreter with docetl installed")
     p.add_argument(
