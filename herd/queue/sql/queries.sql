@@ -195,6 +195,38 @@ UPDATE herd_jobs j SET status = 'succeeded', result = held.result::jsonb, finish
   FROM held WHERE j.id = held.id
 RETURNING j.id;
 
+-- name: complete_and_claim
+-- A worker's finished jobs written in the statement of its next claim (one queue's):
+-- one commit, so one WAL flush, where a completion and a claim apart cost two; on a
+-- disk whose flush takes milliseconds that flush is most of a no-op job's cost. Each
+-- row is fenced as in complete above, and `completed` lists those that were; the
+-- claim is the statement above, word for word (CLAIM is replaced by it when the
+-- broker loads its statements). The two never touch the same row: a completion
+-- takes the caller's own jobs whose lease still runs, a claim pending jobs and jobs
+-- whose lease expired. One statement, so its triggers fire once, with every row in
+-- their transition tables: the counters are upserted once, in their usual order,
+-- never first for the completion and then for the claim (two statements of one
+-- transaction would lock the counters out of (queue, status) order, and could
+-- deadlock with another claimer on the same slot).
+-- One row at least: with nothing claimed, a row of NULLs carries `completed`.
+WITH held AS (
+    SELECT j.id, l.result FROM herd_jobs j
+      JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::text[]) AS l(id, token, result)
+        ON j.id = l.id AND j.lease_token = l.token
+     WHERE j.status = 'processing' AND j.lease_expires_at > now()
+     ORDER BY j.id
+       FOR UPDATE OF j
+), completed AS (
+    UPDATE herd_jobs j SET status = 'succeeded', result = held.result::jsonb,
+                           finished_at = now(), lease_expires_at = NULL
+      FROM held WHERE j.id = held.id
+    RETURNING j.id
+), claimed AS (
+CLAIM
+)
+SELECT (SELECT coalesce(array_agg(id), '{}') FROM completed) AS completed, c.*
+  FROM (SELECT 1) one LEFT JOIN claimed c ON true;
+
 -- name: already_completed
 -- A completion whose reply was lost (the connection dropped after COMMIT) is retried;
 -- finding the job succeeded under the same token means the first attempt landed.
