@@ -97,24 +97,33 @@ def _enqueue_params(jobs: Sequence[NewJob]) -> dict[str, str]:
     """The batch as one JSON array for the enqueue statement. Each payload is spliced in
     as the JSON text it was checked as (payload_text), not parsed and dumped again."""
     rows = []
+    # The fields beside the payload are most often the same for a whole batch (one
+    # task, one queue, no keys): each distinct set is serialized once.
+    heads: dict[tuple[Any, ...], str] = {}
     for j in jobs:
-        head = json.dumps(
-            {
-                "queue": j.queue,
-                "task": j.task,
-                "priority": j.priority,
-                "dedup_key": j.dedup_key,
-                "delay": max(0.0, float(j.delay)),
-                "lease_seconds": float(j.lease_seconds),
-                "max_attempts": j.max_attempts,
-                "max_stalls": j.max_stalls,
-                "trace_context": trace_text(j),
-                "concurrency_key": j.concurrency_key,
-                "key_limit": j.max_running_per_key if j.concurrency_key else None,
-            },
-            allow_nan=False,
-        )
-        rows.append(f'{head[:-1]},"payload":{payload_text(j)}}}')
+        trace = trace_text(j)
+        fields = (j.queue, j.task, j.priority, j.dedup_key, j.delay, j.lease_seconds,
+                  j.max_attempts, j.max_stalls, trace, j.concurrency_key,
+                  j.max_running_per_key)  # fmt: skip
+        head = heads.get(fields)
+        if head is None:
+            head = heads[fields] = json.dumps(
+                {
+                    "queue": j.queue,
+                    "task": j.task,
+                    "priority": j.priority,
+                    "dedup_key": j.dedup_key,
+                    "delay": max(0.0, float(j.delay)),
+                    "lease_seconds": float(j.lease_seconds),
+                    "max_attempts": j.max_attempts,
+                    "max_stalls": j.max_stalls,
+                    "trace_context": trace,
+                    "concurrency_key": j.concurrency_key,
+                    "key_limit": j.max_running_per_key if j.concurrency_key else None,
+                },
+                allow_nan=False,
+            )[:-1]
+        rows.append(f'{head},"payload":{payload_text(j)}}}')
     return {"jobs": "[" + ",".join(rows) + "]"}
 
 
@@ -302,12 +311,7 @@ class PostgresBroker:
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
         if not jobs:
             return []
-        params = _enqueue_params(jobs)
-        with translate_errors(self.url):
-            async with self._pool.connection() as conn, conn.transaction():
-                cur = await conn.execute(self._q["enqueue"], params)
-                inserted = sorted(await cur.fetchall())
-                await conn.execute(self._q["notify"], {"queues": sorted({j.queue for j in jobs})})
+        inserted = sorted(await self._fetch("enqueue", _enqueue_params(jobs)))
         # Inserted ids ascend in input order; rows skipped by the dedup
         # conflict are absent and resolve to the job that holds the key.
         rows = iter(inserted)
@@ -696,7 +700,6 @@ class PostgresBroker:
                 if await cur.fetchone() is None:
                     ids = []
                     raise psycopg.Rollback()  # run-now of a schedule nobody registered
-                await conn.execute(self._q["notify"], {"queues": sorted({j.queue for j in jobs})})
         return [EnqueueResult(job_id, True) for job_id in ids] if ids else None
 
     async def pause_schedule(self, name: str, paused: bool, floor: datetime | None) -> bool:

@@ -5,7 +5,10 @@
 -- name: enqueue
 -- The batch comes as one JSON array (herd.queue.postgres._enqueue_params): the server
 -- parses it in C, where ten parameter arrays cost the client ~50 us a job to build.
--- Its order is the input's (ids ascend in it).
+-- Its order is the input's (ids ascend in it). The queues that got jobs are woken in
+-- the same statement (NOTIFY is sent at its commit): one round trip for a batch,
+-- where BEGIN, the insert, the notify and COMMIT apart took four.
+WITH new AS (
 INSERT INTO herd_jobs (queue, task, payload, priority, dedup_key, run_at,
                        lease_seconds, max_attempts, max_stalls, trace_context,
                        concurrency_key, key_limit)
@@ -18,7 +21,11 @@ SELECT e.j->>'queue', e.j->>'task', e.j->'payload', (e.j->>'priority')::int,
  ORDER BY e.ord
 ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL AND status IN ('pending', 'processing')
 DO NOTHING
-RETURNING id, queue, dedup_key;
+RETURNING id, queue, dedup_key
+), woken AS (
+    SELECT pg_notify('herd_jobs', queue) FROM (SELECT DISTINCT queue FROM new) q
+)
+SELECT id, queue, dedup_key FROM new WHERE (SELECT count(*) FROM woken) > 0;
 
 -- name: active_by_dedup_key
 SELECT j.id, j.queue, j.dedup_key FROM herd_jobs j
