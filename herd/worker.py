@@ -1,6 +1,6 @@
 """The worker: claim, heartbeat, run, write back fenced; shut down without losing work.
 
-One asyncio loop per process runs four things:
+One asyncio loop per process runs these:
   * the claim loop, which takes up to ``concurrency`` jobs per round trip and
     sleeps on LISTEN/NOTIFY (a hint) or a jittered poll (the safety net);
   * the heartbeat, which renews every lease this process holds in ONE
@@ -8,8 +8,10 @@ One asyncio loop per process runs four things:
   * beside the leases, a liveness mark held by the job store on a connection of
     its own (Broker.hold_liveness): when this process is killed the server drops
     it, and other workers take its jobs over at once instead of after the lease;
-  * the completer, which writes finished jobs' results in batches (group
-    commit: whatever finished while the previous write was in flight);
+  * finished jobs' results, which go with the claim loop's next claim (the one
+    that refills their slots: one statement, one commit for both); while claims
+    have stopped (shutdown, an outage) the completer writes them in batches
+    (whatever finished while the previous write was in flight);
   * one coroutine per running job. Sync task functions run in threads, so a
     task that blocks the CPU cannot starve the heartbeat.
 """
@@ -112,8 +114,12 @@ class Worker:
         self._slot_freed = asyncio.Event()
         # A keyed job ended: its key has room again, which no NOTIFY announces.
         self._key_freed = asyncio.Event()
+        # Results waiting to be written: the claim loop sends them with its next claim
+        # (woken by _to_send); the completer writes them while claims have stopped.
         self._completions: list[tuple[Completion, asyncio.Future[bool]]] = []
+        self._to_send = asyncio.Event()
         self._completion_ready = asyncio.Event()
+        self._claimer_writes = False
         self._threads = ThreadPoolExecutor(
             max_workers=self.concurrency * 2, thread_name_prefix="herd-task"
         )
@@ -181,45 +187,72 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         failures = 0
-        while not self._stopping.is_set():
-            free = self.concurrency - len(self._running)
-            if free <= 0:
-                self._slot_freed.clear()
-                await self._until(self._slot_freed.wait(), None)
-                continue
-            try:
-                sent = time.time_ns()
-                leases = await self.app.broker.claim(self.queues, self.name, free)
-                telemetry.claimed(self.queues, self.name, sent, leases)
-            except BrokerError as exc:  # unreachable, or failing: either way, back off
-                failures += 1
-                delay = min(30.0, 0.5 * 2 ** min(failures, 6)) * random.uniform(0.8, 1.2)
-                log.error("%s; retrying in %.1fs", exc, delay)
-                await self._until(asyncio.sleep(delay), None)
-                continue
-            if failures:
-                log.warning("job store reachable again")
-                failures = 0
-            for lease in leases:
-                self._start(lease)
-            if len(leases) < free:
-                if (
-                    self.stop_when_idle
-                    and not self._running
-                    and not leases
-                    and not (await self._queues_active())
-                ):
-                    self.stop()
-                    break
-                # Fewer jobs than slots: wait for a NOTIFY, a poll tick or a free slot
-                # (of a concurrency key: its waiting jobs may run now).
-                self._slot_freed.clear()
-                self._key_freed.clear()
-                timeout = self.poll_interval * random.uniform(0.5, 1.0)
-                await self._until(
-                    self.app.broker.wait_for_jobs(self.queues, timeout),
-                    (self._slot_freed if self.stop_when_idle else self._key_freed).wait(),
-                )
+        self._claimer_writes = True
+        try:
+            while not self._stopping.is_set():
+                # A job whose result waits in the buffer has ended: its slot is free
+                # for this claim, which writes the result too (one commit for both).
+                free = self.concurrency - len(self._running) + len(self._completions)
+                if free <= 0:
+                    self._slot_freed.clear()
+                    self._to_send.clear()
+                    await self._until(self._slot_freed.wait(), self._to_send.wait())
+                    continue
+                batch, self._completions = self._completions, []
+                try:
+                    sent = time.time_ns()
+                    oks, leases = await self.app.broker.complete_and_claim(
+                        [c for c, _ in batch], self.queues, self.name, free
+                    )
+                    telemetry.claimed(self.queues, self.name, sent, leases)
+                except BrokerError as exc:  # unreachable, or failing: either way, back off
+                    # The completer writes the results meanwhile, as each lease allows
+                    # (those this call stored are found stored: already_completed).
+                    self._completions = batch + self._completions
+                    self._claimer_writes = False
+                    self._completion_ready.set()
+                    failures += 1
+                    delay = min(30.0, 0.5 * 2 ** min(failures, 6)) * random.uniform(0.8, 1.2)
+                    log.error("%s; retrying in %.1fs", exc, delay)
+                    await self._until(asyncio.sleep(delay))
+                    self._claimer_writes = True
+                    continue
+                except BaseException:
+                    self._completions = batch + self._completions
+                    raise
+                _answer(batch, oks)
+                if failures:
+                    log.warning("job store reachable again")
+                    failures = 0
+                for lease in leases:
+                    self._start(lease)
+                if len(leases) < free:
+                    if (
+                        self.stop_when_idle
+                        and not self._running
+                        and not leases
+                        and not (await self._queues_active())
+                    ):
+                        self.stop()
+                        break
+                    # Fewer jobs than slots: wait for a NOTIFY, a poll tick, a result
+                    # to write, or a free slot (of a concurrency key: its waiting jobs
+                    # may run now).
+                    self._slot_freed.clear()
+                    self._key_freed.clear()
+                    self._to_send.clear()
+                    if self._completions:
+                        continue
+                    timeout = self.poll_interval * random.uniform(0.5, 1.0)
+                    await self._until(
+                        self.app.broker.wait_for_jobs(self.queues, timeout),
+                        (self._slot_freed if self.stop_when_idle else self._key_freed).wait(),
+                        self._to_send.wait(),
+                    )
+        finally:
+            # Results of jobs still running once claims stop: the completer's.
+            self._claimer_writes = False
+            self._completion_ready.set()
 
     async def _queues_active(self) -> bool:
         """Jobs running elsewhere (they may fail and come back), or pending and due
@@ -246,11 +279,10 @@ class Worker:
         )
         return False
 
-    async def _until(self, main: Any, other: Any) -> None:
-        """Await ``main`` (and optionally ``other``) but return early on stop."""
+    async def _until(self, main: Any, *others: Any) -> None:
+        """Await ``main`` (or the first of ``others``) but return early on stop."""
         waits = {asyncio.ensure_future(main), asyncio.ensure_future(self._stopping.wait())}
-        if other is not None:
-            waits.add(asyncio.ensure_future(other))
+        waits.update(asyncio.ensure_future(other) for other in others)
         _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for fut in pending:
             fut.cancel()
@@ -465,6 +497,7 @@ class Worker:
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         running.writing = True
         self._completions.append((Completion(running.lease, result), fut))
+        self._to_send.set()
         self._completion_ready.set()
         ok = await fut
         if not ok:
@@ -476,6 +509,8 @@ class Worker:
         while True:
             await self._completion_ready.wait()
             self._completion_ready.clear()
+            if self._claimer_writes:
+                continue  # the claim loop sends them with its next claim
             batch, self._completions = self._completions, []
             if not batch:
                 continue
@@ -495,9 +530,7 @@ class Worker:
                 await asyncio.sleep(0.5)
                 self._completion_ready.set()
                 continue
-            for (_, fut), ok in zip(batch, oks, strict=True):
-                if not fut.done():
-                    fut.set_result(ok)
+            _answer(batch, oks)
 
     async def _confirm(self, running: _Running) -> None:
         """``ctx.check_lease()``: renew now unless the heartbeat renewed recently;
@@ -626,6 +659,13 @@ class Worker:
                 log.error(
                     "could not release %d jobs (%s); their leases will expire", len(left), exc
                 )
+
+
+def _answer(batch: Sequence[tuple[Completion, asyncio.Future[bool]]], oks: Sequence[bool]) -> None:
+    """Tell each job whether the store took its result."""
+    for (_, fut), ok in zip(batch, oks, strict=True):
+        if not fut.done():
+            fut.set_result(ok)
 
 
 def _describe(exc: BaseException) -> str:

@@ -8,6 +8,7 @@ import uuid
 
 import psycopg
 
+from herd import App, Worker
 from herd.queue.base import Completion, Failure, JobStatus, NewJob
 from herd.queue.postgres import PostgresBroker
 from tests.helpers import eventually
@@ -303,3 +304,39 @@ async def test_a_workers_verbs_skip_the_checkout_check_yet_survive_dropped_conne
         assert checks  # the second tries were checked
     finally:
         await broker.close()
+
+
+async def test_a_drain_writes_each_result_in_the_statement_of_a_claim(clean_pg, monkeypatch):
+    # One commit (one WAL flush) for a claim and the results of the jobs whose slots it
+    # fills: no completion is written alone while the worker claims.
+    broker = PostgresBroker(clean_pg)
+    sent: list[str] = []
+    execute = psycopg.AsyncCursor.execute
+
+    async def counting(self, query, params=None, **kw):
+        sent.append(query)
+        return await execute(self, query, params, **kw)
+
+    app = App(broker=broker)
+
+    @app.task(name="noop")
+    async def noop(payload):
+        return payload
+
+    async with app:
+        ids = [r.job_id for r in await app.enqueue_many("noop", list(range(200)))]
+        monkeypatch.setattr(psycopg.AsyncCursor, "execute", counting)
+        worker = Worker(
+            app,
+            concurrency=10,
+            poll_interval=0.05,
+            stop_when_idle=True,
+            install_signal_handlers=False,
+        )
+        stats = await asyncio.wait_for(worker.run(), 60)
+        monkeypatch.undo()
+        jobs = await broker.get_jobs(ids)
+    assert stats.succeeded == 200 and {j.result for j in jobs} == set(range(200))
+    alone = [q for q in sent if q == broker._q["complete"]]
+    with_claims = [q for q in sent if q == broker._q["complete_and_claim"]]
+    assert alone == [] and with_claims

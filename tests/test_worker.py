@@ -348,6 +348,10 @@ class RenewsWhileWriting:
     async def complete_if_leased(self, items):
         return await self._hold(await self.inner.complete_if_leased(items))
 
+    async def complete_and_claim(self, items, queues, owner, limit):
+        oks, leases = await self.inner.complete_and_claim(items, queues, owner, limit)
+        return (await self._hold(oks) if items else oks), leases
+
     async def fail_if_leased(self, failure):
         return await self._hold(await self.inner.fail_if_leased(failure))
 

@@ -303,6 +303,14 @@ class Broker(Protocol):
         """Store results and mark jobs succeeded; False where the lease was lost."""
         ...
 
+    async def complete_and_claim(
+        self, items: Sequence[Completion], queues: Sequence[str], owner: str, limit: int
+    ) -> tuple[list[bool], list[Lease]]:
+        """complete_if_leased(items) and claim(queues, owner, limit) in one write where
+        the store allows it (a worker's finished jobs go with its next claim): each
+        completion fenced as complete_if_leased fences it."""
+        ...
+
     async def fail_if_leased(self, failure: Failure) -> JobStatus | None:
         """Record an error; the job is retried or dead-lettered. None: lease lost."""
         ...

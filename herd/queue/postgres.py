@@ -97,24 +97,33 @@ def _enqueue_params(jobs: Sequence[NewJob]) -> dict[str, str]:
     """The batch as one JSON array for the enqueue statement. Each payload is spliced in
     as the JSON text it was checked as (payload_text), not parsed and dumped again."""
     rows = []
+    # The fields beside the payload are most often the same for a whole batch (one
+    # task, one queue, no keys): each distinct set is serialized once.
+    heads: dict[tuple[Any, ...], str] = {}
     for j in jobs:
-        head = json.dumps(
-            {
-                "queue": j.queue,
-                "task": j.task,
-                "priority": j.priority,
-                "dedup_key": j.dedup_key,
-                "delay": max(0.0, float(j.delay)),
-                "lease_seconds": float(j.lease_seconds),
-                "max_attempts": j.max_attempts,
-                "max_stalls": j.max_stalls,
-                "trace_context": trace_text(j),
-                "concurrency_key": j.concurrency_key,
-                "key_limit": j.max_running_per_key if j.concurrency_key else None,
-            },
-            allow_nan=False,
-        )
-        rows.append(f'{head[:-1]},"payload":{payload_text(j)}}}')
+        trace = trace_text(j)
+        fields = (j.queue, j.task, j.priority, j.dedup_key, j.delay, j.lease_seconds,
+                  j.max_attempts, j.max_stalls, trace, j.concurrency_key,
+                  j.max_running_per_key)  # fmt: skip
+        head = heads.get(fields)
+        if head is None:
+            head = heads[fields] = json.dumps(
+                {
+                    "queue": j.queue,
+                    "task": j.task,
+                    "priority": j.priority,
+                    "dedup_key": j.dedup_key,
+                    "delay": max(0.0, float(j.delay)),
+                    "lease_seconds": float(j.lease_seconds),
+                    "max_attempts": j.max_attempts,
+                    "max_stalls": j.max_stalls,
+                    "trace_context": trace,
+                    "concurrency_key": j.concurrency_key,
+                    "key_limit": j.max_running_per_key if j.concurrency_key else None,
+                },
+                allow_nan=False,
+            )[:-1]
+        rows.append(f'{head},"payload":{payload_text(j)}}}')
     return {"jobs": "[" + ",".join(rows) + "]"}
 
 
@@ -138,6 +147,29 @@ def _schedule_state(row: dict[str, Any]) -> ScheduleState:
         last_run_at=row["last_run_at"],
         runs=row["runs"],
     )
+
+
+def _statements() -> dict[str, str]:
+    """The broker's statements as sent: without their comment lines and indentation
+    (no string literal of queries.sql spans lines). psycopg parses a statement's
+    placeholders once and caches the result only for statements of up to 4,096
+    characters: the claim's comments made it longer, and parsing it anew cost a third
+    of a worker's CPU in a drain of no-op jobs. complete_and_claim takes the claim's
+    text in place of its CLAIM line, so that the claim is written once."""
+    q = {
+        name: "\n".join(
+            line.strip() for line in text.splitlines() if not line.lstrip().startswith("--")
+        )
+        for name, text in named("herd.queue.sql").items()
+    }
+    q["complete_and_claim"] = q["complete_and_claim"].replace("\nCLAIM\n", f"\n{q['claim']}\n")
+    return q
+
+
+def _completion_params(items: Sequence[Completion]) -> dict[str, Any]:
+    params: dict[str, Any] = dict(_ids_tokens([c.lease for c in items]))
+    params["results"] = [dumps(c.result, what=f"result of job {c.lease.job_id}") for c in items]
+    return params
 
 
 def _ids_tokens(leases: Sequence[Lease]) -> dict[str, list[int]]:
@@ -182,7 +214,7 @@ class PostgresBroker:
         self.throughput_ttl = float(throughput_ttl)
         self._next_purge = 0.0
         self._purging: asyncio.Task[int] | None = None
-        self._q = named("herd.queue.sql")
+        self._q = _statements()
         self._pool = SharedPool(
             url, max_size=max(2, pool_size), store="the job store", direct_url=direct_url
         )
@@ -279,12 +311,7 @@ class PostgresBroker:
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[EnqueueResult]:
         if not jobs:
             return []
-        params = _enqueue_params(jobs)
-        with translate_errors(self.url):
-            async with self._pool.connection() as conn, conn.transaction():
-                cur = await conn.execute(self._q["enqueue"], params)
-                inserted = sorted(await cur.fetchall())
-                await conn.execute(self._q["notify"], {"queues": sorted({j.queue for j in jobs})})
+        inserted = sorted(await self._fetch("enqueue", _enqueue_params(jobs)))
         # Inserted ids ascend in input order; rows skipped by the dedup
         # conflict are absent and resolve to the job that holds the key.
         rows = iter(inserted)
@@ -320,21 +347,39 @@ class PostgresBroker:
     # -- workers
 
     async def claim(self, queues: Sequence[str], owner: str, limit: int) -> list[Lease]:
+        _, leases = await self._claim(queues, owner, limit, ())
+        return leases
+
+    async def complete_and_claim(
+        self, items: Sequence[Completion], queues: Sequence[str], owner: str, limit: int
+    ) -> tuple[list[bool], list[Lease]]:
+        """complete_if_leased(items), then claim(queues, owner, limit): the completions
+        ride in the statement of the first queue's claim, one commit for both."""
+        done, leases = await self._claim(queues, owner, limit, items)
+        return await self._settle(items, done), leases
+
+    async def _claim(
+        self, queues: Sequence[str], owner: str, limit: int, items: Sequence[Completion]
+    ) -> tuple[set[int], list[Lease]]:
+        """Claim up to ``limit`` jobs; ``items`` are completed in the first claim
+        statement sent (alone when none is). Returns the ids completed and the leases."""
         # One queue per statement, so that each claim walks one queue's index in
         # (priority, id) order instead of sorting every ready job of several
         # queues; the starting queue rotates so that none starves the others.
         leases: list[Lease] = []
+        done: set[int] = set()
+        completions = _completion_params(items) if items else None
         if time.monotonic() >= self._next_purge:
             # Retention rides on claiming, so every worker fleet has it without a
             # scheduler; in the background, at most every 10 minutes per process.
             self._next_purge = time.monotonic() + purge_period(self.finished_ttl)
             self._purging = asyncio.create_task(self._purge_quietly(), name="herd-purge")
-        if limit <= 0 or not queues:
-            return leases
-        self._rotation = (self._rotation + 1) % len(queues)
+        if limit > 0 and queues:
+            self._rotation = (self._rotation + 1) % len(queues)
         live = self._live_key(owner)
         now = time.monotonic()
-        for queue in [*queues[self._rotation :], *queues[: self._rotation]]:
+        order = [*queues[self._rotation :], *queues[: self._rotation]] if limit > 0 else []
+        for queue in order:
             if len(leases) >= limit:
                 break
             params = {"queue": queue, "owner": owner, "live": live}
@@ -345,17 +390,27 @@ class PostgresBroker:
                 rows = await self._worker_fetch(
                     "claim_orphans", {**params, "limit": limit - len(leases)}, dicts=True
                 )
-            if len(rows) < limit - len(leases):
-                rows += await self._worker_fetch(
-                    "claim", {**params, "limit": limit - len(leases) - len(rows)}, dicts=True
+            want = limit - len(leases) - len(rows)
+            if want > 0 and completions is not None:
+                found = await self._worker_fetch(
+                    "complete_and_claim", {**params, **completions, "limit": want}, dicts=True
                 )
+                completions = None
+                done.update(found[0].pop("completed"))
+                for row in found:
+                    row.pop("completed", None)
+                rows += [row for row in found if row["job_id"] is not None]
+            elif want > 0:
+                rows += await self._worker_fetch("claim", {**params, "limit": want}, dicts=True)
             for row in rows:
                 if row.pop("status") != JobStatus.PROCESSING:
                     log.warning("job %s dead-lettered: its lease expired too often", row["job_id"])
                     continue
                 trace = trace_of(row.pop("trace_context"))
                 leases.append(Lease(**row, owner=owner, trace_context=trace))
-        return leases
+        if completions is not None:  # no claim statement was sent
+            done.update(row[0] for row in await self._worker_fetch("complete", completions))
+        return done, leases
 
     async def purge_finished(self, older_than: float | None = None, *, batch: int = 5000) -> int:
         """Delete succeeded jobs finished more than ``older_than`` seconds ago (default:
@@ -413,9 +468,12 @@ class PostgresBroker:
     async def complete_if_leased(self, items: Sequence[Completion]) -> list[bool]:
         if not items:
             return []
-        params: dict[str, Any] = dict(_ids_tokens([c.lease for c in items]))
-        params["results"] = [dumps(c.result, what=f"result of job {c.lease.job_id}") for c in items]
-        done = {row[0] for row in await self._worker_fetch("complete", params)}
+        done = {row[0] for row in await self._worker_fetch("complete", _completion_params(items))}
+        return await self._settle(items, done)
+
+    async def _settle(self, items: Sequence[Completion], done: set[int]) -> list[bool]:
+        """Whether each completion landed: ``done`` by the statement just sent, or by
+        an earlier try whose reply was lost (the job succeeded under the same token)."""
         refused = [c.lease for c in items if c.lease.job_id not in done]
         if refused:
             done |= {row[0] for row in await self._fetch("already_completed", _ids_tokens(refused))}
@@ -642,7 +700,6 @@ class PostgresBroker:
                 if await cur.fetchone() is None:
                     ids = []
                     raise psycopg.Rollback()  # run-now of a schedule nobody registered
-                await conn.execute(self._q["notify"], {"queues": sorted({j.queue for j in jobs})})
         return [EnqueueResult(job_id, True) for job_id in ids] if ids else None
 
     async def pause_schedule(self, name: str, paused: bool, floor: datetime | None) -> bool:

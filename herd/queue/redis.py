@@ -591,6 +591,12 @@ class RedisBroker:
                 out[int(job_id)] = _ms(str(expires)) or datetime.now(UTC)
         return out
 
+    async def complete_and_claim(
+        self, items: Sequence[Completion], queues: Sequence[str], owner: str, limit: int
+    ) -> tuple[list[bool], list[Lease]]:
+        # Two calls: a Redis write does not wait on the disk, so there is no flush to share.
+        return await self.complete_if_leased(items), await self.claim(queues, owner, limit)
+
     async def complete_if_leased(self, items: Sequence[Completion]) -> list[bool]:
         if not items:
             return []

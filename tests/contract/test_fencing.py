@@ -67,6 +67,34 @@ async def test_completion_batch_accepts_the_held_and_refuses_the_stale(broker):
     assert (await broker.get_job(job_id)).result is None
 
 
+async def test_completions_sent_with_a_claim_are_fenced_row_by_row(broker):
+    job_id, stale, _ = await _taken_over(broker)  # "new" holds it now
+    # Ahead of the taken-over job, whose short lease may expire again meanwhile.
+    await broker.enqueue([job(priority=1), job(priority=1), job(priority=1)])
+    held = await broker.claim(["default"], "w", 2)
+    oks, leases = await broker.complete_and_claim(
+        [Completion(stale, "stale"), *(Completion(h, i) for i, h in enumerate(held))],
+        ["default"],
+        "w",
+        1,
+    )
+    assert oks == [False, True, True]
+    assert len(leases) == 1 and leases[0].job_id not in {job_id, *(h.job_id for h in held)}
+    stored = await broker.get_job(job_id)
+    assert stored.status == JobStatus.PROCESSING
+    assert stored.lease_owner == "new" and stored.result is None
+    assert [(await broker.get_job(h.job_id)).result for h in held] == [0, 1]
+    (stats,) = await broker.stats()
+    assert stats.counts == {JobStatus.SUCCEEDED: 2, JobStatus.PROCESSING: 2}
+    # A completion sent again (its first reply lost) is found stored; one with nothing
+    # to claim is written all the same.
+    oks, more = await broker.complete_and_claim(
+        [Completion(held[0], 0), Completion(leases[0], "last")], ["empty"], "w", 5
+    )
+    assert oks == [True, True] and more == []
+    assert (await broker.get_job(leases[0].job_id)).result == "last"
+
+
 async def test_renewal_keeps_a_job_for_three_times_its_ttl(broker):
     # Renewed every third of it. A step that a loaded machine stalls past the ttl
     # proves nothing (within_lease tries again with a longer one).
