@@ -13,7 +13,7 @@ from herd.llm.eval.pipesubmit import submit_pipeline_texts
 from herd.llm.eval.runtime import EvalRuntime
 from tests.llm.conftest import SECRET
 from tests.llm.test_pipeline import NOTE, SUMMARY, app, drain, manual  # noqa: F401
-from tests.llm.test_pipeline_rounds import SMALL, TEXTS, reduce_pieces
+from tests.llm.test_pipeline_rounds import TEXTS, reduce_pieces
 from tests.llm.test_pipeline_rounds import pipeline as in_rounds
 from tests.test_cli import herd
 
@@ -63,21 +63,23 @@ def _amounts(value: object) -> list[float]:
 
 
 async def test_plan_json_prints_exact_dollars(app, sim, pg_url, tmp_path):  # noqa: F811
-    # Rates whose float products leave residues (3 * 0.1 is 0.30000000000000004).
+    # Rates whose float products leave residues (the sum of the float costs of these
+    # calls is 0.005780199999999999, of the map's 0.0015224999999999995).
     prices = tmp_path / "prices.json"
-    prices.write_text(json.dumps({"sim-1": {"input": 0.1, "output": 0.3},
-                                  "sim-reduce": {"input": 0.7, "output": 0.1}}))  # fmt: skip
+    prices.write_text(json.dumps({"sim-1": {"input": 0.7, "output": 0.1}}))
     folder = tmp_path / "docs"
     folder.mkdir()
-    for d in range(3):
-        (folder / f"m{d}.md").write_text(manual(f"Device {d}", 3 + d))
+    for name, text in TEXTS.items():
+        (folder / name).write_text(text)
+    (tmp_path / "note.json").write_text(json.dumps(NOTE))
     spec = tmp_path / "pipeline.toml"
     spec.write_text(
-        '[defaults]\nmodel = "sim-1"\n[context]\n"sim-reduce" = ' + str(SMALL) + "\n"
+        '[defaults]\nmodel = "sim-1"\n'
         '[[stages]]\nname = "sections"\nkind = "split"\nby = "headings"\n'
         '[[stages]]\nname = "notes"\nkind = "map"\nprompt = "Note it."\n'
-        '[[stages]]\nname = "summary"\nkind = "reduce"\nprompt = "Sum up."\n'
-        'model = "sim-reduce"\n'
+        'schema_file = "note.json"\nparams = { max_tokens = 77 }\n'
+        '[[stages]]\nname = "summary"\nkind = "reduce"\nprompt = "Sum."\n'
+        "params = { max_tokens = 33 }\n"
     )
     env = {"OPENAI_BASE_URL": sim.openai_url, "OPENAI_API_KEY": SECRET, "COLUMNS": "80",
            "HERD_PRICES": str(prices)}  # fmt: skip
@@ -87,11 +89,10 @@ async def test_plan_json_prints_exact_dollars(app, sim, pg_url, tmp_path):  # no
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
         amounts = _amounts(out)
-        assert len(amounts) == 4 and all(a is None or a > 0 for a in amounts[:3])
-        for a in amounts:
+        assert len(amounts) == 4 and amounts[0] is None and all(a > 0 for a in amounts[1:])
+        for a in amounts[1:]:
             # Whole tokens at rates of tenths of a dollar per million (halved in a
             # batch): exact to 1e-8 dollars; a float residue runs to 17 digits.
-            assert a is None or Decimal(repr(a)).as_tuple().exponent >= -8, r.stdout
-        stages = [s["usd"] for s in out["stages"] if s["usd"] is not None]
-        assert Decimal(repr(out["usd"])) == sum(Decimal(repr(x)) for x in stages)
+            assert Decimal(repr(a)).as_tuple().exponent >= -8, r.stdout
+        assert Decimal(repr(amounts[3])) == Decimal(repr(amounts[1])) + Decimal(repr(amounts[2]))
         assert [s["batch_api"] for s in out["stages"][1:]] == [bool(extra)] * 2
