@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +27,7 @@ from tests.helpers import eventually
 from tests.llm.conftest import SECRET, clean_eval_tables
 from tests.llm.test_pipeline import NOTE, PIPE_TABLES, SUMMARY, manual
 
+ROOT = Path(__file__).resolve().parents[2]
 PRICE = {"sim-1": {"input": 2.0, "output": 8.0}}
 
 
@@ -228,3 +232,47 @@ def test_the_batch_api_flag_batches_every_model_stage_and_keeps_the_keys():
     both = pipe.through_batch_api()
     assert pipe.batched == [] and both.batched == ["notes", "summary"]
     assert [both.spec(s).hash for s in both.calls] == [pipe.spec(s).hash for s in pipe.calls]
+
+
+def _worker(pg_url: str, sim, log: Path, crash_at: str | None) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HERD_DATABASE_URL=pg_url,
+               OPENAI_BASE_URL=sim.openai_url, OPENAI_API_KEY=SECRET)  # fmt: skip
+    env.pop("HERD_TEST_CRASH_AT", None)
+    if crash_at:
+        env["HERD_TEST_CRASH_AT"] = crash_at
+    return subprocess.Popen(
+        [sys.executable, "-m", "herd", "worker", "tests.apps.pipe_batch_crash:app",
+         "--queue", evaluate.QUEUE, "--poll-interval", "0.1", "--concurrency", "2",
+         "--grace", "5"],
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log.open("wb"),
+    )  # fmt: skip
+
+
+@pytest.mark.timeout(150)
+async def test_a_worker_killed_after_creating_the_maps_batch_makes_no_second_one(
+    app, sim, pg_url, tmp_path
+):
+    folder = folder_of(tmp_path)
+    pipe = from_json(pipeline(map_batched=True, reduce_batched=True))
+    await submit_pipeline(app, [folder], pipe, batch="pb6")
+    first = _worker(pg_url, sim, tmp_path / "first.log", "after_create")
+    try:
+        code = await asyncio.to_thread(first.wait, 60)
+        assert code == 137, (tmp_path / "first.log").read_text()
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert sim.stats()["batches"]["created"] == 1  # made, then killed before recording it
+    second = _worker(pg_url, sim, tmp_path / "second.log", None)
+    try:
+        await eventually(lambda: all_final(app, "pb6", DOCS), timeout=90, interval=0.2)
+        second.terminate()
+        assert await asyncio.to_thread(second.wait, 20) == 0
+    finally:
+        if second.poll() is None:
+            second.kill()
+    stats = sim.stats()
+    # The maps' provider batch found by its handle, not made again; then the reduces'.
+    assert stats["batches"]["created"] == 2 and stats["batch_billed"] == MAPS + DOCS
+    assert [n for _, n in await reduces_of(app, "pb6")] == [1] * DOCS
+    assert len(await ledger(app, "pb6")) == MAPS + DOCS
