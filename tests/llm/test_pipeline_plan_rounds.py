@@ -11,6 +11,7 @@ from herd.llm.eval.pipeline import from_json
 from herd.llm.eval.pipeplan import plan_pipeline_texts, render
 from herd.llm.eval.pipesubmit import submit_pipeline_texts
 from herd.llm.eval.runtime import EvalRuntime
+from tests.api.conftest import client_of
 from tests.llm.conftest import SECRET
 from tests.llm.test_pipeline import NOTE, SUMMARY, app, drain, manual  # noqa: F401
 from tests.llm.test_pipeline_rounds import TEXTS, reduce_pieces
@@ -52,6 +53,15 @@ async def test_a_batched_stage_is_planned_at_the_batch_price(app, sim, monkeypat
                                                           b.output_tokens)  # fmt: skip
     assert s.usd is not None and b.usd == s.usd / 2 and b.batch_api
     assert any(line.startswith("  Batch API: notes, summary") for line in render(batched))
+    # The HTTP API: "batch_api" with a pipeline puts every model stage through it.
+    body = {"pipeline": in_rounds(context=32768), "plan": True, "batch_api": True,
+            "documents": [{"name": n, "text": t} for n, t in TEXTS.items()]}  # fmt: skip
+    async with client_of(app) as client:
+        answered = await client.post("/evals", json=body)
+    assert answered.status_code == 200, answered.text
+    stages = answered.json()["stages"]
+    assert [s["batch_api"] for s in stages] == [False, True, True]
+    assert Decimal(repr(stages[1]["usd"])) == b.usd
 
 
 def _amounts(value: object) -> list[float]:
