@@ -63,6 +63,8 @@ async def submit(
     documents = {d.name: d.text for d in body.documents}
     if body.pipeline is not None:
         pipe = pipeline.from_json(body.pipeline)
+        if body.batch_api:  # every model stage through the Batch API
+            pipe = pipe.through_batch_api()
         if body.plan:
             planned = await plan_pipeline_texts(app, pipe, documents, limits=limits,
                                                 budget=body.budget, batch=body.batch,

@@ -391,8 +391,6 @@ class EvalIn(Strict):
         if self.pipeline is not None:
             if self.model is not None or self.system is not None or self.json_schema:
                 raise ValueError("give a pipeline, or model and system, not both")
-            if self.batch_api:
-                raise ValueError("batch_api: a pipeline does not go through the Batch API yet")
         elif self.model is None or self.system is None:
             raise ValueError("give model and system (or a pipeline)")
         return self
@@ -456,7 +454,9 @@ class StagePlanOut(BaseModel):
     estimated: int  # of the calls, those whose input is estimated (read answers not made yet)
     input_tokens: int
     output_tokens: int
-    usd: float | None  # None: a split, or the model has no price
+    usd: float | None  # None: a split, or the model has no price (batch price if batch_api)
+    batch_api: bool = False  # through the Batch API: at the batch price
+    rounds: int = 1  # a reduce's most rounds over a document (larger than its context)
 
 
 class PipelinePlanOut(BaseModel):

@@ -201,11 +201,10 @@ def eval_submit(
     if pipeline is not None:
         if prompt is not None or model is not None or schema is not None:
             raise _usage("give --pipeline, or --prompt and --model, not both", "--pipeline")
-        if batch_api:
-            raise _usage("a pipeline does not go through the Batch API yet", "--batch-api")
         _submit_pipeline(ctx, paths, pipeline, batch=batch, priority=priority, wait=wait,
                          concurrency=concurrency, budget=budget, limits=limits,
-                         as_json=as_json, plan=plan, fallbacks=fallback or [])  # fmt: skip
+                         as_json=as_json, plan=plan, fallbacks=fallback or [],
+                         batch_api=batch_api)  # fmt: skip
         return
     if prompt is None or model is None:
         raise _usage("give --prompt and --model (or --pipeline FILE)", "--prompt")
@@ -311,19 +310,28 @@ def _submit_pipeline(
     ctx: typer.Context, paths: list[Path], path: Path, *, batch: str | None, priority: int,
     wait: bool, concurrency: int, budget: float | None, limits: dict[str, int] | None,
     as_json: bool, plan: bool = False, fallbacks: list[str] | None = None,
+    batch_api: bool = False,
 ) -> None:  # fmt: skip
     """`herd eval submit DOCS --pipeline FILE`: every stage checked before anything is
-    stored (one line, exit 2), the documents split and their first stage enqueued."""
+    stored (one line, exit 2), the documents split and their first stage enqueued.
+    ``--batch-api``: every model stage through the Batch API."""
     opts = console.opts(ctx)
     try:
         pipe = load_pipeline(path)
+        if batch_api:
+            pipe = pipe.through_batch_api()
         check_pipeline(pipe, opts.settings, budget=budget, limits=limits, batch=batch,
                        fallbacks=fallbacks or [])  # fmt: skip
         missing = [p for p in paths if not p.exists()]
         if missing:
             raise InvalidInput(f"{missing[0]}: no such file or directory", field="paths")
     except InvalidInput as exc:
-        hint = {"paths": "PATHS", "fallbacks": "--fallback", "budget": "--budget"}
+        hint = {
+            "paths": "PATHS",
+            "fallbacks": "--fallback",
+            "budget": "--budget",
+            "batch_api": "--batch-api" if batch_api else "--pipeline",
+        }
         raise _usage(str(exc), hint.get(exc.field or "", "--pipeline")) from None
     if plan:
         _print_pipeline_plan(ctx, paths, pipe, limits=limits, budget=budget, batch=batch,

@@ -48,7 +48,7 @@ from herd.app import App
 from herd.context import JobContext
 from herd.errors import Fatal, Retry, Snooze
 from herd.llm.completion import Usage
-from herd.llm.eval import ledger
+from herd.llm.eval import ledger, pipebatch
 from herd.llm.eval.runtime import EvalRuntime
 from herd.llm.eval.spec import POLL_TASK, QUEUE, SUBMIT_TASK, TASK, EvalSpec, validate_answer
 from herd.llm.eval.store import EvalStore
@@ -79,8 +79,14 @@ def batch_cost(price: Price | None, usage: Usage) -> Decimal | None:
     return None if price is None else price.batch_cost(usage)
 
 
-async def _requests(rt: EvalRuntime, spec: EvalSpec, batch: str, keys: list[str]) -> list[Request]:
-    rows = await rt.store.execute("chunk_requests", {"b": batch, "spec": spec.hash, "keys": keys})
+async def _requests(
+    rt: EvalRuntime, spec: EvalSpec, batch: str, keys: list[str], chunk: str, pipeline: bool
+) -> list[Request]:
+    if pipeline:  # a pipeline stage's chunk: its pieces' inputs
+        rows = await pipebatch.requests_of(rt, chunk, keys)
+    else:
+        rows = await rt.store.execute("chunk_requests", {"b": batch, "spec": spec.hash,
+                                                         "keys": keys})  # fmt: skip
     if not rows:
         # A submission stores a chunk's items just after enqueuing its job, so a worker
         # can run the job in between: retried, the items are there. A purged batch's
@@ -98,10 +104,14 @@ async def _cancelled(rt: EvalRuntime, batch: str) -> bool:
     return bool(rows) and rows[0][0] == "cancelled"
 
 
-async def _drop_chunk(ctx: JobContext, rt: EvalRuntime, handle: str) -> dict[str, Any]:
+async def _drop_chunk(
+    ctx: JobContext, rt: EvalRuntime, handle: str, payload: dict[str, Any]
+) -> dict[str, Any]:
     """The batch was cancelled before this chunk's provider batch was created."""
     async with fenced(ctx, rt.store) as conn:
         await EvalStore.on(conn, "drop_chunk", handle=handle)
+        if payload.get("pipeline"):
+            await pipebatch.dropped(conn, payload["chunk"])
     return {"handle": handle, "cancelled": True}
 
 
@@ -128,14 +138,16 @@ async def batch_submit(payload: dict[str, Any], ctx: JobContext) -> dict[str, An
         file_id, batch_id = file_id or found.file_id, found.batch_id
         if batch_id is None:
             if await _cancelled(rt, batch):
-                return await _drop_chunk(ctx, rt, handle)
+                return await _drop_chunk(ctx, rt, handle, payload)
             if file_id is None:
-                requests = await _requests(rt, spec, batch, keys)
+                requests = await _requests(
+                    rt, spec, batch, keys, chunk, bool(payload.get("pipeline"))
+                )
                 await ctx.check_lease()
                 file_id = await api.upload(handle, requests)
             await ctx.check_lease()
             if await _cancelled(rt, batch):  # the file costs nothing; only a batch is billed
-                return await _drop_chunk(ctx, rt, handle)
+                return await _drop_chunk(ctx, rt, handle, payload)
             batch_id = await api.create(handle, file_id)
         async with fenced(ctx, rt.store) as conn:
             await EvalStore.on(conn, "polling", file=file_id, batch_id=batch_id, handle=handle)
@@ -146,6 +158,9 @@ async def batch_submit(payload: dict[str, Any], ctx: JobContext) -> dict[str, An
             "keys": keys,
             "submit": ctx.job_id,
             **({"retry": True} if payload.get("retry") else {}),
+            **(
+                {"pipeline": payload["pipeline"], "chunk": chunk} if payload.get("pipeline") else {}
+            ),
         },  # fmt: skip
         queue=QUEUE,
         dedup_key=f"batchapi-poll:{handle}",
@@ -155,6 +170,8 @@ async def batch_submit(payload: dict[str, Any], ctx: JobContext) -> dict[str, An
     # of later submissions that joined this chunk's keys included.
     async with fenced(ctx, rt.store) as conn:
         await EvalStore.on(conn, "move_items", to=poll.job_id, job=ctx.job_id)
+        if payload.get("pipeline"):
+            await pipebatch.moved(conn, chunk, poll.job_id)
     return {"handle": handle, "provider_batch": batch_id, "poll_job": poll.job_id,
             "requests": len(keys)}  # fmt: skip
 
@@ -167,7 +184,10 @@ async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]
     if not rows:
         raise Fatal(f"provider batch handle {handle} is not recorded (purged?)")
     batch, spec_hash, batch_id, state, polls = rows[0]
+    pipeline = payload.get("pipeline")
     if state == "done":
+        if pipeline:  # settled, then killed before the next stage was gathered
+            await pipebatch.after_settle(ctx.app, rt, pipeline, batch)
         return {"handle": handle, "provider_batch": batch_id, "state": state}
     spec = await rt.store.spec(spec_hash)
     api = rt.batch_api(spec)
@@ -187,13 +207,13 @@ async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]
     # Retried once; enqueued before the fan-out commits, so a takeover enqueues them
     # again at worst, deduplicated onto the same jobs. A cancelled batch retries nothing.
     serving = [ctx.job_id] + ([int(payload["submit"])] if payload.get("submit") else [])
-    if failed and cancelled:  # retried only for the items still waiting (other batches')
+    if failed and cancelled and not pipeline:  # retried only for the items still waiting
         waiting = await rt.store.execute(
             "still_waiting_keys", {"jobs": serving, "keys": list(failed)}
         )
         failed = {k: failed[k] for (k,) in waiting}
     fallback: dict[str, int] = {}
-    if failed:
+    if failed and not pipeline:  # a pipeline's pieces are retried by pipebatch.settle
         fallback = await _retry(ctx, batch, spec_hash, handle, failed, bool(payload.get("retry")))
     async with fenced(ctx, rt.store) as conn:
         for key, usage, kind in billed:
@@ -214,7 +234,12 @@ async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]
                                key=key)  # fmt: skip
         for key, job_id in fallback.items():
             await EvalStore.on(conn, "move_key", to=job_id, jobs=serving, key=key)
+        if pipeline:
+            await pipebatch.settle(conn, rt, pipeline, batch, payload["chunk"], good, failed,
+                                   cancelled)  # fmt: skip
         await EvalStore.on(conn, "provider_batch_done", status=found.status, handle=handle)
+    if pipeline:
+        await pipebatch.after_settle(ctx.app, rt, pipeline, batch)
     telemetry.model_batch(spec.provider, spec.model, [u for _, u, _ in billed if u], price=price)
     return {"handle": handle, "provider_batch": batch_id, "status": found.status,
             "answered": len(good), "fallback": len(fallback), "unknown_ids": matched.unknown,

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from herd.app import App
-from herd.llm.eval import batchapi, spec, stages, task
+from herd.llm.eval import batchapi, pipebatch, spec, stages, task
 
 tasks = App()
 
@@ -16,6 +16,10 @@ tasks.task(name=spec.TASK, queue=spec.QUEUE, lease_seconds=30, max_attempts=3)(t
 # A pipeline's calls (herd.llm.eval.stages): one job per piece or per document's stage.
 tasks.task(name=stages.STAGE_TASK, queue=spec.QUEUE, lease_seconds=30, max_attempts=3)(
     stages.run_stage
+)
+# A pipeline's stage through the Batch API: its pieces gathered into provider batches.
+tasks.task(name=stages.GATHER_TASK, queue=spec.QUEUE, lease_seconds=60, max_attempts=5)(
+    pipebatch.gather_task
 )
 # Batch API: the submit job records its handle before anything leaves; the poll job
 # hands itself back until the provider batch ends (many attempts: a snooze counts none).

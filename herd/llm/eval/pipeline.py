@@ -65,6 +65,9 @@ class CallStage(_Stage):
     # What a dead piece (of a map stage) does to its document: fail it, naming the
     # piece, or let the next stage read the rest with the gap marked.
     on_dead: Literal["fail", "skip"] = "fail"
+    # Through the provider's Batch API (herd.llm.eval.pipebatch): the stage's calls of
+    # every document ready together go in one provider batch, at the batch price.
+    batch_api: bool = False
 
 
 class FunctionStage(_Stage):
@@ -180,6 +183,19 @@ class Pipeline(BaseModel):
     def calls(self) -> list[CallStage]:
         """The stages that call a model, in order."""
         return [s for s in self.stages if isinstance(s, CallStage)]
+
+    @property
+    def batched(self) -> list[str]:
+        """The names of the stages whose calls go through the Batch API."""
+        return [s.name for s in self.calls if s.batch_api]
+
+    def through_batch_api(self) -> Pipeline:
+        """The same pipeline with every model stage through the Batch API (``--batch-api``
+        on the command line). Its calls' keys are unchanged: a stage answered before,
+        either way, is answered from the cache."""
+        stages = [s.model_copy(update={"batch_api": True}) if isinstance(s, CallStage) else s
+                  for s in self.stages]  # fmt: skip
+        return self.model_copy(update={"stages": stages})
 
     def stage(self, name: str) -> Step:
         for s in self.steps:

@@ -38,7 +38,7 @@ VALUES (%(b)s, %(path)s, %(stage)s, %(round)s, %(open)s, %(n)s) ON CONFLICT DO N
 
 -- name: unsent
 -- Pieces decided but not yet enqueued (of a document; of a batch: path NULL).
-SELECT path, stage, round, seq, key, spec, doc FROM herd_eval_pieces
+SELECT path, stage, round, seq, key, spec, doc, chunk FROM herd_eval_pieces
  WHERE batch = %(b)s AND (%(path)s::text IS NULL OR path = %(path)s)
    AND job_id IS NULL AND status = 'queued'
  ORDER BY path, stage, round, seq;
@@ -187,3 +187,57 @@ DELETE FROM herd_eval_pipelines WHERE hash IN (
      WHERE created_at < now() - make_interval(secs => %(keep)s)
        AND NOT EXISTS (SELECT 1 FROM herd_eval_items i WHERE i.pipeline = p.hash)
      ORDER BY created_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
+
+-- A stage through the Batch API (herd.llm.eval.pipebatch): its pieces gathered into
+-- chunks, one provider batch each, settled by the chunk's poll job.
+
+-- name: gather_keys
+-- The keys of a batch's pieces of the stages named, decided and not yet gathered.
+SELECT DISTINCT key, spec FROM herd_eval_pieces
+ WHERE batch = %(b)s AND stage = ANY(%(stages)s) AND job_id IS NULL AND status = 'queued'
+   AND chunk IS NULL;
+
+-- name: gather
+-- Concurrent gatherers take disjoint pieces: a row another took is skipped (re-checked
+-- after its lock), so a piece is in one chunk ('sync': its own job) only.
+UPDATE herd_eval_pieces SET chunk = %(chunk)s
+ WHERE batch = %(b)s AND stage = ANY(%(stages)s) AND key = ANY(%(keys)s)
+   AND spec = %(spec)s AND job_id IS NULL AND status = 'queued' AND chunk IS NULL
+RETURNING key;
+
+-- name: unsent_chunks
+SELECT chunk, spec, array_agg(DISTINCT key ORDER BY key) FROM herd_eval_pieces
+ WHERE batch = %(b)s AND job_id IS NULL AND status = 'queued' AND chunk IS NOT NULL
+   AND chunk <> 'sync'
+ GROUP BY chunk, spec ORDER BY chunk;
+
+-- name: chunk_sent
+-- To its submit job, then (chunk_moved) its poll job: status settles a dead one's pieces.
+UPDATE herd_eval_pieces SET job_id = %(job)s WHERE chunk = %(chunk)s AND status = 'queued';
+
+-- name: chunk_piece_requests
+SELECT DISTINCT ON (p.key) p.key, d.text FROM herd_eval_pieces p
+  JOIN herd_eval_documents d ON d.hash = p.doc
+ WHERE p.chunk = %(chunk)s AND p.key = ANY(%(keys)s);
+
+-- name: chunk_key_end
+-- A key's answer (or failure) ends every piece of the chunk that asked it, each once.
+UPDATE herd_eval_pieces SET status = %(status)s, source = %(source)s, result = %(result)s,
+       error = %(error)s, finished_at = now()
+ WHERE chunk = %(chunk)s AND key = %(key)s AND status = 'queued'
+RETURNING path, stage, round;
+
+-- name: chunk_to_sync
+-- Keys the provider batch failed: retried once by a job each (sent after the commit).
+UPDATE herd_eval_pieces SET chunk = 'sync', job_id = NULL
+ WHERE chunk = %(chunk)s AND key = ANY(%(keys)s) AND status = 'queued';
+
+-- name: chunk_cancel
+UPDATE herd_eval_pieces SET status = 'cancelled', finished_at = now()
+ WHERE chunk = %(chunk)s AND status = 'queued';
+
+-- name: cancel_ungathered
+-- A cancelled batch gathers nothing more: its waiting pieces of batched stages end here.
+UPDATE herd_eval_pieces SET status = 'cancelled', finished_at = now()
+ WHERE batch = %(b)s AND stage = ANY(%(stages)s) AND job_id IS NULL AND status = 'queued'
+   AND (chunk IS NULL OR chunk <> 'sync');

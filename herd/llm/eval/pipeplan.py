@@ -11,6 +11,11 @@ is made exactly as the fan-in makes it (herd.llm.eval.stages.advance) and it too
 keyed and looked up; otherwise it is unknown until those answers exist, and its tokens
 are estimated: the input's skeleton (each piece's number and location) plus the output
 bound of every answer it reads. Such figures are marked estimated.
+
+A reduce larger than its model's context is counted in rounds, grouped by the function
+the run groups them by (herd.llm.eval.rounds.group_sizes): every round's calls are in
+its stage's figures. A stage through the Batch API is priced at the batch price and is
+left out of the time at the limits (the provider paces it).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from herd.jsonvalue import JSON, canonical
 from herd.limits import Limit
 from herd.limits.tokens import estimate_output, has_tokenizer
 from herd.llm.documents import DocumentError
+from herd.llm.eval import rounds
 from herd.llm.eval.money import as_float, dollars, money
 from herd.llm.eval.pipeline import CallStage, FunctionStage, Pipeline
 from herd.llm.eval.pipesubmit import check_pipeline
@@ -62,13 +68,16 @@ class StagePlan:
     output_tokens: int = 0
     usd: Decimal | None = None  # None: unpriced (or a split: no call)
     priced: bool = True
+    batch_api: bool = False  # through the Batch API: at the batch price
+    rounds: int = 1  # a reduce's most rounds over its documents (rounds.group)
 
     def to_json(self) -> dict[str, Any]:
         return {"stage": self.name, "kind": self.kind, "provider": self.provider or None,
                 "model": self.model or None, "inputs": self.inputs, "unique": self.unique,
                 "cached": self.cached, "calls": self.calls, "estimated": self.estimated,
                 "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                "usd": as_float(self.usd) if self.priced else None}  # fmt: skip
+                "usd": as_float(self.usd) if self.priced else None,
+                "batch_api": self.batch_api, "rounds": self.rounds}  # fmt: skip
 
 
 @dataclass
@@ -147,22 +156,31 @@ async def _stage(
     known = {i.key: i for i in inputs if i.key is not None}
     found = await asyncio.gather(*(rt.cache.get(k) for k in known))
     answers = {k: v for k, v in zip(known, found, strict=True) if v is not None}
-    # Unknown inputs are distinct per document text (identical documents, identical answers).
-    unknown = {i.doc: i for i in inputs if i.key is None}
+    # Unknown inputs are distinct per document text (identical documents, identical
+    # answers) and per round's batch of a reduce (each its own skeleton).
+    unknown = {(i.doc, i.text, i.extra): i for i in inputs if i.key is None}
     todo = [i for k, i in known.items() if k not in answers] + list(unknown.values())
     plan.unique, plan.cached = len(known) + len(unknown), len(answers)
     plan.estimated = len(unknown)
     price = rt.prices.lookup(spec.model, spec.provider)
     counted = estimate(
-        spec, [i.text for i in todo], price, default_max=rt.max_tokens, batch_api=False,
+        spec, [i.text for i in todo], price, default_max=rt.max_tokens,
+        batch_api=stage.batch_api,
         has_batch=registry.kind(spec.provider).batch is not None, limits=limits,
         extra=[i.extra for i in todo],
     )  # fmt: skip
     plan.calls = counted.calls
     plan.input_tokens, plan.output_tokens = counted.input_tokens, counted.output_tokens
-    plan.usd, plan.priced = counted.sync_usd, price is not None
+    # A stage through the Batch API at the batch price (its provider has one: checked).
+    plan.usd, plan.priced = counted.usd, price is not None
+    plan.batch_api = stage.batch_api
+    return plan, answers, _bound(rt, spec)
+
+
+def _bound(rt: EvalRuntime, spec: EvalSpec) -> int:
+    """The output bound of one of the stage's calls: what an answer not made yet counts."""
     _, most = reservation_tokens(spec, "", default_max=rt.max_tokens)
-    return plan, answers, estimate_output(spec.params, spec.schema, most)
+    return estimate_output(spec.params, spec.schema, most)
 
 
 def _next_inputs(
@@ -174,6 +192,8 @@ def _next_inputs(
     spec = pipe.spec(nxt)
     out: dict[str, list[_Input]] = {}
     for name, ins in per_doc.items():
+        if stage.kind != "map":
+            ins = ins[-1:]  # a reduce in rounds: the next stage reads its last round's answer
         got = [answers.get(i.key) if i.key is not None else None for i in ins]
         doc = ins[0].doc
         if all(isinstance(a, dict) for a in got):
@@ -191,6 +211,55 @@ def _next_inputs(
         else:
             out[name] = [_Input(doc, "", None, extra=bound)]
     return out
+
+
+async def _reduce_inputs(
+    rt: EvalRuntime, pipe: Pipeline, nxt: CallStage, per_doc: dict[str, list[_Input]],
+    answers: dict[str, JSON], bound: int,
+) -> tuple[dict[str, list[_Input]], int]:  # fmt: skip
+    """Per document, the reduce's calls of every round, its last round's last: what the
+    fan-in would write (herd.llm.eval.stages.put_round), grouped by the function rounds
+    use (rounds.group_sizes). An answer not made yet (or not cached) is left out of its
+    item and counted at its output bound (the map's in round 1, the reduce's after), so
+    the grouping of an estimated reduce errs as its tokens do. Returns them and the most
+    rounds of a document."""
+    spec = pipe.spec(nxt)
+    context = pipe.context_of(spec.model)
+    own = _bound(rt, spec)
+    out: dict[str, list[_Input]] = {}
+    most = 1
+    for name, ins in per_doc.items():
+        doc = ins[0].doc
+        # (item, tokens its answer adds beyond the item: 0 when the answer is known)
+        items: list[tuple[JSON, int]] = []
+        for seq, i in enumerate(ins):
+            got = answers.get(i.key) if i.key is not None else None
+            answer = got.get("output") if isinstance(got, dict) else None
+            items.append(({"piece": seq, "loc": i.loc, "answer": answer},
+                          0 if isinstance(got, dict) else bound))  # fmt: skip
+        calls: list[_Input] = []
+        round_ = 1
+        while True:
+            sizes = [rounds.item_tokens(item, spec.model) + extra for item, extra in items]
+            batches = rounds.group_sizes(sizes, spec, context)
+            later: list[tuple[JSON, int]] = []
+            for seq, batch in enumerate(batches):
+                read = [items[k][0] for k in batch]
+                extra = sum(items[k][1] for k in batch)
+                text = canonical(read)
+                key = spec.key(text) if extra == 0 else None
+                calls.append(_Input(doc, text, key, extra=extra))
+                if len(batches) > 1:
+                    got = await rt.cache.get(key) if key is not None else None
+                    answer = got.get("output") if isinstance(got, dict) else None
+                    later.append(({"part": seq, "pieces": rounds.span(read), "answer": answer},
+                                  0 if isinstance(got, dict) else own))  # fmt: skip
+            if len(batches) == 1:
+                break
+            items, round_ = later, round_ + 1
+        most = max(most, round_)
+        out[name] = calls
+    return out, most
 
 
 async def plan_documents(
@@ -234,16 +303,21 @@ async def plan_documents(
         plan.stages.append(StagePlan(pipe.split.name, "split", inputs=n, unique=n, usd=None))
     own = Limit.from_json(checked or {}, where="limits")
     stage: CallStage | None = first
+    made_rounds = 1
     while stage is not None:
         spec = pipe.spec(stage)
         fleet = rt.fleet_limit(spec)
         inputs = [i for ins in per_doc.values() for i in ins]
         found, answers, bound = await _stage(rt, pipe, stage, inputs,
                                              [x for x in (fleet, own) if x])  # fmt: skip
+        found.rounds = made_rounds
         plan.stages.append(found)
         nxt = pipe.after(stage.name)
         assert nxt is None or isinstance(nxt, CallStage)  # function stages refused above
-        if nxt is not None:
+        made_rounds = 1
+        if nxt is not None and nxt.kind == "reduce":
+            per_doc, made_rounds = await _reduce_inputs(rt, pipe, nxt, per_doc, answers, bound)
+        elif nxt is not None:
             per_doc = _next_inputs(pipe, stage, nxt, per_doc, answers, bound)
         stage = nxt
     specs = [pipe.spec(s) for s in pipe.calls]
@@ -258,7 +332,8 @@ def _time(rt: EvalRuntime, pipe: Pipeline, plan: PipelinePlan, own: Limit) -> No
     calls: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
     specs: dict[tuple[str, str], EvalSpec] = {}
     for stage in plan.stages:
-        if stage.kind != "split":
+        # A stage through the Batch API is paced by the provider, not by the limits.
+        if stage.kind != "split" and not stage.batch_api:
             scope = (stage.provider, stage.model)
             step = pipe.stage(stage.name)
             assert isinstance(step, CallStage)  # function stages refused above
@@ -345,6 +420,12 @@ def render(plan: PipelinePlan) -> list[str]:
         calls = f"{plan.estimated:,} call{'s' if plan.estimated != 1 else ''}"
         lines.append(f"  ~ estimated: {calls} read answers not made yet;")
         lines.append("    their input counted at the output bound of each answer read")
+    for s in plan.stages:
+        if s.rounds > 1:
+            lines.append(f"  {s.name}: in {s.rounds} rounds, larger than its model's context")
+    batched = [s.name for s in plan.stages if s.batch_api]
+    if batched:
+        lines.append(f"  Batch API: {', '.join(batched)} at the batch price, within 24 h")
     rule = "each model's tokenizer" if plan.tokenizer == "registered" else "herd's rule, errs high"
     lines.append(f"  tokens: {rule}; output at most the bound of each call")
     if plan.unreadable:

@@ -37,13 +37,14 @@ def check_pipeline(
     fallbacks: Sequence[str] = (),
 ) -> tuple[float | None, dict[str, int] | None]:
     """Every stage's call checked as one submission's (its schema, params, provider key,
-    price where a budget needs one, the fallbacks its calls may move to); InvalidInput
-    names the stage."""
+    price where a budget needs one, the fallbacks its calls may move to, what the Batch
+    API cannot keep for a stage through it); InvalidInput names the stage."""
     checked: tuple[float | None, dict[str, int] | None] = (None, None)
     for stage, spec in zip(pipe.calls, pipe.check(settings), strict=True):
         try:
             checked = check_submission(spec, settings, budget=budget, limits=limits,
-                                       batch=batch, fallbacks=fallbacks)  # fmt: skip
+                                       batch=batch, fallbacks=fallbacks,
+                                       batch_api=stage.batch_api)  # fmt: skip
         except InvalidInput as exc:
             raise InvalidInput(f"stage {stage.name!r}: {exc}", field=exc.field) from None
     return checked
@@ -56,8 +57,8 @@ async def _store(
     docs: list[tuple[str, list[str]]],
     priority: int,
 ) -> int:
-    """The documents (name, pages) split and stored, their first stage's pieces enqueued;
-    returns the pieces enqueued."""
+    """The documents (name, pages) split and stored, their first stage's pieces enqueued
+    (or, through the Batch API, handed to one gathering job); returns the pieces."""
     rt = await EvalRuntime.of(app)
     first = pipe.first
     window = pipe.window_tokens()
@@ -66,6 +67,7 @@ async def _store(
     await rt.store.execute(
         Q["put_pipeline"], {"hash": pipe.hash, "pipeline": Jsonb(pipe.to_json())}
     )
+    made = 0
     for name, pages in docs:
         text, ranges = join_pages(pages)
         # A stage per document first (a chain) reads the whole document: its one input.
@@ -76,8 +78,9 @@ async def _store(
                                  [(p.text, p.loc) for p in pieces])  # fmt: skip
             if per_piece(first):
                 await on(conn, "put_fanin", b=batch, path=name, stage=first.name, n=len(pieces))
-    sent = await send_unsent(app, rt, pipe.hash, batch, None, priority)
-    return len(sent)
+        made += len(pieces)
+    await send_unsent(app, rt, pipe, batch, None, priority, gather_now=True)
+    return made
 
 
 async def _put_doc(

@@ -26,24 +26,37 @@ def room(spec: EvalSpec, context: int) -> int:
     return context - answer - estimate_input(spec.provider, spec.model, spec.system, "")
 
 
-def group(items: list[JSON], spec: EvalSpec, context: int) -> list[list[JSON]]:
-    """``items`` in order, in consecutive batches whose canonical JSON fits the room.
-    A batch holds two items at least but the last (an item larger than the room is sent
-    as it is): each round then at least halves the count, so the rounds end."""
+def item_tokens(item: JSON, model: str) -> int:
+    """Tokens an item adds to a round's input: its canonical JSON and its comma."""
+    return count_text(canonical(item), model) + 1
+
+
+def group_sizes(sizes: list[int], spec: EvalSpec, context: int) -> list[list[int]]:
+    """The positions of items of ``sizes`` tokens each (item_tokens), in order, in
+    consecutive batches that fit the room. A batch holds two items at least but the
+    last (an item larger than the room is sent as it is): each round then at least
+    halves the count, so the rounds end. What a plan counts a round by (herd.llm.eval
+    .pipeplan), with sizes it estimates for answers not made yet."""
     limit = max(1, room(spec, context))
-    batches: list[list[JSON]] = []
-    batch: list[JSON] = []
+    batches: list[list[int]] = []
+    batch: list[int] = []
     size = 1  # the list's brackets
-    for item in items:
-        n = count_text(canonical(item), spec.model) + 1  # and its comma
+    for i, n in enumerate(sizes):
         if len(batch) >= 2 and size + n > limit:
             batches.append(batch)
             batch, size = [], 1
-        batch.append(item)
+        batch.append(i)
         size += n
     if batch:
         batches.append(batch)
     return batches
+
+
+def group(items: list[JSON], spec: EvalSpec, context: int) -> list[list[JSON]]:
+    """``items`` in order, in consecutive batches whose canonical JSON fits the room
+    (group_sizes)."""
+    sizes = [item_tokens(item, spec.model) for item in items]
+    return [[items[i] for i in batch] for batch in group_sizes(sizes, spec, context)]
 
 
 def span(batch: list[JSON]) -> list[int]:

@@ -46,6 +46,12 @@ from herd.llm.eval.task import answer, fenced
 from herd.queue.base import EnqueueResult
 
 STAGE_TASK = "herd.eval.stage"
+GATHER_TASK = "herd.eval.stage_gather"
+# Seconds a piece of a stage through the Batch API waits for others to share its
+# provider batch, when it was decided alone (a document's reduce after synchronous maps).
+GATHER_AFTER = 2.0
+# A batched stage's piece answered by a job of its own (herd_eval_pieces.chunk).
+SYNC = "sync"
 Q = named("herd.llm.eval", "pipeline.sql")
 
 
@@ -129,17 +135,42 @@ def item_spec(pipe: Pipeline) -> str:
 
 
 async def send_unsent(
-    app: App, rt: EvalRuntime, pipe_hash: str, batch: str, path: str | None, priority: int = 0
+    app: App,
+    rt: EvalRuntime,
+    pipe: Pipeline,
+    batch: str,
+    path: str | None,
+    priority: int = 0,
+    *,
+    gather_now: bool = False,
 ) -> list[EnqueueResult]:
     """Enqueue the pieces decided but not yet sent (of a document, or of a whole batch:
-    ``path`` None), each under its piece's dedup key, and record their jobs."""
+    ``path`` None), each under its piece's dedup key, and record their jobs. The pieces
+    of a stage through the Batch API are left to a gathering job (herd.llm.eval.pipebatch)
+    instead: at once (``gather_now``: a submission, a provider batch settled, where every
+    piece ready together was written together), else GATHER_AFTER seconds later, so that
+    the documents whose pieces end one by one share a provider batch."""
     rows = await rt.store.execute(Q["unsent"], {"b": batch, "path": path})
+    batched = set(pipe.batched)
+    gather = [r for r in rows if r[1] in batched and r[7] != SYNC]
+    rows = [r[:7] for r in rows if r[1] not in batched or r[7] == SYNC]
+    if gather:
+        # One gathering job per set of pieces: a run again (after a crash) finds it.
+        address = canonical([batch] + [list(r[:4]) for r in gather])
+        await app.enqueue(
+            GATHER_TASK,
+            {"batch": batch, "pipeline": pipe.hash, "priority": priority},
+            queue=QUEUE,
+            priority=priority,
+            dedup_key="pipe-gather:" + hashlib.sha256(address.encode()).hexdigest(),
+            delay=0.0 if gather_now else GATHER_AFTER,
+        )
     if not rows:
         return []
     results = await app.enqueue_many(
         STAGE_TASK,
         [{"batch": batch, "path": p, "stage": st, "round": rd, "seq": seq, "key": k,
-          "spec": s, "doc": d, "pipeline": pipe_hash} for p, st, rd, seq, k, s, d in rows],
+          "spec": s, "doc": d, "pipeline": pipe.hash} for p, st, rd, seq, k, s, d in rows],
         queue=QUEUE,
         priority=priority,
         dedup_keys=[piece_dedup(batch, p, st, seq, rd) for p, st, rd, seq, *_ in rows],
@@ -342,7 +373,7 @@ async def run_stage(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     elif found_rows[0][0] == "queued":
         source = await _answer(ctx, rt, pipe, payload)
     # Sent after the commit, before this job completes: see the module's docstring.
-    await send_unsent(ctx.app, rt, payload["pipeline"], batch, path)
+    await send_unsent(ctx.app, rt, pipe, batch, path)
     return {"key": key, "path": path, "stage": payload["stage"], "seq": payload["seq"],
             "source": source}  # fmt: skip
 
