@@ -5,9 +5,6 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from herd.llm.completion import Usage
-from herd.llm.pricing import Price
-
 
 def money(value: float | Decimal | int | None) -> Decimal | None:
     """A cost as an exact decimal: a float converts through its shortest repr, so
@@ -35,31 +32,3 @@ def dollars(value: Decimal | float | None, *, unpriced: str = "unpriced") -> str
     if d != 0 and abs(d) < Decimal("0.01"):
         return "$" + f"{d:.6f}".rstrip("0")
     return f"${d:,.2f}"
-
-
-_MILLION = Decimal(1_000_000)
-_HALF = Decimal("0.5")
-
-
-def exact_cost(price: Price, usage: Usage, *, batch: bool = False) -> Decimal:
-    """``Price.cost`` (``batch``: ``Price.batch_cost``) in exact decimals: each rate as
-    written, so a plan's sum has no float residue (0.1 + 0.2 is 0.3)."""
-    i, o = _d(price.input), _d(price.output)
-    cached, write = _d(price.cached_rate), _d(price.write_rate)
-    if batch:
-        bi = i * _HALF if price.batch_input is None else _d(price.batch_input)
-        o = o * _HALF if price.batch_output is None else _d(price.batch_output)
-        scale = bi / i if i else _HALF
-        i, cached, write = bi, cached * scale, write * scale
-    return (
-        usage.uncached_input_tokens * i
-        + usage.cached_input_tokens * cached
-        + usage.cache_write_tokens * write
-        + usage.output_tokens * o
-    ) / _MILLION
-
-
-def _d(rate: float) -> Decimal:
-    found = money(rate)
-    assert found is not None
-    return found

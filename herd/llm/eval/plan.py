@@ -50,7 +50,7 @@ from herd.limits.tokens import (
 )
 from herd.llm.completion import Usage
 from herd.llm.documents import DocumentError, read_document
-from herd.llm.eval.money import as_float, dollars, exact_cost, money
+from herd.llm.eval.money import as_float, dollars, money
 from herd.llm.eval.runtime import EvalRuntime
 from herd.llm.eval.spec import EvalSpec, own_limits, reservation_tokens
 from herd.llm.eval.submit import check_paths, check_submission, in_flight
@@ -200,9 +200,9 @@ def estimate(
         plan.cached_input_tokens += usage.cached_input_tokens
         reserved += i + o
         if price is not None:
-            sync = (sync or Decimal(0)) + exact_cost(price, usage)
+            sync = (sync or Decimal(0)) + price.cost(usage)
             if batch is not None:
-                batch += exact_cost(price, usage, batch=True)
+                batch += price.batch_cost(usage)
     plan.prefix_tokens = prefix if plan.calls > 1 else 0
     plan.sync_usd, plan.batch_usd = sync, batch
     if not batch_api:
