@@ -72,7 +72,8 @@ BENCHES = [
     Bench("queue_stats", "bench", ["bench/queue_stats.py"],
           "stats() and /overview in a backlog and just after a drain (vs the goals of issue 34)"),
     Bench("concurrency_keys", "bench", ["bench/concurrency_keys.py"],
-          "Claims with concurrency keys (1 and 1,000 keys) vs the claim without keys"),
+          "Claims with concurrency keys (1,000 keys; 1 key) vs the claim without keys at the"
+          " same concurrency"),
     Bench("eval_cost", "celery", ["bench/eval_cost.py"],
           "Model calls under SIGKILLs: evaluation jobs vs Celery"),
     Bench("pipeline_cost", "docetl", ["bench/pipeline_cost.py"],

@@ -340,3 +340,23 @@ async def test_a_drain_writes_each_result_in_the_statement_of_a_claim(clean_pg, 
     alone = [q for q in sent if q == broker._q["complete"]]
     with_claims = [q for q in sent if q == broker._q["complete_and_claim"]]
     assert alone == [] and with_claims
+
+
+async def test_a_claim_reads_a_few_rows_whatever_the_keyed_backlog(clean_pg):
+    broker = PostgresBroker(clean_pg)
+    await broker.open()
+    try:
+        backlog = [NewJob("t", {}, concurrency_key=f"k{i % 20}", max_running_per_key=1000)
+                   for i in range(2000)]  # fmt: skip
+        await broker.enqueue(backlog + [NewJob("t", {}) for _ in range(5)])
+        with psycopg.connect(clean_pg, autocommit=True) as conn:
+            conn.execute("ANALYZE herd_jobs")  # as autovacuum would have by now
+            params = {"queue": "default", "owner": "w", "live": None, "limit": 5}
+            sql = "EXPLAIN (ANALYZE, FORMAT JSON) " + broker._q["claim"]
+            ((plan,),) = conn.execute(sql, params).fetchall()
+        # The jobs without a key are found along their own index, not past the 2,000
+        # keyed ones: up to 5 jobs of each of 5 keys, 5 free jobs, the 5 taken (80 rows
+        # read; 2,080 along herd_jobs_ready).
+        assert _rows_read(plan[0]["Plan"], "herd_jobs") <= 100
+    finally:
+        await broker.close()

@@ -341,6 +341,7 @@ class OverviewOut(BaseModel):
     limits: list[LimitOut] = []  # the fleet's provider limits, O(limits)
     batches: list[BatchCardOut] = []  # the newest evaluation batches, and parked ones
     schedules: list[ScheduleView] = []  # periodic jobs (herd.schedule), O(schedules)
+    keys: list[KeyStats] = []  # the busiest concurrency keys, KEYS_SHOWN at most
     problems: list[str]  # sections that could not be read, and why
 
 

@@ -127,6 +127,9 @@ async def limits(app: App) -> list[LimitOut]:
 
 
 SCHEDULES_SHOWN = 50  # periodic jobs are defined in code: a few, two reads per poll
+# The busiest concurrency keys (running plus waiting), from the keys' counters: a row
+# per key with work, never the jobs (herd_key_counts; Redis: three hashes a queue).
+KEYS_SHOWN = 10
 BATCHES_SHOWN = 10  # the newest batches on the dashboard (and older ones still parked)
 FAILURES_ON_CARD = 10
 # An idle batch's card (nothing queued or running: finished, or parked with no call in
@@ -274,6 +277,7 @@ async def overview(app: App, *, minutes: int = 30, limit: int = 50) -> OverviewO
     schedule_rows = await optional(
         "schedules", schedule_ops.views(app, limit=SCHEDULES_SHOWN), problems
     )
+    key_rows = await optional("concurrency keys", app.key_stats(KEYS_SHOWN), problems)
     shown, hidden = busiest(stats, app.settings.shown_queues)
     return OverviewOut(
         now=datetime.now(UTC),
@@ -289,6 +293,7 @@ async def overview(app: App, *, minutes: int = 30, limit: int = 50) -> OverviewO
         limits=limit_rows,
         batches=batch_cards,
         schedules=schedule_rows,
+        keys=key_rows,
         problems=problems,
     )
 

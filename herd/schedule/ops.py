@@ -5,7 +5,7 @@ run now, remove. They need no app that defines the schedules: the store has thei
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from herd.app import App
@@ -103,9 +103,24 @@ async def remove(app: App, name: str) -> ScheduleView:
 
 async def run_now(app: App, name: str) -> int:
     """Enqueue one run of ``name`` now, paused or not; its tick in the payload is None.
-    Returns the job's id."""
+    Returns the job's id.
+
+    The job takes its task's lease, attempts and stalls: from the app when it defines
+    the task, else (`herd schedule run-now`, the API: no app of the task) from the job of
+    the schedule's last run, which the app of a worker enqueued; herd's defaults only
+    when neither is known (never run, or its job purged)."""
     state = await _state(app, name)
     jobs = jobs_for(app, state.schedule, [None])
+    last = state.last_job_id
+    before = None
+    if state.schedule.task not in app.tasks and last is not None:
+        before = await app.broker.get_job(last)
+    if before is not None:
+        jobs = [
+            replace(j, lease_seconds=before.lease_seconds, max_attempts=before.max_attempts,
+                    max_stalls=before.max_stalls)
+            for j in jobs
+        ]  # fmt: skip
     results = await app.broker.fire_schedule(name, jobs, after=None, tick=None)
     if not results:
         raise ScheduleNotFound(f"no schedule is named {name!r}")

@@ -293,3 +293,5 @@ async def test_enqueue_with_a_concurrency_key_and_stats_by_key(any_client, any_a
         "/jobs", json={"task": "t.echo", "concurrency_key": "k", "max_running_per_key": 0}
     )
     assert bad.status_code == 422 and "max_running_per_key" in bad.text
+    # The dashboard's poll carries the same rows (its Concurrency keys panel).
+    assert (await any_client.get("/overview")).json()["keys"] == stats["keys"]

@@ -40,7 +40,8 @@ def fleet(broker, request, tmp_path) -> Iterator[Fleet]:
 
 
 def keyed(key: str, limit: int, **kw: object) -> NewJob:
-    return job(payload={"key": key}, concurrency_key=key, max_running_per_key=limit, **kw)
+    payload = kw.pop("payload", {"key": key})
+    return job(payload=payload, concurrency_key=key, max_running_per_key=limit, **kw)
 
 
 async def counts(broker: Broker, key: str, queue: str = "default") -> tuple[int, int]:
@@ -219,6 +220,31 @@ async def test_jobs_without_a_key_are_untouched_by_a_blocked_key(broker):
     assert (await broker.get_job(mine.job_id)).concurrency_key == "k"
     other = next(x for x in leases if x is not mine)
     assert (await broker.get_job(other.job_id)).concurrency_key is None
+
+
+async def test_keyed_and_free_jobs_go_by_priority_then_age_neither_behind_the_other(broker):
+    def ids(leases: list) -> list[object]:
+        return [lease.payload["n"] for lease in leases]
+
+    async def one_by_one(n: int) -> list[object]:
+        return [ids(await broker.claim(["default"], "w", 1))[0] for _ in range(n)]
+
+    # Free jobs older than a keyed backlog run first; a higher priority before both.
+    await broker.enqueue([job(payload={"n": f"free{i}"}) for i in range(3)])
+    await broker.enqueue([keyed("a", 100, payload={"n": f"a{i}"}) for i in range(3)])
+    await broker.enqueue([keyed("a", 100, payload={"n": "top"}, priority=5)])
+    assert await one_by_one(7) == ["top", "free0", "free1", "free2", "a0", "a1", "a2"]
+    # And the other way round: an older keyed backlog before newer free jobs.
+    await broker.enqueue([keyed("a", 100, payload={"n": f"a{i}"}) for i in range(3)])
+    await broker.enqueue([job(payload={"n": f"free{i}"}) for i in range(3)])
+    await broker.enqueue([job(payload={"n": "top"}, priority=5)])
+    assert await one_by_one(7) == ["top", "a0", "a1", "a2", "free0", "free1", "free2"]
+    # In one claim a free job counts as a key of its own: a key's first job by age,
+    # then the free jobs, before the key's second.
+    await broker.enqueue([keyed("a", 100, payload={"n": f"a{i}"}) for i in range(3)])
+    await broker.enqueue([job(payload={"n": f"free{i}"}) for i in range(3)])
+    batch = ids(await broker.claim(["default"], "w", 4))
+    assert sorted(map(str, batch)) == ["a0", "free0", "free1", "free2"]
 
 
 async def test_a_killed_workers_slot_comes_back_once_its_job_is_taken_over(broker, fleet):

@@ -7,6 +7,7 @@ import uuid
 from datetime import UTC, datetime
 
 from herd import App
+from herd.schedule import ops
 from herd.schedule.model import Schedule
 from herd.schedule.ticker import Ticker
 from tests.test_cli import herd
@@ -56,3 +57,21 @@ async def test_list_pause_resume_run_now_remove_and_an_unknown_name(pg_url):
     assert name not in {json.loads(line)["name"] for line in r.stdout.splitlines()}
     r = herd("schedule", "remove", name, url=pg_url)
     assert r.returncode == 1 and f"no schedule is named {name!r}" in r.stderr
+
+
+async def test_run_now_without_the_app_takes_the_tasks_lease_not_the_default(pg_url):
+    name = f"cli-{uuid.uuid4().hex[:8]}"
+    app = App(database_url=pg_url)
+
+    @app.task(name="slow-reindex", queue="nightly", lease_seconds=900, max_attempts=7)
+    async def slow_reindex(payload: object) -> None: ...
+
+    app.add_schedule(Schedule(name, "slow-reindex", queue="nightly", every=3600))
+    async with app:
+        await Ticker(app).register()
+        first = await ops.run_now(app, name)  # as a worker's tick: the app defines the task
+        r = herd("schedule", "run-now", name, "--json", url=pg_url)
+        assert r.returncode == 0, r.stderr
+        second = json.loads(r.stdout)["job_id"]
+        jobs = {j.id: j for j in await app.broker.get_jobs([first, second])}
+    assert {(j.lease_seconds, j.max_attempts) for j in jobs.values()} == {(900, 7)}

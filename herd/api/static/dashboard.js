@@ -487,6 +487,20 @@ function renderSchedules(schedules) {
   )), 6, "no schedule");
 }
 
+// A key's row: its running jobs against its limit (full: every slot taken, its waiting
+// jobs wait for one), the busiest first as the server ranks them.
+function renderKeys(keys) {
+  $("keys-card").hidden = !keys.length;
+  fillTable("keys", keys.map((k) => el("tr", { "data-key": `${k.queue}/${k.key}` },
+    el("td", { class: "mono" }, k.key, el("div", { class: "sub", text: k.queue })),
+    el("td", { class: "n", text: fmt.int(k.running) }),
+    el("td", { class: "n muted", text: fmt.int(k.max_running) }),
+    el("td", { class: "n", text: fmt.int(k.waiting) }),
+    el("td", { title: k.running >= k.max_running ? "at its limit" : "" },
+      bar(k.running / Math.max(1, k.max_running), k.running >= k.max_running ? "warn" : "ok")),
+  )), 5, "no key has work");
+}
+
 function render(d) {
   $("broker").textContent = `broker: ${d.broker}`;
   $("updated").textContent = `updated ${fmt.time(d.now)} UTC`;
@@ -504,6 +518,7 @@ function render(d) {
   renderLimits(d.limits);
   renderBatches(d.batches || []);
   renderSchedules(d.schedules || []);
+  renderKeys(d.keys || []);
 }
 
 function setState(text, kind) {

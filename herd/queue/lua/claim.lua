@@ -3,9 +3,8 @@
 -- CLIENT LIST). Returns per leased job: {id, token, expires_ms, task, payload,
 -- attempts, stalls, max_attempts, lease_seconds, trace, concurrency key}.
 -- Order: jobs of dead owners and jobs whose lease expired (a stall: their worker
--- died or froze), then keyed jobs a turn per key (the keys with a ready job and room,
--- in kready's order; a key served goes to the back), then ready jobs by priority
--- (highest stream first), FIFO within a priority.
+-- died or froze), then ready jobs, keyed or not, by priority, then turn (keyed jobs a
+-- turn per key, in kready's order), then age (the keyed and free loops below).
 local owner, limit, live = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local now = now_ms()
 local out = {}
@@ -89,43 +88,119 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', now, 'LIM
   end
 end
 
--- Keyed jobs: one per turn. A key without a ready job or room leaves kready (it gets a
--- turn again when a job of it is pushed or gives its slot back).
-while #out < limit do
-  local head = redis.call('ZRANGE', P .. 'kready', 0, 0)
-  if #head == 0 then break end
-  local key = head[1]
-  redis.call('ZREM', P .. 'kready', key)
-  if kroom(key) > 0 then
-    local first = redis.call('ZRANGE', P .. 'k:' .. key, 0, 0)
-    if #first > 0 then
-      redis.call('ZREM', P .. 'k:' .. key, first[1])
-      local id = kid(first[1])
-      if redis.call('HGET', jkey(id), 'status') == 'pending' then lease(id, 'pending') end
-      kturn(key)
+-- A ready job without a key off its stream (the next one the group has not yet handed
+-- out), stale entries (a job requeued or removed meanwhile) dropped on the way.
+local function take_free(stream)
+  while true do
+    local got = redis.call('XREADGROUP', 'GROUP', GROUP, owner, 'COUNT', 1, 'STREAMS', stream, '>')
+    if not got or #got[1][2] == 0 then return end
+    local e = got[1][2][1]
+    local id = e[2][2]
+    if redis.call('HGET', jkey(id), 'status') == 'pending' then
+      lease(id, 'pending')
+      return
     end
+    redis.call('XACK', stream, GROUP, e[1])
+    redis.call('XDEL', stream, e[1])
   end
 end
 
-local prios = redis.call('ZREVRANGE', P .. 'prios', 0, -1)
-for _, prio in ipairs(prios) do
-  local stream = P .. 's:' .. prio
-  while #out < limit do
-    local got = redis.call('XREADGROUP', 'GROUP', GROUP, owner, 'COUNT', limit - #out,
-      'STREAMS', stream, '>')
-    if not got then break end
-    local entries = got[1][2]
-    if #entries == 0 then break end
-    for _, e in ipairs(entries) do
-      local id = e[2][2]
-      if redis.call('HGET', jkey(id), 'status') == 'pending' then
-        lease(id, 'pending')
-      else  -- a stale entry (job requeued or removed meanwhile): drop it
-        redis.call('XACK', stream, GROUP, e[1])
-        redis.call('XDEL', stream, e[1])
+-- The next n ready jobs without a key, in claim order (the highest priority's stream
+-- first, FIFO within it), looked at, not taken: {prio, id, stream} each.
+local function peek_free(n)
+  local got = {}
+  for _, prio in ipairs(redis.call('ZREVRANGE', P .. 'prios', 0, -1)) do
+    local stream = P .. 's:' .. prio
+    local from = '-'
+    for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+      for i = 1, #g, 2 do
+        if g[i] == 'last-delivered-id' then from = '(' .. g[i + 1] end
       end
     end
+    while #got < n do
+      local entries = redis.call('XRANGE', stream, from, '+', 'COUNT', n - #got)
+      if #entries == 0 then break end
+      for _, e in ipairs(entries) do
+        local id = e[2][2]
+        if redis.call('HGET', jkey(id), 'status') == 'pending' then
+          got[#got + 1] = {tonumber(prio), tonumber(id), stream}
+        end
+        from = '(' .. e[1]
+      end
+    end
+    if #got >= n then break end
   end
-  if #out >= limit then break end
+  return got
+end
+
+local function free_by_priority()
+  for _, prio in ipairs(redis.call('ZREVRANGE', P .. 'prios', 0, -1)) do
+    local stream = P .. 's:' .. prio
+    while #out < limit do
+      local got = redis.call('XREADGROUP', 'GROUP', GROUP, owner, 'COUNT', limit - #out,
+        'STREAMS', stream, '>')
+      if not got then break end
+      local entries = got[1][2]
+      if #entries == 0 then break end
+      for _, e in ipairs(entries) do
+        local id = e[2][2]
+        if redis.call('HGET', jkey(id), 'status') == 'pending' then
+          lease(id, 'pending')
+        else  -- a stale entry (job requeued or removed meanwhile): drop it
+          redis.call('XACK', stream, GROUP, e[1])
+          redis.call('XDEL', stream, e[1])
+        end
+      end
+    end
+    if #out >= limit then break end
+  end
+end
+
+if redis.call('ZCARD', P .. 'kready') == 0 then
+  free_by_priority()
+  return out
+end
+
+-- Keyed jobs take turns per key (the keys with a ready job and room, in kready's
+-- order; a key served goes to the back). A key without a ready job or room leaves
+-- kready (it gets a turn again when a job of it is pushed or gives its slot back).
+-- The keyed job next in turn and the next job without a key are weighed, as the
+-- PostgreSQL claim orders them: by priority, then turn (the first job of every key
+-- before the second of any; a job without a key counts as a key of its own), then age,
+-- so that neither kind waits behind the other.
+local free, fi, taken = peek_free(limit), 1, {}
+while #out < limit do
+  local key, member
+  while true do
+    local head = redis.call('ZRANGE', P .. 'kready', 0, 0)
+    if #head == 0 then break end
+    if kroom(head[1]) > 0 then
+      local first = redis.call('ZRANGE', P .. 'k:' .. head[1], 0, 0)
+      if #first > 0 then
+        key, member = head[1], first[1]
+        break
+      end
+    end
+    redis.call('ZREM', P .. 'kready', head[1])
+  end
+  local f = free[fi]
+  if not key and not f then break end
+  local keyed = key ~= nil
+  if key and f then
+    local prio = 1000000 - tonumber(string.sub(member, 1, 7))
+    local turn = (taken[key] or 0) + 1
+    keyed = prio > f[1] or (prio == f[1] and turn == 1 and tonumber(kid(member)) < f[2])
+  end
+  if keyed then
+    redis.call('ZREM', P .. 'kready', key)
+    redis.call('ZREM', P .. 'k:' .. key, member)
+    local id = kid(member)
+    if redis.call('HGET', jkey(id), 'status') == 'pending' then lease(id, 'pending') end
+    taken[key] = (taken[key] or 0) + 1
+    kturn(key)
+  else
+    take_free(f[3])
+    fi = fi + 1
+  end
 end
 return out

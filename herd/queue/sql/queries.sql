@@ -40,17 +40,21 @@ SELECT pg_notify('herd_jobs', q) FROM unnest(%(queues)s::text[]) AS q;
 -- Ready jobs and jobs whose lease expired (their worker died or froze), by
 -- priority then age. A takeover counts a stall; too many stalls dead-letter
 -- the job instead of handing it out again.
--- Jobs with a concurrency key (0011) come first, a turn per key: the keys with
--- waiting jobs and room (claimed - released < max_running), least recently served first, each
+-- Jobs with a concurrency key (0011) take turns per key: the keys with waiting jobs
+-- and room (claimed - released < max_running), least recently served first, each
 -- locked (SKIP LOCKED: a key another claimer holds is skipped, never waited for)
--- before its jobs are taken, at most its room; the first job of every key before
--- the second of any. The trigger raises the key's running count under that lock, and
--- sends each key served to the back of the turn order (served_at).
+-- before its jobs are taken, at most its room. The trigger raises the key's running
+-- count under that lock, and sends each key served to the back of the turn order
+-- (served_at). Of all the candidates, keyed or not, expired or ready: by priority,
+-- then by turn (the first job of every key before the second of any; a job
+-- without a key counts as a key of its own), then by age. So neither kind waits behind
+-- the other: a keyed backlog does not hold back older or higher jobs without a key,
+-- nor the reverse.
 -- An expired keyed job is taken over only under its key's lock too, since a stall
 -- that dead-letters it gives its slot back. Without keyed jobs in the queue, `keys`
 -- and `expired_keys` find nothing and the claim is as before.
 WITH ready AS (
-    SELECT id, priority, NULL::text AS ckey, false AS keyed, 1::bigint AS rn FROM herd_jobs
+    SELECT id, priority, NULL::text AS ckey, 1::bigint AS rn FROM herd_jobs
      WHERE status = 'pending' AND queue = %(queue)s AND run_at <= now()
        AND concurrency_key IS NULL
      ORDER BY priority DESC, id
@@ -73,7 +77,7 @@ WITH ready AS (
      LIMIT %(limit)s
        FOR UPDATE OF k SKIP LOCKED
 ), keyed AS (
-    SELECT c.id, c.priority, k.key AS ckey, true AS keyed,
+    SELECT c.id, c.priority, k.key AS ckey,
            row_number() OVER (PARTITION BY k.key ORDER BY c.priority DESC, c.id) AS rn
       FROM keys k CROSS JOIN LATERAL (
         SELECT id, priority FROM herd_jobs
@@ -83,7 +87,7 @@ WITH ready AS (
          LIMIT least(k.room, %(limit)s)
            FOR UPDATE SKIP LOCKED) c
 ), expired AS (
-    SELECT id, priority, concurrency_key AS ckey, false AS keyed, 1::bigint AS rn
+    SELECT id, priority, concurrency_key AS ckey, 1::bigint AS rn
       FROM herd_jobs
      WHERE status = 'processing' AND queue = %(queue)s AND lease_expires_at < now()
      ORDER BY priority DESC, id
@@ -101,7 +105,7 @@ WITH ready AS (
         UNION ALL SELECT * FROM expired
          WHERE ckey IS NULL OR ckey IN (SELECT key FROM expired_keys)
             OR ckey IN (SELECT key FROM keys)) c
-     ORDER BY keyed DESC, rn, priority DESC, id LIMIT %(limit)s
+     ORDER BY priority DESC, rn, id LIMIT %(limit)s
 )
 UPDATE herd_jobs j SET
     lease_token      = j.lease_token + 1,

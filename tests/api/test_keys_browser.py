@@ -1,0 +1,58 @@
+"""The dashboard's Concurrency keys panel in headless Chromium against `herd serve`."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from herd.app import App
+from herd.config import Settings
+from tests.api.conftest import TOKEN, serving
+from tests.api.test_dashboard_browser import chromium  # noqa: F401 - the fixture
+
+KEY = "<b>tenant</b>:acme"  # markup in a key is shown as text
+
+
+async def seed(pg_url: str, herd_home: Path) -> None:
+    """A key at its limit (2 of 2 running, 3 waiting) and one with room."""
+    async with App(settings=Settings(home=herd_home, database_url=pg_url)) as app:
+        for _ in range(5):
+            await app.enqueue("t.echo", {}, queue="tenants", concurrency_key=KEY,
+                              max_running_per_key=2)  # fmt: skip
+        await app.enqueue("t.echo", {}, queue="tenants", concurrency_key="tenant:globex",
+                          max_running_per_key=4)  # fmt: skip
+        assert len(await app.broker.claim(["tenants"], "w", 10)) == 3
+
+
+@pytest.mark.timeout(600)
+def test_dashboard_shows_the_busiest_keys(chromium, pg_url, herd_home, tmp_path):  # noqa: F811
+    from playwright.sync_api import expect, sync_playwright
+
+    asyncio.run(seed(pg_url, herd_home))
+    with (
+        serving(pg_url, herd_home, tmp_path / "serve.log", HERD_API_TOKEN=TOKEN) as url,
+        sync_playwright() as pw,
+    ):
+        browser = pw.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1100})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(url)
+            page.fill("#token", TOKEN)
+            page.click("#login button")
+            rows = page.locator("#keys tbody tr")
+            expect(rows).to_have_count(2)
+            # Busiest first: running plus waiting.
+            cells = [rows.nth(0).locator("td").nth(i) for i in range(4)]
+            expect(cells[0]).to_have_text(KEY + "tenants")
+            assert [c.inner_text() for c in cells[1:]] == ["2", "2", "3"]
+            expect(rows.nth(0).locator(".bar")).to_have_class("bar warn")  # at its limit
+            expect(rows.nth(1)).to_contain_text("tenant:globex")
+            expect(rows.nth(1).locator(".bar")).to_have_class("bar ok")
+            page.locator("#keys-card").screenshot(path=str(tmp_path / "keys.png"))
+            assert errors == []
+        finally:
+            browser.close()
