@@ -66,11 +66,12 @@ def herd_home() -> Path:
 # a test's direct connections, about 60 at the most (the crash tests: 3 `herd worker`
 # processes x (concurrency + 4 + LISTEN + liveness mark) and the test's own broker; the
 # broker contract: a pool of 24 and its listener), plus the session's few (truncate,
-# migrations). 3 x (20 + 60 + 5) = 255 of MAX_CONNECTIONS; the server's default of 100
+# migrations). 3 x (40 + 60 + 5) = 315 of MAX_CONNECTIONS; the server's default of 100
 # was exceeded (3 PgBouncers of 40 alone could take 120), and a server that refuses
-# logins makes PgBouncer wait out its login retry (15 s): connection timeouts.
-PGBOUNCER_POOL = 20
-MAX_CONNECTIONS = 300
+# logins makes PgBouncer wait out its login retry (15 s): connection timeouts. A pool of
+# 20 was too small for the tests through the pooler (clients timed out waiting for it).
+PGBOUNCER_POOL = 40
+MAX_CONNECTIONS = 400
 
 
 @pytest.fixture(scope="session")

@@ -236,10 +236,18 @@ def scope_label(u: dict[str, Any]) -> str:
 
 def print_shares(status: BatchStatus) -> None:
     """The batches sharing each fleet limit now: weight, share of its use, fair share."""
+    shown: set[tuple[str, tuple[str, ...]]] = set()
     for u in status.limit_usage:
         if len(u["shares"]) < 2 and not (status.batch and u["shares"]):
             continue
-        table = Table(title=f"shares of {scope_label(u)}", title_justify="left", box=None)
+        # A pool's keys are shared alike (the limiter spreads each batch's calls over
+        # them): one table per scope and set of batches, not one per key.
+        scope = scope_label(u).split("\n")[0]
+        sharing = (scope, tuple(sorted(f["batch"] for f in u["shares"])))
+        if sharing in shown:
+            continue
+        shown.add(sharing)
+        table = Table(title=f"shares of {scope}", title_justify="left", box=None)
         for col in ("batch", "weight", "share now", "fair share", ""):
             table.add_column(col, justify="left" if col == "batch" else "right",
                              overflow="fold")  # fmt: skip

@@ -146,7 +146,7 @@ async def test_a_pool_of_two_keys_drains_on_both_without_a_429(pool_env, sim, mo
         assert {u["key"] for u in r.json()["limit_usage"]} == set(keys)
         assert KEY_A not in r.text and KEY_B not in r.text
         assert all(len(line) <= 80 for line in out.splitlines() if "KEY" in line)
-        assert out.count(f"openai:{model}") == 2
+        assert out.count(f"openai:{model}") == 3  # two limit rows, one shares table
         assert "key HERD_POOL_KEY_A" in out and "key HERD_POOL_KEY_B" in out
         assert KEY_A not in out and KEY_B not in out
 
