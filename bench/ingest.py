@@ -325,6 +325,85 @@ async def herd_noop(app: App, corpus: Path, n: int, gen_id: int) -> tuple[float,
     return planned - started, total
 
 
+@dataclass
+class Ingest:
+    """One full ingest (b) of the corpus into a collection of its own."""
+
+    gen: Any
+    first: float  # plan_and_apply + workers, seconds
+    wall: float  # and the re-run, if the finalize job was dead-lettered
+    cpu: float
+    server_cpu: float
+    idle: float  # seconds with no embed() call in flight
+    two: float  # seconds with two at once
+
+
+async def full_ingest(
+    app: App,
+    rt: RagRuntime,
+    corpus: Path,
+    collection: str,
+    n: int,
+    args: argparse.Namespace,
+    server: ServerCpu,
+    out: Report,
+) -> Ingest:
+    """(b): ``plan_and_apply`` and in-process workers until the collection is live."""
+    embedder = await rt.embedder_for(specs.canonical(specs.requested(None) or rt.new_spec))
+    cpu0, srv0 = time.process_time(), server.sample()
+    t0 = time.perf_counter()
+    with EmbedClock(embedder) as clock:
+        plan = await plan_and_apply(app, [corpus], collection)
+        t1 = time.perf_counter()
+        stats = await drain(app, args.concurrency)
+    t2 = time.perf_counter()
+    b_cpu, b_srv = time.process_time() - cpu0, ServerCpu.since(srv0, server.sample())
+    b = t2 - t0
+    jobs = [
+        j
+        for j in await app.broker.list_jobs(queue=ingest.QUEUE, limit=100_000)
+        if j.payload.get("collection") == collection
+    ]
+    last_embed = max(j.finished_at for j in jobs if j.task == ingest.EMBED_TASK and j.finished_at)
+    final = next(j for j in jobs if j.task == ingest.FINALIZE_TASK)
+    tail = (final.finished_at - last_embed).total_seconds() if final.finished_at else float("nan")
+    out(
+        f"  (b) ingest:                    {b:8.2f} s  {n / b:7.0f} texts/s"
+        f"  cpu {b_cpu:6.1f} s + PostgreSQL {b_srv:.1f} s  ({load()})"
+    )
+    out(
+        f"      plan_and_apply {t1 - t0:.2f} s (read, chunk, COPY, diff, store, enqueue"
+        f" {plan.jobs} jobs); workers {t2 - t1:.2f} s ({stats.claimed} claims,"
+        f" {stats.retried} finalize retries, {stats.dead} dead-lettered)"
+    )
+    out(
+        f"      an embed() call in flight {clock.in_flight():.2f} s of the {b:.2f} s, two at"
+        f" once {clock.in_flight(2):.2f} s ({len(clock.spans)} calls); last embed job ->"
+        f" finalize {final.status} {tail:.2f} s"
+    )
+    recovery = 0.0
+    gen = await rt.store.live(collection)
+    if (gen is None or gen.id != plan.generation) and final.status == JobStatus.DEAD:
+        # The error tells the user to re-run herd ingest; do that, and count its time.
+        missing = await rt.store.count_missing(await rt.store.generation(plan.generation))
+        out(
+            f"  !! herd bug: the finalize job was dead-lettered ({final.last_error}) yet"
+            f" {missing} chunks are missing now; re-running plan_and_apply + workers"
+        )
+        r0 = time.perf_counter()
+        again = await plan_and_apply(app, [corpus], collection)
+        await drain(app, args.concurrency)
+        recovery = time.perf_counter() - r0
+        out(f"      the re-run: {recovery:.2f} s, {again.to_embed} chunks embedded")
+        gen = await rt.store.live(collection)
+    if gen is None or gen.id != plan.generation:
+        raise SystemExit(f"the ingest did not swap its generation live: {plan}, live {gen}")
+    vectors = await count(app, f"SELECT count(*) FROM herd_vectors_{gen.id}")
+    if (plan.added, plan.to_embed, vectors) != (n, n, n):
+        raise SystemExit(f"the ingest is incomplete: {plan}, {vectors} vectors, {stats}")
+    return Ingest(gen, b, b + recovery, b_cpu, b_srv, b - clock.in_flight(), clock.in_flight(2))
+
+
 class LangChainSide:
     """LangChain ``index()`` + ``SQLRecordManager`` (PostgreSQL) over herd's chunks."""
 
@@ -468,68 +547,53 @@ async def measure(args: argparse.Namespace, app: App, url: str, corpus: Path, ou
     out(f"  {workers} workers x {threads} thread(s), ready in {ready:.1f} s (model cache built)")
     embedder.embed([c.text for c in chunks[:64]])  # warm ONNX Runtime up; both sides benefit
 
-    # -- 1. full ingest against pure embedding of the same texts
-    out(f"\n[1] pure embedding vs full ingest ({load()})")
+    # -- 1. full ingest against pure embedding of the same texts, interleaved:
+    # (a) (b) (a) ... (a); each (b) a collection of its own (all of it to embed), each
+    # compared with the mean of the (a) before and after it.
+    out(f"\n[1] pure embedding vs full ingest, {args.ingest_rounds} round(s) ({load()})")
     server = ServerCpu(app.settings.home)
-    a1, a1_cpu, _ = timed_embed(embedder.embed, batches)
+    a1, a1_cpu, parts = timed_embed(embedder.embed, batches)
     out(
-        f"  (a) embed, before the ingest:  {a1:8.2f} s  {n / a1:7.0f} texts/s"
+        f"  (a) embed:                     {a1:8.2f} s  {n / a1:7.0f} texts/s"
         f"  cpu {a1_cpu:6.1f} s  ({load()})"
     )
-    cpu0, srv0 = time.process_time(), server.sample()
-    t0 = time.perf_counter()
-    with EmbedClock(embedder) as clock:
-        plan = await plan_and_apply(app, [corpus], COLLECTION)
-        t1 = time.perf_counter()
-        stats = await drain(app, args.concurrency)
-    t2 = time.perf_counter()
-    b_cpu, b_srv = time.process_time() - cpu0, ServerCpu.since(srv0, server.sample())
-    b = t2 - t0
-    jobs = await app.broker.list_jobs(queue=ingest.QUEUE, limit=100_000)
-    last_embed = max(j.finished_at for j in jobs if j.task == ingest.EMBED_TASK and j.finished_at)
-    final = next(j for j in jobs if j.task == ingest.FINALIZE_TASK)
-    tail = (final.finished_at - last_embed).total_seconds() if final.finished_at else float("nan")
-    out(
-        f"  (b) ingest:                    {b:8.2f} s  {n / b:7.0f} texts/s"
-        f"  cpu {b_cpu:6.1f} s + PostgreSQL {b_srv:.1f} s  ({load()})"
-    )
-    out(
-        f"      plan_and_apply {t1 - t0:.2f} s (read, chunk, COPY, diff, store, enqueue"
-        f" {plan.jobs} jobs); workers {t2 - t1:.2f} s ({stats.claimed} claims,"
-        f" {stats.retried} finalize retries, {stats.dead} dead-lettered)"
-    )
-    out(
-        f"      an embed() call in flight {clock.in_flight():.2f} s of the {b:.2f} s, two at"
-        f" once {clock.in_flight(2):.2f} s ({len(clock.spans)} calls); last embed job ->"
-        f" finalize {final.status} {tail:.2f} s"
-    )
-    recovery = 0.0
-    gen = await rt.store.live(COLLECTION)
-    if (gen is None or gen.id != plan.generation) and final.status == JobStatus.DEAD:
-        # The error tells the user to re-run herd ingest; do that, and count its time.
-        missing = await rt.store.count_missing(await rt.store.generation(plan.generation))
+    embeds, embed_cpus = [a1], [a1_cpu]
+    ingests: list[Ingest] = []
+    for r in range(args.ingest_rounds):
+        name = COLLECTION if r == 0 else f"{COLLECTION}-{r + 1}"
+        ingests.append(await full_ingest(app, rt, corpus, name, n, args, server, out))
+        a2, a2_cpu, parts = timed_embed(embedder.embed, batches)
         out(
-            f"  !! herd bug: the finalize job was dead-lettered ({final.last_error}) yet"
-            f" {missing} chunks are missing now; re-running plan_and_apply + workers"
+            f"  (a) embed:                     {a2:8.2f} s  {n / a2:7.0f} texts/s"
+            f"  cpu {a2_cpu:6.1f} s  ({load()})"
         )
-        r0 = time.perf_counter()
-        again = await plan_and_apply(app, [corpus], COLLECTION)
-        await drain(app, args.concurrency)
-        recovery = time.perf_counter() - r0
-        out(f"      the re-run: {recovery:.2f} s, {again.to_embed} chunks embedded")
-        gen = await rt.store.live(COLLECTION)
-    if gen is None or gen.id != plan.generation:
-        raise SystemExit(f"the ingest did not swap its generation live: {plan}, live {gen}")
-    vectors = await count(app, f"SELECT count(*) FROM herd_vectors_{gen.id}")
-    if (plan.added, plan.to_embed, vectors) != (n, n, n):
-        raise SystemExit(f"the ingest is incomplete: {plan}, {vectors} vectors, {stats}")
-    a2, a2_cpu, parts = timed_embed(embedder.embed, batches)
-    out(
-        f"  (a) embed, after the ingest:   {a2:8.2f} s  {n / a2:7.0f} texts/s"
-        f"  cpu {a2_cpu:6.1f} s  ({load()})"
-    )
-    a = (a1 + a2) / 2
-    live = b + recovery
+        embeds.append(a2)
+        embed_cpus.append(a2_cpu)
+        mean = (embeds[-2] + embeds[-1]) / 2
+        out(f"      round {r + 1}: overhead {ingests[-1].wall / mean - 1:.1%} ({load()})")
+    a = sum((x + y) / 2 for x, y in itertools.pairwise(embeds)) / len(ingests)
+    live = sum(i.wall for i in ingests) / len(ingests)
+    b = sum(i.first for i in ingests) / len(ingests)
+    recovery = live - b
+    a1, a2 = embeds[0], embeds[-1]
+    b_cpu = sum(i.cpu for i in ingests) / len(ingests)
+    b_srv = sum(i.server_cpu for i in ingests) / len(ingests)
+    idle = sum(i.idle for i in ingests) / len(ingests)
+    two = sum(i.two for i in ingests) / len(ingests)
+    a1_cpu = a2_cpu = statistics.mean(embed_cpus)
+    gen = ingests[0].gen
+    vectors = n
+    if args.overhead_only:
+        out(
+            f"\noverhead b/a - 1: {live / a - 1:.1%} (goal <= 10%), per round "
+            + ", ".join(
+                f"{i.wall / ((x + y) / 2) - 1:.1%}"
+                for i, (x, y) in zip(ingests, itertools.pairwise(embeds), strict=True)
+            )
+            + f"; CPU overhead {(b_cpu + b_srv) / a1_cpu - 1:.1%}; no embed() in flight"
+            f" {idle:.2f} s; {load()}"
+        )
+        return
 
     # -- 3. query latency (run before 2: the LangChain side re-embeds the corpus)
     out(f"\n[3] query latency, {args.queries} queries, k={K} ({load()})")
@@ -627,8 +691,8 @@ async def measure(args: argparse.Namespace, app: App, url: str, corpus: Path, ou
         f" {f'{a_cpu:.1f} / {b_cpu:.1f} + {b_srv:.1f}':>12}"
     )
     out(f"{'   CPU overhead (first run) / (a) - 1':52} {(b_cpu + b_srv) / a_cpu - 1:11.1%}")
-    out(f"{'   time in (b) with no embed() call in flight':52} {b - clock.in_flight():10.2f} s")
-    out(f"{'   time in (b) with two embed() calls in flight':52} {clock.in_flight(2):10.2f} s")
+    out(f"{'   time in (b) with no embed() call in flight':52} {idle:10.2f} s")
+    out(f"{'   time in (b) with two embed() calls in flight':52} {two:10.2f} s")
     out(f"{f'2. no-op re-run, median of {args.rounds}: herd':52} {herd_total:10.3f} s")
     out(f"{'   of which plan_and_apply':52} {herd_plan:10.3f} s")
     label = f"   LangChain, batch_size={sizes[0]}, chunking + index()"
@@ -698,6 +762,17 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="no-op rounds per system")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=2, help="ingest worker slots")
+    parser.add_argument(
+        "--ingest-rounds",
+        type=int,
+        default=1,
+        help="full ingests, each between two pure embeddings (a b a b a)",
+    )
+    parser.add_argument(
+        "--overhead-only",
+        action="store_true",
+        help="measure the ingest overhead (1) only: no LangChain, no queries",
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
         "--langchain-store",

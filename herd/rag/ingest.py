@@ -127,6 +127,7 @@ class RagRuntime:
             self._make_default = None
             self._embedders[self.new_spec] = embedder  # type: ignore[assignment]
         self._building = asyncio.Lock()
+        self._generations: dict[int, Generation] = {}
 
     @property
     def embedder(self) -> Embedder:
@@ -159,6 +160,14 @@ class RagRuntime:
                         specs.variant, spec, found, str(recorded), self.home
                     )
         return self._embedders[key]
+
+    async def generation(self, gen_id: int) -> Generation:
+        """A generation as its embed jobs need it, read once per process: its id,
+        collection, embedder and store never change (its status does; ask the store)."""
+        gen = self._generations.get(gen_id)
+        if gen is None:
+            gen = self._generations[gen_id] = await self.store.generation(gen_id)
+        return gen
 
     @classmethod
     async def of(cls, app: App) -> RagRuntime:
@@ -459,7 +468,7 @@ def _shown(path: Path) -> str:
 async def embed_batch(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """The embedding task: texts from the database, vectors back, fenced twice."""
     rt = await RagRuntime.of(ctx.app)
-    gen = await rt.store.generation(payload["generation"])
+    gen = await rt.generation(payload["generation"])
     embedder = await rt.embedder_for(
         specs.recorded_spec(gen.settings), gen.settings.get("embedder")
     )
@@ -470,10 +479,7 @@ async def embed_batch(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any
             f" {gen.collection!r} is indexed with {gen.settings.get('embedder')}"
         )
     items = [(str(i[0]), str(i[1])) for i in payload["items"]]
-    done = await rt.store.embedded(gen, items)  # a retry after the upsert was acknowledged
-    current = [
-        row for row in await rt.store.texts(payload["collection"], items) if row[0] not in done
-    ]
+    current = await rt.store.to_embed(gen, items)
     if not current:
         return {"embedded": 0}  # done already, or changed since: a newer job embeds them
     vectors = await asyncio.to_thread(embedder.embed, [t for _, _, t in current])
@@ -506,7 +512,9 @@ async def finalize(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
                 " requeue those jobs or re-run herd ingest"
             )
         if left:
-            raise Retry(f"{left} chunks still to embed", after=1.0)
+            # Usually the last embed jobs, claimed just before this one: look again
+            # soon (the corpus goes live that much sooner), then once a second.
+            raise Retry(f"{left} chunks still to embed", after=_finalize_delay(ctx))
     # Fenced by the job's lease: a finalize that lost it (paused, taken over) deletes
     # nothing and swaps nothing.
     async with ctx.fenced_transaction(rt.store.transaction) as conn:
@@ -523,6 +531,11 @@ async def finalize(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         swapped = True
     dropped = await rt.store.drop_retired(ctx.app.settings.rag_retired_grace)
     return {"deleted": len(gone), "swapped": swapped, "generation": gen.id, "dropped": dropped}
+
+
+def _finalize_delay(ctx: JobContext) -> float:
+    """0.2 s, 0.4 s, 0.8 s, then 1 s between finalize's looks at what is missing."""
+    return min(1.0, 0.2 * 2.0 ** min(int(ctx.lease.attempts), 4))
 
 
 # How many active jobs finalize looks through for its generation's embed jobs.

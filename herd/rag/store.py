@@ -282,14 +282,16 @@ class RagStore:
         rows = await self.fetch(_q("count_missing", t=gen.table), (gen.collection,))
         return int(rows[0][0])
 
-    async def texts(
-        self, collection: str, items: Sequence[tuple[str, str]]
+    async def to_embed(
+        self, gen: Generation, items: Sequence[tuple[str, str]]
     ) -> list[tuple[str, str, str]]:
-        """(chunk_id, hash, text) of the items whose hash is still current."""
+        """(chunk_id, hash, text) of the items whose hash is still current and that have no
+        vector at that hash yet (a retry after the upsert was acknowledged has none)."""
         return [
             (a, b, c)
             for a, b, c in await self.fetch(
-                Q["current_texts"], ([i[0] for i in items], [i[1] for i in items], collection)
+                _q("to_embed", t=gen.table),
+                ([i[0] for i in items], [i[1] for i in items], gen.collection),
             )
         ]
 

@@ -520,3 +520,33 @@ async def test_two_folders_in_one_run_with_a_file_of_one_name(app, tmp_path):
     ids = await ids_by_source(app, name)
     assert ids[str(tmp_path / "a" / "notes.md")] == ["notes/notes/p1"]  # the first keeps its id
     assert ids[str(tmp_path / "b" / "notes.md")][0].startswith("notes-")
+
+
+async def test_an_embed_job_embeds_only_its_chunks_still_current_and_not_yet_embedded(
+    app, tmp_path
+):
+    name = collection()
+    kjv = tmp_path / "kjv.txt"
+    kjv.write_text("\n".join(GENESIS_1_3[:6]) + "\n")
+    await plan_and_apply(app, [kjv], name)
+    await drain(app)
+    rt = await RagRuntime.of(app)
+    gen = await rt.store.live(name)
+    rows = await rt.store.fetch(
+        "SELECT chunk_id, hash, part FROM herd_chunks WHERE collection = %s ORDER BY chunk_id",
+        (name,),
+    )
+    # A job run again after its upsert was acknowledged, for chunks of which one lost its
+    # vector and one has changed since the job was made: only the first is embedded.
+    await rt.store.fetch(f"DELETE FROM herd_vectors_{gen.id} WHERE chunk_id = %s", (rows[0][0],))
+    items = [[r[0], r[1]] for r in rows]
+    items[1][1] = "a hash of an older text"
+    payload = {"collection": name, "generation": gen.id, "part": rows[0][2], "items": items}
+    job = await app.enqueue(ingest.EMBED_TASK, payload, queue=ingest.QUEUE)
+    await drain(app)
+    assert (await app.get_job(job.job_id)).result == {"embedded": 1}
+    assert await vectors(app, gen.id) == len(rows)
+    # Nothing left to embed: the same job again embeds nothing.
+    job = await app.enqueue(ingest.EMBED_TASK, payload, queue=ingest.QUEUE)
+    await drain(app)
+    assert (await app.get_job(job.job_id)).result == {"embedded": 0}

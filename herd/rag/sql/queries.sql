@@ -99,6 +99,15 @@ SELECT count(*) FROM herd_chunks c
 SELECT v.chunk_id FROM {t} v
   JOIN unnest(%s::text[], %s::text[]) AS i(id, hash) ON v.chunk_id = i.id AND v.hash = i.hash;
 
+-- name: to_embed
+-- An embed job's items still current (their hash) and without a vector at that hash
+-- in the generation: the texts to embed, in one round trip.
+SELECT c.chunk_id, c.hash, c.text FROM herd_chunks c
+  JOIN unnest(%s::text[], %s::text[]) AS i(id, hash) ON c.chunk_id = i.id AND c.hash = i.hash
+ WHERE c.collection = %s
+   AND NOT EXISTS (SELECT 1 FROM {t} v WHERE v.chunk_id = c.chunk_id AND v.hash = c.hash)
+ ORDER BY c.chunk_id;
+
 -- name: rows_of
 SELECT chunk_id, hash FROM {t};
 
@@ -106,12 +115,6 @@ SELECT chunk_id, hash FROM {t};
 DELETE FROM {t} WHERE chunk_id = ANY(%s);
 
 -- ---------------------------------------------------------------- chunks
-
--- name: current_texts
-SELECT c.chunk_id, c.hash, c.text FROM herd_chunks c
-  JOIN unnest(%s::text[], %s::text[]) AS i(id, hash) ON c.chunk_id = i.id AND c.hash = i.hash
- WHERE c.collection = %s
- ORDER BY c.chunk_id;
 
 -- name: chunks_by_id
 SELECT c.chunk_id, c.breadcrumb, c.text, c.metadata FROM herd_chunks c
