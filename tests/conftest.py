@@ -59,25 +59,10 @@ def herd_home() -> Path:
     return home
 
 
-# The suite's one PostgreSQL serves every xdist worker (3, pyproject's -n), so its
-# connections are budgeted for three workers at their worst at once. A worker's peak:
-# its PgBouncer's server connections, at most PGBOUNCER_POOL (idle ones closed after a
-# few seconds, so a test through the pooler leaves none behind for the next ones), plus
-# a test's direct connections, about 60 at the most (the crash tests: 3 `herd worker`
-# processes x (concurrency + 4 + LISTEN + liveness mark) and the test's own broker; the
-# broker contract: a pool of 24 and its listener), plus the session's few (truncate,
-# migrations). 3 x (40 + 60 + 5) = 315 of MAX_CONNECTIONS; the server's default of 100
-# was exceeded (3 PgBouncers of 40 alone could take 120), and a server that refuses
-# logins makes PgBouncer wait out its login retry (15 s): connection timeouts. A pool of
-# 20 was too small for the tests through the pooler (clients timed out waiting for it).
-PGBOUNCER_POOL = 40
-MAX_CONNECTIONS = 400
-
-
 @pytest.fixture(scope="session")
 def pg_url(herd_home: Path) -> Iterator[str]:
     """A fresh, migrated database on the embedded server, for the whole session."""
-    server = embedded_server(herd_home, max_connections=MAX_CONNECTIONS)
+    server = embedded_server(herd_home)
     admin = server.acquire()
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {TEST_DB} WITH (FORCE)")
@@ -116,7 +101,7 @@ def pgbouncer_url(pg_url: str) -> Iterator[str]:
         pytest.skip(why)
     # Not under pytest's tmp folder: PgBouncer runs as another user, who cannot enter it.
     workdir = Path(tempfile.mkdtemp(prefix="herd-pgbouncer-"))
-    bouncer = PgBouncer(binary, pg_url, workdir, pool_size=PGBOUNCER_POOL)
+    bouncer = PgBouncer(binary, pg_url, workdir)
     try:
         bouncer.start()
         yield bouncer.url(TEST_DB)

@@ -83,7 +83,7 @@ def _version(binary: Path) -> tuple[int, ...]:
 class PgBouncer:
     """``start()`` it in front of ``server_url`` (the embedded server's socket URL)."""
 
-    def __init__(self, binary: Path, server_url: str, workdir: Path, *, pool_size: int = 20):
+    def __init__(self, binary: Path, server_url: str, workdir: Path, *, pool_size: int = 40):
         self.binary, self.workdir, self.pool_size = binary, workdir, pool_size
         parts = urlsplit(server_url)
         query = parse_qs(parts.query)
@@ -110,13 +110,7 @@ class PgBouncer:
             f"auth_file = {self.workdir / 'users.txt'}",
             "pool_mode = transaction",
             "max_client_conn = 500",
-            # pool_size is all it may take from the server, whatever the databases:
-            # the server's max_connections is shared with other clients (the suite's
-            # budget, tests/conftest.py), and a login it refuses stalls every client
-            # here for server_login_retry. Idle server connections go back after 5 s.
             f"default_pool_size = {self.pool_size}",
-            f"max_user_connections = {self.pool_size}",
-            "server_idle_timeout = 5",
             f"logfile = {self.workdir / 'pgbouncer.log'}",
             f"pidfile = {self.workdir / 'pgbouncer.pid'}",
             # psycopg sends none of these, other clients (psql, drivers) may.
