@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from herd.cache.base import CacheStore, Entry
-from herd.errors import LockNotAcquired, SingleflightTimeout, Snooze
+from herd.errors import BrokerUnavailable, LockNotAcquired, SingleflightTimeout, Snooze
 from herd.jsonvalue import JSON
 from herd.locks.base import BaseLocks
 from herd.names import check_name
@@ -27,6 +27,11 @@ from herd.names import check_name
 log = logging.getLogger("herd.cache")
 
 Source = Literal["hit", "waited", "computed", "stale", "early"]
+
+# How long a computed value waits for the store to come back before it is given up: it
+# may have cost a model call, and a store restarting or dropping its clients is back
+# within seconds. Past this the caller's error stands and its next run computes again.
+PUT_PATIENCE = 30.0
 
 
 @dataclass(frozen=True)
@@ -161,10 +166,23 @@ class ExactCache:
                 except Exception:
                     await self.store.count({"errors": 1}, self.namespace)
                     raise
-                await self.put(key, value, delta=time.monotonic() - started)
+                await self._keep(key, value, delta=time.monotonic() - started)
                 return await self._counted(Lookup(value, source))
         except LockNotAcquired:
             return None
+
+    async def _keep(self, key: str, value: JSON, *, delta: float) -> None:
+        """Store a value just computed, retrying while the store is unreachable."""
+        pause, deadline = 0.1, time.monotonic() + PUT_PATIENCE
+        while True:
+            try:
+                return await self.put(key, value, delta=delta)
+            except BrokerUnavailable as exc:
+                if time.monotonic() + pause > deadline:
+                    raise
+                log.warning("cache key %s… not stored yet, retrying: %s", key[:16], exc)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
 
     async def _counted(self, lookup: Lookup) -> Lookup:
         name = {

@@ -354,3 +354,51 @@ async def test_without_a_schema_the_models_text_is_the_answer(app, sim, tmp_path
     (row,) = [r async for r in results.rows(app, "prose")]
     assert row["output"] == "Rigour: 4 of 5. The method is sound.", row
     assert sim.stats()["calls"] == 1 and report.queued == 1
+
+
+async def test_an_answer_is_stored_before_its_call_is_closed_and_outlives_a_dropped_store(
+    app, sim, tmp_path, pg_url
+):
+    """The exact cache's write of a paid answer is held up (another session's uncommitted
+    row on its key), then its connection is cut. The ledger row stays open until the answer
+    is stored: a run that died here would leave it to be closed 'cut_short' by the run that
+    takes over, which finds the answer, instead of a closed call whose answer is lost and
+    paid again. The cut write is retried on a new connection: one call in all."""
+    doc = tmp_path / "a.txt"
+    doc.write_text("A paper whose answer must not be paid twice.")
+    report = await submit(app, [doc], SPEC)
+    job = await app.get_job(report.job_ids[0])
+    rt = await evaluate.EvalRuntime.of(app)
+    blocker = psycopg.connect(pg_url)
+    blocker.execute(
+        "INSERT INTO herd_cache (namespace, key, value) VALUES (%s, %s, '{}')",
+        (rt.cache.namespace, job.payload["key"]),
+    )
+    waiting = (
+        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        " AND query LIKE '%%INSERT INTO herd_cache %%' AND pid <> %s"
+    )
+    worker = Worker(app, queues=[evaluate.QUEUE], concurrency=1, poll_interval=0.05,
+                    install_signal_handlers=False)  # fmt: skip
+    run = asyncio.create_task(worker.run())
+    try:
+        with psycopg.connect(pg_url, autocommit=True) as watch:
+            me = blocker.info.backend_pid
+
+            async def put_waits() -> list[tuple[int]]:
+                return watch.execute(waiting, (me,)).fetchall()
+
+            (pid,), *_ = await eventually(put_waits, timeout=20)
+            states = watch.execute("SELECT state FROM herd_eval_ledger").fetchall()
+            assert states == [("open",)]  # paid, answered, and not closed before it is stored
+            watch.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            await eventually(put_waits, timeout=20)  # retried on another connection
+            blocker.rollback()
+            await eventually(lambda: asyncio.sleep(0, worker.stats.succeeded == 1), timeout=20)
+    finally:
+        blocker.close()
+        worker.stop()
+        await run
+    assert sim.stats()["calls"] == 1
+    assert await ledger(app) == {"call": 1}
+    assert (await rt.cache.get(job.payload["key"]))["output"] is not None

@@ -11,6 +11,7 @@ ledger, and reserved against the batch's budget, before its request leaves.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import uuid
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ from herd import telemetry
 from herd.app import App
 from herd.cache.exact import Lookup
 from herd.context import JobContext
-from herd.errors import Fatal, InvalidInput, LeaseLost, Snooze
+from herd.errors import BrokerError, Fatal, InvalidInput, LeaseLost, Snooze
 from herd.jsonvalue import JSON
 from herd.limits import (
     CapacityTimeout,
@@ -61,6 +62,8 @@ from herd.llm.eval.spec import (
     validate_answer,
 )
 from herd.llm.eval.store import EvalStore
+
+log = logging.getLogger("herd.eval")
 
 # A parked batch's pending jobs are moved this far out of reach; raising the budget or
 # resuming brings them back at once.
@@ -159,6 +162,8 @@ class Evaluation:
         # With a fallback to move to (herd.llm.eval.fallback): the model's unavailability,
         # and a 429 pause longer than this, raise ModelUnavailable instead.
         self.fallback_after: float | None = None
+        # Calls answered and not yet closed in the ledger: (row id, usage), see send.
+        self.paid: list[tuple[int, dict[str, Any]]] = []
 
     async def limited(self) -> None:
         """Take the fleet's limit of this call's scope and the batch's own, where set."""
@@ -342,17 +347,25 @@ class Evaluation:
                 raise
             cost = rt.prices.cost_of(spec.model, done.usage, spec.provider)
             span.answered(done, cost)
-        await rt.store.close_call(
-            call_id,
-            "call",
-            i=done.usage.input_tokens,
-            o=done.usage.output_tokens,
-            cost=cost,
-            cached=done.usage.cached_input_tokens,
-            written=done.usage.cache_write_tokens,
-            provider_saved=None if self.price is None else self.price.cache_saved(done.usage),
-        )
+        # Closed as 'call' once the answer is in the exact cache (settle): a run that
+        # dies between the two leaves the row open, closed 'cut_short' by the run that
+        # takes over, which finds the answer stored. Closed first, a death before the
+        # store would leave a paid call whose answer is lost, and the next run pays again.
+        self.paid.append((call_id, {
+            "i": done.usage.input_tokens, "o": done.usage.output_tokens, "cost": cost,
+            "cached": done.usage.cached_input_tokens, "written": done.usage.cache_write_tokens,
+            "provider_saved": None if self.price is None else self.price.cache_saved(done.usage),
+        }))  # fmt: skip
         return done
+
+    async def settle(self) -> None:
+        """Close the ledger rows of the calls this run was answered by (see send)."""
+        while self.paid:
+            call_id, usage = self.paid.pop(0)
+            try:
+                await self.rt.store.close_call(call_id, "call", **usage)
+            except BrokerError as exc:  # open, it is closed 'cut_short' by the next run
+                log.warning("ledger row %d not closed: %s", call_id, exc)
 
     async def compute(self, document: str) -> JSON:
         spec = self.spec
@@ -417,6 +430,10 @@ async def answer(
         except ModelUnavailable as exc:
             breaker.trip(model_spec, exc.reason)
             continue
+        finally:
+            # The answer is stored (or will not be): the calls it cost are closed now;
+            # also when the lease was lost meanwhile, so no paid call is left open.
+            await asyncio.shield(run.settle())
         if found.source == "computed":
             breaker.recovered(model_spec)
         break
