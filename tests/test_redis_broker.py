@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from herd import App, BrokerUnavailable, JobStatus, Worker
+from herd.db.redis import HeldConnection
 from herd.queue.base import Completion, Failure, NewJob, QueueStats
 from herd.queue.redis import RedisBroker
 from herd.testing.servers.redis_stack import RedisStackServer
@@ -249,3 +250,23 @@ async def test_the_sweep_drops_stream_consumers_idle_with_nothing_pending(redis_
     finally:
         await broker.close()
         client.close()
+
+
+async def test_a_liveness_mark_keeps_one_connection_past_a_clients_read_timeout(redis_stack):
+    """The mark's blocking read outlasts redis-py's default socket timeout (5 s in
+    redis-py 8): remade every 5 s, a live worker's mark was briefly gone each time, and a
+    claim that looked then took its jobs over as a dead worker's."""
+    mark = HeldConnection(redis_stack, "w-long")
+    await mark.acquire()
+    try:
+        first = mark.id
+        await asyncio.sleep(6.5)  # the duration under test, not a synchronisation
+        assert mark.id == first and mark.held.is_set()
+        client = redis.Redis.from_url(redis_stack)
+        try:
+            listed = client.client_list(client_id=[first.split("@")[0]])
+        finally:
+            client.close()
+        assert [c["name"] for c in listed] == [mark.name]
+    finally:
+        await mark.release()

@@ -280,6 +280,11 @@ class HeldConnection:
                 decode_responses=True,
                 protocol=2,
                 client_name=self.name,
+                # The read is meant to block for the process's life: redis-py 8 reads with
+                # a 5 s socket timeout by default, which broke the mark every 5 s, and a
+                # claim meanwhile took a live worker's jobs over as a dead one's.
+                socket_timeout=None,
+                socket_connect_timeout=5.0,
                 # redis-py would reconnect under the blocked read by itself, and the
                 # mark would go on under an id the server no longer knows.
                 retry=Retry(NoBackoff(), 0),
