@@ -179,6 +179,49 @@ async def test_a_429_on_one_key_pauses_that_key_only(pool_env, sim, model):
         assert sorted(paid) == sorted([A] + [B] * 9)
 
 
+async def test_a_key_the_provider_refuses_is_passed_over_for_the_rest_of_the_pool(
+    pool_env, sim, model
+):
+    # The provider refuses A with a 401 (a revoked key). The batch finishes on B, nothing
+    # is paid on A, no attempt is counted, and the fleet passes A over.
+    sim.configure(keys={KEY_A: {"refused": True}, KEY_B: {"rpm": 1000}})
+    async with worker_app(pool_env) as app:
+        await enqueue_documents(app, spec(model), "onebad", docs(10, "r"))
+        async with running(app, 2):
+            status = await eventually(lambda: finished(app, "onebad", 10), timeout=60,
+                                      interval=0.1)  # fmt: skip
+        assert status["done"] == 10 and status["failed"] == 0 and status["parked"] is None
+        stats = sim.stats()
+        assert stats["billed"] == 10 and stats["by_key"][B]["billed"] == 10, stats["by_key"]
+        assert stats["by_key"].get(A, {}).get("billed", 0) == 0
+        jobs = await app.broker.list_jobs(status=JobStatus.SUCCEEDED)
+        assert len(jobs) == 10 and all(j.attempts == 0 for j in jobs)
+        rows = ledger(pool_env, "onebad")
+        assert [r["key_id"] for r in rows if r["kind"] in PAID] == [B] * 10
+        rt = await evaluate.EvalRuntime.of(app)
+        assert rt.limiter is not None
+        (a_stats,) = await rt.limiter.stats([scope_name("openai", model, A)])
+        assert a_stats.paused_until is not None
+
+
+async def test_a_pool_whose_every_key_is_refused_parks_its_batch_naming_them(pool_env, sim, model):
+    sim.configure(keys={KEY_A: {"refused": True}, KEY_B: {"refused": True}})
+    async with worker_app(pool_env) as app:
+        await enqueue_documents(app, spec(model), "allbad", docs(3, "s"))
+
+        async def parked():
+            found = await evaluate.batch_status(app, "allbad")
+            return found if found.parked else None
+
+        async with running(app, 1):
+            found = await eventually(parked, timeout=60, interval=0.1)
+        assert found.parked == "refused"
+        reason = found.parked_reason or ""
+        assert f"every key of the pool was refused ({', '.join(sorted([A, B]))})" in reason
+        assert KEY_A not in reason and KEY_B not in reason
+        assert sim.stats()["billed"] == 0
+
+
 async def test_the_api_refuses_a_batch_whose_pool_key_is_not_set(pool_env, sim, model,
                                                                  monkeypatch):  # fmt: skip
     monkeypatch.delenv("HERD_POOL_KEY_B")

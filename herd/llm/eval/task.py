@@ -80,17 +80,20 @@ IN_FLIGHT_RECHECK = 2.0
 DEFAULT_PAUSE = 1.0
 # 429s in a row one call takes before its job is handed back (no attempt counted).
 MAX_RATE_LIMITED = 5
+# A pool's key the provider refused (401/403) is passed over by the whole fleet this
+# long; then one call tries it again (a key rotated back, a permission granted).
+KEY_REFUSED_PAUSE = 600.0
 # A concurrency slot of a worker that died frees itself after this long (a live one is
 # renewed every third of it).
 SLOT_HOLD = 60.0
 
 
-class Refused(Exception):
-    """The provider refused the batch's key or model: no other document can do better."""
+class KeyRefused(Exception):
+    """The provider refused one key of a pool (401/403): the call moves to another."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, key_id: str, reason: str) -> None:
         super().__init__(reason)
-        self.reason = reason
+        self.key_id, self.reason = key_id, reason
 
 
 def fenced(ctx: JobContext, store: EvalStore) -> AbstractAsyncContextManager[AsyncConnection[Any]]:
@@ -178,6 +181,11 @@ class Evaluation:
             )
 
     @property
+    def pooled(self) -> bool:
+        """Calls go to a pool of keys, one picked per call by the limiter."""
+        return len(self.pool) > 1 and self.rt.limiter is not None
+
+    @property
     def failover(self) -> bool:
         return self.fallback_after is not None
 
@@ -230,7 +238,7 @@ class Evaluation:
         long is handed back (Snooze: no attempt, no lease held meanwhile) with nothing to
         undo. A 429 pauses the fleet's scope for the whole fleet and the call waits its
         turn again; the reservations are reconciled with what the provider counts."""
-        if not (self.limit or self.batch_limit):
+        if not (self.limit or self.batch_limit or self.pooled):
             return await self.send(user)
         rt, spec, ctx = self.rt, self.spec, self.ctx
         assert rt.limiter is not None
@@ -247,6 +255,7 @@ class Evaluation:
         # first with room, and the call goes out with that key.
         keys = {scope_name(spec.provider, spec.model, k.id): k for k in self.pool}
         fleet = [(s, k.limit) for s, k in keys.items()] or [(self.scope, self.limit)]
+        refused: dict[str, str] = {}  # key id -> the provider's words
         scopes: list[tuple[list[tuple[str, Limit]], Share | None]] = []
         if self.batch_limit:
             scopes.append(([(self.batch_scope, self.batch_limit)], None))
@@ -277,6 +286,17 @@ class Evaluation:
                         await _charge(slots, 0)  # a refusal is charged nothing
                         await rt.limiter.pause(paying, _pause_for(exc))
                         continue
+                    except KeyRefused as exc:
+                        # Refused before generating (not billed): the fleet passes the key
+                        # over for a while, and this call goes to another key of the pool.
+                        await _charge(slots, 0)
+                        await rt.limiter.pause(paying, KEY_REFUSED_PAUSE)
+                        refused[exc.key_id] = exc.reason
+                        log.warning("key %s of the pool was refused: %s", exc.key_id, exc.reason)
+                        fleet[:] = [(s, lim) for s, lim in fleet if keys[s].id not in refused]
+                        if not fleet:
+                            raise await self.all_refused(refused) from None
+                        continue
                     except (Snooze, BatchCancelled, ModelUnavailable):  # nothing was sent or billed
                         await _charge(slots, 0)
                         raise
@@ -294,6 +314,16 @@ class Evaluation:
             f"{self.scope}: the provider answered 429 {MAX_RATE_LIMITED} times in a row",
             after=DEFAULT_PAUSE * MAX_RATE_LIMITED,
         )
+
+    async def all_refused(self, refused: dict[str, str]) -> Exception:
+        """Every key of the pool refused: the batch parks (as one key's refusal parks
+        it), naming the keys by their ids; a call of no batch fails."""
+        ids = ", ".join(sorted(refused))
+        reason = f"every key of the pool was refused ({ids}): {next(iter(refused.values()))}"
+        if self.batch is None:
+            return Fatal(reason)
+        return await park(self.ctx.app, self.rt.store, self.batch, self.ctx.job_id, "refused",
+                          reason)  # fmt: skip
 
     def use_key(self, key: PoolKey | None) -> None:
         """Send the next call with ``key`` of the pool (None: the process's key)."""
@@ -336,6 +366,8 @@ class Evaluation:
                 down = fallback.unavailable(exc)
                 if self.fallback_after is not None and down is not None:
                     raise ModelUnavailable(down) from None
+                if isinstance(exc, ProviderAuthError) and self.pooled:
+                    raise KeyRefused(self.key_id, str(exc)) from None
                 reason = refusal(exc)
                 if reason is not None and batch is not None:
                     raise await park(
