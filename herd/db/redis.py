@@ -60,6 +60,26 @@ def translate_errors(
         ) from exc
     except rexc.RedisError as exc:
         raise BrokerError(f"Redis error in {store}: {mask(str(exc))}") from exc
+    except rexc.RedisClusterException as exc:
+        # Not a RedisError: a cluster client whose topology refresh reached no node (a
+        # restart, dropped connections) raises one, so it must read as an outage too.
+        if not _cluster_unreachable(exc):
+            raise BrokerError(f"Redis Cluster error in {store}: {mask(str(exc))}") from exc
+        raise BrokerUnavailable(
+            f"Redis Cluster for {store} at {mask(url)} is unreachable ({mask(str(exc))});"
+            f" is the cluster running? check {setting}"
+        ) from exc
+
+
+def _cluster_unreachable(exc: Exception) -> bool:
+    """A cluster error that means no node answered: its own class where redis-py has one
+    (RedisClusterUnreachableError, 8.2), a slot nobody serves, or a connection failure
+    under it (redis-py 5 to 8.1 raise the base class from it)."""
+    if type(exc).__name__ == "RedisClusterUnreachableError":
+        return True
+    if isinstance(exc, rexc.SlotNotCoveredError):
+        return True
+    return isinstance(exc.__cause__, (rexc.ConnectionError, rexc.TimeoutError, OSError))
 
 
 def _pool(url: str, *, decode: bool, size: int) -> aioredis.BlockingConnectionPool:

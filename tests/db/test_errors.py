@@ -13,6 +13,8 @@ from herd.queue.redis import RedisBroker
 from herd.rag.store import RagStore
 from herd.semantic.postgres import PostgresSemanticStore
 from herd.semantic.redis import RedisSemanticStore
+from herd.testing.servers.redis_cluster import RedisCluster
+from tests.conftest import CACHE
 
 PG = "postgresql://herd:s3cret@127.0.0.1:1/herd?connect_timeout=2"
 REDIS = "redis://:s3cret@127.0.0.1:1/0"
@@ -66,3 +68,24 @@ async def test_redis_errors_name_the_store_and_the_setting(make, store):
     assert f"Redis for {store} at " in text
     assert "check HERD_REDIS_URL" in text
     assert "s3cret" not in text and "127.0.0.1:1" in text
+
+
+async def test_a_redis_cluster_that_went_away_reads_as_an_outage(tmp_path):
+    """Every node of a cluster gone under an open broker: redis-py's cluster client raises
+    its own exception (not a RedisError) once a topology refresh reaches no node; herd
+    reports the outage as BrokerUnavailable, which callers wait out, not a raw error."""
+    cluster = RedisCluster(CACHE / "cache", tmp_path / "cluster", masters=3)
+    cluster.start()
+    try:
+        broker = RedisBroker(cluster.url)
+        await broker.open()
+        try:
+            assert await broker.list_jobs() == []
+            for node in cluster.nodes:
+                node.kill()
+            with pytest.raises(BrokerUnavailable, match="unreachable"):
+                await broker.list_jobs()
+        finally:
+            await broker.close()
+    finally:
+        cluster.stop()
