@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from herd.errors import BrokerUnavailable
+
+T = TypeVar("T")
 
 log = logging.getLogger("herd")
 
@@ -29,3 +35,22 @@ async def stop(*tasks: asyncio.Future[Any] | None, every: float = 0.5) -> None:
     for task in given:
         if not task.cancelled():
             task.exception()  # retrieved, so asyncio does not log it as never retrieved
+
+
+async def through_outage(
+    step: Callable[[], Awaitable[T]], what: str, *, patience: float = 30.0
+) -> T:
+    """``step()``, tried again while its store is unreachable (BrokerUnavailable), for up
+    to ``patience`` seconds: for a write that records what was already paid for (a model
+    call's answer, its ledger row), where a store restarting or dropping its clients is
+    back within seconds and giving up would pay for the work again."""
+    pause, deadline = 0.1, time.monotonic() + patience
+    while True:
+        try:
+            return await step()
+        except BrokerUnavailable as exc:
+            if time.monotonic() + pause > deadline:
+                raise
+            log.warning("%s not written yet, retrying: %s", what, exc)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)

@@ -16,10 +16,12 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
+from herd import aio
 from herd.cache.base import CacheStore, Entry
-from herd.errors import BrokerUnavailable, LockNotAcquired, SingleflightTimeout, Snooze
+from herd.errors import LockNotAcquired, SingleflightTimeout, Snooze
 from herd.jsonvalue import JSON
 from herd.locks.base import BaseLocks
 from herd.names import check_name
@@ -166,23 +168,14 @@ class ExactCache:
                 except Exception:
                     await self.store.count({"errors": 1}, self.namespace)
                     raise
-                await self._keep(key, value, delta=time.monotonic() - started)
+                delta = time.monotonic() - started
+                await aio.through_outage(
+                    partial(self.put, key, value, delta=delta), f"cache key {key[:16]}…",
+                    patience=PUT_PATIENCE,
+                )  # fmt: skip
                 return await self._counted(Lookup(value, source))
         except LockNotAcquired:
             return None
-
-    async def _keep(self, key: str, value: JSON, *, delta: float) -> None:
-        """Store a value just computed, retrying while the store is unreachable."""
-        pause, deadline = 0.1, time.monotonic() + PUT_PATIENCE
-        while True:
-            try:
-                return await self.put(key, value, delta=delta)
-            except BrokerUnavailable as exc:
-                if time.monotonic() + pause > deadline:
-                    raise
-                log.warning("cache key %s… not stored yet, retrying: %s", key[:16], exc)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 2.0)
 
     async def _counted(self, lookup: Lookup) -> Lookup:
         name = {

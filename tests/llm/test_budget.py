@@ -102,8 +102,10 @@ async def test_spend_stays_within_budget_plus_in_flight_reservations_then_resume
         assert raised["parked"] is None and raised["resumed"] > 0
 
         async def finished():
+            # Done, and every call settled: a call's ledger row closes (and its cost joins
+            # the batch's spent) once its answer is stored, a moment after it shows.
             s = (await evaluate.batch_status(app, "capped")).to_json()
-            return s if s["done"] == 40 else None
+            return s if s["done"] == 40 and s["running"] == 0 and s["reserved"] < 1e-9 else None
 
         final = await eventually(finished, timeout=90)
         assert final["parked_items"] == 0 and final["failed"] == 0

@@ -24,7 +24,7 @@ import httpx
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
-from herd import telemetry
+from herd import aio, telemetry
 from herd.app import App
 from herd.cache.exact import Lookup
 from herd.context import JobContext
@@ -390,14 +390,24 @@ class Evaluation:
         }))  # fmt: skip
         return done
 
-    async def settle(self) -> None:
-        """Close the ledger rows of the calls this run was answered by (see send)."""
+    async def settle(self, *, failing: bool = False) -> None:
+        """Close the ledger rows of the calls this run was answered by (see send), through
+        a short outage of the store. A row still not closed fails the run, whose next run
+        closes it 'cut_short' (and finds the answer stored); while this run fails anyway
+        (``failing``), its own error stands and the row is left to that next run."""
         while self.paid:
-            call_id, usage = self.paid.pop(0)
+            call_id, usage = self.paid[0]
             try:
-                await self.rt.store.close_call(call_id, "call", **usage)
-            except BrokerError as exc:  # open, it is closed 'cut_short' by the next run
-                log.warning("ledger row %d not closed: %s", call_id, exc)
+                await aio.through_outage(
+                    partial(self.rt.store.close_call, call_id, "call", **usage),
+                    f"ledger row {call_id}",
+                )
+            except BrokerError as exc:
+                if not failing:
+                    raise
+                log.warning("ledger row %d left open: %s", call_id, exc)
+                return
+            self.paid.pop(0)
 
     async def compute(self, document: str) -> JSON:
         spec = self.spec
@@ -460,12 +470,14 @@ async def answer(
                 model_key, partial(run.compute, document), owner=f"herd-job:{ctx.job_id}"
             )
         except ModelUnavailable as exc:
+            await asyncio.shield(run.settle(failing=True))
             breaker.trip(model_spec, exc.reason)
             continue
-        finally:
-            # The answer is stored (or will not be): the calls it cost are closed now;
-            # also when the lease was lost meanwhile, so no paid call is left open.
-            await asyncio.shield(run.settle())
+        except BaseException:
+            # Also when the lease was lost meanwhile: no paid call is left open.
+            await asyncio.shield(run.settle(failing=True))
+            raise
+        await run.settle()  # the answer is stored: the calls it cost are closed now
         if found.source == "computed":
             breaker.recovered(model_spec)
         break
