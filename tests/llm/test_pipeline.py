@@ -8,7 +8,7 @@ import json
 import psycopg
 import pytest
 
-from herd import App, Worker
+from herd import App, JobStatus, Worker
 from herd.errors import InvalidInput
 from herd.llm import eval as evaluate
 from herd.llm.eval import results, stages
@@ -137,6 +137,23 @@ async def test_three_stages_answer_every_document_and_show_each_stage(app, sim, 
     a, b = first[1]["loc"]["chars"]
     assert text[a:b].startswith("## Register 1 of Device 0")
     assert set(first[1]["output"]) == {"finding", "severity"}
+
+
+async def test_each_later_stage_runs_ahead_of_the_earlier_ones_at_the_batchs_priority(
+    app, sim, tmp_path
+):
+    """A stage's jobs run at the batch's priority plus the stage's rank: a document's
+    reduce goes ahead of the map backlog of other documents, and the batch's own
+    --priority reaches every stage (later stages were enqueued at 0)."""
+    pipe = from_json(pipeline(chain=True))
+    await submit_pipeline(app, [docs(tmp_path)], pipe, batch="ranked", priority=5)
+    await drain(app)
+    jobs = await app.broker.list_jobs(status=JobStatus.SUCCEEDED, limit=1000)
+    by_stage: dict[str, set[int]] = {}
+    for j in jobs:
+        if j.task == stages.STAGE_TASK:
+            by_stage.setdefault(j.payload["stage"], set()).add(j.priority)
+    assert by_stage == {"notes": {5}, "summary": {6}, "verdict": {7}}
 
 
 async def test_changing_only_the_reduce_prompt_pays_only_the_reduces(app, sim, tmp_path):

@@ -179,6 +179,13 @@ class Pipeline(BaseModel):
         """Every stage after the split, in order: what runs on the queue."""
         return [s for s in self.stages if not isinstance(s, SplitStage)]
 
+    def rank(self, stage: str) -> int:
+        """A stage's place among the steps (0: the first after the split). Its jobs run
+        at the batch's priority plus this: a document's later stage goes ahead of the
+        backlog of earlier ones, so its answers come as its pieces end, not after every
+        piece of every document (a reduce waited behind the whole map backlog)."""
+        return next(n for n, s in enumerate(self.steps) if s.name == stage)
+
     @property
     def calls(self) -> list[CallStage]:
         """The stages that call a model, in order."""

@@ -43,7 +43,7 @@ from herd.llm.eval.runtime import EvalRuntime
 from herd.llm.eval.spec import QUEUE, BatchCancelled, EvalSpec
 from herd.llm.eval.store import EvalStore
 from herd.llm.eval.task import answer, fenced
-from herd.queue.base import EnqueueResult
+from herd.queue.base import MAX_PRIORITY, EnqueueResult
 
 STAGE_TASK = "herd.eval.stage"
 GATHER_TASK = "herd.eval.stage_gather"
@@ -167,20 +167,27 @@ async def send_unsent(
         )
     if not rows:
         return []
-    results = await app.enqueue_many(
-        STAGE_TASK,
-        [{"batch": batch, "path": p, "stage": st, "round": rd, "seq": seq, "key": k,
-          "spec": s, "doc": d, "pipeline": pipe.hash} for p, st, rd, seq, k, s, d in rows],
-        queue=QUEUE,
-        priority=priority,
-        dedup_keys=[piece_dedup(batch, p, st, seq, rd) for p, st, rd, seq, *_ in rows],
-    )  # fmt: skip
-    for (p, st, rd, seq, *_), r in zip(rows, results, strict=True):
+    # One enqueue per stage: each stage's jobs at the batch's priority plus its rank.
+    results: dict[tuple[Any, ...], EnqueueResult] = {}
+    for stage in dict.fromkeys(r[1] for r in rows):
+        group = [r for r in rows if r[1] == stage]
+        made = await app.enqueue_many(
+            STAGE_TASK,
+            [{"batch": batch, "path": p, "stage": st, "round": rd, "seq": seq, "key": k,
+              "spec": s, "doc": d, "pipeline": pipe.hash, "priority": priority}
+             for p, st, rd, seq, k, s, d in group],
+            queue=QUEUE,
+            priority=min(priority + pipe.rank(stage), MAX_PRIORITY),
+            dedup_keys=[piece_dedup(batch, p, st, seq, rd) for p, st, rd, seq, *_ in group],
+        )  # fmt: skip
+        results.update({r[:4]: m for r, m in zip(group, made, strict=True)})
+    for p, st, rd, seq, *_ in rows:
         await rt.store.execute(
             Q["sent"],
-            {"job": r.job_id, "b": batch, "path": p, "stage": st, "round": rd, "seq": seq},
-        )
-    return results
+            {"job": results[(p, st, rd, seq)].job_id, "b": batch, "path": p, "stage": st,
+             "round": rd, "seq": seq},
+        )  # fmt: skip
+    return [results[r[:4]] for r in rows]
 
 
 async def load_pipeline(rt: EvalRuntime, pipe_hash: str) -> Pipeline:
@@ -373,7 +380,7 @@ async def run_stage(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     elif found_rows[0][0] == "queued":
         source = await _answer(ctx, rt, pipe, payload)
     # Sent after the commit, before this job completes: see the module's docstring.
-    await send_unsent(ctx.app, rt, pipe, batch, path)
+    await send_unsent(ctx.app, rt, pipe, batch, path, int(payload.get("priority", 0)))
     return {"key": key, "path": path, "stage": payload["stage"], "seq": payload["seq"],
             "source": source}  # fmt: skip
 

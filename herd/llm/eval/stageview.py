@@ -71,7 +71,7 @@ async def settle_pieces(app: App, rt: EvalRuntime, batch: str) -> int:
             if ended:
                 await advance(conn, pipe, batch, path, stage, round_)
                 settled += 1
-        await send_unsent(app, rt, pipe, batch, path)
+        await send_unsent(app, rt, pipe, batch, path, int(job.payload.get("priority", 0)))
     return settled
 
 
