@@ -29,6 +29,7 @@ import psycopg
 
 from herd.config import Settings
 from herd.db.diskfull import ENOSPC, low_space
+from herd.db.postgres import own_database
 from herd.errors import EmbeddedServerError
 
 log = logging.getLogger("herd.embedded")
@@ -93,6 +94,7 @@ class EmbeddedPostgres:
                 self._write_holders([*holders, me])
             atexit.register(self.release)
             self._url = _ensure_database(server.get_uri())
+            own_database(self._url)
             return self._url
 
     def release(self) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from herd.embedded import EmbeddedPostgres
 from tests.helpers import eventually_sync
+from tests.test_cli import herd
 
 HOLD = """
 import signal, sys, time
@@ -68,3 +69,15 @@ def test_a_killed_holder_leaves_a_server_the_next_one_reuses_and_stops(home):
     assert b_started == a_started  # b reused the orphan...
     assert b.wait(timeout=30) == 0
     eventually_sync(lambda: not server.is_running(), timeout=30)  # ...and, last, stopped it
+
+
+@pytest.mark.timeout(120)
+def test_a_new_users_first_run_fills_herds_own_database_without_a_warning(home):
+    """The embedded server's database is herd's own: its tables appearing on the first
+    run is expected (INFO), while a URL the user gives still gets the WARNING
+    (tests/db/test_auto_migrate.py)."""
+    r = herd("status", "--json", HERD_HOME=str(home))
+    assert r.returncode == 0, r.stderr
+    said = [line for line in r.stderr.splitlines() if "creating herd's tables" in line]
+    assert len(said) == 1 and "INFO" in said[0] and "WARNING" not in r.stderr, r.stderr
+    eventually_sync(lambda: not EmbeddedPostgres(home).is_running(), timeout=30)

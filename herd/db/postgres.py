@@ -136,6 +136,21 @@ def auto_migrate() -> bool:
 VECTOR_FEATURES = ("herd.rag.sql", "herd.semantic.sql")
 
 
+# The databases herd made itself (the embedded server's): their tables being created is
+# the expected first run, not the sign of a URL that names the wrong database.
+_own_databases: set[tuple[str, str, str]] = set()
+
+
+def _identity(host: str | None, port: Any, dbname: str | None) -> tuple[str, str, str]:
+    return (str(host or ""), str(port or "5432"), str(dbname or ""))
+
+
+def own_database(url: str) -> None:
+    """Mark the database of ``url`` as herd's own: its first migration logs at INFO."""
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    _own_databases.add(_identity(info.get("host"), info.get("port"), info.get("dbname")))
+
+
 def where(conn: AsyncConnection[Any]) -> str:
     """The database a connection is in, as a log line names it: no password."""
     info = conn.info
@@ -177,7 +192,13 @@ async def migrate(
         if not known:
             # A URL that names the wrong database (one that accepted a wrong password,
             # a colleague's) must not be filled with tables without a word.
-            log.warning("creating herd's tables in %s, where herd had none", where(conn))
+            info = conn.info
+            own = _identity(info.host, info.port, info.dbname) in _own_databases
+            log.log(
+                logging.INFO if own else logging.WARNING,
+                "creating herd's tables in %s, where herd had none",
+                where(conn),
+            )
             await conn.execute(
                 "CREATE TABLE IF NOT EXISTS herd_migrations ("
                 " version integer PRIMARY KEY, name text NOT NULL,"
