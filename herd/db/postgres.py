@@ -141,7 +141,7 @@ VECTOR_FEATURES = ("herd.rag.sql", "herd.semantic.sql")
 _own_databases: set[tuple[str, str, str]] = set()
 
 
-def _identity(host: str | None, port: Any, dbname: str | None) -> tuple[str, str, str]:
+def _identity(host: Any, port: Any, dbname: Any) -> tuple[str, str, str]:
     return (str(host or ""), str(port or "5432"), str(dbname or ""))
 
 

@@ -81,7 +81,8 @@ EVAL_TABLES = (
     "herd_eval_items, herd_eval_ledger, herd_eval_documents, herd_eval_specs,"
     " herd_eval_ledger_totals, herd_eval_batch_totals, herd_eval_keys, herd_cache,"
     " herd_cache_stats, herd_eval_batches, herd_eval_provider_batches, herd_eval_failures,"
-    " herd_eval_job_answers, herd_eval_batch_specs, herd_eval_item_counts, herd_eval_batch_keys"
+    " herd_eval_job_answers, herd_eval_batch_specs, herd_eval_item_counts, herd_eval_batch_keys,"
+    " herd_eval_stage_costs"
 )
 
 

@@ -63,7 +63,10 @@ def manual(title: str, sections: int) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-PIPE_TABLES = "herd_eval_pieces, herd_eval_fanin, herd_eval_pipelines"
+PIPE_TABLES = (
+    "herd_eval_pieces, herd_eval_fanin, herd_eval_pipelines, herd_eval_piece_counts,"
+    " herd_eval_stage_costs"
+)
 
 
 @pytest.fixture
@@ -263,3 +266,91 @@ async def test_a_finished_pipeline_is_purged_with_its_items(app, sim):
     await rt.store.purge(eval_ttl=0.001, ledger_ttl=0)
     assert (await rt.store.execute(count))[0] == (0, 0)
     assert (await rt.store.execute("SELECT count(*) FROM herd_eval_pipelines"))[0] == (0,)
+
+
+# What the stage view read before its counters: every piece, and every paid call of the
+# batch joined to its pieces. The reference its counters must agree with.
+BY_ROWS = """
+SELECT stage, count(*), count(*) FILTER (WHERE status = 'done'),
+       count(*) FILTER (WHERE status = 'failed'), count(*) FILTER (WHERE status = 'cancelled'),
+       count(*) FILTER (WHERE source IN ('hit', 'waited', 'stale')), max(round)
+  FROM herd_eval_pieces WHERE batch = %(b)s GROUP BY stage"""
+COSTS_BY_ROWS = """
+WITH l AS (SELECT * FROM herd_eval_ledger WHERE batch = %(b)s AND state = 'closed'
+              AND kind IN ('call', 'lost', 'failed', 'cut_short')),
+     x AS (SELECT p.stage, l.id, l.input_tokens, l.output_tokens, l.cost
+             FROM (SELECT DISTINCT stage, key FROM herd_eval_pieces WHERE batch = %(b)s) p
+             JOIN l ON l.key = p.key
+           UNION
+           SELECT p.stage, l.id, l.input_tokens, l.output_tokens, l.cost
+             FROM (SELECT DISTINCT stage, job_id FROM herd_eval_pieces
+                    WHERE batch = %(b)s AND job_id IS NOT NULL) p
+             JOIN l ON l.job_id = p.job_id)
+SELECT stage, count(*), sum(input_tokens), sum(output_tokens), sum(cost) FROM x GROUP BY stage"""
+
+
+def _rows_read(plan: dict, tables: tuple[str, ...]) -> int:
+    own = 0
+    if plan.get("Relation Name") in tables:
+        own = (plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)) * plan.get(
+            "Actual Loops", 1
+        )
+    return own + sum(_rows_read(p, tables) for p in plan.get("Plans", []))
+
+
+async def test_the_stage_view_reads_counters_that_agree_with_the_pieces_and_the_ledger(
+    app, sim, tmp_path, pg_url, monkeypatch
+):
+    """Each stage's progress and cost come from counters kept as pieces change and calls
+    close (O(stages) a poll, the dashboard's): they agree with a count of the pieces and
+    a sum of the ledger's rows, with repaired answers, a batch answered from the cache
+    and a cancelled one; the read touches no piece and no ledger row."""
+    folder = docs(tmp_path, 3)
+    pipe = from_json(pipeline(chain=True))
+    sim.script("invalid", "invalid")  # two answers outside the schema: repaired
+    await submit_pipeline(app, [folder], pipe, batch="counted")
+    await drain(app)
+    await submit_pipeline(app, [folder], pipe, batch="again")  # every call from the cache
+    await drain(app)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "x.md").write_text(manual("Device X", 4))
+    await submit_pipeline(app, [other], pipe, batch="dropped")
+    await evaluate.cancel(app, "dropped")
+    await drain(app)  # its jobs end its pieces as cancelled
+    rt = await EvalRuntime.of(app)
+    sent: list[tuple[str, object]] = []
+    execute = rt.store.execute
+
+    async def spy(query: str, params: object = None) -> list[tuple]:
+        sent.append((stages.Q.get(query, query), params))
+        return await execute(query, params)
+
+    with psycopg.connect(pg_url) as conn:
+        for batch in ("counted", "again", "dropped"):
+            with monkeypatch.context() as m:
+                m.setattr(rt.store, "execute", spy)
+                view = {s["stage"]: s for s in await stage_progress(rt, batch)}
+            counted = {
+                s: (v["pieces"], v["done"], v["failed"], v["cancelled"], v["cached"], v["round"])
+                for s, v in view.items()
+                if v["pieces"]
+            }
+            rows = conn.execute(BY_ROWS, {"b": batch}).fetchall()
+            assert counted == {s: tuple(int(x) for x in r) for s, *r in rows}, batch
+            paid = {s: (v["calls"], v["input_tokens"], v["output_tokens"]) for s, v in view.items()
+                    if v["calls"]}  # fmt: skip
+            costs = conn.execute(COSTS_BY_ROWS, {"b": batch}).fetchall()
+            assert paid == {s: (int(n), int(i), int(o)) for s, n, i, o, _ in costs}, batch
+        progress = {s["stage"]: s for s in await stage_progress(rt, "counted")}
+        # 15 pieces (3, 4 and 5 registers and an introduction each); two answers were
+        # repaired, a call each.
+        assert (progress["notes"]["done"], progress["notes"]["calls"]) == (15, 15 + 2)
+        again = {s["stage"]: s for s in await stage_progress(rt, "again")}
+        assert (again["notes"]["cached"], again["notes"]["calls"]) == (15, 0)
+        dropped = {s["stage"]: s for s in await stage_progress(rt, "dropped")}
+        assert dropped["notes"]["cancelled"] == dropped["notes"]["pieces"] == 5
+        for sql, params in sent:
+            ((plan,),) = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchall()
+            assert _rows_read(plan[0]["Plan"], ("herd_eval_pieces", "herd_eval_ledger")) == 0
+        conn.rollback()

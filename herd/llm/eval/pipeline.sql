@@ -89,31 +89,21 @@ UPDATE herd_eval_pieces SET status = 'cancelled', finished_at = now()
    AND seq = %(seq)s AND status = 'queued';
 
 -- name: stage_counts
--- Per stage: pieces, done, failed, cancelled, cached, the last round made, of a batch.
-SELECT stage, count(*), count(*) FILTER (WHERE status = 'done'),
-       count(*) FILTER (WHERE status = 'failed'),
-       count(*) FILTER (WHERE status = 'cancelled'),
-       count(*) FILTER (WHERE source IN ('hit', 'waited', 'stale')), max(round)
-  FROM herd_eval_pieces WHERE batch = %(b)s GROUP BY stage;
+-- Per stage: pieces, done, failed, cancelled, cached, the last round made, of a batch;
+-- from the counters (3021): a few rows per stage, whatever the number of pieces.
+SELECT stage, sum(n), coalesce(sum(n) FILTER (WHERE status = 'done'), 0),
+       coalesce(sum(n) FILTER (WHERE status = 'failed'), 0),
+       coalesce(sum(n) FILTER (WHERE status = 'cancelled'), 0),
+       coalesce(sum(n) FILTER (WHERE cached), 0), max(round)
+  FROM (SELECT stage, round, status, cached, sum(n) AS n FROM herd_eval_piece_counts
+         WHERE batch = %(b)s GROUP BY stage, round, status, cached HAVING sum(n) <> 0) c
+ GROUP BY stage;
 
 -- name: stage_costs
--- Per stage, what its calls cost this batch (paid calls, by the ledger's rows): the rows
--- of its pieces' keys, and of its pieces' jobs (a call a fallback answered is under the
--- fallback's key); a row found both ways is counted once.
-WITH l AS (SELECT * FROM herd_eval_ledger
-            WHERE batch = %(b)s AND state = 'closed'
-              AND kind IN ('call', 'lost', 'failed', 'cut_short')),
-     x AS (SELECT p.stage, l.id, l.input_tokens, l.output_tokens, l.cost
-             FROM (SELECT DISTINCT stage, key FROM herd_eval_pieces WHERE batch = %(b)s) p
-             JOIN l ON l.key = p.key
-           UNION
-           SELECT p.stage, l.id, l.input_tokens, l.output_tokens, l.cost
-             FROM (SELECT DISTINCT stage, job_id FROM herd_eval_pieces
-                    WHERE batch = %(b)s AND job_id IS NOT NULL) p
-             JOIN l ON l.job_id = p.job_id)
-SELECT stage, count(*), coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0),
-       sum(cost), bool_or(cost IS NULL)
-  FROM x GROUP BY stage;
+-- Per stage, what its calls cost this batch (paid calls: the ledger's rows of its
+-- pieces' keys, or of its pieces' jobs), from the totals kept as they close (3021).
+SELECT stage, sum(n), sum(input_tokens), sum(output_tokens), sum(cost), sum(unpriced) > 0
+  FROM herd_eval_stage_costs WHERE batch = %(b)s GROUP BY stage;
 
 -- name: stage_failures
 SELECT path, stage, seq, loc, error FROM herd_eval_pieces
@@ -172,6 +162,21 @@ DELETE FROM herd_eval_pieces WHERE (batch, path, stage, round, seq) IN (
     SELECT batch, path, stage, round, seq FROM herd_eval_pieces p
      WHERE NOT EXISTS (SELECT 1 FROM herd_eval_items i
                         WHERE i.batch = p.batch AND i.path = p.path)
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
+
+-- name: purge_stage_counts
+-- A batch's counters and stage totals go once it has no item and no piece left.
+DELETE FROM herd_eval_piece_counts WHERE (batch, stage, round, status, cached, slot) IN (
+    SELECT batch, stage, round, status, cached, slot FROM herd_eval_piece_counts c
+     WHERE NOT EXISTS (SELECT 1 FROM herd_eval_items i WHERE i.batch = c.batch)
+       AND NOT EXISTS (SELECT 1 FROM herd_eval_pieces p WHERE p.batch = c.batch)
+     LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
+
+-- name: purge_stage_costs
+DELETE FROM herd_eval_stage_costs WHERE (batch, stage, slot) IN (
+    SELECT batch, stage, slot FROM herd_eval_stage_costs c
+     WHERE NOT EXISTS (SELECT 1 FROM herd_eval_items i WHERE i.batch = c.batch)
+       AND NOT EXISTS (SELECT 1 FROM herd_eval_pieces p WHERE p.batch = c.batch)
      LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
 
 -- name: purge_fanin

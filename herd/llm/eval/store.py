@@ -398,6 +398,7 @@ class EvalStore:
             steps += [("purge_batch_specs", keep_eval), ("purge_batch_keys", keep_eval)]
             # A pipeline's pieces and fan-in go with their document's item.
             steps += [("purge_pieces", keep_eval), ("purge_fanin", keep_eval),
+                      ("purge_stage_counts", keep_eval), ("purge_stage_costs", keep_eval),
                       ("purge_pipelines", keep_eval)]  # fmt: skip
             legacy = await self.execute("legacy_queued")
             if not legacy[0][0]:
