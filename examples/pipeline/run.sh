@@ -18,5 +18,8 @@ for _ in $(seq 100); do
 done
 herd eval submit "$work/docs" --pipeline "$here/pipeline.toml" --plan   # nothing paid
 herd eval submit "$work/docs" --pipeline "$here/pipeline.toml" --batch manual --wait
-herd eval results manual --stage registers | head -3
+# To a file, then its first lines: `| head` closes the pipe early, and under pipefail
+# the writer's exit on a closed pipe (1, as click has it) would end this script.
+herd eval results manual --stage registers -o "$work/registers.jsonl"
+head -3 "$work/registers.jsonl"
 herd eval results manual
