@@ -11,7 +11,7 @@ import pytest
 from herd import App, JobStatus, Worker
 from herd.errors import InvalidInput
 from herd.llm import eval as evaluate
-from herd.llm.eval import results, stages
+from herd.llm.eval import results, stages, stageview
 from herd.llm.eval.pipeline import from_json
 from herd.llm.eval.pipesubmit import submit_pipeline, submit_pipeline_texts
 from herd.llm.eval.runtime import EvalRuntime
@@ -254,6 +254,57 @@ async def test_a_piece_whose_job_dies_of_stalls_is_settled_by_its_policy(pg_url,
     assert status.dead == 1 and status.finished
     assert "stage 'notes': piece 0, chars 0-" in status.failures[0]["error"]
     assert "lease expired" in status.failures[0]["error"]
+
+
+async def test_pieces_whose_jobs_died_long_ago_are_found_by_the_sweep(
+    pg_url, app, sim, monkeypatch
+):
+    """The status read looks at the queue's newest dead jobs and sweeps the jobs of a
+    page of waiting pieces a read, never all of them: deaths older than the newest dead
+    letters are found a page at a time, each read going on from the last."""
+    monkeypatch.setattr(stageview, "DEAD_LOOKED", 1)
+    monkeypatch.setattr(stageview, "SWEEP", 1)
+    stalling = App(database_url=pg_url)
+    stalling.task(name=stages.STAGE_TASK, queue=evaluate.QUEUE, lease_seconds=0.2,
+                  max_stalls=1)(stages.run_stage)  # fmt: skip
+    async with stalling:
+        whole = pipeline()
+        whole["stages"] = whole["stages"][1:]  # no split: each document is one piece
+        texts = {f"pump{i}.md": manual(f"Pump {i}", 1) for i in range(3)}
+        await submit_pipeline_texts(stalling, from_json(whole), texts, batch="stalls")
+        leases = await stalling.broker.claim([evaluate.QUEUE], "doomed", 3)
+        assert len(leases) == 3
+
+        async def dead() -> bool:  # claims after its leases expired dead-letter the jobs
+            await stalling.broker.claim([evaluate.QUEUE], "doomed", 3)
+            jobs = await stalling.broker.get_jobs([lease.job_id for lease in leases])
+            return all(j.status == "dead" for j in jobs)
+
+        await eventually(dead, timeout=20)
+    seen = [(await batch_status(app, "stalls")).dead for _ in range(4)]
+    # Read 1: the newest dead job and the first piece swept (one of them the same or
+    # not); then one piece more a read, until all three are counted.
+    assert seen[0] in (1, 2) and seen[-1] == 3 and seen == sorted(seen)
+    assert (await batch_status(app, "stalls")).finished
+
+
+async def test_a_status_read_fetches_a_page_of_the_waiting_pieces_jobs(app, tmp_path, monkeypatch):
+    """No worker: every piece waits. A read fetches the jobs of SWEEP of them, not of
+    every one (a batch of 18,200 waiting pieces took 575 ms a read)."""
+    monkeypatch.setattr(stageview, "SWEEP", 4)
+    await submit_pipeline(app, [docs(tmp_path, 3)], from_json(pipeline()), batch="waiting")
+    fetched: list[int] = []
+    get_jobs = app.broker.get_jobs
+
+    async def spy(ids):  # type: ignore[no-untyped-def]
+        fetched.extend(ids)
+        return await get_jobs(ids)
+
+    monkeypatch.setattr(app.broker, "get_jobs", spy)
+    for _ in range(2):
+        status = await batch_status(app, "waiting")
+        assert status.queued == 3
+    assert len(fetched) == 2 * 4 and len(set(fetched)) == 8  # the second page, not the first
 
 
 async def test_a_finished_pipeline_is_purged_with_its_items(app, sim):

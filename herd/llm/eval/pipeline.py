@@ -232,12 +232,17 @@ class Pipeline(BaseModel):
         """The stage's call as an EvalSpec: its key is today's key of one call."""
         d = self.defaults
         return EvalSpec(
-            model=stage.model or d.model or "",
+            model=self.model_of(stage),
             system=stage.prompt,
             schema=stage.schema_,
             provider=stage.provider or d.provider,
             params=stage.params if stage.params is not None else dict(d.params),
         )
+
+    def model_of(self, stage: CallStage) -> str:
+        """The stage's model, without building its spec (which checks its schema: a few
+        milliseconds a stage on every status poll)."""
+        return stage.model or self.defaults.model or ""
 
     def context_of(self, model: str) -> int:
         return self.context.get(model, DEFAULT_CONTEXT)
@@ -250,8 +255,7 @@ class Pipeline(BaseModel):
             return split.window_tokens
         if not self.calls:
             return DEFAULT_CONTEXT // 2
-        first = self.spec(self.calls[0])
-        return self.context_of(first.model) // 2
+        return self.context_of(self.model_of(self.calls[0])) // 2
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)

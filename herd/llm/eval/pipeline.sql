@@ -126,10 +126,19 @@ SELECT path, round, seq, status, source, result, error, loc FROM herd_eval_piece
         OR (path, round, seq) > (%(after)s, %(after_round)s, %(after_seq)s))
  ORDER BY path, round, seq LIMIT %(limit)s;
 
--- name: waiting_pieces
--- The pieces of a batch sent to a job and not answered: settled against their jobs.
+-- name: sweep_pieces
+-- The next waiting pieces sent to a job, after the last one swept (along
+-- herd_eval_pieces_waiting, 3021): the status read's sweep of their jobs.
 SELECT path, stage, round, seq, job_id FROM herd_eval_pieces
- WHERE batch = %(b)s AND status = 'queued' AND job_id IS NOT NULL;
+ WHERE batch = %(b)s AND status = 'queued' AND job_id IS NOT NULL
+   AND (NOT %(after)s OR (path, stage, round, seq) > (%(path)s, %(stage)s, %(round)s, %(seq)s))
+ ORDER BY path, stage, round, seq LIMIT %(limit)s;
+
+-- name: waiting_pieces
+-- The pieces of a batch not answered whose job is one of the dead ones given, along
+-- herd_eval_pieces_job (3021).
+SELECT path, stage, round, seq, job_id FROM herd_eval_pieces
+ WHERE job_id = ANY(%(jobs)s::bigint[]) AND batch = %(b)s AND status = 'queued';
 
 -- name: doc_calls
 -- What each document's calls cost over all its stages (a key it shares with another

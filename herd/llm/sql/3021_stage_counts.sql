@@ -1,7 +1,7 @@
 -- A batch in stages seen per stage (herd eval status, GET /evals/{batch}, the dashboard's
 -- batch card) at a cost of O(stages), whatever its number of pieces: the read counted
 -- every piece of the batch and joined every paid call of it to its pieces on each poll.
--- Now, as 3016 does for the items:
+-- Now, as 3016 does for the items (and the dead jobs' pieces found as stageview says):
 --
 -- * the pieces are counted by (batch, stage, round, status, answered from the cache) in
 --   counters kept exact by statement triggers in the transaction of every change of
@@ -125,8 +125,12 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- A paid call's stages found by the job that made it, not a walk of the batch's pieces.
+-- A paid call's stages, and a dead job's pieces, found by the job, not by a walk of the
+-- batch's pieces; and the status read's sweep of the waiting pieces' jobs, a page at a
+-- time along the waiting ones only (herd.llm.eval.stageview).
 CREATE INDEX herd_eval_pieces_job ON herd_eval_pieces (job_id) WHERE job_id IS NOT NULL;
+CREATE INDEX herd_eval_pieces_waiting ON herd_eval_pieces (batch, path, stage, round, seq)
+    WHERE status = 'queued' AND job_id IS NOT NULL;
 
 -- Counted and summed under locks that keep writers out until COMMIT: no change can fall
 -- between the first count and the triggers.
