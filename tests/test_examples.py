@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,14 +24,24 @@ def _free_port() -> int:
         return port
 
 
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temporary folder with a short path: the example's HERD_HOME holds the embedded
+    server's Unix socket, whose path may not pass 107 bytes (pytest's tmp_path under
+    xdist is too long for it)."""
+    folder = Path(tempfile.mkdtemp(prefix="herd-ex-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.mark.timeout(300)
-def test_the_pipeline_example_runs_to_its_last_line(tmp_path):
+def test_the_pipeline_example_runs_to_its_last_line(short_tmp):
     """examples/pipeline/run.sh (docs/pipelines.md's one command): its plan, the batch,
     a stage's first answers and the results, exit 0. It once ended after the stage's
     answers: `| head` closed the pipe and pipefail stopped the script."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HERD_", "OPENAI_"))}
     env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-               PORT=str(_free_port()), TMPDIR=str(tmp_path))  # fmt: skip
+               PORT=str(_free_port()), TMPDIR=str(short_tmp))  # fmt: skip
     r = subprocess.run(["bash", str(ROOT / "examples/pipeline/run.sh")], capture_output=True,
                        text=True, env=env, timeout=280)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
