@@ -294,7 +294,9 @@ def print_status(status: BatchStatus) -> None:
             def of(now: float, name: str, lim: dict[str, Any] = lim) -> str:
                 return f"{now:,.0f}/{lim[name]:,}" if lim.get(name) else f"{now:,.0f}"
 
-            paused = f" (paused {u['paused_for']:.1f} s)" if u["paused_for"] else ""
+            # On a line of its own, as a pool's key is: beside the scope it folded the
+            # scope's name at 80 columns.
+            paused = f"\n  paused {u['paused_for']:,.0f} s" if u["paused_for"] else ""
             use.add_row(scope_label(u) + paused, of(u["requests_now"], "rpm"),
                         of(u["tokens_now"], "tpm"), of(u["in_flight"], "max_concurrent"),
                         f"{u['wait_seconds']:.1f} s", f"{u['rate_limited']:,}")  # fmt: skip

@@ -202,6 +202,13 @@ async def test_a_key_the_provider_refuses_is_passed_over_for_the_rest_of_the_poo
         assert rt.limiter is not None
         (a_stats,) = await rt.limiter.stats([scope_name("openai", model, A)])
         assert a_stats.paused_until is not None
+        # `herd eval status` at 80 columns: the pause on a line of its own under its key.
+        with console.out.capture() as shown:
+            print_status(await evaluate.batch_status(app, "onebad"))
+        lines = shown.get().splitlines()
+        at = next(n for n, line in enumerate(lines) if "key HERD_POOL_KEY_A" in line)
+        assert lines[at + 1].split()[:1] == ["paused"] and lines[at + 1].rstrip().endswith(" s")
+        assert all(len(line) <= 80 for line in lines if "key" in line or "paused" in line), lines
 
 
 async def test_a_pool_whose_every_key_is_refused_parks_its_batch_naming_them(pool_env, sim, model):
