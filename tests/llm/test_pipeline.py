@@ -405,3 +405,12 @@ async def test_the_stage_view_reads_counters_that_agree_with_the_pieces_and_the_
             ((plan,),) = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchall()
             assert _rows_read(plan[0]["Plan"], ("herd_eval_pieces", "herd_eval_ledger")) == 0
         conn.rollback()
+        # Pieces deleted (as the purge does): counted out.
+        conn.execute("DELETE FROM herd_eval_pieces WHERE batch = 'again' AND seq < 2")
+        conn.commit()
+        view = {s["stage"]: s for s in await stage_progress(rt, "again")}
+        rows = conn.execute(BY_ROWS, {"b": "again"}).fetchall()
+        assert {s: v["pieces"] for s, v in view.items() if v["pieces"]} == {
+            s: int(n) for s, n, *_ in rows
+        }
+        assert view["notes"]["pieces"] == 15 - 2 * 3

@@ -23,12 +23,13 @@ CREATE TABLE herd_eval_piece_counts (
     PRIMARY KEY (batch, stage, round, status, cached, slot)
 );
 
-CREATE FUNCTION herd_eval_pieces_count_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+-- Rows inserted (TG_ARGV[0] = 1) or deleted (-1), as the transition table "changed".
+CREATE FUNCTION herd_eval_pieces_count_rows() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO herd_eval_piece_counts AS c (batch, stage, round, status, cached, slot, n)
     SELECT batch, stage, round, status, coalesce(source IN ('hit', 'waited', 'stale'), false),
-           pg_backend_pid() % 16, count(*)
-      FROM new_pieces GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5
+           pg_backend_pid() % 16, TG_ARGV[0]::int * count(*)
+      FROM changed GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5
     ON CONFLICT (batch, stage, round, status, cached, slot) DO UPDATE SET n = c.n + excluded.n;
     RETURN NULL;
 END $$;
@@ -52,16 +53,6 @@ BEGIN
     INSERT INTO herd_eval_piece_counts AS c (batch, stage, round, status, cached, slot, n)
     SELECT batch, stage, round, status, cached, pg_backend_pid() % 16, sum(d)
       FROM delta GROUP BY 1, 2, 3, 4, 5 HAVING sum(d) <> 0 ORDER BY 1, 2, 3, 4, 5
-    ON CONFLICT (batch, stage, round, status, cached, slot) DO UPDATE SET n = c.n + excluded.n;
-    RETURN NULL;
-END $$;
-
-CREATE FUNCTION herd_eval_pieces_count_delete() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO herd_eval_piece_counts AS c (batch, stage, round, status, cached, slot, n)
-    SELECT batch, stage, round, status, coalesce(source IN ('hit', 'waited', 'stale'), false),
-           pg_backend_pid() % 16, -count(*)
-      FROM old_pieces GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5
     ON CONFLICT (batch, stage, round, status, cached, slot) DO UPDATE SET n = c.n + excluded.n;
     RETURN NULL;
 END $$;
@@ -148,14 +139,14 @@ SELECT herd_eval_stage_costs_add(ARRAY(
        AND l.batch IN (SELECT DISTINCT batch FROM herd_eval_pieces)));
 
 CREATE TRIGGER herd_eval_pieces_count_insert AFTER INSERT ON herd_eval_pieces
-    REFERENCING NEW TABLE AS new_pieces
-    FOR EACH STATEMENT EXECUTE FUNCTION herd_eval_pieces_count_insert();
+    REFERENCING NEW TABLE AS changed
+    FOR EACH STATEMENT EXECUTE FUNCTION herd_eval_pieces_count_rows('1');
 CREATE TRIGGER herd_eval_pieces_count_update AFTER UPDATE ON herd_eval_pieces
     REFERENCING OLD TABLE AS old_pieces NEW TABLE AS new_pieces
     FOR EACH STATEMENT EXECUTE FUNCTION herd_eval_pieces_count_update();
 CREATE TRIGGER herd_eval_pieces_count_delete AFTER DELETE ON herd_eval_pieces
-    REFERENCING OLD TABLE AS old_pieces
-    FOR EACH STATEMENT EXECUTE FUNCTION herd_eval_pieces_count_delete();
+    REFERENCING OLD TABLE AS changed
+    FOR EACH STATEMENT EXECUTE FUNCTION herd_eval_pieces_count_rows('-1');
 CREATE TRIGGER herd_eval_pieces_count_truncate AFTER TRUNCATE ON herd_eval_pieces
     FOR EACH STATEMENT EXECUTE FUNCTION herd_eval_pieces_count_truncate();
 CREATE TRIGGER herd_eval_ledger_stage_insert AFTER INSERT ON herd_eval_ledger
