@@ -54,6 +54,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -274,6 +275,19 @@ def lost_answers(url: str, batch: str) -> dict[str, int]:
     return {str(k): int(n) - 1 for k, n, jobs, stalls in rows if jobs == 1 and n - 1 <= stalls}
 
 
+def finals(url: str, batch: str) -> list[float]:
+    """Seconds from the batch's creation to each manual's final answer, in order: a
+    later stage runs ahead of the earlier stages' backlog (herd.llm.eval.stages), so the
+    first manuals are answered while the maps of the others still run."""
+    rows = _Store(url).fetch(
+        "SELECT extract(epoch FROM i.finished_at - b.created_at) FROM herd_eval_items i"
+        " JOIN herd_eval_batches b USING (batch)"
+        " WHERE i.batch = %s AND i.status = 'done' ORDER BY i.finished_at",
+        (batch,),
+    )
+    return [float(t) for (t,) in rows]
+
+
 class HerdRun:
     """One database and simulator for herd: runs of batches on it, with or without kills."""
 
@@ -370,6 +384,7 @@ def run_herd(
         out.checks = [v for v in report.violations if not any(f"key {k[:12]}" in v for k in lost)]
         out.facts["lost_answers"] = lost
         out.facts["figures"] = report.figures
+        out.facts["finals"] = finals(h.url, BATCH)
         outcomes = [out]
         if rerun:
             again = h.run(f"{BATCH}-2", docs, write_pipeline_toml(tmp / "pipe2", RERUN_PROMPT), 0)
@@ -580,6 +595,14 @@ def report(
             f" {o.kills:>5} {o.dollars:8.4f}"
         )
     print("\ncut: calls whose client hung up (a kill mid-call); dollars: the simulator's bill")
+    for o in outcomes:
+        t = o.facts.get("finals")
+        if t:
+            print(
+                f"{o.system}: manuals' final answers from the submission: first {t[0]:.1f} s,"
+                f" 10th {t[min(9, len(t) - 1)]:.1f} s, median {statistics.median(t):.1f} s,"
+                f" last {t[-1]:.1f} s"
+            )
     for o in outcomes:
         if o.answered != o.documents:
             failed.append(f"{o.system}: {o.answered} of {o.documents} documents answered")
