@@ -37,6 +37,7 @@ import psycopg
 from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
+from herd.config import auto_migrate_from
 from herd.db.diskfull import disk_full
 from herd.errors import BrokerError, BrokerUnavailable, MigrationError
 from herd.masking import mask
@@ -127,8 +128,6 @@ def set_auto_migrate(allowed: bool) -> None:
 def auto_migrate() -> bool:
     if _auto_migrate is not None:
         return _auto_migrate
-    from herd.config import auto_migrate_from
-
     return auto_migrate_from(os.environ)
 
 
