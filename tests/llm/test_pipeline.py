@@ -405,6 +405,18 @@ async def test_the_stage_view_reads_counters_that_agree_with_the_pieces_and_the_
             ((plan,),) = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchall()
             assert _rows_read(plan[0]["Plan"], ("herd_eval_pieces", "herd_eval_ledger")) == 0
         conn.rollback()
+        # A finished batch's read asks nothing of the broker for its pieces.
+        asked: list[str] = []
+
+        async def refused(*args: object, **kwargs: object) -> list:
+            asked.append("broker")
+            return []
+
+        with monkeypatch.context() as m:
+            m.setattr(app.broker, "list_jobs", refused)
+            m.setattr(app.broker, "get_jobs", refused)
+            assert await stageview.settle_pieces(app, rt, "counted") == 0
+        assert asked == []
         # Pieces deleted (as the purge does): counted out.
         conn.execute("DELETE FROM herd_eval_pieces WHERE batch = 'again' AND seq < 2")
         conn.commit()

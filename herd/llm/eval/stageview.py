@@ -50,17 +50,16 @@ async def stage_progress(rt: EvalRuntime, batch: str) -> list[dict[str, Any]]:
 # 575 ms): among the queue's newest dead jobs (DEAD_LOOKED), and by a sweep of the jobs
 # of SWEEP waiting pieces a read, each read going on where the last left off in this
 # process, so that deaths older than the newest dead letters are found too.
-DEAD_LOOKED = 1000
+DEAD_LOOKED = 100
 SWEEP = 200
 _swept: OrderedDict[str, tuple[str, str, int, int]] = OrderedDict()  # batch: last piece
 SWEPT_BATCHES = 1000
 
 
 async def _dead_of(app: App, rt: EvalRuntime, batch: str) -> dict[int, Job]:
-    """Dead jobs of the batch's waiting pieces, by id: the newest of the queue, and those
-    of the sweep's next SWEEP waiting pieces."""
-    dead = {j.id: j for j in await app.broker.list_jobs(status=JobStatus.DEAD, queue=QUEUE,
-                                                        limit=DEAD_LOOKED)}  # fmt: skip
+    """Dead jobs of the batch's waiting pieces, by id: those of the sweep's next SWEEP
+    waiting pieces, and the newest of the queue. Nothing is asked of the broker for a
+    batch with no piece waiting on a job (a page read of an index says so)."""
     after = _swept.pop(batch, None)
     rows = await rt.store.execute(
         Q["sweep_pieces"],
@@ -72,6 +71,10 @@ async def _dead_of(app: App, rt: EvalRuntime, batch: str) -> dict[int, Job]:
         _swept[batch] = rows[-1][:4]
         while len(_swept) > SWEPT_BATCHES:
             _swept.popitem(last=False)
+    if not rows and after is None:
+        return {}
+    dead = {j.id: j for j in await app.broker.list_jobs(status=JobStatus.DEAD, queue=QUEUE,
+                                                        limit=DEAD_LOOKED)}  # fmt: skip
     ids = sorted({job for *_, job in rows} - set(dead))
     if ids:
         dead.update({j.id: j for j in await app.broker.get_jobs(ids)
