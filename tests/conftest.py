@@ -104,10 +104,26 @@ def pgbouncer_url(pg_url: str) -> Iterator[str]:
     bouncer = PgBouncer(binary, pg_url, workdir)
     try:
         bouncer.start()
+        _BOUNCERS.append(bouncer)
         yield bouncer.url(TEST_DB)
     finally:
+        if bouncer in _BOUNCERS:
+            _BOUNCERS.remove(bouncer)
         bouncer.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+# The session's PgBouncer, while it runs: a test through it that fails shows its log's
+# last lines in its report (the pooler's setup timeouts were otherwise undiagnosable).
+_BOUNCERS: list[PgBouncer] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "pgbouncer" in item.nodeid and _BOUNCERS:
+        report.sections.append(("PgBouncer's log, last lines", _BOUNCERS[-1].log_tail()))
 
 
 @pytest.fixture(scope="session")

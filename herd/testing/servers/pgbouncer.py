@@ -109,7 +109,16 @@ class PgBouncer:
             "auth_type = trust",
             f"auth_file = {self.workdir / 'users.txt'}",
             "pool_mode = transaction",
-            "max_client_conn = 500",
+            # A suite's worker opens and closes many pools over a session: room for
+            # clients whose sockets are not yet reaped, so that a full client table
+            # never reads as a pool that cannot open (seen: setup timeouts in CI).
+            "max_client_conn = 2000",
+            # A failed server login is retried after 1 s, not PgBouncer's 15 s, which
+            # outlasts a pool's 10 s open and failed every test meanwhile.
+            "server_login_retry = 1",
+            # A line per login and per close is most of what it would write.
+            "log_connections = 0",
+            "log_disconnections = 0",
             f"default_pool_size = {self.pool_size}",
             f"logfile = {self.workdir / 'pgbouncer.log'}",
             f"pidfile = {self.workdir / 'pgbouncer.pid'}",
@@ -126,15 +135,20 @@ class PgBouncer:
             for name in ("users.txt",):
                 shutil.chown(self.workdir / name, owner)
         (self.workdir / "pgbouncer.ini").write_text("\n".join(lines) + "\n")
-        self._proc = subprocess.Popen(
-            [str(self.binary), str(self.workdir / "pgbouncer.ini")],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        # Its stderr to a file, never a pipe: PgBouncer writes every log line there too,
+        # and with nobody reading a pipe it blocked on a full one (64 KiB of connection
+        # lines into a session) and answered nothing more: the suite's "pool
+        # initialization incomplete" setup timeouts through the pooler.
+        with (self.workdir / "stderr.log").open("wb") as stderr:
+            self._proc = subprocess.Popen(
+                [str(self.binary), str(self.workdir / "pgbouncer.ini")],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                err = self._proc.stderr.read().decode() if self._proc.stderr else ""
+                err = (self.workdir / "stderr.log").read_text(errors="replace")
                 log = self.workdir / "pgbouncer.log"
                 raise RuntimeError(
                     f"pgbouncer exited: {err.strip()} {log.read_text() if log.exists() else ''}"
@@ -145,6 +159,14 @@ class PgBouncer:
             except OSError:
                 time.sleep(0.05)  # a port that is not open yet: nothing to wait on
         raise RuntimeError(f"pgbouncer did not listen on {self.port} within 15 s")
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of PgBouncer's log: what a failed test through it shows."""
+        try:
+            text = (self.workdir / "pgbouncer.log").read_text(errors="replace")
+        except OSError as exc:
+            return f"(no PgBouncer log: {exc})"
+        return "\n".join(text.splitlines()[-lines:])
 
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
