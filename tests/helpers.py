@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import psycopg
@@ -101,3 +102,18 @@ def flush_redis(url: str) -> None:
     client = redis.Redis.from_url(url)
     client.flushdb()
     client.close()
+
+
+@contextlib.contextmanager
+def fresh_database(server_url: str, name: str, **conninfo: str) -> Iterator[str]:
+    """An empty database ``name`` on the server of ``server_url`` (dropped before and
+    after); yields its URL, with ``conninfo`` (a password, say) set in it."""
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
+    info = psycopg.conninfo.conninfo_to_dict(server_url)
+    try:
+        yield psycopg.conninfo.make_conninfo(**{**info, "dbname": name, **conninfo})
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -12,6 +12,7 @@ from herd.config import Settings
 from herd.db.postgres import migrate
 from herd.errors import ConfigError
 from tests.conftest import TEST_DB
+from tests.helpers import fresh_database
 from tests.test_cli import herd
 
 # Named after the suite's database: another suite, or another xdist worker, has its own.
@@ -20,15 +21,10 @@ FRESH = f"{TEST_DB}_fresh_migrate"
 
 @pytest.fixture
 def fresh_db(pg_url: str) -> Iterator[str]:
-    """An empty database of its own, on the suite's server, with a password in its URL."""
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {FRESH} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {FRESH}")
-    info = psycopg.conninfo.conninfo_to_dict(pg_url)
-    info.update(dbname=FRESH, password="s3cret-pw")  # the embedded server trusts any
-    yield psycopg.conninfo.make_conninfo(**info)
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {FRESH} WITH (FORCE)")
+    """An empty database of its own, on the suite's server, with a password in its URL
+    (the embedded server trusts any)."""
+    with fresh_database(pg_url, FRESH, password="s3cret-pw") as url:
+        yield url
 
 
 def has_tables(url: str) -> bool:

@@ -11,6 +11,7 @@ import pytest
 
 from herd.db.postgres import migrations
 from tests.conftest import TEST_DB
+from tests.helpers import fresh_database
 from tests.llm.test_pipeline import BY_ROWS, COSTS_BY_ROWS
 
 FRESH = f"{TEST_DB}_3021"
@@ -18,18 +19,12 @@ FRESH = f"{TEST_DB}_3021"
 
 @pytest.fixture
 def before_3021(pg_url: str) -> Iterator[str]:
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {FRESH} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {FRESH}")
-    info = psycopg.conninfo.conninfo_to_dict(pg_url)
-    url = psycopg.conninfo.make_conninfo(**{**info, "dbname": FRESH})
-    with psycopg.connect(url, autocommit=True) as conn:
-        for version, _, text in migrations("herd.llm.sql"):
-            if version < 3021:
-                conn.execute(text.encode())
-    yield url
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {FRESH} WITH (FORCE)")
+    with fresh_database(pg_url, FRESH) as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            for version, _, text in migrations("herd.llm.sql"):
+                if version < 3021:
+                    conn.execute(text.encode())
+        yield url
 
 
 PIECES = [  # path, stage, round, seq, key, status, source, job
