@@ -169,8 +169,10 @@ async def send_unsent(
         return []
     # One enqueue per stage: each stage's jobs at the batch's priority plus its rank.
     results: dict[tuple[Any, ...], EnqueueResult] = {}
-    for stage in dict.fromkeys(r[1] for r in rows):
-        group = [r for r in rows if r[1] == stage]
+    by_stage: dict[str, list[tuple[Any, ...]]] = {}
+    for r in rows:
+        by_stage.setdefault(r[1], []).append(r)
+    for stage, group in by_stage.items():
         made = await app.enqueue_many(
             STAGE_TASK,
             [{"batch": batch, "path": p, "stage": st, "round": rd, "seq": seq, "key": k,

@@ -61,11 +61,11 @@ async def _dead_of(app: App, rt: EvalRuntime, batch: str) -> dict[int, Job]:
     waiting pieces, and the newest of the queue. Nothing is asked of the broker for a
     batch with no piece waiting on a job (a page read of an index says so)."""
     after = _swept.pop(batch, None)
+    path, stage, round_, seq = after or ("", "", 0, 0)
     rows = await rt.store.execute(
         Q["sweep_pieces"],
-        {"b": batch, "after": after is not None, "path": after[0] if after else "",
-         "stage": after[1] if after else "", "round": after[2] if after else 0,
-         "seq": after[3] if after else 0, "limit": SWEEP},
+        {"b": batch, "after": after is not None, "path": path, "stage": stage,
+         "round": round_, "seq": seq, "limit": SWEEP},
     )  # fmt: skip
     if len(rows) == SWEEP:  # more to sweep: the next read goes on from here
         _swept[batch] = rows[-1][:4]
