@@ -609,8 +609,13 @@ class BatchCardOut(BaseModel):
 class BatchOut(BaseModel):
     batch: str
     created_at: str
+    # running (a job of it leased now), queued (waiting for a worker), done (nothing
+    # left to wait for), parked or cancelled
+    state: str
     documents: int
     done: int
+    failed: int  # dead, lost, or failed in a stage: will not be answered
+    running: int  # documents on a job leased now
     parked_items: int
     cancelled_items: int
     budget: float | None

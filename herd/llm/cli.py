@@ -435,8 +435,9 @@ def eval_list(
         table.add_column(col, justify="right" if col in ("answered", "spent") else "left",
                          overflow="fold", no_wrap=col not in ("batch", "state"))  # fmt: skip
     for b in found:
-        finished = b["done"] + b["cancelled_items"] >= b["documents"]
-        state = f"parked ({b['parked']})" if b["parked"] else "done" if finished else "running"
+        state = f"parked ({b['parked']})" if b["state"] == "parked" else b["state"]
+        if b["failed"]:
+            state += f", {b['failed']} failed"
         spent = dollars(b["spent"]) + (f" / {dollars(b['budget'])}" if b["budget"] is not None
                                       else "")  # fmt: skip
         table.add_row(b["batch"], b["created_at"][5:16].replace("T", " "),

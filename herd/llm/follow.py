@@ -277,8 +277,7 @@ def print_status(status: BatchStatus) -> None:
     if status.unpriced:
         console.out.print(
             f"unpriced models: {', '.join(status.unpriced)} (add them to"
-            " HERD_PRICES); their calls are counted, not priced",
-            soft_wrap=True,
+            " HERD_PRICES); their calls are counted, not priced"
         )
     if status.limits:
         console.out.print(

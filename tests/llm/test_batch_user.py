@@ -216,7 +216,11 @@ async def test_results_give_one_row_per_document_dead_ones_included(app, sim, tm
     unknown = herd("eval", "results", "nope", url=pg_url)
     assert unknown.returncode == 1 and "no batch named 'nope'" in unknown.stderr
     listed = herd("eval", "list", "--json", url=pg_url)
-    assert [json.loads(x)["batch"] for x in listed.stdout.splitlines()] == ["res"]
+    (batch,) = [json.loads(x) for x in listed.stdout.splitlines()]
+    # A dead document ends the batch too: it read "running" for good in the list.
+    assert (batch["batch"], batch["state"], batch["failed"]) == ("res", "done", 1)
+    table = herd("eval", "list", url=pg_url, COLUMNS="80").stdout
+    assert "done, 1 failed" in table, table
 
 
 # -- hardening -----------------------------------------------------------------------

@@ -3,9 +3,11 @@ tests/test_cli_text.py): no line over 80, no box, no Python reprs."""
 
 from __future__ import annotations
 
-from herd import App
+from herd import App, console
 from herd.llm import eval as evaluate
 from herd.llm.eval import EvalSpec, submit
+from herd.llm.eval.status import BatchStatus
+from herd.llm.follow import print_status
 from tests.conftest import truncate
 from tests.helpers import priced
 from tests.llm.conftest import clean_eval_tables, run_until
@@ -56,3 +58,14 @@ async def test_eval_list_and_status_fit_80_columns(pg_url, sim, monkeypatch, tmp
     # The name folded over lines of its own column, never cut; the figures on its first.
     assert "".join(line.split()[0] for line in listed[1:] if line.strip()) == batch, listed
     assert "3/3" in listed[1] and "done" in listed[1], listed
+
+
+def test_the_unpriced_models_line_folds_at_80_columns():
+    """It was printed unwrapped: 112 columns for two models of ordinary names."""
+    status = BatchStatus(batch="b", documents=3, queued=3,
+                         unpriced=["claude-sonnet-4-5-20250929", "gpt-4.1-mini-2025-04-14"])  # fmt: skip
+    with console.out.capture() as shown:
+        print_status(status)
+    text = shown.get()
+    assert "claude-sonnet-4-5-20250929" in text and "HERD_PRICES" in text, text
+    assert all(len(line) <= WIDTH for line in text.splitlines()), text

@@ -307,6 +307,26 @@ async def test_a_status_read_fetches_a_page_of_the_waiting_pieces_jobs(app, tmp_
     assert len(fetched) == 2 * 4 and len(set(fetched)) == 8  # the second page, not the first
 
 
+async def test_a_pipeline_runs_while_a_piece_of_it_is_leased_and_is_queued_without_one(
+    app, tmp_path
+):
+    """A pipeline's documents wait on their pieces' jobs, never one of their own: with no
+    worker its batch reads queued (the dashboard's badge and `herd eval list` said
+    running), and a document with a leased piece reads running."""
+    await submit_pipeline(app, [docs(tmp_path, 3)], from_json(pipeline()), batch="staged")
+    status = await batch_status(app, "staged")
+    assert (status.running, status.queued) == (0, 3)
+    (listed,) = await evaluate.list_batches(app)
+    assert (listed["state"], listed["running"]) == ("queued", 0)
+    leases = await app.broker.claim([evaluate.QUEUE], "a-worker", 2)
+    assert len(leases) == 2
+    pieces = {lease.payload["path"] for lease in leases}
+    status = await batch_status(app, "staged")
+    assert (status.running, status.queued) == (len(pieces), 3 - len(pieces))
+    (listed,) = await evaluate.list_batches(app)
+    assert (listed["state"], listed["running"]) == ("running", len(pieces))
+
+
 async def test_a_finished_pipeline_is_purged_with_its_items(app, sim):
     await submit_pipeline_texts(app, from_json(pipeline()), {"pump.md": manual("Pump", 1)},
                                 batch="old")  # fmt: skip

@@ -446,7 +446,9 @@ function stageTable(b) {
 
 function batchCard(b) {
   const finished = b.done + b.dead + b.lost + b.cancelled_items >= b.documents;
-  const state = b.parked ? b.parked === "cancelled" ? "cancelled" : "parked" : finished ? "finished" : "running";
+  // Running only while a job of it is leased: a batch no worker serves reads "queued".
+  const state = b.parked ? b.parked === "cancelled" ? "cancelled" : "parked"
+    : finished ? "finished" : b.running ? "running" : "queued";
   const [track, legend] = progress(b);
   const eta = b.parked ? "parked" : finished ? "done" : b.eta == null ? "–" : fmt.secs(b.eta);
   return el("article", { class: "batch " + state, "data-batch": b.batch },

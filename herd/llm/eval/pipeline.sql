@@ -44,9 +44,12 @@ SELECT path, stage, round, seq, key, spec, doc, chunk FROM herd_eval_pieces
  ORDER BY path, stage, round, seq;
 
 -- name: sent
-UPDATE herd_eval_pieces SET job_id = %(job)s
- WHERE batch = %(b)s AND path = %(path)s AND stage = %(stage)s AND round = %(round)s
-   AND seq = %(seq)s AND job_id IS NULL;
+-- The jobs the pieces given were sent to: one statement for a document's pieces.
+UPDATE herd_eval_pieces p SET job_id = s.job
+  FROM unnest(%(jobs)s::bigint[], %(paths)s::text[], %(stages)s::text[], %(rounds)s::int[],
+              %(seqs)s::int[]) AS s(job, path, stage, round, seq)
+ WHERE p.batch = %(b)s AND p.path = s.path AND p.stage = s.stage AND p.round = s.round
+   AND p.seq = s.seq AND p.job_id IS NULL;
 
 -- name: piece
 SELECT status, key, spec, doc FROM herd_eval_pieces
@@ -133,6 +136,14 @@ SELECT path, stage, round, seq, job_id FROM herd_eval_pieces
  WHERE batch = %(b)s AND status = 'queued' AND job_id IS NOT NULL
    AND (NOT %(after)s OR (path, stage, round, seq) > (%(path)s, %(stage)s, %(round)s, %(seq)s))
  ORDER BY path, stage, round, seq LIMIT %(limit)s;
+
+-- name: running_documents
+-- Per batch of those given (all: NULL), its documents with a piece on one of the leased
+-- jobs given, along herd_eval_pieces_job (3021): a pipeline's running documents.
+SELECT batch, count(DISTINCT path) FROM herd_eval_pieces
+ WHERE job_id = ANY(%(jobs)s::bigint[]) AND status = 'queued'
+   AND (%(batches)s::text[] IS NULL OR batch = ANY(%(batches)s::text[]))
+ GROUP BY batch;
 
 -- name: waiting_pieces
 -- The pieces of a batch not answered whose job is one of the dead ones given, along

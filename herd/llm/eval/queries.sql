@@ -480,6 +480,28 @@ SELECT path, job_id, key, status FROM herd_eval_items
  WHERE job_id = ANY(%(jobs)s) AND status IN ('queued', 'parked') AND pipeline IS NULL
    AND (%(b)s::text IS NULL OR batch = %(b)s);
 
+-- name: running_by_batch
+-- Per batch of those given, its items (not in stages) waiting on one of the leased jobs
+-- given: the list's running count, along herd_eval_items_open_job.
+SELECT batch, count(*) FROM herd_eval_items
+ WHERE job_id = ANY(%(jobs)s::bigint[]) AND status IN ('queued', 'parked')
+   AND pipeline IS NULL AND batch = ANY(%(batches)s::text[])
+ GROUP BY batch;
+
+-- name: failed_by_batch
+-- Per batch of those given, its documents that will not be answered: items still waiting
+-- whose job died or is gone (herd_eval_failures), and a pipeline's failed documents.
+SELECT batch, count(*) FROM (
+    SELECT f.batch FROM herd_eval_failures f
+     WHERE f.batch = ANY(%(batches)s::text[]) AND f.job_id <> ALL(%(running)s::bigint[])
+       AND EXISTS (SELECT 1 FROM herd_eval_items i
+                    WHERE i.batch = f.batch AND i.path = f.path AND i.job_id = f.job_id
+                      AND i.status IN ('queued', 'parked'))
+    UNION ALL
+    SELECT batch FROM herd_eval_items
+     WHERE batch = ANY(%(batches)s::text[]) AND status = 'failed'
+) failed GROUP BY batch;
+
 -- name: failure_counts
 -- Waiting items whose job died or is gone, while they still wait on that job; those on
 -- a running job (requeued from the dead letters) are running. From the failures, each

@@ -183,12 +183,13 @@ async def send_unsent(
             dedup_keys=[piece_dedup(batch, p, st, seq, rd) for p, st, rd, seq, *_ in group],
         )  # fmt: skip
         results.update({r[:4]: m for r, m in zip(group, made, strict=True)})
-    for p, st, rd, seq, *_ in rows:
-        await rt.store.execute(
-            Q["sent"],
-            {"job": results[(p, st, rd, seq)].job_id, "b": batch, "path": p, "stage": st,
-             "round": rd, "seq": seq},
-        )  # fmt: skip
+    sent = [r[:4] for r in rows]
+    await rt.store.execute(
+        Q["sent"],
+        {"b": batch, "jobs": [results[r].job_id for r in sent],
+         "paths": [r[0] for r in sent], "stages": [r[1] for r in sent],
+         "rounds": [r[2] for r in sent], "seqs": [r[3] for r in sent]},
+    )  # fmt: skip
     return [results[r[:4]] for r in rows]
 
 

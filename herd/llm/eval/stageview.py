@@ -45,6 +45,16 @@ async def stage_progress(rt: EvalRuntime, batch: str) -> list[dict[str, Any]]:
     return out
 
 
+async def running_documents(
+    rt: EvalRuntime, batches: list[str] | None, leased: list[int]
+) -> dict[str, int]:
+    """Per batch of ``batches`` (all: None), its documents with a piece on one of the
+    ``leased`` jobs: a pipeline's running documents (its items wait on no job of their
+    own)."""
+    rows = await rt.store.execute(Q["running_documents"], {"batches": batches, "jobs": leased})
+    return {b: int(n) for b, n in rows}
+
+
 # A status read finds the pieces whose jobs died uncounted at a cost of its own, never of
 # the batch's waiting pieces (a poll of 18,200 waiting pieces fetched every one's job:
 # 575 ms): among the queue's newest dead jobs (DEAD_LOOKED), and by a sweep of the jobs

@@ -18,7 +18,12 @@ from herd.llm.eval.ledger import ESTIMATED
 from herd.llm.eval.money import as_float
 from herd.llm.eval.runtime import EvalRuntime
 from herd.llm.eval.spec import BATCH_API_TASKS, QUEUE, TASK, own_limits
-from herd.llm.eval.stageview import failed_documents, settle_pieces, stage_progress
+from herd.llm.eval.stageview import (
+    failed_documents,
+    running_documents,
+    settle_pieces,
+    stage_progress,
+)
 from herd.queue.base import Job, JobStatus
 
 FAILURES_SHOWN = 50
@@ -155,6 +160,9 @@ async def settle(app: App, batch: str | None) -> Settled:
             running.add(job_id)
             out.running += 1
             out.parked_counted += item_status == "parked"
+    # A pipeline's documents run through their pieces' jobs, not one of their own.
+    staged = await running_documents(rt, None if batch is None else [batch], leased)
+    out.running += sum(staged.values())
     if await _sweep_due(app, rt, batch, out.running):
         await sweep(app, rt, batch, sorted(running))
     params = {"b": batch, "running": sorted(running)}
@@ -362,15 +370,30 @@ async def batch_status(app: App, batch: str | None) -> BatchStatus:
 async def list_batches(
     app: App, *, limit: int = 50, before: tuple[datetime, str] | None = None
 ) -> list[dict[str, Any]]:
-    """A page of batches, newest first, each with its counts and whether it is parked."""
+    """A page of batches, newest first, each with its counts, whether it is parked, and
+    its state: parked, done (nothing left to wait for), running (a job of it is leased
+    now) or queued (waiting for a worker)."""
     rt = await EvalRuntime.of(app)
     rows = await rt.store.list_batches(limit=limit, before=before)
-    counts = await rt.store.item_counts([r[0] for r in rows])
+    names = [r[0] for r in rows]
+    counts = await rt.store.item_counts(names)
+    leased = [r.id for r in await app.broker.running(RUNNING_READ)]
+    running = await running_documents(rt, names, leased)
+    params = {"batches": names, "jobs": leased, "running": leased}
+    for batch, n in await rt.store.execute("running_by_batch", params):
+        running[batch] = running.get(batch, 0) + int(n)
+    failed = {b: int(n) for b, n in await rt.store.execute("failed_by_batch", params)}
     out = []
     for name, created, budget, spent, parked, reason in rows:
         documents, done, parked_items, cancelled = counts.get(name, (0, 0, 0, 0))
+        dead, now = failed.get(name, 0), running.get(name, 0)
+        finished = done + dead + cancelled >= documents
+        state = ("cancelled" if parked == "cancelled" else "parked" if parked
+                 else "done" if finished else "running" if now else "queued")  # fmt: skip
         out.append({"batch": name, "created_at": created.isoformat(), "documents": documents,
-                    "done": done, "parked_items": parked_items, "cancelled_items": cancelled,
+                    "done": done, "failed": dead, "running": now,
+                    "parked_items": parked_items, "cancelled_items": cancelled,
                     "budget": budget, "spent": spent, "parked": parked,
-                    "parked_reason": reason, "next": next_step(name, parked)})  # fmt: skip
+                    "parked_reason": reason, "state": state,
+                    "next": next_step(name, parked)})  # fmt: skip
     return out
