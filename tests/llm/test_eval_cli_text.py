@@ -62,8 +62,8 @@ async def test_eval_list_and_status_fit_80_columns(pg_url, sim, monkeypatch, tmp
 
 def test_the_unpriced_models_line_folds_at_80_columns():
     """It was printed unwrapped: 112 columns for two models of ordinary names."""
-    status = BatchStatus(batch="b", documents=3, queued=3,
-                         unpriced=["claude-sonnet-4-5-20250929", "gpt-4.1-mini-2025-04-14"])  # fmt: skip
+    models = ["claude-sonnet-4-5-20250929", "gpt-4.1-mini-2025-04-14"]
+    status = BatchStatus(batch="b", documents=3, queued=3, unpriced=models)
     with console.out.capture() as shown:
         print_status(status)
     text = shown.get()
