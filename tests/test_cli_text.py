@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from herd import App
 from herd import cli as herd_cli
+from herd.durations import duration
 from herd.llm.eval import EvalRuntime
 from herd.queue.base import Completion, DeadReason, Failure
 from herd.queue.postgres import PostgresBroker
@@ -261,3 +262,12 @@ def test_a_normal_sigterm_is_logged_at_info_and_the_stats_in_words(clean_pg):
     assert " WARNING " not in rest, rest
     stopped = next(line for line in rest.splitlines() if " stopped: " in line)
     assert stopped.endswith("stopped: no jobs"), stopped  # not WorkerStats(claimed=0, ...)
+
+
+def test_one_duration_format_for_every_surface():
+    assert [duration(s) for s in (0, 0.2, 45, 89.6, 185, 5399, 7500)] == [
+        "0 s", "1 s", "45 s", "1 min 30 s", "3 min 05 s", "89 min 59 s", "2 h 05 min",
+    ]  # fmt: skip
+    assert [duration(s, compact=True) for s in (4.46, 185, 7560, -3.2)] == [
+        "4.5s", "3m 05s", "2.1h", "-3.2s",
+    ]  # fmt: skip

@@ -15,6 +15,7 @@ from herd import console
 from herd.api.models import OverviewOut
 from herd.api.overview import LEDGER_KINDS, OTHERS, depth, overview
 from herd.api.security import check_bind, weakest
+from herd.durations import duration
 from herd.errors import ConfigError
 
 _LEDGER_LABELS = {
@@ -113,20 +114,6 @@ def status(
     print_overview(ov)
 
 
-def _secs(value: float | None) -> str:
-    if value is None:
-        return ""
-    a = abs(value)
-    text = (
-        f"{a:.1f}s"
-        if a < 60
-        else f"{a // 60:.0f}m {a % 60:02.0f}s"
-        if a < 3600
-        else f"{a / 3600:.1f}h"
-    )
-    return ("-" if value < 0 else "") + text
-
-
 def _money(value: float | None) -> str:
     return f"${value:,.4f}" if value else ""
 
@@ -190,14 +177,15 @@ def print_overview(ov: OverviewOut) -> None:
             f"{n.get('pending', 0):,}",
             f"{s.ready:,}",
             *[f"{n.get(k, 0):,}" for k in ("processing", "succeeded", "dead")],
-            _secs(s.oldest_ready_age),
+            "" if s.oldest_ready_age is None else duration(s.oldest_ready_age, compact=True),
             f"{depth(s):,}",
         )
     out.print(q)
 
     r = _table("running", ">id", "task", "queue", "worker", ">try", ">lease left")
     for run in ov.running:
-        left = Text(_secs(run.lease_left), style="red" if run.lease_left < 0 else "")
+        late = run.lease_left < 0
+        left = Text(duration(run.lease_left, compact=True), style="red" if late else "")
         r.add_row(str(run.id), run.task, run.queue, run.owner or "", str(run.attempts + 1), left)
     out.print(r if ov.running else Text("running: none", style="dim"))
 

@@ -23,6 +23,7 @@ from rich.table import Table
 
 from herd import console
 from herd.app import App
+from herd.durations import duration
 from herd.llm.eval import BatchStatus, batch_status
 from herd.llm.eval.money import dollars, money
 
@@ -61,7 +62,7 @@ def summary(s: BatchStatus) -> str:
     if s.rate:
         parts.append(f"{s.rate * 60:.0f}/min")
     if s.eta is not None and not s.finished:
-        parts.append(f"ETA {_duration(s.eta)}")
+        parts.append(f"ETA {duration(s.eta)}")
     spent = s.spent if s.spent is not None else None
     if s.unpriced:
         parts.append("spent: unpriced")
@@ -77,17 +78,8 @@ def summary(s: BatchStatus) -> str:
         else:
             parts.append(f"spent {dollars(spent)}{of}")
     if s.waited_for_limits:
-        parts.append(f"waited {_duration(s.waited_for_limits)} for limits")
+        parts.append(f"waited {duration(s.waited_for_limits)} for limits")
     return ", ".join(parts)
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0, round(seconds))
-    if seconds < 90:
-        return f"{seconds} s"
-    if seconds < 5400:
-        return f"{seconds // 60} min {seconds % 60:02d} s"
-    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
 def parked_lines(s: BatchStatus) -> list[str]:

@@ -130,7 +130,7 @@ def test_time_at_the_limits_and_eighty_columns():
     assert plan.batch_usd < plan.sync_usd
     lines = render(plan)
     assert all(len(line) <= 80 for line in lines)
-    assert any("2.0 min" in line and "rpm binds" in line for line in lines)
+    assert any("2 min 00 s" in line and "rpm binds" in line for line in lines)
 
 
 def test_a_plan_says_when_nothing_bounds_the_answer_and_how_to_bound_it():

@@ -30,6 +30,7 @@ from typing import Any
 
 from herd.app import App
 from herd.cache.keys import normalize_document
+from herd.durations import duration
 from herd.errors import InvalidInput
 from herd.jsonvalue import JSON, canonical
 from herd.limits import Limit
@@ -39,7 +40,7 @@ from herd.llm.eval import rounds
 from herd.llm.eval.money import as_float, dollars, money
 from herd.llm.eval.pipeline import CallStage, FunctionStage, Pipeline
 from herd.llm.eval.pipesubmit import check_pipeline
-from herd.llm.eval.plan import _duration, estimate, minutes_at
+from herd.llm.eval.plan import estimate, minutes_at
 from herd.llm.eval.runtime import EvalRuntime
 from herd.llm.eval.spec import EvalSpec, reservation_tokens
 from herd.llm.eval.split import join_pages, read_pages, split
@@ -439,5 +440,5 @@ def render(plan: PipelinePlan) -> list[str]:
     else:
         limits = ", ".join(f"{k} {v:,}" for k, v in plan.limits.items())
         note = f"{limits}; {plan.binds} binds ({plan.scope})"
-        lines.append(f"  {'time at the limits':<20}{_duration(plan.minutes):>14}  {note}")
+        lines.append(f"  {'time at the limits':<20}{duration(plan.minutes * 60):>14}  {note}")
     return [line if len(line) <= 80 else line[:79] + "…" for line in lines]

@@ -30,7 +30,6 @@ time is the provider's (within 24 h).
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -39,6 +38,7 @@ from typing import Any
 
 from herd.app import App
 from herd.cache.keys import normalize_document
+from herd.durations import duration
 from herd.limits import Limit
 from herd.limits.tokens import (
     count_text,
@@ -318,7 +318,7 @@ def render(plan: Plan) -> list[str]:
     else:
         limits = ", ".join(f"{k} {v:,}" for k, v in plan.limits.items())
         note = f"{limits}; {plan.binds} binds"
-        rows.append(("time at the limits", _duration(plan.minutes), note))
+        rows.append(("time at the limits", duration(plan.minutes * 60), note))
     lines = [f"plan: {plan.provider}:{plan.model}, nothing enqueued or paid"]
     for name, value, note in rows:
         line = f"  {name:<20}{value:>14}  {note}".rstrip()
@@ -332,11 +332,3 @@ def render(plan: Plan) -> list[str]:
             '  add "max_tokens" to --params (or maxLength to the schema) for a closer plan',
         ]
     return lines
-
-
-def _duration(minutes: float) -> str:
-    if minutes < 1:
-        return f"{math.ceil(minutes * 60)} s"
-    if minutes < 120:
-        return f"{minutes:.1f} min"
-    return f"{minutes / 60:.1f} h"
