@@ -365,3 +365,30 @@ async def test_a_claim_reads_a_few_rows_whatever_the_keyed_backlog(clean_pg):
         assert _rows_read(plan[0]["Plan"], "herd_jobs") <= 300
     finally:
         await broker.close()
+
+
+async def test_the_busiest_keys_are_read_without_ranking_every_key_with_work(clean_pg):
+    """3,000 keys with work: the dashboard's busiest 5 read a few rows of the counters
+    (it sorted every key with work on each poll), and are the same 5 as that sort's."""
+    broker = PostgresBroker(clean_pg)
+    await broker.open()
+    try:
+        # Running: two jobs of k7, one of k9.
+        await broker.enqueue([NewJob("t", {}, concurrency_key=k, max_running_per_key=2)
+                              for k in ("k7", "k7", "k9")])  # fmt: skip
+        assert len(await broker.claim(["default"], "w", 3)) == 3
+        # Waiting: a job of every key, and 1, 2 and 3 more of k1, k2 and k3.
+        jobs = [NewJob("t", {"i": i}, concurrency_key=f"k{i}", max_running_per_key=2)
+                for i in range(3000)]  # fmt: skip
+        jobs += [NewJob("t", {}, concurrency_key=f"k{i}", max_running_per_key=2)
+                 for i in range(1, 4) for _ in range(i)]  # fmt: skip
+        await broker.enqueue(jobs)
+        top = [(k.key, k.running, k.waiting) for k in await broker.key_stats(5)]
+        assert top == [("k3", 0, 4), ("k2", 0, 3), ("k7", 2, 1), ("k1", 0, 2), ("k9", 1, 1)]
+        with psycopg.connect(clean_pg, autocommit=True) as conn:
+            conn.execute("ANALYZE herd_jobs, herd_key_counts")
+            sql = "EXPLAIN (ANALYZE, FORMAT JSON) " + broker._q["key_stats"]
+            ((plan,),) = conn.execute(sql, {"limit": 5}).fetchall()
+        assert _rows_read(plan[0]["Plan"], "herd_key_counts") <= 50
+    finally:
+        await broker.close()

@@ -347,11 +347,20 @@ SELECT extract(epoch FROM min(run_at) - now()) FROM herd_jobs
 DELETE FROM herd_job_scheduled WHERE due < now() - interval '1 minute';
 
 -- name: key_stats
--- Running and waiting jobs per concurrency key (0011's counters: a row per key with
--- work, and at most 16 slots of releases), the busiest first: the cost follows the keys
--- with work, never the jobs.
+-- Running and waiting jobs per concurrency key (0011's counters), the busiest first, at
+-- a cost of O(active work + limit) whatever the keys with work: a key with a job running
+-- is found from the leased jobs (herd_jobs_leased), one with none can rank only by its
+-- waiting jobs (herd_key_counts_waiting, 0014), so the two hold the top `limit`.
+WITH candidates AS (
+    SELECT DISTINCT queue, concurrency_key AS key FROM herd_jobs
+     WHERE status = 'processing' AND concurrency_key IS NOT NULL
+    UNION
+    (SELECT queue, key FROM herd_key_counts WHERE waiting > 0
+      ORDER BY waiting DESC LIMIT %(limit)s)
+)
 SELECT k.queue, k.key, (k.claimed - r.n)::int AS running, k.waiting, k.max_running
-  FROM herd_key_counts k
+  FROM candidates c
+  JOIN herd_key_counts k ON k.queue = c.queue AND k.key = c.key
  CROSS JOIN LATERAL (SELECT coalesce(sum(n), 0) AS n FROM herd_key_released r
                       WHERE r.queue = k.queue AND r.key = k.key) r
  WHERE k.claimed > r.n OR k.waiting > 0
