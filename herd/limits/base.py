@@ -415,9 +415,11 @@ class Limiter(Protocol):
         """After the call: charge (+) or refund (-) reported usage minus the reservation."""
         ...
 
-    async def pause(self, scope: str, seconds: float) -> None:
+    async def pause(self, scope: str, seconds: float, *, rate_limited: bool = True) -> None:
         """A provider's 429: every try_acquire of scope is refused (reason "paused") until
-        max(current pause, now + seconds); counts one rate_limited."""
+        max(current pause, now + seconds); counts one rate_limited. A key the provider
+        refused (401, 403) is paused the same way, not counted (``rate_limited=False``):
+        the limits table's 429s are the provider's, not a wrong key's."""
         ...
 
     async def note_wait(self, scope: str, seconds: float) -> None:

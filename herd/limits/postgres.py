@@ -135,9 +135,10 @@ class PostgresLimiter:
             rate = tok.rate if tok else None
             await self._run(Q["adjust"], {"scope": scope, "tokens": tokens, "rate": rate})
 
-    async def pause(self, scope: str, seconds: float) -> None:
+    async def pause(self, scope: str, seconds: float, *, rate_limited: bool = True) -> None:
         check_scope(scope)
-        await self._run(Q["pause"], {"scope": scope, "seconds": pause_seconds(seconds)})
+        params = {"scope": scope, "seconds": pause_seconds(seconds), "n": int(rate_limited)}
+        await self._run(Q["pause"], params)
 
     async def note_wait(self, scope: str, seconds: float) -> None:
         check_scope(scope)

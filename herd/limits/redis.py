@@ -184,13 +184,13 @@ return 0
 """
 )
 
-# ARGV: ttl, seconds
+# ARGV: ttl, seconds, 429s to count (0: a refused key)
 _PAUSE = (
     _CLOCK
     + """
 local old = tonumber(redis.call('HGET', KEYS[1], 'paused')) or 0
 redis.call('HSET', KEYS[1], 'paused', string.format('%.6f', math.max(old, now + tonumber(ARGV[2]))))
-redis.call('HINCRBY', KEYS[1], 'rate_limited', 1)
+redis.call('HINCRBY', KEYS[1], 'rate_limited', tonumber(ARGV[3]))
 local fresh = seen()
 keep()
 return fresh
@@ -337,11 +337,12 @@ class RedisLimiter:
                     keys=_keys(scope), args=[self.ttl, tokens, _arg(tok.rate if tok else None)]
                 )
 
-    async def pause(self, scope: str, seconds: float) -> None:
+    async def pause(self, scope: str, seconds: float, *, rate_limited: bool = True) -> None:
         check_scope(scope)
         with self._errors():
             fresh = await self._pause(
-                keys=_keys(scope), args=[self.ttl, _arg(pause_seconds(seconds))]
+                keys=_keys(scope),
+                args=[self.ttl, _arg(pause_seconds(seconds)), int(rate_limited)],
             )
         await self._seen(scope, fresh)
 

@@ -107,6 +107,17 @@ async def test_a_fleet_never_exceeds_a_limit_in_any_window_and_uses_it(limiter):
     assert sum(d for _, d in held) >= 0.25 * 5 * elapsed, (sum(d for _, d in held), elapsed)
 
 
+async def test_a_refused_key_pauses_its_scope_without_counting_a_429(limiter, scope):
+    await limiter.pause(scope, 30.0, rate_limited=False)
+    (stats,) = await limiter.stats([scope])
+    assert stats.paused_until is not None and stats.rate_limited == 0
+    grant = await limiter.try_acquire(scope, Limit(rpm=1000, period=1.0), 1, "h", 1.0)
+    assert not grant.granted and grant.reason == "paused"
+    await limiter.pause(scope, 1.0)  # a 429 after it counts, and keeps the longer pause
+    (after,) = await limiter.stats([scope])
+    assert after.rate_limited == 1 and after.paused_until == stats.paused_until
+
+
 async def test_a_pause_refuses_everyone_until_it_ends(limiter, scope):
     lim = Limit(rpm=1000, period=1.0)
     await limiter.pause(scope, 0.5)

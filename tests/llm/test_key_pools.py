@@ -202,6 +202,7 @@ async def test_a_key_the_provider_refuses_is_passed_over_for_the_rest_of_the_poo
         assert rt.limiter is not None
         (a_stats,) = await rt.limiter.stats([scope_name("openai", model, A)])
         assert a_stats.paused_until is not None
+        assert a_stats.rate_limited == 0  # a wrong key is no 429 of the provider
         # `herd eval status` at 80 columns: the pause on a line of its own under its key.
         with console.out.capture() as shown:
             print_status(await evaluate.batch_status(app, "onebad"))

@@ -33,10 +33,10 @@ UPDATE herd_limits SET
 
 -- name: pause
 INSERT INTO herd_limits AS l (scope, paused_until, rate_limited)
-VALUES (%(scope)s, extract(epoch FROM clock_timestamp())::float8 + %(seconds)s, 1)
+VALUES (%(scope)s, extract(epoch FROM clock_timestamp())::float8 + %(seconds)s, %(n)s)
 ON CONFLICT (scope) DO UPDATE SET
     paused_until = greatest(coalesce(l.paused_until, 0), excluded.paused_until),
-    rate_limited = l.rate_limited + 1,
+    rate_limited = l.rate_limited + excluded.rate_limited,
     used_at = now();
 
 -- name: note_wait

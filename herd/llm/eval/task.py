@@ -290,7 +290,7 @@ class Evaluation:
                         # Refused before generating (not billed): the fleet passes the key
                         # over for a while, and this call goes to another key of the pool.
                         await _charge(slots, 0)
-                        await rt.limiter.pause(paying, KEY_REFUSED_PAUSE)
+                        await rt.limiter.pause(paying, KEY_REFUSED_PAUSE, rate_limited=False)
                         refused[exc.key_id] = exc.reason
                         log.warning("key %s of the pool was refused: %s", exc.key_id, exc.reason)
                         fleet[:] = [(s, lim) for s, lim in fleet if keys[s].id not in refused]
