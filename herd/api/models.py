@@ -564,6 +564,7 @@ class StageOut(BaseModel):
     stage: str
     kind: str
     model: str
+    provider: str | None  # None: a function stage
     pieces: int  # made so far (a later stage's grow as the documents reach it)
     done: int
     failed: int
@@ -619,7 +620,8 @@ class BatchOut(BaseModel):
     parked_items: int
     cancelled_items: int
     budget: float | None
-    spent: float | None
+    spent: float | None  # of the priced calls: see unpriced
+    unpriced: list[str]  # its models without a price: their calls are not in spent
     parked: str | None
     parked_reason: str | None
     next: str | None

@@ -438,8 +438,10 @@ def eval_list(
         state = f"parked ({b['parked']})" if b["state"] == "parked" else b["state"]
         if b["failed"]:
             state += f", {b['failed']} failed"
-        spent = dollars(b["spent"]) + (f" / {dollars(b['budget'])}" if b["budget"] is not None
-                                      else "")  # fmt: skip
+        # An unpriced model's calls are in no sum: never shown as $0.00.
+        spent = ("unpriced" if b["unpriced"] and not b["spent"] else dollars(b["spent"])
+                 + (" + unpriced" if b["unpriced"] else ""))  # fmt: skip
+        spent += f" / {dollars(b['budget'])}" if b["budget"] is not None else ""
         table.add_row(b["batch"], b["created_at"][5:16].replace("T", " "),
                       f"{b['done']}/{b['documents']}", spent, state)  # fmt: skip
     console.out.print(table)

@@ -316,8 +316,10 @@ async def test_a_pipeline_runs_while_a_piece_of_it_is_leased_and_is_queued_witho
     await submit_pipeline(app, [docs(tmp_path, 3)], from_json(pipeline()), batch="staged")
     status = await batch_status(app, "staged")
     assert (status.running, status.queued) == (0, 3)
+    # Its stages' model has no price: "unpriced", never $0.00 (its items hold no spec).
+    assert status.unpriced == ["sim-1"] and "spent: unpriced" in summary(status)
     (listed,) = await evaluate.list_batches(app)
-    assert (listed["state"], listed["running"]) == ("queued", 0)
+    assert (listed["state"], listed["running"], listed["unpriced"]) == ("queued", 0, ["sim-1"])
     leases = await app.broker.claim([evaluate.QUEUE], "a-worker", 2)
     assert len(leases) == 2
     pieces = {lease.payload["path"] for lease in leases}

@@ -12,6 +12,12 @@ SELECT pipeline FROM herd_eval_pipelines WHERE hash = %(hash)s;
 -- A batch has one pipeline: its first document's, along herd_eval_items_staged (3016).
 SELECT pipeline FROM herd_eval_items WHERE batch = %(b)s AND pipeline IS NOT NULL LIMIT 1;
 
+-- name: batches_pipelines
+-- The pipeline of each batch given that has one, a probe of herd_eval_items_staged each.
+SELECT b, (SELECT pipeline FROM herd_eval_items
+            WHERE batch = b AND pipeline IS NOT NULL LIMIT 1)
+  FROM unnest(%(batches)s::text[]) AS b;
+
 -- name: put_doc_item
 -- A pipeline's document: its one item (its final answer lands here), no job of its own
 -- (0: the settling of single-prompt items by their job never matches it).

@@ -149,8 +149,10 @@ SELECT status, staged, sum(n) FROM herd_eval_item_counts
  GROUP BY status, staged HAVING sum(n) <> 0;
 
 -- name: batch_specs
-SELECT s.spec->>'provider', s.spec->>'model' FROM herd_eval_specs s
- WHERE s.hash IN (SELECT spec FROM herd_eval_batch_specs WHERE batch = %(b)s);
+-- The (provider, model) of each batch given, by the specs its items were sent with.
+SELECT DISTINCT bs.batch, s.spec->>'provider', s.spec->>'model'
+  FROM herd_eval_batch_specs bs JOIN herd_eval_specs s ON s.hash = bs.spec
+ WHERE bs.batch = ANY(%(batches)s::text[]);
 
 -- name: list_batches
 -- Newest first, a page at a time: (created_at, batch) of the last row seen.

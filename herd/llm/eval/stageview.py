@@ -34,9 +34,12 @@ async def stage_progress(rt: EvalRuntime, batch: str) -> list[dict[str, Any]]:
     for stage in pipe.steps:
         n, done, failed, cancelled, cached, round_ = counts.get(stage.name, (0, 0, 0, 0, 0, 1))
         calls, i, o, cost, unpriced = costs.get(stage.name, (0, 0, 0, None, False))
-        # A function stage has no model: its task's name in its place.
+        # A function stage has no model: its task's name in its place, and no provider.
         model = pipe.model_of(stage) if isinstance(stage, CallStage) else stage.task
-        out.append({"stage": stage.name, "kind": stage.kind, "model": model,
+        provider = (
+            (stage.provider or pipe.defaults.provider) if isinstance(stage, CallStage) else None
+        )
+        out.append({"stage": stage.name, "kind": stage.kind, "model": model, "provider": provider,
                     "pieces": int(n), "done": int(done), "failed": int(failed),
                     "cancelled": int(cancelled), "cached": int(cached), "calls": int(calls),
                     "round": int(round_),
@@ -53,6 +56,18 @@ async def running_documents(
     own)."""
     rows = await rt.store.execute(Q["running_documents"], {"batches": batches, "jobs": leased})
     return {b: int(n) for b, n in rows}
+
+
+async def stage_models(rt: EvalRuntime, batches: list[str]) -> dict[str, set[tuple[str, str]]]:
+    """(provider, model) of each call stage, per batch of ``batches`` in stages."""
+    out: dict[str, set[tuple[str, str]]] = {}
+    for batch, pipe_hash in await rt.store.execute(Q["batches_pipelines"], {"batches": batches}):
+        if pipe_hash is not None:
+            pipe = await load_pipeline(rt, pipe_hash)
+            out[batch] = {
+                (s.provider or pipe.defaults.provider, pipe.model_of(s)) for s in pipe.calls
+            }
+    return out
 
 
 # A status read finds the pieces whose jobs died uncounted at a cost of its own, never of

@@ -22,6 +22,7 @@ from herd.llm.eval.stageview import (
     failed_documents,
     running_documents,
     settle_pieces,
+    stage_models,
     stage_progress,
 )
 from herd.queue.base import Job, JobStatus
@@ -250,7 +251,7 @@ async def limit_usage(rt: EvalRuntime, batch: str | None) -> list[dict[str, Any]
     found = await rt.limiter.stats()
     now = time.time()
     if batch is not None:
-        specs = await rt.store.execute("batch_specs", {"b": batch})
+        specs = (await models_of(rt, [batch])).get(batch, set())
         prefixes = tuple(f"{p}:{m}:" for p, m in specs)
         own = {batch_scope(batch, p, m) for p, m in specs}  # the batch's own limits
         found = [s for s in found if s.scope in own or (prefixes and s.scope.startswith(prefixes))]
@@ -358,13 +359,30 @@ async def batch_status(app: App, batch: str | None) -> BatchStatus:
             {"key": names.get(kid, kid), "key_id": kid, "calls": int(n), "cost": as_float(c)}
             for kid, n, c in await rt.store.execute("batch_keys", {"b": batch})
         ]
-        specs = await rt.store.execute("batch_specs", {"b": batch})
-        status.unpriced = sorted({m for p, m in specs if rt.prices.lookup(m, p) is None})
+        status.unpriced = (await unpriced(rt, [batch])).get(batch, [])
         ((recent, since_first, _),) = await rt.store.execute("recent_rate", {"b": batch})
         if recent:
             status.rate = round(int(recent) / min(60.0, max(1.0, float(since_first))), 3)
             status.eta = round(waiting / status.rate, 1) if status.rate else None
     return status
+
+
+async def models_of(rt: EvalRuntime, batches: list[str]) -> dict[str, set[tuple[str, str]]]:
+    """(provider, model) of each batch given: by the specs its items were sent with, and
+    a pipeline's by its stages (its items hold no spec of one call)."""
+    models = await stage_models(rt, batches)
+    for batch, provider, model in await rt.store.execute("batch_specs", {"batches": batches}):
+        models.setdefault(batch, set()).add((provider, model))
+    return models
+
+
+async def unpriced(rt: EvalRuntime, batches: list[str]) -> dict[str, list[str]]:
+    """The models without a price of each batch given that has any."""
+    out = {}
+    for batch, found in (await models_of(rt, batches)).items():
+        if missing := sorted({m for p, m in found if rt.prices.lookup(m, p) is None}):
+            out[batch] = missing
+    return out
 
 
 async def list_batches(
@@ -383,6 +401,7 @@ async def list_batches(
     for batch, n in await rt.store.execute("running_by_batch", params):
         running[batch] = running.get(batch, 0) + int(n)
     failed = {b: int(n) for b, n in await rt.store.execute("failed_by_batch", params)}
+    no_price = await unpriced(rt, names)
     out = []
     for name, created, budget, spent, parked, reason in rows:
         documents, done, parked_items, cancelled = counts.get(name, (0, 0, 0, 0))
@@ -393,7 +412,7 @@ async def list_batches(
         out.append({"batch": name, "created_at": created.isoformat(), "documents": documents,
                     "done": done, "failed": dead, "running": now,
                     "parked_items": parked_items, "cancelled_items": cancelled,
-                    "budget": budget, "spent": spent, "parked": parked,
-                    "parked_reason": reason, "state": state,
+                    "budget": budget, "spent": spent, "unpriced": no_price.get(name, []),
+                    "parked": parked, "parked_reason": reason, "state": state,
                     "next": next_step(name, parked)})  # fmt: skip
     return out
