@@ -29,7 +29,9 @@ class PostgresCacheStore:
         """``purge_every``: seconds between the purges of expired entries that writes
         start (0: only ``purge()``)."""
         self.url = url
-        self._pool = pgdb.SharedPool(url, max_size=pool_size, store="the cache")
+        self._pool = pgdb.SharedPool(
+            url, max_size=pool_size, store="the cache", unchecked_if_fresh=True
+        )
         self._purges = Periodic(self.purge, "the exact cache", purge_every)
 
     async def open(self) -> None:

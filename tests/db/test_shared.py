@@ -81,3 +81,45 @@ async def test_redis_stores_of_one_url_share_one_bounded_pool(redis_stack):
     for store in (broker, cache, locks):
         await store.close()
     await eventually(lambda: asyncio.to_thread(lambda: redis_connections(redis_stack) <= before))
+
+
+async def test_the_evaluation_store_and_the_cache_skip_the_check_of_a_fresh_connection(
+    clean_pg, monkeypatch
+):
+    """Their statements fail a job's attempt before its model call or are retried
+    through an outage after it, so a connection that answered within FRESH seconds is
+    handed to them unchecked (the checks were a third of an evaluation's statements);
+    the locks' checkouts are still checked, in their block or not."""
+    checks: list[str] = []
+    execute = psycopg.AsyncConnection.execute
+
+    async def counting(self, query, params=None, **kw):  # type: ignore[no-untyped-def]
+        if query == "":  # the pool's check on checkout (AsyncConnectionPool.check_connection)
+            checks.append(query)
+        return await execute(self, query, params, **kw)
+
+    ledger, cache, locks = (
+        EvalStore(clean_pg),
+        PostgresCacheStore(clean_pg),
+        PostgresLocks(clean_pg),
+    )
+    for store in (ledger, cache, locks):
+        await store.open()
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", counting)
+    try:
+        await ledger.execute("SELECT 1")
+        await cache.get("ns", "k")
+        checks.clear()
+        for i in range(5):
+            await ledger.execute("SELECT 1")
+            assert await cache.get("ns", f"k{i}") is None
+        assert checks == []
+        for i in range(3):
+            async with ledger.pool.connection():  # a checkout of another store inside
+                lease = await locks.acquire(f"fresh-{NAME}-{i}", ttl=5)
+                assert lease is not None and await locks.release(lease)
+        assert len(checks) >= 6  # each acquire and release checked, as before
+    finally:
+        monkeypatch.undo()
+        for store in (ledger, cache, locks):
+            await store.close()

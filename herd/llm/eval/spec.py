@@ -161,6 +161,13 @@ def _patterns_of(node: Any) -> list[str]:
 
 def _validator_class(schema: dict[str, Any]) -> Any:
     base = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return _with_re2(base)
+
+
+@cache
+def _with_re2(base: Any) -> Any:
+    """A draft's validator with RE2's patterns, made once per draft: making the class
+    (attrs compiles it) was a tenth of a worker's CPU when done for every answer."""
     return jsonschema.validators.extend(  # type: ignore[no-untyped-call]
         base, {"pattern": _pattern, "patternProperties": _pattern_properties}
     )

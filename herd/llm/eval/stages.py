@@ -36,7 +36,6 @@ from herd.llm.eval.pipeline import (
     FunctionStage,
     Pipeline,
     Step,
-    from_json,
     per_piece,
 )
 from herd.llm.eval.runtime import EvalRuntime
@@ -194,13 +193,7 @@ async def send_unsent(
 
 
 async def load_pipeline(rt: EvalRuntime, pipe_hash: str) -> Pipeline:
-    rows = await rt.store.execute(Q["pipeline"], {"hash": pipe_hash})
-    if not rows:
-        raise Fatal(f"pipeline {pipe_hash[:12]}… is not stored")
-    try:
-        return from_json(rows[0][0])
-    except InvalidInput as exc:
-        raise Fatal(f"pipeline {pipe_hash[:12]}… is refused: {exc}") from None
+    return await rt.store.pipeline(pipe_hash)
 
 
 def _where(seq: int, loc: dict[str, Any]) -> str:

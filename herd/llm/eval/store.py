@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractContextManager, asynccontextmanager
 from dataclasses import asdict
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
@@ -21,6 +21,7 @@ from herd.db.queries import named
 from herd.errors import BatchNameTaken, BatchNotFound, Fatal, InvalidInput
 from herd.llm.eval import ledger
 from herd.llm.eval.money import as_float, money
+from herd.llm.eval.pipeline import Pipeline, from_json
 from herd.llm.eval.spec import EvalSpec
 
 Q = {**ledger.Q, **named("herd.llm.eval", "pipeline.sql")}
@@ -30,6 +31,21 @@ PARK_REASONS = ("budget", "refused", "cancelled")
 # Seconds a job's answer is kept for items stored after its end (herd_eval_job_answers):
 # submit stores a batch's items just after it enqueues their jobs.
 JOB_ANSWER_TTL = 3600.0
+# Specs and pipelines a store keeps once read, of each (EvalStore.spec): a batch has a
+# few specs, a pipeline one per stage.
+KEPT = 256
+T = TypeVar("T")
+
+
+class _Kept(dict[str, T]):
+    """Values read by the hash of their content, which never change: the oldest read
+    is dropped past KEPT."""
+
+    def keep(self, key: str, value: T) -> T:
+        if len(self) >= KEPT:
+            self.pop(next(iter(self)))
+        self[key] = value
+        return value
 
 
 def translate_errors(url: str) -> AbstractContextManager[None]:
@@ -53,8 +69,12 @@ class EvalStore:
         ``purge_every``: seconds between the purges writes start (0: only ``purge()``)."""
         self.url = url
         self.ledger_ttl, self.eval_ttl = float(ledger_ttl), float(eval_ttl)
-        self.pool = pgdb.SharedPool(url, max_size=4, store="the evaluation store")
+        self.pool = pgdb.SharedPool(
+            url, max_size=4, store="the evaluation store", unchecked_if_fresh=True
+        )
         self._purges = Periodic(self.purge, "evaluations", purge_every)
+        self._specs: _Kept[EvalSpec] = _Kept()
+        self._pipelines: _Kept[Pipeline] = _Kept()
 
     async def open(self) -> None:
         await self.pool.open("herd.llm.sql")
@@ -145,13 +165,33 @@ class EvalStore:
         return str(rows[0][0])
 
     async def spec(self, spec_hash: str) -> EvalSpec:
-        rows = await self.execute("spec", {"hash": spec_hash})
-        if not rows:
-            raise Fatal(f"evaluation spec {spec_hash[:12]}… is not stored")
-        try:
-            return EvalSpec(**rows[0][0])
-        except InvalidInput as exc:  # stored before such specs were refused
-            raise Fatal(f"evaluation spec {spec_hash[:12]}… is refused: {exc}") from None
+        """The stored spec of that hash. A hash names its content, so a spec read once is
+        kept (SPECS_KEPT): every piece of a batch asks for the same few, and making one
+        checks its schema against the meta-schema."""
+        found = self._specs.get(spec_hash)
+        if found is None:
+            rows = await self.execute("spec", {"hash": spec_hash})
+            if not rows:
+                raise Fatal(f"evaluation spec {spec_hash[:12]}… is not stored")
+            try:
+                found = self._specs.keep(spec_hash, EvalSpec(**rows[0][0]))
+            except InvalidInput as exc:  # stored before such specs were refused
+                raise Fatal(f"evaluation spec {spec_hash[:12]}… is refused: {exc}") from None
+        return found
+
+    async def pipeline(self, pipe_hash: str) -> Pipeline:
+        """The stored pipeline of that hash, kept once read as a spec is (every piece's
+        run reads its pipeline)."""
+        found = self._pipelines.get(pipe_hash)
+        if found is None:
+            rows = await self.execute("pipeline", {"hash": pipe_hash})
+            if not rows:
+                raise Fatal(f"pipeline {pipe_hash[:12]}… is not stored")
+            try:
+                found = self._pipelines.keep(pipe_hash, from_json(rows[0][0]))
+            except InvalidInput as exc:
+                raise Fatal(f"pipeline {pipe_hash[:12]}… is refused: {exc}") from None
+        return found
 
     async def batch(self, batch: str) -> dict[str, Any] | None:
         """Budget, spent, reserved, parked (and why) and limits of a batch; None: it has
