@@ -64,6 +64,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import psutil
 import psycopg
 
 REPO = Path(__file__).resolve().parent.parent
@@ -176,6 +177,7 @@ class Outcome:
     sim: dict[str, Any]
     kills: int = 0
     restarts: int = 0  # DocETL: runs started after the first
+    cpu: float = 0.0  # the machine's busy CPU-seconds while it ran (every process)
     checks: list[str] = field(default_factory=list)  # violations (herd) / problems
     facts: dict[str, Any] = field(default_factory=dict)
 
@@ -193,6 +195,14 @@ class Outcome:
     @property
     def dollars(self) -> float:
         return billed_dollars(self.sim)
+
+
+def busy() -> float:
+    """CPU-seconds the machine has been busy (every process: the system's, its store,
+    the simulator), from /proc/stat through psutil: what a run costs beside its time."""
+    t = psutil.cpu_times()
+    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0)
+                 - getattr(t, "guest_nice", 0.0))  # fmt: skip
 
 
 def minus(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
@@ -334,7 +344,7 @@ class HerdRun:
         n = len(list(docs.iterdir()))
         with fleet:
             pool.start()
-            t0 = time.monotonic()
+            t0, cpu0 = time.monotonic(), busy()
             submit = spawn(
                 [sys.executable, "-m", "herd", "eval", "submit", str(docs), "--pipeline",
                  str(pipeline), "--batch", batch, "--json"],
@@ -354,7 +364,7 @@ class HerdRun:
                         if last["documents"] == n and last["done"] + last["failed"] >= n:
                             break
                     time.sleep(1.0)
-            seconds = time.monotonic() - t0
+            seconds, cpu = time.monotonic() - t0, busy() - cpu0
             pool.stop()
         stats = minus(self.sim.stats(), before)
         final = self.status(batch)
@@ -365,6 +375,7 @@ class HerdRun:
             int(final["done"]),
             stats,
             kills=pool.kills,
+            cpu=cpu,
             facts={"status": final, "deadline_hit": time.monotonic() >= deadline},
         )
 
@@ -520,7 +531,7 @@ def run_docetl(
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         })  # fmt: skip
         every = args.docetl_kill_every if kills else 0.0
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), busy()
         deadline = t0 + args.deadline
         runs = kills_n = 0
         while not output.exists() and time.monotonic() < deadline:
@@ -545,14 +556,15 @@ def run_docetl(
                 log = tmp / "logs" / f"{name}-run-{runs}.log"
                 raise RuntimeError(f"docetl exited {proc.returncode}: see {log}")
             progress_docetl(name, t0, sim, runs)
-        seconds = time.monotonic() - t0
+        seconds, cpu = time.monotonic() - t0, busy() - cpu0
         stats = sim.stats()
     answered = 0
     if output.exists():
         out = json.loads(output.read_text(encoding="utf-8"))
         answered = len({r["id"] for r in out if r.get(REDUCE_STAGE_FIELD)})
     return Outcome(name, seconds, len(texts), answered, stats, kills=kills_n,
-                   restarts=runs - 1, facts={"deadline_hit": not output.exists()})  # fmt: skip
+                   restarts=runs - 1, cpu=cpu,
+                   facts={"deadline_hit": not output.exists()})  # fmt: skip
 
 
 REDUCE_STAGE_FIELD = "summary"
@@ -584,7 +596,7 @@ def report(
     )
     head = (
         f"{'':12} {'seconds':>7} {'answered':>9} {'calls':>6} {'map':>6} {'reduce':>6}"
-        f" {'cut':>4} {'kills':>5} {'dollars':>8}"
+        f" {'cut':>4} {'kills':>5} {'dollars':>8} {'cpu s':>6} {'ms/call':>7}"
     )
     print(head)
     print("-" * len(head))
@@ -592,9 +604,13 @@ def report(
         print(
             f"{o.system:12} {o.seconds:7.1f} {o.answered:>4}/{o.documents:<4} {o.calls:>6}"
             f" {o.model_calls(MAP_MODEL):>6} {o.model_calls(REDUCE_MODEL):>6} {o.cut_short:>4}"
-            f" {o.kills:>5} {o.dollars:8.4f}"
+            f" {o.kills:>5} {o.dollars:8.4f} {o.cpu:6.1f} {1000 * o.cpu / max(1, o.calls):7.1f}"
         )
-    print("\ncut: calls whose client hung up (a kill mid-call); dollars: the simulator's bill")
+    print(
+        "\ncut: calls whose client hung up (a kill mid-call); dollars: the simulator's bill;"
+        " cpu s: the machine's busy CPU-seconds over the run (every process), ms/call: per"
+        " provider call"
+    )
     for o in outcomes:
         t = o.facts.get("finals")
         if t:
@@ -679,6 +695,7 @@ def write_summary(
                 _summary.row(f"provider calls, {label}", a.calls, b.calls, "calls", "lower"),
                 _summary.row(f"dollars billed, {label}", a.dollars, b.dollars, "USD", "lower"),
                 _summary.row(f"wall time, {label}", a.seconds, b.seconds, "s", "lower"),
+                _summary.row(f"machine CPU, {label}", a.cpu, b.cpu, "CPU-s", "lower"),
             ]
     notes = [
         f"{args.docs} manuals, {pieces} pieces, split/map/reduce; herd {args.workers} workers"
