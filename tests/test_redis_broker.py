@@ -270,3 +270,41 @@ async def test_a_liveness_mark_keeps_one_connection_past_a_clients_read_timeout(
         assert [c["name"] for c in listed] == [mark.name]
     finally:
         await mark.release()
+
+
+async def test_the_busiest_keys_are_read_without_reading_every_key_with_work(redis_stack):
+    """3,000 keys with work: the dashboard's busiest 5 come from a script that reads
+    the keys running and the 5 waiting most (it read every key's three counters on each
+    poll), and are the same 5 as ranking them all; a queue whose ranking is lost (or
+    was filled by a herd without one) has it rebuilt."""
+    flush_redis(redis_stack)
+    client = redis.Redis.from_url(redis_stack)
+    broker = RedisBroker(redis_stack)
+    await broker.open()
+    try:
+        # Running: two jobs of k7, one of k9.
+        await broker.enqueue([NewJob("t", {}, concurrency_key=k, max_running_per_key=2)
+                              for k in ("k7", "k7", "k9")])  # fmt: skip
+        assert len(await broker.claim(["default"], "w", 3)) == 3
+        # Waiting: a job of every key, and 1, 2 and 3 more of k1, k2 and k3.
+        jobs = [NewJob("t", {"i": i}, concurrency_key=f"k{i}", max_running_per_key=2)
+                for i in range(3000)]  # fmt: skip
+        jobs += [NewJob("t", {}, concurrency_key=f"k{i}", max_running_per_key=2)
+                 for i in range(1, 4) for _ in range(i)]  # fmt: skip
+        await broker.enqueue(jobs)
+        # Every script that changes a key's waiting count keeps the ranking with it.
+        assert client.zcard("herd:{default}:kwaitz") == 3000
+        assert client.zscore("herd:{default}:kwaitz", "k3") == 4
+        want = [("k3", 0, 4), ("k2", 0, 3), ("k7", 2, 1), ("k1", 0, 2), ("k9", 1, 1)]
+        top = [(k.key, k.running, k.waiting) for k in await broker.key_stats(5)]
+        assert top == want
+        (rows,) = await broker._call_many("key_stats", [(["herd:{default}:meta"],
+                                                         ["herd:{default}:", 5])])  # fmt: skip
+        assert len(rows) <= 5 + 2  # the 5 waiting most and the 2 keys running
+        client.delete("herd:{default}:kwaitz")
+        top = [(k.key, k.running, k.waiting) for k in await broker.key_stats(5)]
+        assert top == want
+        assert client.zcard("herd:{default}:kwaitz") == client.hlen("herd:{default}:kwait")
+    finally:
+        await broker.close()
+        client.close()

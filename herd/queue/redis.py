@@ -22,6 +22,8 @@ in one Redis Cluster slot and each script touches one slot):
     herd:{q}:kready        sorted set: keys with a ready job and room, by turn (kseq)
     herd:{q}:krun, :kwait  hashes: key -> its jobs processing / pending (a key with
                            neither has no field), :kmax key -> its limit
+    herd:{q}:kwaitz        sorted set: the keys of :kwait scored by it (the busiest
+                           read without reading every key: key_stats.lua)
     herd:{q}:unindexed     list: ids swept from this queue, still to drop from herd:jobq
     herd:{q}:ids, :num     the queue's id counter (floored by the clock) and its number
     herd:{q}:retired       when the queue last gave its number back (redis_numbers)
@@ -105,6 +107,7 @@ SCRIPTS = (
     "sweep",
     "purge_dead",
     "stats",
+    "key_stats",
     "next_due",
     "queue_number",
     "queue_free",
@@ -629,25 +632,17 @@ class RedisBroker:
         queues = await self._queues()
         if not queues:
             return []
-        # Three small hashes per queue that hold only the keys with work.
-        with self._errors():
-            pipe = self._redis.pipeline(transaction=False)
-            for q in queues:
-                for h in ("krun", "kwait", "kmax"):
-                    pipe.hgetall(prefix(q) + h)
-            replies = await pipe.execute()
-        out = []
-        for i, q in enumerate(queues):
-            run, wait, most = replies[3 * i : 3 * i + 3]
-            for key in sorted(set(run) | set(wait)):
-                out.append(
-                    KeyStats(
-                        q, _text(key), int(run.get(key, 0)), int(wait.get(key, 0)),
-                        int(most.get(key, 1)),
-                    )
-                )  # fmt: skip
+        n = max(1, limit)
+        replies = await self._call_many(
+            "key_stats", [([prefix(q) + "meta"], [prefix(q), n]) for q in queues]
+        )
+        out = [
+            KeyStats(q, _text(key), int(run), int(wait), int(most))
+            for q, rows in zip(queues, replies, strict=True)
+            for key, run, wait, most in rows
+        ]
         out.sort(key=lambda k: (-(k.running + k.waiting), k.queue, k.key))
-        return out[: max(1, limit)]
+        return out[:n]
 
     async def purge_finished(self, older_than: float | None = None) -> int:
         """Remove succeeded jobs finished more than ``older_than`` seconds ago (default:

@@ -25,9 +25,17 @@ end
 local function kid(member) return string.match(member, '^%d+:0*(%d+)$') end
 
 -- Counters per key; a field at 0 goes (the hashes hold the keys with work only), and
--- the key's limit with the last of them.
+-- the key's limit with the last of them. kwaitz ranks the keys by waiting jobs, so
+-- that the busiest are read without reading every key (key_stats.lua).
 local function kinc(hash, key, by)
   local n = redis.call('HINCRBY', P .. hash, key, by)
+  if hash == 'kwait' then
+    if n > 0 then
+      redis.call('ZADD', P .. 'kwaitz', n, key)
+    else
+      redis.call('ZREM', P .. 'kwaitz', key)
+    end
+  end
   if n <= 0 then
     redis.call('HDEL', P .. hash, key)
     if redis.call('HEXISTS', P .. 'krun', key) == 0
