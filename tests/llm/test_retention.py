@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+from decimal import Decimal
 
 import psycopg
 import pytest
 
 from herd.config import CACHE_TTL, EVAL_TTL, LEDGER_TTL, Settings
 from herd.errors import ConfigError
-from herd.llm.eval import EvalStore
+from herd.llm.eval import EvalStore, ledger
 from herd.llm.eval.money import as_float
 from tests.llm.conftest import clean_eval_tables
 
@@ -169,3 +170,39 @@ async def test_zero_keeps_everything(store):
     await store.execute("UPDATE herd_eval_ledger SET at = now() - interval '10 years'")
     assert await store.purge(ledger_ttl=0, eval_ttl=0) == 0
     assert len(await store.execute("SELECT 1 FROM herd_eval_ledger")) == 1
+
+
+async def test_a_call_is_closed_and_an_avoided_one_recorded_in_one_statement_each(store):
+    """The ledger's row, its key's estimate, its batch's and the kinds' totals and the
+    batch's spend are written by one statement (they were eleven for a paid call: a
+    third of an evaluated piece's statements), and count what they counted."""
+    await store.execute("INSERT INTO herd_eval_batches (batch, budget) VALUES ('b', 1)")
+    sent: list[str] = []
+    async with await psycopg.AsyncConnection.connect(store.url, autocommit=True) as conn:
+        real = conn.execute
+
+        async def counting(query, params=None, **kw):
+            sent.append(query)
+            return await real(query, params, **kw)
+
+        conn.execute = counting  # type: ignore[method-assign]
+        assert await ledger.reserve(conn, "b", Decimal("0.5"))
+        opened = {"batch": "b", "job": 7, "key": "k", "model": "m", "provider": "p", "i": 100,
+                  "w": Decimal("0.5")}  # fmt: skip
+        call = await ledger.open_call(conn, opened)
+        sent.clear()
+        assert await ledger.close(conn, call, "call", i=90, o=10, cost=Decimal("0.25"))
+        await ledger.record(conn, {"batch": "b", "job": 8, "key": "k", "kind": "cache",
+                                   "model": "m", "provider": "p", "i": 0, "o": 0,
+                                   "cost": None})  # fmt: skip
+        assert len(sent) == 2
+        assert not await ledger.close(conn, call, "call", i=90, o=10, cost=Decimal("0.25"))
+    totals = await store.totals("b")
+    assert (totals["call"]["n"], totals["call"]["input_tokens"], totals["call"]["cost"]) == (
+        1, 90, 0.25)  # fmt: skip
+    assert totals["cache"]["n"] == 1
+    assert (await store.totals())["cache"]["saved"] == 0.25  # the key's one call
+    ((spent, reserved),) = await store.execute(
+        "SELECT spent, reserved FROM herd_eval_batches WHERE batch = 'b'"
+    )
+    assert (spent, reserved) == (Decimal("0.25"), 0)

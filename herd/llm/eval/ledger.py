@@ -38,70 +38,17 @@ Q = named("herd.llm.eval")
 CACHE_FIELDS = {"ci": 0, "cw": 0, "ps": None}  # a row's prompt-cache figures when it has none
 
 
-def _estimate(cost: Decimal | None, jobs: int) -> Decimal | None:
-    return cost / jobs if cost is not None and jobs else None
-
-
 def _exact(row: dict[str, Any]) -> dict[str, Any]:
     return {**CACHE_FIELDS, **row, "cost": money(row.get("cost")),
             "ps": money(row.get("ps"))}  # fmt: skip
 
 
 async def record(conn: AsyncConnection[Any], row: dict[str, Any]) -> None:
-    """Insert one closed ledger row (keys of ledger_insert; the prompt-cache ones may be
-    left out) and bring the summary up to date, in one transaction on ``conn``."""
-    row = _exact(row)
-    async with conn.transaction():
-        await _summarize(conn, row)
-        await conn.execute(Q["ledger_insert"], row)
-
-
-async def _summarize(conn: AsyncConnection[Any], row: dict[str, Any]) -> None:
-    """Count a row that is being closed (or written closed) in the summaries; in the
-    caller's transaction, before the row itself reads as closed. Kinds go in a fixed
-    order: every transaction locks its key's row, then its batch's, then the totals in
-    KINDS order, so concurrent inserts queue and never deadlock."""
-    kind, cost = row["kind"], row["cost"]
-    totals: dict[str, list[Any]] = {
-        kind: [1, row["i"], row["o"], cost, None, row["ci"], row["cw"], row["ps"]]
-    }
-    if kind in ("call", *AVOIDED):
-        cur = await conn.execute(Q["ledger_key"], row)  # locks the key's row until commit
-        fetched = await cur.fetchone()
-        assert fetched is not None
-        key_cost, jobs, *avoided = fetched
-        before = _estimate(key_cost, jobs)
-        if kind == "call":
-            cur = await conn.execute(Q["ledger_new_job"], row)
-            new_job = (await cur.fetchone() or (False,))[0]
-            if cost is not None:
-                key_cost = cost if key_cost is None else key_cost + cost
-            jobs += 1 if new_job else 0
-            after = _estimate(key_cost, jobs)
-            if after is not None:
-                for other, n in zip(AVOIDED, avoided, strict=True):
-                    if n and after != before:
-                        revalued = n * (after - (before or Decimal(0)))
-                        totals[other] = [0, 0, 0, None, revalued, 0, 0, None]
-            await conn.execute(
-                Q["ledger_key_cost"], {"cost": key_cost, "jobs": jobs, "key": row["key"]}
-            )
-        else:
-            totals[kind][4] = before
-            await conn.execute(Q["ledger_key_avoided"], {"kind": kind, "key": row["key"]})
-    if row["batch"] is not None:
-        await conn.execute(Q["ledger_add_batch"], row)
-        if kind in PAID and row.get("kid"):  # which key of a pool paid (its id)
-            await conn.execute(Q["ledger_add_batch_key"], row)
-    kinds = [k for k in KINDS if k in totals]
-    columns = [list(c) for c in zip(*(totals[k] for k in kinds), strict=True)]
-    await conn.execute(
-        Q["ledger_add_totals"],
-        {
-            "kinds": kinds,
-            **dict(zip(("n", "i", "o", "cost", "saved", "ci", "cw", "ps"), columns, strict=True)),
-        },
-    )
+    """Insert one closed ledger row (keys of ledger_record; the prompt-cache ones may be
+    left out) and bring the summary up to date, in one statement on ``conn`` (the key's
+    row, the batch's, then the totals in kind order, herd_ledger_count: concurrent
+    writers queue and never deadlock)."""
+    await conn.execute(Q["ledger_record"], _exact(row))
 
 
 async def reserve(conn: AsyncConnection[Any], batch: str, worst: Decimal | None) -> bool | None:
@@ -140,36 +87,18 @@ async def close(
     estimate it was opened with; ``cached``/``written``: its input tokens read from and
     written to the provider's prompt cache, ``provider_saved`` what that saved), count
     it in the summaries and release its reservation into the batch's spent, in one
-    transaction. ``kind`` None: the request never left, the row goes and nothing is
-    counted. False when the row was closed already (another worker took it over as cut
-    short).
+    statement (herd_ledger_close). ``kind`` None: the request never left, the row goes
+    and nothing is counted. False when the row was closed already (another worker took
+    it over as cut short).
 
     A call that may have been billed without its usage coming back (cut short, lost,
     failed after sending) is charged its reservation: the provider bills the output it
     generated after the client left, and a budget must hold for it."""
-    async with conn.transaction():
-        cur = await conn.execute(Q["ledger_lock_open"], {"id": call_id})
-        found = await cur.fetchone()
-        if found is None:
-            return False
-        batch, job, key, model, provider, estimate, reserved, kid = found
-        if kind is None:
-            await conn.execute(Q["ledger_not_sent"], {"id": call_id})
-            await conn.execute(Q["ledger_spend"], {"batch": batch, "cost": None, "w": reserved})
-            return True
-        if kind in ESTIMATED and reserved is not None:
-            cost = reserved  # the worst case it reserved: what it may have cost
-        row = _exact({"id": call_id, "batch": batch, "job": job, "key": key, "kind": kind,
-                      "model": model, "provider": provider, "i": estimate if i is None else i,
-                      "o": o, "cost": cost, "ci": cached, "cw": written,
-                      "ps": provider_saved, "kid": kid})  # fmt: skip
-        await _summarize(conn, row)
-        await conn.execute(Q["ledger_close"], row)
-        if batch is not None:
-            await conn.execute(
-                Q["ledger_spend"], {"batch": batch, "cost": row["cost"], "w": reserved}
-            )
-        return True
+    row = _exact({"id": call_id, "kind": kind, "i": i, "o": o, "cost": cost, "ci": cached,
+                  "cw": written, "ps": provider_saved})  # fmt: skip
+    cur = await conn.execute(Q["ledger_close"], row)
+    found = await cur.fetchone()
+    return bool(found and found[0])
 
 
 # Calls whose usage never came back: charged at their reservation (the worst case).

@@ -269,50 +269,14 @@ UPDATE herd_eval_items SET status = 'done', source = 'batch',
  WHERE job_id = %(job)s AND key = %(key)s AND status <> 'done';
 
 -- The cost ledger (herd.llm.eval.ledger): a row per call made or avoided, and its
--- summaries kept in the same transaction.
+-- summaries kept in the same statement (the functions of herd/llm/sql/3022).
 
--- name: ledger_key
-INSERT INTO herd_eval_keys (key) VALUES (%(key)s)
-ON CONFLICT (key) DO UPDATE SET last_at = now()
-RETURNING cost, jobs, cache, singleflight, dedup;
+-- name: ledger_record
+SELECT herd_ledger_record(%(batch)s, %(job)s, %(key)s, %(kind)s, %(model)s, %(provider)s, %(i)s,
+                          %(o)s, %(cost)s, %(ci)s, %(cw)s, %(ps)s);
 
--- name: ledger_new_job
-SELECT NOT EXISTS (SELECT 1 FROM herd_eval_ledger
-                    WHERE key = %(key)s AND kind = 'call' AND state = 'closed'
-                      AND coalesce(job_id, 0) = coalesce(%(job)s::bigint, 0));
-
--- name: ledger_insert
-INSERT INTO herd_eval_ledger (batch, job_id, key, kind, model, provider, input_tokens,
-                              output_tokens, cost, cached_input_tokens, cache_write_tokens,
-                              provider_saved)
-VALUES (%(batch)s, %(job)s, %(key)s, %(kind)s, %(model)s, %(provider)s, %(i)s, %(o)s, %(cost)s,
-        %(ci)s, %(cw)s, %(ps)s);
-
--- name: ledger_add_totals
-INSERT INTO herd_eval_ledger_totals AS t (kind, n, input_tokens, output_tokens, cost, saved,
-                                          cached_input_tokens, cache_write_tokens,
-                                          provider_saved)
-SELECT * FROM unnest(%(kinds)s::text[], %(n)s::bigint[], %(i)s::bigint[], %(o)s::bigint[],
-                     %(cost)s::numeric[], %(saved)s::numeric[], %(ci)s::bigint[],
-                     %(cw)s::bigint[], %(ps)s::numeric[])
-ON CONFLICT (kind) DO UPDATE
-   SET n = t.n + excluded.n, input_tokens = t.input_tokens + excluded.input_tokens,
-       output_tokens = t.output_tokens + excluded.output_tokens,
-       cost = CASE WHEN excluded.cost IS NULL THEN t.cost ELSE coalesce(t.cost, 0) + excluded.cost END, saved = CASE WHEN excluded.saved IS NULL THEN t.saved ELSE coalesce(t.saved, 0) + excluded.saved END,
-       cached_input_tokens = t.cached_input_tokens + excluded.cached_input_tokens,
-       cache_write_tokens = t.cache_write_tokens + excluded.cache_write_tokens, provider_saved = CASE WHEN excluded.provider_saved IS NULL THEN t.provider_saved ELSE coalesce(t.provider_saved, 0) + excluded.provider_saved END;
-
--- name: ledger_add_batch
-INSERT INTO herd_eval_batch_totals AS t (batch, kind, n, input_tokens, output_tokens, cost,
-                                         cached_input_tokens, cache_write_tokens,
-                                         provider_saved)
-VALUES (%(batch)s, %(kind)s, 1, %(i)s, %(o)s, %(cost)s, %(ci)s, %(cw)s, %(ps)s)
-ON CONFLICT (batch, kind) DO UPDATE
-   SET n = t.n + 1, input_tokens = t.input_tokens + excluded.input_tokens,
-       output_tokens = t.output_tokens + excluded.output_tokens,
-       cost = CASE WHEN excluded.cost IS NULL THEN t.cost ELSE coalesce(t.cost, 0) + excluded.cost END, cached_input_tokens = t.cached_input_tokens + excluded.cached_input_tokens,
-       cache_write_tokens = t.cache_write_tokens + excluded.cache_write_tokens,
-       provider_saved = CASE WHEN excluded.provider_saved IS NULL THEN t.provider_saved ELSE coalesce(t.provider_saved, 0) + excluded.provider_saved END, updated_at = now();
+-- name: ledger_close
+SELECT herd_ledger_close(%(id)s, %(kind)s, %(i)s, %(o)s, %(cost)s, %(ci)s, %(cw)s, %(ps)s);
 
 -- name: ledger_reserve
 UPDATE herd_eval_batches SET reserved = reserved + %(w)s, updated_at = now()
@@ -328,36 +292,8 @@ VALUES (%(batch)s, %(job)s, %(key)s, 'call', %(model)s, %(provider)s, %(i)s, 'op
         %(kid)s)
 RETURNING id;
 
--- name: ledger_lock_open
-SELECT batch, job_id, key, model, provider, input_tokens, reserved, key_id
-  FROM herd_eval_ledger WHERE id = %(id)s AND state = 'open' FOR UPDATE;
-
--- name: ledger_add_batch_key
-INSERT INTO herd_eval_batch_keys AS t (batch, key_id, n, cost)
-VALUES (%(batch)s, %(kid)s, 1, %(cost)s)
-ON CONFLICT (batch, key_id) DO UPDATE
-   SET n = t.n + 1,
-       cost = CASE WHEN excluded.cost IS NULL THEN t.cost
-                   ELSE coalesce(t.cost, 0) + excluded.cost END,
-       updated_at = now();
-
 -- name: batch_keys
 SELECT key_id, n, cost FROM herd_eval_batch_keys WHERE batch = %(b)s ORDER BY key_id;
-
--- name: ledger_close
-UPDATE herd_eval_ledger SET state = 'closed', kind = %(kind)s, input_tokens = %(i)s,
-       output_tokens = %(o)s, cost = %(cost)s, cached_input_tokens = %(ci)s,
-       cache_write_tokens = %(cw)s, provider_saved = %(ps)s
- WHERE id = %(id)s;
-
--- name: ledger_not_sent
-DELETE FROM herd_eval_ledger WHERE id = %(id)s;
-
--- name: ledger_spend
-UPDATE herd_eval_batches
-   SET spent = spent + coalesce(%(cost)s, 0),
-       reserved = greatest(0, reserved - coalesce(%(w)s, 0)), updated_at = now()
- WHERE batch = %(batch)s;
 
 -- name: ledger_open_of_job
 SELECT id FROM herd_eval_ledger WHERE job_id = %(job)s AND state = 'open' ORDER BY id;
@@ -465,16 +401,6 @@ DELETE FROM herd_eval_batches WHERE batch IN (
      WHERE updated_at < now() - make_interval(secs => %(keep)s)
        AND NOT EXISTS (SELECT 1 FROM herd_eval_items i WHERE i.batch = b.batch)
      ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED);
-
--- name: ledger_key_cost
-UPDATE herd_eval_keys SET cost = %(cost)s, jobs = %(jobs)s WHERE key = %(key)s;
-
--- name: ledger_key_avoided
-UPDATE herd_eval_keys
-   SET cache = cache + (%(kind)s = 'cache')::int,
-       singleflight = singleflight + (%(kind)s = 'singleflight')::int,
-       dedup = dedup + (%(kind)s = 'dedup')::int
- WHERE key = %(key)s;
 
 -- name: items_on_jobs
 -- The batch's items (all batches: NULL) waiting on these jobs: the running ones.
