@@ -27,7 +27,7 @@ from herd.api.security import CALLER_KEY
 from herd.cache.keys import normalize_document
 from herd.errors import InvalidInput
 from herd.llm import eval as evals
-from herd.llm.eval import pipeline, plan, results
+from herd.llm.eval import control, pipeline, plan, results
 from herd.llm.eval.pipeplan import plan_pipeline_texts
 from herd.llm.eval.pipesubmit import submit_pipeline_texts
 
@@ -183,6 +183,4 @@ async def cancel_batch(
 
 async def _own(app: HerdApp, batch: str, caller: evals.Caller) -> None:
     """A batch's status and answers are its owner's (and the admin's) to read."""
-    from herd.llm.eval import control
-
     await control.check_owner(await evals.EvalRuntime.of(app), batch, caller)

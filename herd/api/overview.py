@@ -26,8 +26,11 @@ from herd.api.models import (
 )
 from herd.app import App
 from herd.errors import HerdError
+from herd.llm.eval import EvalRuntime, batch_status
+from herd.llm.eval.ledger import ESTIMATED, PAID
 from herd.queue.base import JobStatus, QueueStats, RunningJob
 from herd.schedule import ops as schedule_ops
+from herd.semantic.runtime import backend_stats
 
 T = TypeVar("T")
 # name or namespace -> figures: counters (hits, misses, entries …) and maybe more (rates,
@@ -36,14 +39,10 @@ CacheStats = dict[str, dict[str, Any]]
 
 
 async def _exact_cache(app: App) -> CacheStats:
-    from herd.llm.eval import EvalRuntime
-
     return await (await EvalRuntime.of(app)).cache.store.stats()
 
 
 async def _semantic_cache(app: App) -> CacheStats:
-    from herd.semantic.runtime import backend_stats
-
     return await backend_stats(app)
 
 
@@ -93,8 +92,6 @@ async def ledger(app: App) -> list[LedgerRow]:
     poll, and the totals outlive the rows purged after HERD_LEDGER_TTL. Money saved is
     estimated per key: a call avoided would have cost what one computation of its key
     cost."""
-    from herd.llm.eval import EvalRuntime
-
     found = await (await EvalRuntime.of(app)).store.totals()
     return [
         LedgerRow(
@@ -117,8 +114,6 @@ async def ledger(app: App) -> list[LedgerRow]:
 async def limits(app: App) -> list[LimitOut]:
     """Each fleet-wide provider limit with its use, waits and 429s: one read of the
     limits' own rows or keys, O(limits) on every poll."""
-    from herd.llm.eval import EvalRuntime
-
     limiter = (await EvalRuntime.of(app)).limiter
     if limiter is None:
         return []
@@ -146,8 +141,6 @@ async def batches(app: App, limit: int = BATCHES_SHOWN) -> list[BatchCardOut]:
     rows are read through their index; the items only of batches with work queued or
     running (an idle batch's card is kept until its row changes), so a poll costs
     O(active work), not O(documents ever evaluated)."""
-    from herd.llm.eval import EvalRuntime
-
     rt = await EvalRuntime.of(app)
     kept = _idle.setdefault(app, {})
     now = time.monotonic()
@@ -171,9 +164,6 @@ async def batches(app: App, limit: int = BATCHES_SHOWN) -> list[BatchCardOut]:
 async def batch_card(app: App, batch: str) -> BatchCardOut:
     """One batch's card: its status, with its cost by model where the ledger's rows
     are all there (by ledger kind otherwise)."""
-    from herd.llm.eval import EvalRuntime, batch_status
-    from herd.llm.eval.ledger import ESTIMATED, PAID
-
     st = await batch_status(app, batch)
     rt = await EvalRuntime.of(app)
     models = await rt.store.model_costs(batch)

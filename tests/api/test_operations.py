@@ -155,8 +155,8 @@ async def test_caches_that_cannot_be_read_are_problems_not_an_outage(clean_pg, h
 async def test_overview_cards_read_no_items_of_an_idle_batch(client, pg_app, monkeypatch):
     """A poll reads the items of batches with work queued or running only: a finished or
     parked batch's card is kept until its row changes (a later submission, a park)."""
-    import herd.llm.eval as evals
-    from herd.llm.eval import EvalSpec, submit_texts
+    from herd.api import overview
+    from herd.llm.eval import BatchStatus, EvalSpec, submit_texts
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # checked at submit; no call is made
     spec = EvalSpec(model="sim-small", system="Grade it.", schema={"type": "object"})
@@ -166,13 +166,13 @@ async def test_overview_cards_read_no_items_of_an_idle_batch(client, pg_app, mon
         assert await pg_app.broker.complete_if_leased([done]) == [True]
     await submit_texts(pg_app, spec, {"c.txt": "C."}, batch="active-1")
     read: list[str] = []
-    status = evals.batch_status
+    status = overview.batch_status
 
-    async def counting(app: App, batch: str | None) -> evals.BatchStatus:
+    async def counting(app: App, batch: str | None) -> BatchStatus:
         read.append(str(batch))
         return await status(app, batch)
 
-    monkeypatch.setattr(evals, "batch_status", counting)
+    monkeypatch.setattr(overview, "batch_status", counting)
     cards = {c["batch"]: c for c in (await client.get("/overview")).json()["batches"]}
     assert list(cards) == ["active-1", "finished-1"] and read == ["active-1", "finished-1"]
     assert (cards["finished-1"]["done"], cards["finished-1"]["documents"]) == (2, 2)

@@ -29,6 +29,7 @@ from typing import Any, Protocol, Self, runtime_checkable
 import httpx
 
 from herd.errors import ConfigError, InvalidInput
+from herd.limits.base import key_id as limits_key_id
 from herd.limits.base import pause_seconds
 from herd.llm.completion import Completion, RateLimitInfo, Timeouts, Usage
 from herd.llm.errors import (
@@ -228,9 +229,7 @@ class HTTPProvider(ABC):
     def key_id(self) -> str:
         """The API key's id (a hash prefix, never the key): the account a fleet-wide
         provider limit counts against."""
-        from herd.limits.base import key_id
-
-        return key_id(self._api_key)
+        return limits_key_id(self._api_key)
 
     async def __aenter__(self) -> Self:
         return self
