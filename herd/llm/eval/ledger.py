@@ -30,9 +30,8 @@ from psycopg import AsyncConnection
 from herd.db.queries import named
 from herd.llm.eval.money import money
 
-AVOIDED = ("cache", "singleflight", "dedup")
-PAID = ("call", "lost", "failed", "cut_short")  # calls that reached the provider
-KINDS = (*PAID, *AVOIDED)
+# Calls that reached the provider (herd_ledger_count, migration 3022, names them too).
+PAID = ("call", "lost", "failed", "cut_short")
 
 Q = named("herd.llm.eval")
 CACHE_FIELDS = {"ci": 0, "cw": 0, "ps": None}  # a row's prompt-cache figures when it has none
