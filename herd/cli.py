@@ -1,7 +1,8 @@
 """The `herd` command. Results go to stdout, logs and progress to stderr.
 
 Exit codes: 0 success, 1 the work failed (what failed is named on stderr), 2 a usage
-error; `herd eval submit --wait` and `herd eval wait` add 3 (parked) and 130.
+error; `herd eval submit --wait` and `herd eval wait` add 3 (parked) and 130;
+141 when the reader of stdout closed it early (`| head`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ _STATUSES = ", ".join(s.value for s in JobStatus)
 EXIT_CODES = (
     "Exit codes: 0 success; 1 the work failed, or part of it (what failed is named on"
     " stderr); 2 a usage error (nothing was done). `herd eval submit --wait` and"
-    " `herd eval wait` add 3 (the batch is parked) and 130 (interrupted)."
+    " `herd eval wait` add 3 (the batch is parked) and 130 (interrupted). 141: the"
+    " reader of stdout closed it early (`| head`), as for a process SIGPIPE ended."
 )
 
 cli = typer.Typer(

@@ -12,11 +12,12 @@ import dataclasses
 import enum
 import json
 import logging
+import os
 import sys
 import textwrap
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -30,9 +31,28 @@ from herd.masking import MaskingFilter, mask
 
 T = TypeVar("T")
 
+# A reader that closed stdout early (`herd eval results | head`) ends the command
+# quietly with the status a shell gives a process killed by SIGPIPE, as git and the
+# coreutils end: not 1, which says the work failed. The signal itself stays ignored
+# (Python's default), so a closed socket to the store is an error, never a death.
+READER_GONE = 141
+
+
+def reader_gone() -> NoReturn:
+    # What is still buffered for stdout goes nowhere, not into an exit-time traceback.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    raise SystemExit(READER_GONE)
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:  # rich's own exits 1
+        self.quiet = True
+        reader_gone()
+
+
 # No markup: everything printed is data (payloads, errors, verse texts with [brackets]).
-out = Console(markup=False, highlight=False)
-err = Console(stderr=True, markup=False, highlight=False)
+out = _Console(markup=False, highlight=False)
+err = _Console(stderr=True, markup=False, highlight=False)
 
 
 @dataclasses.dataclass
@@ -55,6 +75,13 @@ class Group(TyperGroup):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _plain(self)
+
+    def invoke(self, ctx: Any) -> Any:
+        # Typer turns a broken pipe met here into exit 1, the work's failure.
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            reader_gone()
 
     def main(
         self,

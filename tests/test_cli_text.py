@@ -102,8 +102,40 @@ def test_every_option_has_a_long_form_and_help():
 def test_the_exit_codes_are_listed_in_the_help():
     text = _invoke("--help").stdout
     assert "Exit codes: 0 success; 1 the work failed" in " ".join(text.split())
+    assert "141: the reader of stdout closed it early" in " ".join(text.split())
     submit = " ".join(_invoke("eval", "submit", "--help").stdout.split())
     assert "Exit codes: 0 every document answered" in submit
+
+
+# A command that prints far more than a pipe holds, through either writer herd uses.
+_TALKER = """
+import sys, typer
+from herd.console import Group, out, print_json
+cli = typer.Typer(cls=Group)
+@cli.command()
+def talk(how: str) -> None:
+    for i in range(200_000):
+        out.print(f"line {i}") if how == "rich" else print_json({"line": i})
+@cli.command()
+def other() -> None: ...
+cli()
+"""
+
+
+@pytest.mark.parametrize("how", ["rich", "json"])
+def test_a_reader_that_closes_stdout_early_ends_the_command_quietly_with_141(how):
+    # `herd eval results | head`: not exit 1 (the work failed), no traceback.
+    p = subprocess.Popen(
+        [sys.executable, "-c", _TALKER, "talk", how],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    assert p.stdout is not None and p.stderr is not None
+    assert p.stdout.readline().startswith((b"line 0", b'{"line": 0}'))
+    p.stdout.close()
+    assert p.wait(timeout=60) == 141
+    assert p.stderr.read() == b""
 
 
 @pytest.mark.parametrize(
