@@ -21,6 +21,9 @@ from tests.llm.test_pipeline import NOTE, PIPE_TABLES, SUMMARY, manual
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = 6
+# Documents long enough that each one's reduce runs in more than one round: fewer of
+# them, since each map piece is a call of a few tenths of a second.
+ROUND_DOCS = 3
 
 PIPE = {
     "stages": [
@@ -113,7 +116,7 @@ async def test_a_worker_killed_mid_round_leaves_one_final_reduce_per_document(
     """The reduce's model has a small context: each document's reduce runs in rounds,
     and a worker is killed while it holds a reduce of a round."""
     sim.configure(latency=[0.3, 0.6])
-    texts = {f"doc{d}.md": manual(f"Unit {d}", 20 + d) for d in range(DOCS)}
+    texts = {f"doc{d}.md": manual(f"Unit {d}", 12 + d) for d in range(ROUND_DOCS)}
     await submit_pipeline_texts(producer, from_json({**PIPE, "context": {"sim-reduce": 256}}),
                                 texts, batch="rounds")  # fmt: skip
     settings = producer.settings
@@ -140,18 +143,18 @@ async def test_a_worker_killed_mid_round_leaves_one_final_reduce_per_document(
 
         async def all_done() -> bool:
             done = "SELECT count(*) FROM herd_eval_items WHERE batch = 'rounds' AND status = 'done'"
-            return rows(done)[0][0] == DOCS
+            return rows(done)[0][0] == ROUND_DOCS
 
         await wait_until(all_done, 120, what="every document answered")
     # Per document: more than one round, and its last round is one piece.
     last = rows("SELECT path, max(round), count(*) FILTER (WHERE round = 1) FROM"
                 " herd_eval_pieces WHERE stage = 'summary' GROUP BY path")  # fmt: skip
-    assert len(last) == DOCS and all(r > 1 and firsts > 1 for _, r, firsts in last)
+    assert len(last) == ROUND_DOCS and all(r > 1 and firsts > 1 for _, r, firsts in last)
     finals = rows("SELECT p.path, count(*) FROM herd_eval_pieces p JOIN (SELECT path,"
                   " max(round) AS r FROM herd_eval_pieces WHERE stage = 'summary' GROUP BY"
                   " path) m ON m.path = p.path AND p.round = m.r WHERE p.stage = 'summary'"
                   " GROUP BY p.path")  # fmt: skip
-    assert sorted(n for _, n in finals) == [1] * DOCS
+    assert sorted(n for _, n in finals) == [1] * ROUND_DOCS
     # Every round counted down to zero, every reduce piece answered; calls beyond one
     # per reduce piece are the killed ones only.
     (pieces,) = rows("SELECT count(*) FROM herd_eval_pieces WHERE stage = 'summary'"
