@@ -15,12 +15,13 @@ import logging
 import os
 import sys
 import textwrap
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.segment import Segment
 from rich.text import Text
 from typer.core import TyperArgument, TyperGroup, TyperOption
 
@@ -48,6 +49,16 @@ class _Console(Console):
     def on_broken_pipe(self) -> None:  # rich's own exits 1
         self.quiet = True
         reader_gone()
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        text = super()._render_buffer(buffer)
+        if self.is_terminal:
+            return text
+        # Rich pads a table's every line to the width: in a file or a pipe those are
+        # trailing blanks a reader's diff, grep or editor trips over. A last line not
+        # ended yet (print(..., end="")) keeps its blanks: more may follow on it.
+        *ended, rest = text.split("\n")
+        return "".join(line.rstrip(" ") + "\n" for line in ended) + rest
 
 
 # No markup: everything printed is data (payloads, errors, verse texts with [brackets]).

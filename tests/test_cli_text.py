@@ -209,6 +209,8 @@ def _check_output(text: str, what: str) -> None:
     assert not _wide(text), (what, _wide(text))
     assert not REPR.search(text), (what, REPR.search(text), text)
     assert "┃" not in text, (what, text)  # a box costs a third of the width
+    padded = [line for line in text.splitlines() if line.endswith(" ")]
+    assert not padded, (what, padded)  # a table's padding is not data
 
 
 def test_listings_at_80_columns_fold_the_error_and_show_no_reprs(clean_pg):
