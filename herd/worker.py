@@ -584,11 +584,14 @@ class Worker:
                 tick = min((r.lease.lease_seconds for r in running), default=1.0) / 3
                 now = time.monotonic()
                 if pending is None:
-                    leases = [r.lease for r in running]
+                    # A lease given up as lost is never renewed again: a renewal that
+                    # still lands (the store's answers were lost, not its statements)
+                    # would keep the job from every other worker while the task ends.
+                    leases = [r.lease for r in running if not r.lost]
                     task = asyncio.ensure_future(self.app.broker.renew_if_leased(leases))
                     pending = (task, now, {lease.job_id for lease in leases})
                 renewal, sent, covered = pending
-                until = min([now + tick, *(r.deadline for r in running)])
+                until = min([now + tick, *(r.deadline for r in running if not r.lost)])
                 await asyncio.wait({renewal}, timeout=max(0.05, until - now))
                 renewed: dict[int, Any] | None = None
                 answered = renewal.done()
@@ -603,6 +606,12 @@ class Worker:
                 now = time.monotonic()
                 for r in running:
                     if r.task is None or r.task.done():
+                        continue
+                    if r.lost and not r.writing:
+                        # Cancelled again each tick until it ends: on Python 3.11 a
+                        # cancellation can be dropped (herd.aio.stop), and a task that
+                        # went on would make its model calls on a lease it lost.
+                        r.task.cancel()
                         continue
                     mine = r.lease.job_id in covered
                     if renewed is not None and mine and r.lease.job_id in renewed:
@@ -638,7 +647,9 @@ class Worker:
             assert r.task is not None
             r.task.cancel()
         if left:
-            await asyncio.gather(*(r.task for r in left if r.task), return_exceptions=True)
+            # Cancelled until they end (herd.aio.stop): a dropped cancellation would
+            # hold the shutdown for as long as the task's model call runs.
+            await aio.stop(*(r.task for r in left))
             try:
                 released = await self.app.broker.release_if_leased([r.lease for r in left])
                 log.warning(

@@ -72,17 +72,19 @@ async def test_lost_lease_cancels_the_task_and_writes_nothing(app, clean_pg):
         return "worker result"
 
     r = await app.enqueue("long")
-    # One slot, busy with the job: the worker cannot claim the job back itself between
-    # the expiry below and the thief's claim (it raced the thief with free slots).
     worker, run = start(app, concurrency=1)
     await asyncio.wait_for(started.wait(), 10)
-    # Another worker takes the job over (as after a network partition).
+    # Another worker takes the job over (as after a network partition). Its lease runs
+    # out in a queue this worker does not serve: once its task is cancelled, its free
+    # slot cannot claim the job back before the thief does (it did under load).
     with psycopg.connect(clean_pg, autocommit=True) as conn:
-        conn.execute("UPDATE herd_jobs SET lease_expires_at = now() - interval '1 second'")
+        conn.execute(
+            "UPDATE herd_jobs SET lease_expires_at = now() - interval '1 second', queue = 'stolen'"
+        )
     thief = PostgresBroker(clean_pg)
     await thief.open()
     try:
-        (lease,) = await thief.claim(["default"], "thief", 1)
+        (lease,) = await thief.claim(["stolen"], "thief", 1)
         await asyncio.wait_for(cancelled.wait(), 10)
         from herd.queue.base import Completion
 
@@ -329,8 +331,11 @@ class RenewsWhileWriting:
         pass
 
     async def renew_if_leased(self, leases):
+        # Only a renewal sent after the write counts: one sent before it may be answered
+        # after it (a slow store, a loaded machine), with the job still renewed.
+        after = self.written.is_set()
         renewed = await self.inner.renew_if_leased(leases)
-        if self.written.is_set():
+        if after:
             self.refused_after_write += [x.job_id for x in leases if x.job_id not in renewed]
             self.renewed_after_write.set()
         return renewed
