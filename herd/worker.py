@@ -644,11 +644,10 @@ class Worker:
         for r in left:
             r.releasing = True
             r.ctx.cancelled.set()
-            assert r.task is not None
-            r.task.cancel()
         if left:
-            # Cancelled until they end (herd.aio.stop): a dropped cancellation would
-            # hold the shutdown for as long as the task's model call runs.
+            # Cancelled until they end (herd.aio.stop cancels them, and again while one
+            # runs on): a dropped cancellation would hold the shutdown for as long as
+            # the task's model call runs.
             await aio.stop(*(r.task for r in left))
             try:
                 released = await self.app.broker.release_if_leased([r.lease for r in left])
