@@ -4,13 +4,15 @@ a succeeded job's hash after the same ``finished_ttl``)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 
 import psycopg
+from psycopg import sql
 
 from herd import App, Worker
 from herd.queue.base import Completion, Failure, JobStatus, NewJob
-from herd.queue.postgres import PostgresBroker
+from herd.queue.postgres import PostgresBroker, _claim_statement
 from tests.helpers import eventually
 
 
@@ -338,7 +340,8 @@ async def test_a_drain_writes_each_result_in_the_statement_of_a_claim(clean_pg, 
         jobs = await broker.get_jobs(ids)
     assert stats.succeeded == 200 and {j.result for j in jobs} == set(range(200))
     alone = [q for q in sent if q == broker._q["complete"]]
-    with_claims = [q for q in sent if q == broker._q["complete_and_claim"]]
+    claims = {text for name, text in broker._q.items() if name.startswith("complete_and_claim@")}
+    with_claims = [q for q in sent if isinstance(q, str) and q in claims]
     assert alone == [] and with_claims
 
 
@@ -354,9 +357,9 @@ async def test_a_claim_reads_a_few_rows_whatever_the_keyed_backlog(clean_pg):
             # statistics the claim's plan reads too (with herd_key_counts left to
             # autovacuum's timing, a run read 260 rows).
             conn.execute("ANALYZE herd_jobs, herd_key_counts")
-            params = {"queue": "default", "owner": "w", "live": None, "limit": 5}
-            sql = "EXPLAIN (ANALYZE, FORMAT JSON) " + broker._q["claim"]
-            ((plan,),) = conn.execute(sql, params).fetchall()
+            # The plan the broker's claim runs on: the generic one (see the next test).
+            plan = _generic_plan(conn, broker._q[_claim_statement(broker._q, "claim", 5)],
+                                 {"queue": "default", "owner": "w", "live": None})  # fmt: skip
         # The jobs without a key are found along their own index, not past the 2,000
         # keyed ones: a few jobs of each of the 20 keys, 5 free jobs, the 5 taken (260
         # rows read with both tables analysed, 80 with herd_key_counts never analysed,
@@ -365,6 +368,69 @@ async def test_a_claim_reads_a_few_rows_whatever_the_keyed_backlog(clean_pg):
         assert _rows_read(plan[0]["Plan"], "herd_jobs") <= 300
     finally:
         await broker.close()
+
+
+async def test_a_claim_is_planned_once_per_connection_not_on_every_claim(clean_pg):
+    """With its limit a parameter, PostgreSQL planned the claim anew on every call (a
+    generic plan reads ``LIMIT $1`` as a tenth of the table): half a millisecond of a
+    claim's 0.8, an empty one's too. The broker's text carries the limit, and after
+    the first few calls the server keeps one plan."""
+    broker = PostgresBroker(clean_pg)
+    await broker.open()
+    try:
+        # A backlog of some size: on a few dozen rows either plan costs the same.
+        keyed = [NewJob("t", {}, concurrency_key=f"k{i % 3}", max_running_per_key=1)
+                 for i in range(3000)]  # fmt: skip
+        await broker.enqueue(keyed + [NewJob("t", {}) for _ in range(3000)])
+        sql = broker._q[_claim_statement(broker._q, "claim", 2)]
+        with psycopg.connect(clean_pg, autocommit=True) as conn:
+            conn.execute("ANALYZE herd_jobs, herd_key_counts")
+            for _ in range(20):  # psycopg prepares a statement on its 5th run
+                conn.execute(sql, {"queue": "default", "owner": "w", "live": None})
+            ((generic, custom),) = conn.execute(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                " WHERE statement LIKE 'WITH ready AS%%'"
+            ).fetchall()
+        assert generic >= 10 and custom <= 5, (generic, custom)
+    finally:
+        await broker.close()
+
+
+async def test_a_claim_on_a_large_backlog_reads_a_few_rows_on_its_generic_plan(clean_pg):
+    """The generic plan knows no queue: with 20,000 ready jobs in one queue and a few in
+    another, a claim of either walks its index, never the backlog (a sort of every
+    ready job would be O(backlog) on every claim)."""
+    broker = PostgresBroker(clean_pg)
+    await broker.open()
+    try:
+        for start in range(0, 20_000, 5_000):
+            await broker.enqueue([NewJob("t", {}, queue="big") for _ in range(5_000)])
+        await broker.enqueue([NewJob("t", {}, queue="small") for _ in range(5)])
+        with psycopg.connect(clean_pg, autocommit=True) as conn:
+            conn.execute("ANALYZE herd_jobs, herd_key_counts")
+            sql = broker._q[_claim_statement(broker._q, "claim", 5)]
+            for queue in ("big", "small"):
+                plan = _generic_plan(conn, sql, {"queue": queue, "owner": "w", "live": None})
+                assert _rows_read(plan[0]["Plan"], "herd_jobs") <= 50, queue
+    finally:
+        await broker.close()
+
+
+def _generic_plan(conn: psycopg.Connection, statement: str, params: dict) -> list:
+    """EXPLAIN ANALYZE of ``sql`` on the plan PostgreSQL keeps for a prepared statement
+    whatever its values (its generic plan), run with ``params``."""
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))
+    text = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", statement)
+    conn.execute(f"PREPARE herd_generic AS {text}".replace("%%", "%"))
+    try:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        args = sql.SQL(", ").join(sql.Literal(params[n]) for n in names)
+        query = sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE herd_generic({})").format(args)
+        ((plan,),) = conn.execute(query).fetchall()
+        return plan
+    finally:
+        conn.execute("RESET plan_cache_mode")
+        conn.execute("DEALLOCATE herd_generic")
 
 
 async def test_the_busiest_keys_are_read_without_ranking_every_key_with_work(clean_pg):
