@@ -78,6 +78,16 @@ def test_stats_by_key_from_the_command_line_at_80_columns(clean_pg):
     assert bad.returncode == 2 and "max-running-per-key" in bad.stderr
 
 
+def test_a_key_at_the_highest_limit_reads_as_no_limit(clean_pg):
+    # An evaluation batch's jobs carry such a key: it gives them turns, it bounds nothing.
+    r = herd("enqueue", "t", "{}", "--concurrency-key", "batch:nightly",
+             "--max-running-per-key", "1000000", url=clean_pg)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    shown = herd("jobs", "stats", "--by-key", url=clean_pg, COLUMNS="80")
+    (row,) = [line.split() for line in shown.stdout.splitlines() if "batch:nightly" in line]
+    assert row == ["default", "batch:nightly", "0", "none", "1"]
+
+
 def test_stats_by_key_says_so_when_no_key_has_work(clean_pg):
     shown = herd("jobs", "stats", "--by-key", url=clean_pg)
     assert shown.returncode == 0, shown.stderr

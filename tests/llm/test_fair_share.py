@@ -101,3 +101,33 @@ async def test_a_small_batch_behind_a_big_one_is_served_before_the_big_one_ends(
     last_small = max(i for i, b in enumerate(order) if b == "small")
     assert order.count("small") == SMALL and order.count("big") == BIG, order
     assert order[last_small:].count("big") >= 15, order
+
+
+async def test_a_small_batch_behind_a_big_ones_backlog_is_claimed_in_turns(fair_env):
+    """A worker with 2 slots and 60 documents of a big batch waiting before 6 of a small
+    one: each claim takes the batches in turn (their jobs carry the batch as a
+    concurrency key), so the small batch is answered among the first calls instead of
+    after the whole backlog, with no --priority and no slot for every job."""
+    url, _ = fair_env
+    model = f"sim-turns-{uuid.uuid4().hex[:8]}"  # no limit: only the claims' order counts
+    async with worker_app(url) as app:
+        await enqueue_documents(app, spec(model), "big", docs(BIG, "b"))
+        await enqueue_documents(app, spec(model), "small", docs(SMALL, "s"))
+        async with running(app, 2):
+
+            async def both_done() -> bool:
+                big, small = await _counts(app, "big"), await _counts(app, "small")
+                return big["done"] == BIG and small["done"] == SMALL
+
+            await eventually(both_done, timeout=60, interval=0.05)
+        assert (await _counts(app, "big"))["failed"] == 0
+    # The order the calls were made in, from the ledger (not from polls): oldest first,
+    # the small batch's calls were the last 6 of 66.
+    with psycopg.connect(url) as conn:
+        order = [b for (b,) in conn.execute(
+            "SELECT batch FROM herd_eval_ledger WHERE batch IN ('big', 'small')"
+            " AND kind = 'call' ORDER BY id"
+        )]  # fmt: skip
+    assert order.count("small") == SMALL and order.count("big") == BIG, order
+    last_small = max(i for i, b in enumerate(order) if b == "small")
+    assert last_small < 3 * SMALL, order

@@ -490,13 +490,16 @@ function renderSchedules(schedules) {
 }
 
 // A key's row: its running jobs against its limit (full: every slot taken, its waiting
-// jobs wait for one), the busiest first as the server ranks them.
+// jobs wait for one), the busiest first as the server ranks them. The highest limit
+// (herd.queue.base.MAX_RUNNING_PER_KEY) bounds nothing: an evaluation batch's key only
+// gives its jobs their turns in each claim.
+const NO_LIMIT = 1000000;
 function renderKeys(keys) {
   $("keys-card").hidden = !keys.length;
   fillTable("keys", keys.map((k) => el("tr", { "data-key": `${k.queue}/${k.key}` },
     el("td", { class: "mono" }, k.key, el("div", { class: "sub", text: k.queue })),
     el("td", { class: "n", text: fmt.int(k.running) }),
-    el("td", { class: "n muted", text: fmt.int(k.max_running) }),
+    el("td", { class: "n muted", text: k.max_running >= NO_LIMIT ? "none" : fmt.int(k.max_running) }),
     el("td", { class: "n", text: fmt.int(k.waiting) }),
     el("td", { title: k.running >= k.max_running ? "at its limit" : "" },
       bar(k.running / Math.max(1, k.max_running), k.running >= k.max_running ? "warn" : "ok")),

@@ -50,7 +50,16 @@ from herd.errors import Fatal, Retry, Snooze
 from herd.llm.completion import Usage
 from herd.llm.eval import ledger, pipebatch
 from herd.llm.eval.runtime import EvalRuntime
-from herd.llm.eval.spec import POLL_TASK, QUEUE, SUBMIT_TASK, TASK, EvalSpec, validate_answer
+from herd.llm.eval.spec import (
+    POLL_TASK,
+    QUEUE,
+    SUBMIT_TASK,
+    TASK,
+    TURNS,
+    EvalSpec,
+    turns,
+    validate_answer,
+)
 from herd.llm.eval.store import EvalStore
 from herd.llm.eval.task import fenced
 from herd.llm.pricing import Price
@@ -357,6 +366,8 @@ async def _retry(
         ],  # fmt: skip
         queue=QUEUE,
         dedup_keys=[k for k, _, _ in docs],
+        concurrency_keys=[turns(batch)] * len(docs),
+        max_running_per_key=TURNS,
     )
     return {k: r.job_id for (k, _, _), r in zip(docs, enqueued, strict=True)}
 
@@ -385,5 +396,7 @@ async def settle_late(app: App, job: Job) -> None:
             {"batch": batch, "path": path, "doc": doc, "spec": spec_hash, "key": key},
             queue=QUEUE,
             dedup_key=key,
+            concurrency_key=turns(batch),
+            max_running_per_key=TURNS,
         )
         await rt.store.execute("move_job_key", {"to": made.job_id, "job": job.id, "key": key})

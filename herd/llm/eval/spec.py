@@ -27,6 +27,7 @@ from herd.limits.base import MAX_WEIGHT
 from herd.limits.tokens import estimate_input, requested_max
 from herd.llm.params import check_params
 from herd.llm.providers import promptcache, registry
+from herd.queue.base import MAX_RUNNING_PER_KEY
 
 TASK = "herd.eval"
 QUEUE = "eval"
@@ -38,6 +39,19 @@ LIMIT_NAMES = ("rpm", "tpm", "max_concurrent")
 # A batch's weight: its part of the fleet's limits beside the other batches on them
 # (herd.limits.Share), stored with its limits; 1 when not given.
 WEIGHT = "weight"
+# A batch's jobs take turns with every other batch's in each claim: they carry their
+# batch as a concurrency key whose limit no batch reaches, so the key orders the claims
+# (herd.queue: by priority, then the keys in turn) without bounding them. Without it a
+# worker claims oldest first, and a small batch submitted behind a big one's backlog
+# waits for that backlog's slots before it can ask the limiter for its fair share.
+TURNS = MAX_RUNNING_PER_KEY
+
+
+def turns(batch: str) -> str:
+    """The concurrency key of ``batch``'s jobs (herd jobs stats --by-key shows it)."""
+    return f"batch:{batch}"
+
+
 # An answer longer than this is refused before it is parsed or validated: validation's
 # cost grows with the answer, and no evaluation verdict needs a megabyte.
 MAX_ANSWER_CHARS = 1_000_000

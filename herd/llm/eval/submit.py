@@ -28,10 +28,12 @@ from herd.llm.eval.spec import (
     QUEUE,
     SUBMIT_TASK,
     TASK,
+    TURNS,
     Caller,
     EvalSpec,
     check_budget,
     check_limits,
+    turns,
 )
 from herd.llm.pricing import PriceTable
 from herd.llm.providers import registry
@@ -196,6 +198,8 @@ async def enqueue_documents(
         queue=QUEUE,
         priority=priority,
         dedup_keys=[k for _, _, k in rows],
+        concurrency_keys=[turns(batch)] * len(rows),
+        max_running_per_key=TURNS,
     )
     await rt.store.put_items(
         batch, spec.hash, [(p, k, r.job_id, d) for (p, d, k), r in zip(rows, results, strict=True)]
