@@ -12,9 +12,10 @@ weight 1, on the simulator with a realistic latency. The issue's goals:
 
 Times and windows are read from the cost ledger (the store's clock: each call's row
 is opened just after its grant). In-process workers, embedded PostgreSQL under a
-temporary HERD_HOME; the worker's concurrency covers every document, so that every
-job is claimed and waits for the limit (see docs/limits.md, "Fair shares": a worker
-claims by priority then age, so a batch's jobs have to be claimed to get a share).
+temporary HERD_HOME; the worker's concurrency is every document unless
+``--concurrency`` says less (64 in bench/report.py): each batch's jobs carry the batch
+as a concurrency key, so a worker with fewer slots than jobs claims the batches in turn
+(docs/limits.md, "Fair shares") and the small batch's calls reach the limiter at once.
 
 ``--systems herd,celery`` runs, after herd, the same two batches on Celery, with a
 simulator of its own and the same documents, requests and latency: Celery's workaround
@@ -24,7 +25,10 @@ is per task name and per worker process): ``--celery-workers`` processes (1), ea
 ``--pool threads --concurrency`` ``--celery-concurrency`` (16), on a Redis Stack server
 as broker. Each answer is recorded in Redis with the time its call went out (the
 windows) and the time it came back (the small batch's end). A static split leaves half
-the limit unused whenever one batch runs alone. The summary's first two rows hold herd
+the limit unused whenever one batch runs alone; here Celery did worse than that, since
+its rate-limited tasks came out of its worker at about one a second each on the Redis
+transport, a tenth of their limit (10 calls in every 10 s window): what a user of
+Celery's defaults gets, not the split's ceiling. The summary's first two rows hold herd
 against the issue's goals; with Celery, more rows hold herd against Celery's figures.
 Celery needs its own venv (``.[test,bench-celery]``, bench/README.md).
 

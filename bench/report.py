@@ -82,10 +82,10 @@ BENCHES = [
           "A provider's rate limits: herd's fleet-wide limits vs Celery's rate_limit"),
     # No peer: the issue's goals stand in the peer column.
     Bench("fair_share", "bench",
-          ["bench/fair_share.py", "--concurrency", "64", "--small-priority", "1"],
+          ["bench/fair_share.py", "--concurrency", "64"],
           "Fair shares: a small batch behind a big one on one limit (vs the goals of issue 32)"),
     Bench("fair_share_celery", "celery",
-          ["bench/fair_share.py", "--concurrency", "64", "--small-priority", "1",
+          ["bench/fair_share.py", "--concurrency", "64",
            "--systems", "herd,celery"],
           "Fair shares: herd vs Celery's queue per batch at half the limit (Celery's own venv)"),
     Bench("takeover", "celery", ["bench/takeover.py"],

@@ -55,11 +55,14 @@ class CrashingAnthropic(Crashing, AnthropicBatch):
 
 
 registry.register(
-    dataclasses.replace(registry.kind("openai"), batch=lambda model: CrashingOpenAI(model=model))
+    dataclasses.replace(
+        registry.kind("openai"), batch=lambda model, key: CrashingOpenAI(model=model, api_key=key)
+    )
 )
 registry.register(
     dataclasses.replace(
-        registry.kind("anthropic"), batch=lambda model: CrashingAnthropic(model=model)
+        registry.kind("anthropic"),
+        batch=lambda model, key: CrashingAnthropic(model=model, api_key=key),
     )
 )
 app = App()  # `herd worker` adds the built-in tasks

@@ -33,6 +33,7 @@ SCHEMA = {
     "additionalProperties": False,
 }
 SPEC = EvalSpec(model="sim-1", system="Rate the paper from 1 to 10.", schema=SCHEMA)
+OWN = {"authorization": f"Bearer {SECRET}"}
 
 
 @pytest.fixture
@@ -85,7 +86,8 @@ async def calls(app: App) -> int:
 
 
 def uploaded(sim: Sim) -> list[dict]:
-    files = sim.http.get("/v1/files", params={"purpose": "batch"}).json()["data"]
+    # The files of this test's key: the simulator keeps each key's files and batches apart.
+    files = sim.http.get("/v1/files", params={"purpose": "batch"}, headers=OWN).json()["data"]
     return [f for f in files if f["filename"].startswith("herd-")]
 
 
@@ -142,7 +144,7 @@ async def test_a_document_the_cache_holds_is_not_sent(app, sim, tmp_path):
     await submit(app, [folder], SPEC, batch="b", batch_api=True)
     await work_until(app, lambda: all_done(app, 4))
     (sent,) = uploaded(sim)
-    lines = sim.http.get(f"/v1/files/{sent['id']}/content").text.splitlines()
+    lines = sim.http.get(f"/v1/files/{sent['id']}/content", headers=OWN).text.splitlines()
     assert len(lines) == 2
     cached = SPEC.key("Paper 0.\nIt has results number 0.")
     assert cached not in {json.loads(x)["custom_id"] for x in lines}

@@ -20,8 +20,9 @@ from herd import App, JobStatus, console
 from herd.limits import Limit, scope_name
 from herd.limits.base import key_id, pooled
 from herd.llm import eval as evaluate
-from herd.llm.eval import EvalSpec, enqueue_documents
+from herd.llm.eval import EvalSpec, batchapi, enqueue_documents
 from herd.llm.eval.plan import plan_items
+from herd.llm.eval.submit import KEY_BYTES, PAYLOAD_SPARE, submit
 from herd.llm.follow import print_status
 from tests.api.conftest import client_of
 from tests.conftest import truncate
@@ -278,3 +279,47 @@ def test_pooled_limits_add_up_per_the_first_period():
     )
     # A key without a tpm leaves the pool's tokens unlimited.
     assert pooled([Limit(rpm=5, tpm=9), Limit(rpm=5, max_concurrent=2)]) == Limit(rpm=10)
+
+
+async def test_a_pools_keys_make_the_provider_batches_each_reached_with_its_own_key(
+    pool_env, sim, monkeypatch, tmp_path
+):
+    """--batch-api with a pool: each chunk's provider batch is made with a key of the
+    pool (the provider's own variable unset, as a pool allows), recorded with its handle,
+    and polled, read and paid with that key: the simulator, like the providers, keeps a
+    key's batches where another key cannot reach them. The Batch API went out with no key
+    at all before."""
+    monkeypatch.delenv("OPENAI_API_KEY")
+    # Two requests a chunk: 12 documents make 6 provider batches.
+    monkeypatch.setenv("HERD_MAX_PAYLOAD_BYTES", str(PAYLOAD_SPARE + 2 * KEY_BYTES))
+    sim.configure(batch_latency=0.2)
+    model = "sim-pool-batches"  # fixed: the chunks, and so their keys, are the same each run
+    monkeypatch.setenv("HERD_LIMITS", str(pool_file(tmp_path / "limits.toml", model, 600)))
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i in range(12):
+        (folder / f"d{i}.txt").write_text(f"Document {i}: it reports what it measured.\n")
+    app = App(database_url=pool_env)
+    app.task(name=evaluate.TASK, queue=evaluate.QUEUE, lease_seconds=60.0)(evaluate.task.evaluate)
+    app.task(name=evaluate.spec.SUBMIT_TASK, queue=evaluate.QUEUE)(batchapi.batch_submit)
+    app.task(name=evaluate.spec.POLL_TASK, queue=evaluate.QUEUE)(batchapi.batch_poll)
+    async with app:
+        await submit(app, [folder], spec(model), batch="pooled", batch_api=True)
+        async with running(app, 4):
+            status = await eventually(lambda: finished(app, "pooled", 12), timeout=60,
+                                      interval=0.1)  # fmt: skip
+    assert status["done"] == 12 and status["failed"] == 0
+    stats = sim.stats()
+    assert stats["billed"] == 0 and stats["batch_billed"] == 12  # all through the Batch API
+    made = stats["batches"]["created_by_key"]
+    assert set(made) == {A, B} and sum(made.values()) == 6, made  # both keys, no other
+    with psycopg.connect(pool_env) as conn:
+        handles = dict(conn.execute(
+            "SELECT key_variable, count(*) FROM herd_eval_provider_batches WHERE batch = %s"
+            " GROUP BY 1", ("pooled",)
+        ).fetchall())  # fmt: skip
+    assert handles == {"HERD_POOL_KEY_A": made[A], "HERD_POOL_KEY_B": made[B]}
+    # Each billed line names the key that paid: its provider batch's.
+    paid = [r["key_id"] for r in ledger(pool_env, "pooled") if r["kind"] in PAID]
+    assert {k: paid.count(k) for k in set(paid)} == {A: 2 * made[A], B: 2 * made[B]}
+    assert KEY_A not in json.dumps(ledger(pool_env, "pooled"))

@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from herd.limits.base import key_id
 from herd.testing.simulator import SimConfig, Simulator, batches
 from herd.testing.simulator.__main__ import build_parser, config_from
 from tests.llm.conftest import Sim
@@ -150,6 +151,27 @@ def test_anthropic_batch_answers_as_the_sync_endpoint(sim: Sim) -> None:
     stats = sim.stats()
     assert stats["batches"]["created_by_api"] == {"openai": 0, "anthropic": 1}
     assert stats["batch_billed"] == 2 and stats["billed"] == 1
+
+
+def test_a_keys_files_and_batches_are_its_own(sim: Sim) -> None:
+    """As a provider keeps them in the project or workspace of the key that made them:
+    another key neither lists nor reaches them, and the stats count batches per key."""
+    mine, theirs = oai(sim), openai.OpenAI(base_url=sim.openai_url, api_key="sk-other",
+                                           max_retries=0)  # fmt: skip
+    made = openai_batch(mine, 2)
+    with pytest.raises(openai.NotFoundError):
+        theirs.batches.retrieve(made.id)
+    with pytest.raises(openai.NotFoundError):
+        theirs.files.content(made.input_file_id)
+    assert made.id not in {b.id for b in theirs.batches.list()}
+    assert mine.batches.retrieve(made.id).id == made.id
+    a, b = ant(sim), anthropic.Anthropic(base_url=sim.url, api_key="sk-other", max_retries=0)
+    sent = a.messages.batches.create(
+        requests=[{"custom_id": "r0", "params": message_params(0)}]  # type: ignore[list-item]
+    )
+    with pytest.raises(anthropic.NotFoundError):
+        b.messages.batches.retrieve(sent.id)
+    assert sim.stats()["batches"]["created_by_key"] == {key_id("sk-any"): 2}
 
 
 def test_openai_lists_batches_newest_first_with_metadata_and_pages(sim: Sim) -> None:

@@ -129,17 +129,18 @@ async def batch_submit(payload: dict[str, Any], ctx: JobContext) -> dict[str, An
     rt = await EvalRuntime.of(ctx.app)
     batch, spec_hash, chunk, keys = (payload[k] for k in ("batch", "spec", "chunk", "keys"))
     spec = await rt.store.spec(spec_hash)
-    api = rt.batch_api(spec)
-    # The handle first, fenced: whoever runs this job later finds the same one.
+    # The handle first, fenced, with the key it is made with: whoever runs this job later
+    # finds the same one, and reaches the provider batch with the same key.
     async with fenced(ctx, rt.store) as conn:
         inserted = await conn.execute(
             ledger.Q["record_handle"],
             {"random": uuid.uuid4().hex[:20], "chunk": chunk, "b": batch, "spec": spec_hash,
-             "provider": api.name},
+             "provider": spec.provider, "key_variable": rt.batch_key(spec, chunk)},
         )  # fmt: skip
         fresh = inserted.rowcount == 1
         (row,) = await EvalStore.on(conn, "handle_of_chunk", chunk=chunk)
-    handle, file_id, batch_id = row
+    handle, file_id, batch_id, variable = row
+    api = rt.batch_api(spec, variable)
     if batch_id is None:
         # What a predecessor made before it died is at the provider, under the handle;
         # a handle this run made has nothing there yet.
@@ -192,14 +193,14 @@ async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]
     rows = await rt.store.execute("provider_batch", {"handle": handle})
     if not rows:
         raise Fatal(f"provider batch handle {handle} is not recorded (purged?)")
-    batch, spec_hash, batch_id, state, polls = rows[0]
+    batch, spec_hash, batch_id, state, polls, variable = rows[0]
     pipeline = payload.get("pipeline")
     if state == "done":
         if pipeline:  # settled, then killed before the next stage was gathered
             await pipebatch.after_settle(ctx.app, rt, pipeline, batch)
         return {"handle": handle, "provider_batch": batch_id, "state": state}
     spec = await rt.store.spec(spec_hash)
-    api = rt.batch_api(spec)
+    api = rt.batch_api(spec, variable)
     cancelled = await _cancelled(rt, batch)
     # Asked again on every poll of a cancelled batch: cancelling is idempotent, and the
     # batch may have been created after `herd eval cancel` looked.
@@ -236,6 +237,7 @@ async def batch_poll(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]
                 "ci": usage.cached_input_tokens if usage else 0,
                 "cw": usage.cache_write_tokens if usage else 0,
                 "ps": None if price is None or not usage else price.batch_cache_saved(usage),
+                "kid": api.key_id,
             })  # fmt: skip
         for key, value in good.items():
             result = {"key": key, "source": "batch", **value}

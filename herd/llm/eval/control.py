@@ -81,10 +81,10 @@ async def cancel(app: App, batch: str, *, caller: Caller = LOCAL) -> dict[str, A
         await app.broker.reschedule(jobs, 0)
     asked: list[str] = []
     failed: list[dict[str, str]] = []
-    for _handle, spec_hash, batch_id in provider_batches:
+    for _handle, spec_hash, batch_id, variable in provider_batches:
         if batch_id is None:  # being submitted: its submit job sees the mark
             continue
-        api = rt.batch_api(await rt.store.spec(spec_hash))
+        api = rt.batch_api(await rt.store.spec(spec_hash), variable)
         try:
             await api.cancel(batch_id)
         except HerdError as exc:

@@ -38,15 +38,15 @@ CACHE_FIELDS = {"ci": 0, "cw": 0, "ps": None}  # a row's prompt-cache figures wh
 
 
 def _exact(row: dict[str, Any]) -> dict[str, Any]:
-    return {**CACHE_FIELDS, **row, "cost": money(row.get("cost")),
+    return {**CACHE_FIELDS, "kid": None, **row, "cost": money(row.get("cost")),
             "ps": money(row.get("ps"))}  # fmt: skip
 
 
 async def record(conn: AsyncConnection[Any], row: dict[str, Any]) -> None:
-    """Insert one closed ledger row (keys of ledger_record; the prompt-cache ones may be
-    left out) and bring the summary up to date, in one statement on ``conn`` (the key's
-    row, the batch's, then the totals in kind order, herd_ledger_count: concurrent
-    writers queue and never deadlock)."""
+    """Insert one closed ledger row (keys of ledger_record; the prompt-cache ones and
+    ``kid``, the id of the key that paid, may be left out) and bring the summary up to
+    date, in one statement on ``conn`` (the key's row, the batch's, then the totals in
+    kind order, herd_ledger_count: concurrent writers queue and never deadlock)."""
     await conn.execute(Q["ledger_record"], _exact(row))
 
 

@@ -107,7 +107,7 @@ UPDATE herd_eval_items SET status = 'cancelled', finished_at = now()
  WHERE job_id = %(job)s AND status IN ('queued', 'parked');
 
 -- name: open_provider_batches
-SELECT handle, spec, provider_batch_id FROM herd_eval_provider_batches
+SELECT handle, spec, provider_batch_id, key_variable FROM herd_eval_provider_batches
  WHERE batch = %(b)s AND state <> 'done' ORDER BY handle;
 
 -- name: items_cancelled
@@ -200,13 +200,13 @@ SELECT parked FROM herd_eval_batches WHERE batch = %(b)s;
 -- name: record_handle
 -- The handle starts with its time in milliseconds (12 hex) by the store's clock, not the
 -- worker's: a worker whose clock runs fast must not make a takeover miss its batch.
-INSERT INTO herd_eval_provider_batches (handle, chunk, batch, spec, provider)
+INSERT INTO herd_eval_provider_batches (handle, chunk, batch, spec, provider, key_variable)
 VALUES (lpad(to_hex(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0')
-        || %(random)s, %(chunk)s, %(b)s, %(spec)s, %(provider)s)
+        || %(random)s, %(chunk)s, %(b)s, %(spec)s, %(provider)s, %(key_variable)s)
 ON CONFLICT (chunk) DO NOTHING;
 
 -- name: handle_of_chunk
-SELECT handle, file_id, provider_batch_id FROM herd_eval_provider_batches
+SELECT handle, file_id, provider_batch_id, key_variable FROM herd_eval_provider_batches
  WHERE chunk = %(chunk)s;
 
 -- name: drop_chunk
@@ -224,7 +224,7 @@ UPDATE herd_eval_provider_batches
 UPDATE herd_eval_items SET job_id = %(to)s WHERE job_id = %(job)s AND status = 'queued';
 
 -- name: provider_batch
-SELECT batch, spec, provider_batch_id, state, polls FROM herd_eval_provider_batches
+SELECT batch, spec, provider_batch_id, state, polls, key_variable FROM herd_eval_provider_batches
  WHERE handle = %(handle)s;
 
 -- name: polled
@@ -273,7 +273,7 @@ UPDATE herd_eval_items SET status = 'done', source = 'batch',
 
 -- name: ledger_record
 SELECT herd_ledger_record(%(batch)s, %(job)s, %(key)s, %(kind)s, %(model)s, %(provider)s, %(i)s,
-                          %(o)s, %(cost)s, %(ci)s, %(cw)s, %(ps)s);
+                          %(o)s, %(cost)s, %(ci)s, %(cw)s, %(ps)s, %(kid)s);
 
 -- name: ledger_close
 SELECT herd_ledger_close(%(id)s, %(kind)s, %(i)s, %(o)s, %(cost)s, %(ci)s, %(cw)s, %(ps)s);

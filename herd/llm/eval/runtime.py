@@ -5,6 +5,7 @@ and the fleet's limiter with the limits in force."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -49,7 +50,8 @@ class EvalRuntime:
     prices: PriceTable
     # (provider, model, limited, failover, the pool key's variable or "") -> client
     providers: dict[tuple[str, str, bool, bool, str], Provider] = field(default_factory=dict)
-    batch_apis: dict[tuple[str, str], BatchAPI] = field(default_factory=dict)
+    # (provider, model, the pool key's variable or "") -> client
+    batch_apis: dict[tuple[str, str, str], BatchAPI] = field(default_factory=dict)
     max_tokens: int = EVAL_MAX_TOKENS  # the setting eval_max_tokens
     # The fleet's provider limits, kept in the job store (None: a broker without one).
     limiter: Limiter | None = None
@@ -168,15 +170,35 @@ class EvalRuntime:
             return ()
         return self.limits_file.pool_for(spec.provider, spec.model)
 
-    def batch_api(self, spec: EvalSpec) -> BatchAPI:
-        """The spec's Batch API client, one per process and (provider, model)."""
-        found = self.batch_apis.get((spec.provider, spec.model))
+    def batch_api(self, spec: EvalSpec, variable: str | None = None) -> BatchAPI:
+        """The spec's Batch API client, one per process, (provider, model) and key:
+        ``variable`` names the pool key its provider batches are made with (None: the
+        provider's own variable's)."""
+        ident = (spec.provider, spec.model, variable or "")
+        found = self.batch_apis.get(ident)
         if found is None:
             make = registry.kind(spec.provider).batch
             if make is None:
                 raise Fatal(f"the {spec.provider} Batch API is not supported yet")
-            found = self.batch_apis[(spec.provider, spec.model)] = make(spec.model)
+            secret = None
+            if variable is not None:
+                secret = os.environ.get(variable)
+                if not secret:  # the batch was made with it: no other key can reach it
+                    raise Fatal(f"{variable} (the key this batch's provider batches were"
+                                " made with) is not set")  # fmt: skip
+            found = self.batch_apis[ident] = make(spec.model, secret)
         return found
+
+    def batch_key(self, spec: EvalSpec, chunk: str) -> str | None:
+        """The variable of the pool key a chunk's provider batch is made with: the pool's
+        keys by turns of the chunk's hash, so that a batch's chunks spread over them
+        (each key has its own queue of batch tokens at the provider). None without a
+        pool. Recorded with the chunk's handle: its polls and a takeover use that key,
+        as the provider keeps a batch under the key (account) that made it."""
+        keys = self.pool(spec)
+        if not keys:
+            return None
+        return keys[int(hashlib.sha256(chunk.encode()).hexdigest()[:8], 16) % len(keys)].variable
 
     def most_output(self, spec: EvalSpec, asked: int | None) -> tuple[int, bool]:
         """The most output tokens a call asks for, and whether the request names it: its

@@ -280,11 +280,13 @@ class EvalStore:
         assert found is not None
         return found, ids
 
-    async def cancel(self, batch: str) -> tuple[list[int], list[tuple[str, str, str | None]]]:
+    async def cancel(
+        self, batch: str
+    ) -> tuple[list[int], list[tuple[str, str, str | None, str | None]]]:
         """Cancel a batch for good: its waiting items become 'cancelled'. Returns their
         jobs (the caller brings them forward, so they end now instead of waiting out a
         park) and the batch's provider batches not yet done: (handle, spec, provider
-        batch id, None while being submitted)."""
+        batch id, None while being submitted, the pool key's variable or None)."""
         async with self.transaction() as conn:
             if not await self._ensure_row(conn, batch):
                 raise BatchNotFound(f"no batch named {batch!r}")
@@ -292,7 +294,7 @@ class EvalStore:
             cur = await conn.execute(Q["cancel_items"], {"b": batch})
             jobs = sorted({job_id for (job_id,) in await cur.fetchall()})
             cur = await conn.execute(Q["open_provider_batches"], {"b": batch})
-            return jobs, [(h, s, b) for h, s, b in await cur.fetchall()]
+            return jobs, [(h, s, b, v) for h, s, b, v in await cur.fetchall()]
 
     async def cancelled_items(self, batch: str) -> int:
         return int((await self.execute("items_cancelled", {"b": batch}))[0][0])

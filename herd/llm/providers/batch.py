@@ -67,6 +67,11 @@ class BatchAPI(Protocol):
     name: str
     max_requests: int  # the provider's limit of requests per batch
 
+    @property
+    def key_id(self) -> str:
+        """The id of the key its batches are made with (a hash prefix, never the key)."""
+        ...
+
     async def find(self, handle: str) -> Found: ...
 
     async def upload(self, handle: str, requests: list[Request]) -> str: ...

@@ -35,7 +35,8 @@ class ProviderKind:
     # (model, the most output tokens a call may ask for, retry policy, the API key or
     # None for the kind's variable's) -> client
     sync: Callable[[str, int, RetryPolicy | None, str | None], Provider]
-    batch: Callable[[str], BatchAPI] | None = None
+    # (model, the API key or None for the kind's variable's) -> Batch API client
+    batch: Callable[[str, str | None], BatchAPI] | None = None
     # The max_tokens the client sends when the params name none (the API requires one).
     default_max_tokens: int | None = None
     # Whether a server at this base URL can be called without a key.
@@ -118,13 +119,13 @@ def kind(name: str) -> ProviderKind:
 register(
     ProviderKind(
         "openai", "OPENAI_API_KEY", "OPENAI_BASE_URL", OPENAI_URL, _openai,
-        batch=lambda model: OpenAIBatch(model=model), keyless=_not_openai,
+        batch=lambda model, key: OpenAIBatch(model=model, api_key=key), keyless=_not_openai,
     )
 )  # fmt: skip
 register(
     ProviderKind(
         "anthropic", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "https://api.anthropic.com",
-        _anthropic, batch=lambda model: AnthropicBatch(model=model),
+        _anthropic, batch=lambda model, key: AnthropicBatch(model=model, api_key=key),
         default_max_tokens=DEFAULT_MAX_TOKENS,
     )
 )  # fmt: skip

@@ -66,6 +66,7 @@ from email.policy import HTTP
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from herd.limits.base import key_id as herd_key_id
 from herd.testing.simulator.exchange import MAX_BODY_BYTES, Exchange, given_key, same_key
 from herd.testing.simulator.state import SimState
 from herd.testing.simulator.wire import Request, answer_payload, generate
@@ -107,6 +108,7 @@ class _File:
     purpose: str
     data: bytes
     created: float
+    owner: str = ""  # the id of the key that made it: another key cannot see it
 
     def public(self) -> dict[str, Any]:
         return {
@@ -145,6 +147,9 @@ class _Batch:
     error_file_id: str | None = None
     tokens: list[int] = field(default_factory=lambda: [0, 0])
     faults: tuple[str, ...] = ()  # batch_result_faults when it was created
+    # The id of the key that made it: as the providers keep a batch in the project or
+    # workspace of its key, another key neither lists nor reaches it.
+    owner: str = ""
 
     @property
     def ended(self) -> bool:
@@ -168,6 +173,7 @@ class BatchStore:
             self.files: OrderedDict[str, _File] = OrderedDict()
             self.batches: OrderedDict[str, _Batch] = OrderedDict()
             self.created: dict[str, int] = {"openai": 0, "anthropic": 0}
+            self.created_by_key: dict[str, int] = {}
             self.billed = 0
             self.billed_tokens = [0, 0]
             self.cache_tokens = [0, 0]  # of batch_tokens' input: read from, written to the cache
@@ -183,6 +189,7 @@ class BatchStore:
                 "batches": {
                     "created": sum(self.created.values()),
                     "created_by_api": dict(self.created),
+                    "created_by_key": dict(self.created_by_key),
                     "by_status": by_status,
                 },
                 "batch_billed": self.billed,
@@ -302,16 +309,18 @@ class BatchStore:
                 )
         if out:
             data = faulty("openai", out, b.faults)
-            b.output_file_id = self._add_file(f"{b.id}_output.jsonl", "batch_output", data).id
+            out_file = self._add_file(f"{b.id}_output.jsonl", "batch_output", data, b.owner)
+            b.output_file_id = out_file.id
         if err:
             data = faulty("openai", err, () if out else b.faults)
-            b.error_file_id = self._add_file(f"{b.id}_error.jsonl", "batch_output", data).id
+            err_file = self._add_file(f"{b.id}_error.jsonl", "batch_output", data, b.owner)
+            b.error_file_id = err_file.id
 
     # Storage ------------------------------------------------------------------------
 
-    def _add_file(self, filename: str, purpose: str, content: Any) -> _File:
+    def _add_file(self, filename: str, purpose: str, content: Any, owner: str) -> _File:
         data = content if isinstance(content, bytes) else _jsonl(content)
-        f = _File(f"file-{uuid.uuid4().hex[:24]}", filename, purpose, data, time.time())
+        f = _File(f"file-{uuid.uuid4().hex[:24]}", filename, purpose, data, time.time(), owner)
         self.files[f.id] = f
         reading = {b.input_file_id for b in self.batches.values() if not b.ended}
         stored = sum(len(x.data) for x in self.files.values())
@@ -333,17 +342,18 @@ class BatchStore:
             del self.batches[ended.pop(0)]
         self.batches[b.id] = b
         self.created[b.api] += 1
+        self.created_by_key[b.owner] = self.created_by_key.get(b.owner, 0) + 1
 
-    def _batch(self, api: str, batch_id: str) -> _Batch:
+    def _batch(self, api: str, batch_id: str, owner: str) -> _Batch:
         b = self.batches.get(batch_id)
-        if b is None or b.api != api:
+        if b is None or b.api != api or b.owner != owner:
             what = "Batch" if api == "openai" else "message batch"
             raise BadRequest(404, f"No such {what}: {batch_id}", "batch_id")
         return b
 
-    def _file(self, file_id: str) -> _File:
+    def _file(self, file_id: str, owner: str) -> _File:
         f = self.files.get(file_id)
-        if f is None:
+        if f is None or f.owner != owner:
             raise BadRequest(404, f"No such File object: {file_id}", "id")
         return f
 
@@ -357,11 +367,12 @@ class BatchStore:
         api = "anthropic" if path.startswith("/v1/messages/batches") else "openai"
         if not self._allowed(handler, api):
             return
+        owner = herd_key_id(given_key(handler.headers, api))
         try:
             if api == "openai":
-                self._openai(handler, method, path, query)
+                self._openai(handler, method, path, query, owner)
             else:
-                self._anthropic(handler, method, path, query)
+                self._anthropic(handler, method, path, query, owner)
         except BadRequest as exc:
             if api == "anthropic":
                 body: dict[str, Any] = {
@@ -385,7 +396,7 @@ class BatchStore:
             key = state.config.api_key
         given = given_key(handler.headers, api)
         message = ""
-        if key is not None and not same_key(given, key):
+        if key is not None and not same_key(given, key) and not state.known_key(given):
             status, kind, message = 401, "authentication_error", "Invalid API key"
         elif api == "anthropic" and not handler.headers.get("anthropic-version"):
             status, kind, message = 400, "invalid_request_error", "anthropic-version header missing"
@@ -402,7 +413,9 @@ class BatchStore:
             )
         return False
 
-    def _openai(self, h: Exchange, method: str, path: str, query: dict[str, str]) -> None:
+    def _openai(
+        self, h: Exchange, method: str, path: str, query: dict[str, str], owner: str
+    ) -> None:
         seg = path.split("/")[2:]  # ["files", id, "content"] or ["batches", id, "cancel"]
         route = (method, seg[0], len(seg))
         if route == ("POST", "files", 1):
@@ -411,7 +424,7 @@ class BatchStore:
             if purpose == "batch":
                 _check_openai_lines(data)
             with self.lock:
-                h.send_json(200, self._add_file(filename, purpose, data).public())
+                h.send_json(200, self._add_file(filename, purpose, data, owner).public())
             return
         fields: dict[str, Any] = {}
         if method == "POST":
@@ -421,7 +434,9 @@ class BatchStore:
             self._advance(now)
             if route == ("GET", "files", 1):
                 files = [
-                    f for f in self.files.values() if query.get("purpose") in (None, f.purpose)
+                    f
+                    for f in self.files.values()
+                    if query.get("purpose") in (None, f.purpose) and f.owner == owner
                 ]
                 if query.get("order", "desc") == "desc":
                     files.reverse()
@@ -430,25 +445,29 @@ class BatchStore:
                     200, _openai_page([f.public() for f in files], query.get("after"), limit)
                 )
             elif route == ("GET", "files", 2):
-                h.send_json(200, self._file(seg[1]).public())
+                h.send_json(200, self._file(seg[1], owner).public())
             elif route == ("DELETE", "files", 2):
-                self._file(seg[1])
+                self._file(seg[1], owner)
                 del self.files[seg[1]]
                 h.send_json(200, {"id": seg[1], "object": "file", "deleted": True})
             elif route == ("GET", "files", 3) and seg[2] == "content":
-                _send_bytes(h, self._file(seg[1]).data, "application/octet-stream")
+                _send_bytes(h, self._file(seg[1], owner).data, "application/octet-stream")
             elif route == ("POST", "batches", 1):
-                b = self._create_openai(fields, now)
+                b = self._create_openai(fields, now, owner)
                 h.send_json(200, _openai_public(b, now))
             elif route == ("GET", "batches", 1):
                 limit = _limit(query, 20, 100)
-                mine = [b for b in reversed(self.batches.values()) if b.api == "openai"]
+                mine = [
+                    b
+                    for b in reversed(self.batches.values())
+                    if b.api == "openai" and b.owner == owner
+                ]
                 batches = [_openai_public(b, now) for b in mine]
                 h.send_json(200, _openai_page(batches, query.get("after"), limit))
             elif route == ("GET", "batches", 2):
-                h.send_json(200, _openai_public(self._batch("openai", seg[1]), now))
+                h.send_json(200, _openai_public(self._batch("openai", seg[1], owner), now))
             elif route == ("POST", "batches", 3) and seg[2] == "cancel":
-                b = self._batch("openai", seg[1])
+                b = self._batch("openai", seg[1], owner)
                 if b.ended or b.cancel_at is not None:
                     status = _openai_status(b, now)
                     raise BadRequest(409, f"Cannot cancel a batch with status '{status}'.")
@@ -457,7 +476,7 @@ class BatchStore:
             else:
                 raise BadRequest(404, f"no route {method} {path}", kind="invalid_request_error")
 
-    def _create_openai(self, body: dict[str, Any], now: float) -> _Batch:
+    def _create_openai(self, body: dict[str, Any], now: float, owner: str) -> _Batch:
         endpoint = body.get("endpoint")
         if endpoint not in OPENAI_ENDPOINTS:
             raise BadRequest(
@@ -468,7 +487,7 @@ class BatchStore:
         metadata = _metadata(body.get("metadata"))
         if not isinstance(body.get("input_file_id"), str):
             raise BadRequest(400, "input_file_id is required", "input_file_id")
-        source = self._file(body["input_file_id"])
+        source = self._file(body["input_file_id"], owner)
         if source.purpose != "batch":
             raise BadRequest(
                 400, "input_file_id must be a file of purpose 'batch'", "input_file_id"
@@ -499,11 +518,14 @@ class BatchStore:
             model=str(next(iter(models))) if len(models) == 1 else None,
             errors=[{**e, "param": None} for e in errors],
             faults=faults,
+            owner=owner,
         )
         self._add_batch(b)
         return b
 
-    def _anthropic(self, h: Exchange, method: str, path: str, query: dict[str, str]) -> None:
+    def _anthropic(
+        self, h: Exchange, method: str, path: str, query: dict[str, str], owner: str
+    ) -> None:
         seg = path.split("/")[4:]  # [] or [id] or [id, "results" | "cancel"]
         route = (method, len(seg))
         if route == ("POST", 0):
@@ -525,33 +547,33 @@ class BatchStore:
                 b = _Batch(
                     "anthropic", f"msgbatch_{uuid.uuid4().hex[:24]}", now, latency, expire, requests
                 )
-                b.faults = faults
+                b.faults, b.owner = faults, owner
                 self._add_batch(b)
                 h.send_json(200, _anth_public(b, base))
             elif route == ("GET", 0):
                 items = [
                     _anth_public(b, base)
                     for b in reversed(self.batches.values())
-                    if b.api == "anthropic"
+                    if b.api == "anthropic" and b.owner == owner
                 ]
                 h.send_json(200, _anth_page(items, query, _limit(query, 20, 1000)))
             elif route == ("GET", 1):
-                h.send_json(200, _anth_public(self._batch("anthropic", seg[0]), base))
+                h.send_json(200, _anth_public(self._batch("anthropic", seg[0], owner), base))
             elif route == ("DELETE", 1):
-                b = self._batch("anthropic", seg[0])
+                b = self._batch("anthropic", seg[0], owner)
                 if not b.ended:
                     raise BadRequest(400, f"Batch {b.id} cannot be deleted while it is processing.")
                 del self.batches[b.id]
                 h.send_json(200, {"id": b.id, "type": "message_batch_deleted"})
             elif route == ("GET", 2) and seg[1] == "results":
-                b = self._batch("anthropic", seg[0])
+                b = self._batch("anthropic", seg[0], owner)
                 if not b.ended:
                     raise BadRequest(404, f"Batch {b.id} has no results until it has ended.")
                 _send_bytes(
                     h, faulty("anthropic", _anth_results(b), b.faults), "application/x-jsonl"
                 )
             elif route == ("POST", 2) and seg[1] == "cancel":
-                b = self._batch("anthropic", seg[0])
+                b = self._batch("anthropic", seg[0], owner)
                 if b.ended or b.cancel_at is not None:
                     raise BadRequest(
                         409, f"Batch {b.id} is {_anth_status(b)}: it cannot be canceled."
