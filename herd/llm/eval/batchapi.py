@@ -131,11 +131,14 @@ async def batch_submit(payload: dict[str, Any], ctx: JobContext) -> dict[str, An
     spec = await rt.store.spec(spec_hash)
     # The handle first, fenced, with the key it is made with: whoever runs this job later
     # finds the same one, and reaches the provider batch with the same key.
+    pool = rt.pool_variables(spec)
     async with fenced(ctx, rt.store) as conn:
+        if pool:
+            await conn.execute(ledger.Q["pick_batch_key"])
         inserted = await conn.execute(
             ledger.Q["record_handle"],
             {"random": uuid.uuid4().hex[:20], "chunk": chunk, "b": batch, "spec": spec_hash,
-             "provider": spec.provider, "key_variable": rt.batch_key(spec, chunk)},
+             "provider": spec.provider, "pool": pool},
         )  # fmt: skip
         fresh = inserted.rowcount == 1
         (row,) = await EvalStore.on(conn, "handle_of_chunk", chunk=chunk)

@@ -200,10 +200,24 @@ SELECT parked FROM herd_eval_batches WHERE batch = %(b)s;
 -- name: record_handle
 -- The handle starts with its time in milliseconds (12 hex) by the store's clock, not the
 -- worker's: a worker whose clock runs fast must not make a takeover miss its batch.
+-- With a key pool (the variables in %(pool)s, the file's order), the chunk's batch is made
+-- with the key that has the fewest provider batches still open, so that a batch's
+-- chunks spread over the keys (each has its own queue of batch tokens at the provider);
+-- the caller holds pick_batch_key's lock, so that submitters side by side count each
+-- other's choices. NULL without a pool: the provider's own variable.
 INSERT INTO herd_eval_provider_batches (handle, chunk, batch, spec, provider, key_variable)
 VALUES (lpad(to_hex(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0')
-        || %(random)s, %(chunk)s, %(b)s, %(spec)s, %(provider)s, %(key_variable)s)
+        || %(random)s, %(chunk)s, %(b)s, %(spec)s, %(provider)s,
+        (SELECT p.v FROM unnest(%(pool)s::text[]) WITH ORDINALITY AS p(v, ord)
+          ORDER BY (SELECT count(*) FROM herd_eval_provider_batches o
+                     WHERE o.key_variable = p.v AND o.state <> 'done'), p.ord
+          LIMIT 1))
 ON CONFLICT (chunk) DO NOTHING;
+
+-- name: pick_batch_key
+-- Held to the end of the transaction that records a handle with a pool: one pick at a
+-- time, each seeing the batches the others recorded (a handle is recorded once a chunk).
+SELECT pg_advisory_xact_lock(hashtext('herd_eval_provider_batches.key_variable'));
 
 -- name: handle_of_chunk
 SELECT handle, file_id, provider_batch_id, key_variable FROM herd_eval_provider_batches

@@ -5,7 +5,6 @@ and the fleet's limiter with the limits in force."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -189,16 +188,10 @@ class EvalRuntime:
             found = self.batch_apis[ident] = make(spec.model, secret)
         return found
 
-    def batch_key(self, spec: EvalSpec, chunk: str) -> str | None:
-        """The variable of the pool key a chunk's provider batch is made with: the pool's
-        keys by turns of the chunk's hash, so that a batch's chunks spread over them
-        (each key has its own queue of batch tokens at the provider). None without a
-        pool. Recorded with the chunk's handle: its polls and a takeover use that key,
-        as the provider keeps a batch under the key (account) that made it."""
-        keys = self.pool(spec)
-        if not keys:
-            return None
-        return keys[int(hashlib.sha256(chunk.encode()).hexdigest()[:8], 16) % len(keys)].variable
+    def pool_variables(self, spec: EvalSpec) -> list[str]:
+        """The variables of the pool's keys, in the file's order ([] without a pool): the
+        keys a chunk's provider batch may be made with (queries.sql, record_handle)."""
+        return [k.variable for k in self.pool(spec)]
 
     def most_output(self, spec: EvalSpec, asked: int | None) -> tuple[int, bool]:
         """The most output tokens a call asks for, and whether the request names it: its
