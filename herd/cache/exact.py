@@ -27,6 +27,8 @@ from herd.locks.base import BaseLocks
 from herd.names import check_name
 
 log = logging.getLogger("herd.cache")
+# The miss a lookup adds to its outcome's count (no zero counters sent).
+_MISS: dict[bool, dict[str, int]] = {False: {}, True: {"misses": 1}}
 
 Source = Literal["hit", "waited", "computed", "stale", "early"]
 
@@ -106,7 +108,10 @@ class ExactCache:
         """
         deadline = time.monotonic() + self.wait
         waited = False
-        first = True
+        # A miss is counted with the lookup's outcome, in the same statement (a computed
+        # value, an error, a wait for another's), not on its own when it is seen: one
+        # write fewer per computed key. A compute handed back (Snooze) counts nothing.
+        missed = False
         while True:
             entry = await self.store.get(self.namespace, key, stale_for=self.swr)
             if entry is not None and entry.fresh:
@@ -114,21 +119,28 @@ class ExactCache:
                     early = await self._compute(key, compute, "early", lookup_first=False)
                     if early is not None:
                         return early
-                return await self._counted(Lookup(entry.value, "waited" if waited else "hit"))
+                return await self._counted(
+                    Lookup(entry.value, "waited" if waited else "hit"), missed
+                )
             if entry is not None:  # expired, inside the stale-while-revalidate window
                 self._refresh_in_background(key, compute)
-                return await self._counted(Lookup(entry.value, "stale"))
-            if first:
-                await self.store.count({"misses": 1}, self.namespace)
-                first = False
+                return await self._counted(Lookup(entry.value, "stale"), missed)
+            missed = True
             done = await self._compute(
-                key, compute, "computed", lookup_first=True, waited=waited, owner=owner
+                key,
+                compute,
+                "computed",
+                lookup_first=True,
+                waited=waited,
+                owner=owner,
+                missed=True,
             )
             if done is not None:
                 return done
             waited = True
             left = deadline - time.monotonic()
             if left <= 0:
+                await self.store.count({"misses": 1}, self.namespace)
                 raise SingleflightTimeout(
                     f"cache key {key[:16]}… is being computed elsewhere; gave up after"
                     f" {self.wait:g} s"
@@ -144,8 +156,11 @@ class ExactCache:
         lookup_first: bool,
         waited: bool = False,
         owner: str | None = None,
+        missed: bool = False,
     ) -> Lookup | None:
-        """Compute under the key's lock; None if another caller holds it."""
+        """Compute under the key's lock; None if another caller holds it. ``missed``:
+        the caller's lookup missed, and the miss is counted here with the outcome
+        (nothing when the compute is handed back)."""
         hold = self.locks.hold(
             self._lock_name(key), ttl=self.lock_ttl, owner=owner, take_over=owner is not None
         )
@@ -155,29 +170,28 @@ class ExactCache:
                     entry = await self.store.get(self.namespace, key)
                     if entry is not None and entry.fresh:
                         return await self._counted(
-                            Lookup(entry.value, "waited" if waited else "hit")
+                            Lookup(entry.value, "waited" if waited else "hit"), missed
                         )
                 started = time.monotonic()
                 try:
                     value = await compute()
                 except Snooze:
                     # Handed back (a parked batch, a limit): not an error, and its next
-                    # run looks again, so this lookup's miss is taken back.
-                    await self.store.count({"misses": -1}, self.namespace)
+                    # run looks again, so this lookup's miss is not counted.
                     raise
                 except Exception:
-                    await self.store.count({"errors": 1}, self.namespace)
+                    await self.store.count({"errors": 1, **_MISS[missed]}, self.namespace)
                     raise
                 delta = time.monotonic() - started
                 await aio.through_outage(
                     partial(self.put, key, value, delta=delta), f"cache key {key[:16]}…",
                     patience=PUT_PATIENCE,
                 )  # fmt: skip
-                return await self._counted(Lookup(value, source))
+                return await self._counted(Lookup(value, source), missed)
         except LockNotAcquired:
             return None
 
-    async def _counted(self, lookup: Lookup) -> Lookup:
+    async def _counted(self, lookup: Lookup, missed: bool = False) -> Lookup:
         name = {
             "hit": "hits",
             "waited": "waited",
@@ -185,7 +199,7 @@ class ExactCache:
             "stale": "stale",
             "early": "early_refresh",
         }[lookup.source]
-        await self.store.count({name: 1}, self.namespace)
+        await self.store.count({name: 1, **_MISS[missed]}, self.namespace)
         return lookup
 
     def _refresh_in_background(self, key: str, compute: Callable[[], Awaitable[JSON]]) -> None:

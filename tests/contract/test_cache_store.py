@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from herd.cache import ExactCache, canonical_key
-from herd.errors import InvalidInput
+from herd.errors import InvalidInput, Snooze
 from tests.helpers import eventually_sync
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,6 +95,44 @@ async def test_hit_after_compute_and_errors_are_not_cached(cache_backend):
     assert second.value == {"score": 7} and calls_made == ["fail", "ok"]
     stats = (await store.stats())["t"]
     assert stats["errors"] == 1 and stats["hits"] == 1 and stats["entries"] == 1
+
+
+async def test_a_lookup_is_counted_in_one_write_with_its_miss(cache_backend, monkeypatch):
+    # A computed key's miss went in a write of its own before its computation's: two
+    # counter writes per computed key, on every evaluation call.
+    store, locks = cache_backend.store, cache_backend.locks
+    ns = f"one-{uuid.uuid4().hex[:8]}"
+    cache = ExactCache(store, locks, namespace=ns)
+    writes: list[dict[str, int]] = []
+    count = store.count
+
+    async def counted(amounts: dict[str, int], namespace: str) -> None:
+        writes.append({k: v for k, v in amounts.items() if v})
+        await count(amounts, namespace)
+
+    monkeypatch.setattr(store, "count", counted)
+
+    async def working():
+        return {"score": 7}
+
+    async def failing():
+        raise RuntimeError("provider said 500")
+
+    async def handed_back():
+        raise Snooze("the batch is parked", after=1.0)
+
+    assert (await cache.get_or_compute("a", working)).source == "computed"
+    assert writes == [{"computed": 1, "misses": 1}]
+    assert (await cache.get_or_compute("a", working)).source == "hit"
+    assert writes[1:] == [{"hits": 1}]
+    with pytest.raises(RuntimeError):
+        await cache.get_or_compute("b", failing)
+    assert writes[2:] == [{"errors": 1, "misses": 1}]
+    with pytest.raises(Snooze):
+        await cache.get_or_compute("c", handed_back)
+    assert writes[3:] == []  # handed back: neither a miss nor an error
+    stats = (await store.stats())[ns]
+    assert (stats["misses"], stats["computed"], stats["hits"], stats["errors"]) == (2, 1, 1, 1)
 
 
 @pytest.mark.parametrize("wild", ["a*", "a?", "[ab]", "a\\"])
