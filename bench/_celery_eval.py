@@ -22,9 +22,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-import httpx
-import redis
 from celery import Celery
+
+from bench._celery_sim import clients
 
 QUEUE = "bench-eval"
 TASK = "bench.eval"
@@ -90,20 +90,10 @@ if "BENCH_CELERY_BROKER" in os.environ:  # in the worker processes (and the prod
         float(os.environ.get("BENCH_VISIBILITY", "1")),
         float(os.environ.get("BENCH_RESTORE_EVERY", "2")),
     )
-    _http: httpx.Client | None = None
-    _redis: redis.Redis | None = None
 
     @app.task(name=TASK)
     def evaluate(path: str, prompt: str, schema: str, model: str) -> None:
-        global _http, _redis
-        if _http is None:
-            _http = httpx.Client(
-                base_url=os.environ["BENCH_SIM_URL"] + "/v1",
-                timeout=httpx.Timeout(120.0, connect=10.0),
-                headers={"authorization": "Bearer sk-bench", "user-agent": "bench-celery"},
-            )
-            _redis = redis.Redis.from_url(os.environ["BENCH_CELERY_BROKER"])
-        assert _redis is not None
+        http, results = clients()
         system = Path(prompt).read_text(encoding="utf-8")
         body = request_body(
             model,
@@ -111,10 +101,10 @@ if "BENCH_CELERY_BROKER" in os.environ:  # in the worker processes (and the prod
             json.loads(Path(schema).read_text(encoding="utf-8")),
             Path(path).read_text(encoding="utf-8"),
         )
-        response = _http.post("/chat/completions", json=body)
+        response = http.post("/chat/completions", json=body)
         response.raise_for_status()
         answer = response.json()["choices"][0]["message"]["content"]
-        pipe = _redis.pipeline()
+        pipe = results.pipeline()
         pipe.hset(RESULTS, path, answer)
         pipe.hincrby(RUNS, path, 1)
         pipe.execute()

@@ -21,9 +21,9 @@ import os
 import time
 from typing import Any
 
-import httpx
-import redis
 from celery import Celery, Task
+
+from bench._celery_sim import clients
 
 TASKS = {"big": "bench.fair_big", "small": "bench.fair_small"}
 QUEUES = {"big": "bench-fair-big", "small": "bench-fair-small"}
@@ -47,25 +47,14 @@ def make_app(broker: str) -> Celery:
 
 if "BENCH_CELERY_BROKER" in os.environ:  # in the worker processes (and the producer)
     app = make_app(os.environ["BENCH_CELERY_BROKER"])
-    _http: httpx.Client | None = None
-    _redis: redis.Redis | None = None
     _rate = os.environ.get("BENCH_RATE_LIMIT") or None
 
     def _evaluate(batch: str, name: str, body: dict[str, Any]) -> None:
-        global _http, _redis
-        if _http is None:
-            _http = httpx.Client(
-                base_url=os.environ["BENCH_SIM_URL"] + "/v1",
-                timeout=httpx.Timeout(120.0, connect=10.0),
-                headers={"authorization": "Bearer sk-bench", "user-agent": "bench-celery"},
-                limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
-            )
-            _redis = redis.Redis.from_url(os.environ["BENCH_CELERY_BROKER"])
-        assert _redis is not None
+        http, results = clients(max_connections=64)
         sent = time.time()
-        response = _http.post("/chat/completions", json=body)
+        response = http.post("/chat/completions", json=body)
         response.raise_for_status()
-        _redis.hset(RESULTS, name, json.dumps([batch, sent, time.time()]))
+        results.hset(RESULTS, name, json.dumps([batch, sent, time.time()]))
 
     # Celery's rate_limit is per task name: one task per batch is what splits the limit.
     @app.task(name=TASKS["big"], bind=True, rate_limit=_rate)

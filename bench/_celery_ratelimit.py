@@ -18,9 +18,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import httpx
-import redis
 from celery import Celery, Task
+
+from bench._celery_sim import clients
 
 QUEUE = "bench-rl"
 TASK = "bench.rl_eval"
@@ -45,26 +45,15 @@ def make_app(broker: str) -> Celery:
 
 if "BENCH_CELERY_BROKER" in os.environ:  # in the worker processes (and the producer)
     app = make_app(os.environ["BENCH_CELERY_BROKER"])
-    _http: httpx.Client | None = None
-    _redis: redis.Redis | None = None
 
     @app.task(name=TASK, bind=True, rate_limit=os.environ.get("BENCH_RATE_LIMIT") or None)
     def evaluate(self: Task, name: str, body: dict[str, Any]) -> None:
-        global _http, _redis
-        if _http is None:
-            _http = httpx.Client(
-                base_url=os.environ["BENCH_SIM_URL"] + "/v1",
-                timeout=httpx.Timeout(120.0, connect=10.0),
-                headers={"authorization": "Bearer sk-bench", "user-agent": "bench-celery"},
-                limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
-            )
-            _redis = redis.Redis.from_url(os.environ["BENCH_CELERY_BROKER"])
-        assert _redis is not None
-        response = _http.post("/chat/completions", json=body)
+        http, results = clients(max_connections=64)
+        response = http.post("/chat/completions", json=body)
         if response.status_code == 429:
-            _redis.incr(RATE_LIMITED)
+            results.incr(RATE_LIMITED)
             after = float(response.headers.get("retry-after") or 1)
             raise self.retry(countdown=after, max_retries=None)
         response.raise_for_status()
         answer = response.json()["choices"][0]["message"]["content"]
-        _redis.hset(RESULTS, name, answer)
+        results.hset(RESULTS, name, answer)

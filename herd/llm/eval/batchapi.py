@@ -57,6 +57,7 @@ from herd.llm.eval.spec import (
     TASK,
     TURNS,
     EvalSpec,
+    in_turns,
     turns,
     validate_answer,
 )
@@ -371,8 +372,7 @@ async def _retry(
         ],  # fmt: skip
         queue=QUEUE,
         dedup_keys=[k for k, _, _ in docs],
-        concurrency_keys=[turns(batch)] * len(docs),
-        max_running_per_key=TURNS,
+        **in_turns(batch, len(docs)),
     )
     return {k: r.job_id for (k, _, _), r in zip(docs, enqueued, strict=True)}
 

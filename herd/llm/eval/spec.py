@@ -52,6 +52,11 @@ def turns(batch: str) -> str:
     return f"batch:{batch}"
 
 
+def in_turns(batch: str, n: int) -> dict[str, Any]:
+    """``enqueue_many``'s keyword arguments that give ``n`` jobs of ``batch`` its turns."""
+    return {"concurrency_keys": [turns(batch)] * n, "max_running_per_key": TURNS}
+
+
 # An answer longer than this is refused before it is parsed or validated: validation's
 # cost grows with the answer, and no evaluation verdict needs a megabyte.
 MAX_ANSWER_CHARS = 1_000_000

@@ -39,7 +39,7 @@ from herd.llm.eval.pipeline import (
     per_piece,
 )
 from herd.llm.eval.runtime import EvalRuntime
-from herd.llm.eval.spec import QUEUE, TURNS, BatchCancelled, EvalSpec, turns
+from herd.llm.eval.spec import QUEUE, BatchCancelled, EvalSpec, in_turns
 from herd.llm.eval.store import EvalStore
 from herd.llm.eval.task import answer, fenced
 from herd.queue.base import MAX_PRIORITY, EnqueueResult
@@ -180,8 +180,7 @@ async def send_unsent(
             queue=QUEUE,
             priority=min(priority + pipe.rank(stage), MAX_PRIORITY),
             dedup_keys=[piece_dedup(batch, p, st, seq, rd) for p, st, rd, seq, *_ in group],
-            concurrency_keys=[turns(batch)] * len(group),
-            max_running_per_key=TURNS,
+            **in_turns(batch, len(group)),
         )  # fmt: skip
         results.update({r[:4]: m for r, m in zip(group, made, strict=True)})
     sent = [r[:4] for r in rows]

@@ -28,12 +28,11 @@ from herd.llm.eval.spec import (
     QUEUE,
     SUBMIT_TASK,
     TASK,
-    TURNS,
     Caller,
     EvalSpec,
     check_budget,
     check_limits,
-    turns,
+    in_turns,
 )
 from herd.llm.pricing import PriceTable
 from herd.llm.providers import registry
@@ -198,8 +197,7 @@ async def enqueue_documents(
         queue=QUEUE,
         priority=priority,
         dedup_keys=[k for _, _, k in rows],
-        concurrency_keys=[turns(batch)] * len(rows),
-        max_running_per_key=TURNS,
+        **in_turns(batch, len(rows)),
     )
     await rt.store.put_items(
         batch, spec.hash, [(p, k, r.job_id, d) for (p, d, k), r in zip(rows, results, strict=True)]
