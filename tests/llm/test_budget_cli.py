@@ -123,7 +123,9 @@ async def test_raising_the_budget_of_a_parked_batch_resumes_it(files, url, sim, 
 
         async def finished():  # type: ignore[no-untyped-def]
             s = (await evaluate.batch_status(app, batch)).to_json()
-            return s if s["done"] == 3 else None
+            # An answer is stored before its ledger row closes: done, and no job still
+            # running, so that every call's spend is in.
+            return s if s["done"] == 3 and not s["running"] else None
 
         final = await run_until(app, finished, concurrency=3)
         assert 0 < final["spent"] <= 1.0 and sim.stats()["calls"] == 3
