@@ -4,13 +4,17 @@ a succeeded job's hash after the same ``finished_ttl``)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import socket
 import uuid
 
 import psycopg
+import pytest
 from psycopg import sql
 
 from herd import App, Worker
+from herd.errors import BrokerError
 from herd.queue.base import Completion, Failure, JobStatus, NewJob
 from herd.queue.postgres import PostgresBroker, _claim_statement
 from tests.helpers import eventually
@@ -460,5 +464,97 @@ async def test_the_busiest_keys_are_read_without_ranking_every_key_with_work(cle
             sql = "EXPLAIN (ANALYZE, FORMAT JSON) " + broker._q["key_stats"]
             ((plan,),) = conn.execute(sql, {"limit": 5}).fetchall()
         assert _rows_read(plan[0]["Plan"], "herd_key_counts") <= 50
+    finally:
+        await broker.close()
+
+
+@pytest.mark.parametrize("through", ["server", "pgbouncer"])
+async def test_a_fenced_transaction_left_idle_past_its_lease_ends_and_its_job_is_taken_over(
+    clean_pg, request, through
+):
+    """A worker cut off (or frozen) inside a fenced transaction: its row lock kept the job
+    out of every claim until the server's TCP keepalive gave up, two hours later. The
+    server now ends the idle transaction once the lease's length has passed; the job is
+    taken over and the stalled transaction's writes never land."""
+    url = clean_pg if through == "server" else request.getfixturevalue("pgbouncer_url")
+    broker = PostgresBroker(url, pool_size=3)
+    await broker.open()
+    try:
+        await broker.enqueue([NewJob(task="t", payload={}, lease_seconds=1.0)])
+        (lease,) = await broker.claim(["default"], "w1", 1)
+        inside, go_on = asyncio.Event(), asyncio.Event()
+
+        async def stalled() -> None:
+            async with broker.fenced_transaction(lease) as conn:
+                inside.set()
+                await go_on.wait()  # the client says nothing more: cut off, frozen
+                await conn.execute("UPDATE herd_jobs SET payload = '{\"late\": 1}'")
+
+        task = asyncio.create_task(stalled())
+        await inside.wait()
+        taken = await eventually(lambda: broker.claim(["default"], "w2", 1), timeout=20)
+        assert [t.job_id for t in taken] == [lease.job_id]
+        assert taken[0].token > lease.token
+        go_on.set()
+        with pytest.raises(BrokerError):
+            await task
+        assert (await broker.get_job(lease.job_id)).payload == {}
+    finally:
+        await broker.close()
+
+
+async def test_every_herd_session_bounds_an_idle_transaction_and_keeps_the_urls_options(
+    clean_pg, monkeypatch
+):
+    """Any herd transaction, not only a fenced one: a session idle inside one (its client
+    gone between two statements) is ended by the server, and its row locks with it. The
+    bound is added to the options a URL carries, not put in their place."""
+    monkeypatch.setattr("herd.db.postgres.IDLE_IN_TRANSACTION", 1.0)
+    sep = "&" if "?" in clean_pg else "?"
+    broker = PostgresBroker(f"{clean_pg}{sep}options=-c%20search_path%3Dpublic", pool_size=3)
+    await broker.open()
+    try:
+        async with broker._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT current_setting('idle_in_transaction_session_timeout'),"
+                " current_setting('search_path')"
+            )
+            assert await cur.fetchone() == ("1s", "public")
+        await broker.enqueue([NewJob(task="t", payload={}, lease_seconds=30.0)])
+        inside, go_on = asyncio.Event(), asyncio.Event()
+
+        async def stalled() -> None:
+            async with broker._pool.connection() as conn, conn.transaction():
+                await conn.execute("SELECT id FROM herd_jobs FOR UPDATE")
+                inside.set()
+                await go_on.wait()
+
+        task = asyncio.create_task(stalled())
+        await inside.wait()
+        assert await eventually(lambda: broker.claim(["default"], "w", 1), timeout=20)
+        go_on.set()
+        with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+            await task
+    finally:
+        await broker.close()
+
+
+async def test_a_connection_over_tcp_gives_up_on_a_link_gone_dead(pgbouncer_url):
+    """A statement sent into a dead link waited on its reply for as long as the kernel
+    retransmitted (~15 min), a worker's task or heartbeat with it: every herd connection's
+    socket now gives up after 30 s unacknowledged or 10 + 3 x 5 s of unanswered probes.
+    Through PgBouncer: the suite's only TCP link (the embedded server listens on a Unix
+    socket). What the URL sets itself wins."""
+    sep = "&" if "?" in pgbouncer_url else "?"
+    broker = PostgresBroker(f"{pgbouncer_url}{sep}keepalives_idle=99", pool_size=2)
+    await broker.open()
+    try:
+        async with broker._pool.connection() as conn:
+            with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+                assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 30_000
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 99
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 5
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
     finally:
         await broker.close()

@@ -55,16 +55,59 @@ def application_name() -> str:
     return f"herd:{os.getpid()}"
 
 
+# Seconds the server lets a herd connection sit idle inside a transaction before it
+# ends the session. herd's own transactions send their statements back to back, so an
+# idle one is a client that was cut off, froze or vanished mid-transaction; until the
+# server's TCP keepalive gives up (two hours by default) its row locks would keep a
+# job's row, and so its takeover, out of every claim (they skip locked rows). A
+# fenced transaction is bounded by its job's lease instead (check_lease).
+IDLE_IN_TRANSACTION = 60.0
+# The client's side of the same: a statement sent into a link that went dead would
+# wait on its reply until the kernel gave up (~15 min of retransmits, two hours of
+# silence without keepalives), holding a worker's task, or its heartbeat, that long.
+# Unacknowledged data for TCP_USER_TIMEOUT ms, or a peer silent to the probes after
+# KEEPALIVES_IDLE s, closes the connection instead; a long statement on a live
+# server is not cut short (its kernel answers the probes). libpq ignores them on
+# a Unix socket.
+TCP_BOUNDS = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+
+
+def idle_ms(seconds: float) -> str:
+    """``seconds`` as the value of idle_in_transaction_session_timeout (ms, at least 1 s:
+    0 would turn the bound off)."""
+    return str(max(1000, round(seconds * 1000)))
+
+
 def connect_kwargs(url: str, *, pooler: bool = False) -> dict[str, Any]:
     """Keyword arguments of every herd connection (pooled, listening, migrating).
 
     ``pooler``: the URL leads to a transaction pooler, where a statement prepared
     on one server connection is missing on the next: psycopg must not prepare.
     Elsewhere it prepares what repeats (a worker drains no-op jobs ~30% faster).
+    Elsewhere, too, the session carries the IDLE_IN_TRANSACTION bound from its start
+    (a pooler would drop the startup option, or give the setting to another client's
+    session): behind one, the pooler's own bound applies (PgBouncer's
+    ``idle_transaction_timeout``, docs/connections.md). Every connection, pooled or not,
+    carries the TCP_BOUNDS on its socket.
     """
-    kwargs: dict[str, Any] = {"autocommit": True}
+    given = psycopg.conninfo.conninfo_to_dict(url)
+    # What the URL sets itself wins.
+    kwargs: dict[str, Any] = {k: v for k, v in TCP_BOUNDS.items() if k not in given}
+    kwargs["autocommit"] = True
     if pooler:
         kwargs["prepare_threshold"] = None
+    else:
+        # Added to the URL's own options (a search_path, say), which a keyword would replace.
+        options = given.get("options") or ""
+        if "idle_in_transaction_session_timeout" not in str(options):
+            bound = f"-c idle_in_transaction_session_timeout={idle_ms(IDLE_IN_TRANSACTION)}"
+            kwargs["options"] = f"{options} {bound}".strip()
     # A name the URL sets itself (a service's own label) wins over ours.
     if "application_name" not in url:
         kwargs["application_name"] = application_name()

@@ -26,6 +26,7 @@ from herd.config import Settings
 from herd.db.postgres import (
     SessionLock,
     SharedPool,
+    idle_ms,
     migrate,
     translate_errors,
     unchecked_if_fresh,
@@ -556,8 +557,9 @@ class PostgresBroker:
         """
         with translate_errors(self.url):
             async with self._pool.connection() as conn, conn.transaction():
+                idle = idle_ms(lease.lease_seconds)
                 cur = await conn.execute(
-                    self._q["check_lease"], {"id": lease.job_id, "token": lease.token}
+                    self._q["check_lease"], {"id": lease.job_id, "token": lease.token, "idle": idle}
                 )
                 if await cur.fetchone() is None:
                     raise LeaseLost(job_id=lease.job_id)

@@ -295,8 +295,13 @@ RETURNING j.id, j.queue;
 
 -- name: check_lease
 -- Taken inside a caller's transaction: holds the row until COMMIT, so no
--- takeover can slip between this check and the caller's own writes.
-SELECT 1 FROM herd_jobs
+-- takeover can slip between this check and the caller's own writes. The lock
+-- also keeps every claim's scan for expired leases off the row: a transaction
+-- left idle longer than the lease (its client cut off, frozen or gone without a
+-- word reaching the server) is ended by the server, lock and all, so that the job
+-- can be taken over; held longer it could not commit its writes under a live
+-- lease anyway (the job's renewals wait on the same row).
+SELECT set_config('idle_in_transaction_session_timeout', %(idle)s, true) FROM herd_jobs
  WHERE id = %(id)s AND lease_token = %(token)s AND status = 'processing' AND lease_expires_at > now()
    FOR UPDATE;
 
