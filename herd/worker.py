@@ -574,7 +574,7 @@ class Worker:
         # answers and nothing fails), the request would otherwise block the check that
         # cancels a job whose lease may be someone else's by now. No second renewal is
         # sent while one is pending; a late answer counts from when it was sent.
-        pending: tuple[asyncio.Future[Any], float, set[int]] | None = None
+        pending: tuple[asyncio.Future[Any], float, set[int], float] | None = None
         try:
             while True:
                 running = list(self._running.values())
@@ -589,8 +589,19 @@ class Worker:
                     # would keep the job from every other worker while the task ends.
                     leases = [r.lease for r in running if not r.lost]
                     task = asyncio.ensure_future(self.app.broker.renew_if_leased(leases))
-                    pending = (task, now, {lease.job_id for lease in leases})
-                renewal, sent, covered = pending
+                    longest = max((lease.lease_seconds for lease in leases), default=0.0)
+                    pending = (task, now, {lease.job_id for lease in leases}, longest)
+                renewal, sent, covered, longest = pending
+                if not renewal.done() and now - sent > longest:
+                    # Pending longer than any lease it covers: its answer could renew
+                    # nothing now (a late one counts from when it was sent), and while it
+                    # is pending no other goes out, so every job claimed since would be
+                    # lost to it. Sent into a dead connection, it waited up to the
+                    # socket's bounds (herd.db.postgres.TCP_BOUNDS) or for ever elsewhere.
+                    renewal.cancel()
+                    renewal.add_done_callback(_consume)
+                    pending = None
+                    continue
                 until = min([now + tick, *(r.deadline for r in running if not r.lost)])
                 await asyncio.wait({renewal}, timeout=max(0.05, until - now))
                 renewed: dict[int, Any] | None = None
@@ -665,6 +676,12 @@ def _answer(batch: Sequence[tuple[Completion, asyncio.Future[bool]]], oks: Seque
     for (_, fut), ok in zip(batch, oks, strict=True):
         if not fut.done():
             fut.set_result(ok)
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned future's outcome, so that asyncio logs no error for it."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _describe(exc: BaseException) -> str:

@@ -427,3 +427,59 @@ async def test_a_result_too_deep_or_too_big_is_dead_lettered_with_the_limit_name
     assert "HERD_MAX_JSON_DEPTH" in deep_job.last_error
     assert "2002 bytes as JSON; the limit is 1000 (HERD_MAX_RESULT_BYTES)" in big_job.last_error
     assert fits_job.status == JobStatus.SUCCEEDED and fits_job.result == "x" * 998
+
+
+class FirstRenewalNeverAnswers:
+    """A real broker whose first renewal is sent into a dead link: no answer, no error."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.renewals = 0
+        self.abandoned = asyncio.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def open(self):
+        pass
+
+    async def close(self):
+        pass
+
+    async def renew_if_leased(self, leases):
+        self.renewals += 1
+        if self.renewals == 1:
+            try:
+                await asyncio.Future()
+            finally:
+                self.abandoned.set()
+        return await self.inner.renew_if_leased(leases)
+
+
+async def test_a_renewal_that_never_answers_costs_only_the_jobs_it_was_sent_for(app):
+    """The heartbeat sends no renewal while one is pending: one lost in a dead connection
+    lost every job the worker claimed afterwards (docs/chaos.md). Given up once it has
+    outlasted every lease it covers, the next is sent and a later job is kept."""
+    # The heartbeat's own: one job store is enough.
+    spy = FirstRenewalNeverAnswers(app.broker)
+    app = App(broker=spy)
+    started: dict[str, asyncio.Event] = {"a": asyncio.Event(), "b": asyncio.Event()}
+
+    @app.task(name="long", lease_seconds=1.5, max_attempts=1)
+    async def long(payload):
+        started[payload].set()
+        await asyncio.sleep(4.0)  # the work: more than two leases
+        return payload
+
+    async with app:
+        await app.enqueue("long", "a")
+        worker, run = start(app, concurrency=2)
+        await asyncio.wait_for(spy.abandoned.wait(), 20)
+        b = await app.enqueue("long", "b")
+        await asyncio.wait_for(started["b"].wait(), 20)
+        done = await status_of(app, b.job_id, JobStatus.SUCCEEDED, JobStatus.DEAD)
+        worker.stop()
+        await asyncio.wait_for(run, 20)
+    assert done.status == JobStatus.SUCCEEDED
+    assert worker.stats.lost == 1  # a: its renewal never came back
+    assert spy.renewals > 2
