@@ -39,7 +39,7 @@ from herd.console import (
     short,
 )
 from herd.errors import ConfigError, FallbackWarning
-from herd.queue.base import MAX_RUNNING_PER_KEY, Job, JobStatus
+from herd.queue.base import Job, JobStatus
 from herd.queue.registry import BROKERS
 from herd.schedule.cli import schedule_cli
 
@@ -432,8 +432,7 @@ def _key_stats(ctx: typer.Context, top: int, as_json: bool) -> None:
     for col in ("running", "limit", "waiting"):
         table.add_column(col, justify="right", min_width=5)
     for k in keys:
-        # The highest limit bounds nothing: an evaluation batch's key gives turns only.
-        limit = "none" if k.max_running >= MAX_RUNNING_PER_KEY else str(k.max_running)
+        limit = "none" if k.max_running is None else str(k.max_running)
         table.add_row(k.queue, k.key, str(k.running), limit, str(k.waiting))
     out.print(table)
 

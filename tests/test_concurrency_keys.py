@@ -86,6 +86,8 @@ def test_a_key_at_the_highest_limit_reads_as_no_limit(clean_pg):
     shown = herd("jobs", "stats", "--by-key", url=clean_pg, COLUMNS="80")
     (row,) = [line.split() for line in shown.stdout.splitlines() if "batch:nightly" in line]
     assert row == ["default", "batch:nightly", "0", "none", "1"]
+    listed = herd("jobs", "stats", "--by-key", "--json", url=clean_pg)
+    assert json.loads(listed.stdout)["max_running"] is None  # not a million
 
 
 def test_stats_by_key_says_so_when_no_key_has_work(clean_pg):

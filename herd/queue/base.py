@@ -212,7 +212,13 @@ class KeyStats:
     key: str
     running: int
     waiting: int  # pending, delayed ones included
-    max_running: int
+    # None where the key bounds nothing: at MAX_RUNNING_PER_KEY it gives turns only
+    # (an evaluation batch's key), and every surface says "none", not a million.
+    max_running: int | None
+
+    def __post_init__(self) -> None:
+        if self.max_running is not None and self.max_running >= MAX_RUNNING_PER_KEY:
+            object.__setattr__(self, "max_running", None)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,10 @@ async def seed(pg_url: str, herd_home: Path) -> None:
                               max_running_per_key=2)  # fmt: skip
         await app.enqueue("t.echo", {}, queue="tenants", concurrency_key="tenant:globex",
                           max_running_per_key=4)  # fmt: skip
-        assert len(await app.broker.claim(["tenants"], "w", 10)) == 3
+        # An evaluation batch's key: turns only, no limit (the API says null).
+        await app.enqueue("t.echo", {}, queue="tenants", concurrency_key="batch:nightly",
+                          max_running_per_key=1_000_000)  # fmt: skip
+        assert len(await app.broker.claim(["tenants"], "w", 10)) == 4
 
 
 @pytest.mark.timeout(600)
@@ -44,14 +47,18 @@ def test_dashboard_shows_the_busiest_keys(chromium, pg_url, herd_home, tmp_path)
             page.fill("#token", TOKEN)
             page.click("#login button")
             rows = page.locator("#keys tbody tr")
-            expect(rows).to_have_count(2)
+            expect(rows).to_have_count(3)
             # Busiest first: running plus waiting.
             cells = [rows.nth(0).locator("td").nth(i) for i in range(4)]
             expect(cells[0]).to_have_text(KEY + "tenants")
             assert [c.inner_text() for c in cells[1:]] == ["2", "2", "3"]
             expect(rows.nth(0).locator(".bar")).to_have_class("bar warn")  # at its limit
-            expect(rows.nth(1)).to_contain_text("tenant:globex")
-            expect(rows.nth(1).locator(".bar")).to_have_class("bar ok")
+            globex = page.locator('#keys tr[data-key="tenants/tenant:globex"]')
+            expect(globex.locator("td").nth(2)).to_have_text("4")
+            expect(globex.locator(".bar")).to_have_class("bar ok")
+            batch = page.locator('#keys tr[data-key="tenants/batch:nightly"]')
+            expect(batch.locator("td").nth(2)).to_have_text("none")
+            expect(batch.locator(".bar")).to_have_class("bar ok")
             page.locator("#keys-card").screenshot(path=str(tmp_path / "keys.png"))
             assert errors == []
         finally:

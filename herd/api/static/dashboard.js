@@ -490,20 +490,23 @@ function renderSchedules(schedules) {
 }
 
 // A key's row: its running jobs against its limit (full: every slot taken, its waiting
-// jobs wait for one), the busiest first as the server ranks them. The highest limit
-// (herd.queue.base.MAX_RUNNING_PER_KEY) bounds nothing: an evaluation batch's key only
-// gives its jobs their turns in each claim.
-const NO_LIMIT = 1000000;
+// jobs wait for one), the busiest first as the server ranks them. A key without a limit
+// (max_running null: an evaluation batch's key) only gives its jobs their turns in each
+// claim.
 function renderKeys(keys) {
   $("keys-card").hidden = !keys.length;
-  fillTable("keys", keys.map((k) => el("tr", { "data-key": `${k.queue}/${k.key}` },
-    el("td", { class: "mono" }, k.key, el("div", { class: "sub", text: k.queue })),
-    el("td", { class: "n", text: fmt.int(k.running) }),
-    el("td", { class: "n muted", text: k.max_running >= NO_LIMIT ? "none" : fmt.int(k.max_running) }),
-    el("td", { class: "n", text: fmt.int(k.waiting) }),
-    el("td", { title: k.running >= k.max_running ? "at its limit" : "" },
-      bar(k.running / Math.max(1, k.max_running), k.running >= k.max_running ? "warn" : "ok")),
-  )), 5, "no key has work");
+  fillTable("keys", keys.map((k) => {
+    const bounded = k.max_running !== null;
+    const full = bounded && k.running >= k.max_running;
+    return el("tr", { "data-key": `${k.queue}/${k.key}` },
+      el("td", { class: "mono" }, k.key, el("div", { class: "sub", text: k.queue })),
+      el("td", { class: "n", text: fmt.int(k.running) }),
+      el("td", { class: "n muted", text: bounded ? fmt.int(k.max_running) : "none" }),
+      el("td", { class: "n", text: fmt.int(k.waiting) }),
+      el("td", { title: full ? "at its limit" : "" },
+        bar(bounded ? k.running / Math.max(1, k.max_running) : 0, full ? "warn" : "ok")),
+    );
+  }), 5, "no key has work");
 }
 
 function render(d) {
