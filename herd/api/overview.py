@@ -5,7 +5,6 @@ dead-letter queue, caches and the cost ledger. The dashboard, `herd status` and
 
 from __future__ import annotations
 
-import asyncio
 import time
 import weakref
 from collections.abc import Awaitable, Callable
@@ -28,7 +27,7 @@ from herd.app import App
 from herd.errors import HerdError
 from herd.llm.eval import EvalRuntime, batch_status
 from herd.llm.eval.ledger import ESTIMATED, PAID
-from herd.queue.base import JobStatus, QueueStats, RunningJob
+from herd.queue.base import JobStatus, QueueStats
 from herd.schedule import ops as schedule_ops
 from herd.semantic.runtime import backend_stats
 
@@ -243,10 +242,6 @@ def busiest(stats: list[QueueStats], shown: int) -> tuple[list[QueueStats], int]
     return [*sorted(top, key=lambda q: q.queue), others], len(rest)
 
 
-async def _nothing_running() -> list[RunningJob]:
-    return []
-
-
 async def overview(app: App, *, minutes: int = 30, limit: int = 50) -> OverviewOut:
     problems: list[str] = []
     stats = await app.stats()
@@ -254,12 +249,13 @@ async def overview(app: App, *, minutes: int = 30, limit: int = 50) -> OverviewO
     # job claimed since the last vacuum (300,000 after a drain: hundreds of ms); the
     # counters say exactly when nothing is running, and then it is not read.
     busy = any(s.counts.get(JobStatus.PROCESSING, 0) for s in stats)
-    running, tp, dead, recent = await asyncio.gather(
-        app.broker.running(limit) if busy else _nothing_running(),
-        app.broker.throughput(minutes),
-        app.dead_letters(limit=limit),
-        app.list_jobs(limit=10),
-    )
+    # One read after another: side by side, each would take a connection of its own
+    # from the pool, and one idle since the last poll is checked first (a round trip);
+    # in turn they share the connection the first read took.
+    running = await app.broker.running(limit) if busy else []
+    tp = await app.broker.throughput(minutes)
+    dead = await app.dead_letters(limit=limit)
+    recent = await app.list_jobs(limit=10)
     cache_rows = await caches(app, problems)
     ledger_rows = await optional("cost ledger", ledger(app), problems)
     limit_rows = await optional("provider limits", limits(app), problems)

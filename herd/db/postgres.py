@@ -31,7 +31,7 @@ from contextlib import AbstractContextManager, asynccontextmanager, contextmanag
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection, sql
@@ -41,6 +41,8 @@ from herd.config import auto_migrate_from
 from herd.db.diskfull import disk_full
 from herd.errors import BrokerError, BrokerUnavailable, MigrationError
 from herd.masking import mask
+
+T = TypeVar("T")
 
 log = logging.getLogger("herd.db")
 
@@ -317,6 +319,24 @@ def unchecked_if_fresh() -> Iterator[None]:
         yield
     finally:
         _unchecked.reset(token)
+
+
+async def sent_again_if_dropped(attempt: Callable[[], Awaitable[T]]) -> T:
+    """``attempt()`` on a connection that answered within ``FRESH`` seconds, unchecked;
+    where it fails because that connection was gone (the server dropped it since), once
+    more on a checked one. For a statement safe to send twice: a read, or a write
+    fenced so that a second run changes nothing (a claim's, a completion's, a
+    renewal's). A pool with no connection to give (PoolTimeout) is not tried again: a
+    second try would wait as long."""
+    with unchecked_if_fresh():
+        try:
+            return await attempt()
+        except BrokerUnavailable as exc:
+            if isinstance(exc.__cause__, PoolTimeout) or not isinstance(
+                exc.__cause__, psycopg.OperationalError
+            ):
+                raise
+    return await attempt()
 
 
 async def _check_unless_fresh(conn: AsyncConnection[Any]) -> None:

@@ -145,10 +145,12 @@ class PostgresLimiter:
         await self._run(Q["note_wait"], {"scope": scope, "seconds": max(0.0, seconds)})
 
     async def stats(self, scopes: Sequence[str] | None = None) -> list[LimitStats]:
+        # A read: safe to send again, so not checked on a connection fresh from a statement.
         if scopes is None:
-            rows = await self._run(Q["stats"], {})
+            rows = await pgdb.sent_again_if_dropped(lambda: self._run(Q["stats"], {}))
         else:
-            rows = await self._run(Q["stats_of"], {"scopes": list(scopes)})
+            params = {"scopes": list(scopes)}
+            rows = await pgdb.sent_again_if_dropped(lambda: self._run(Q["stats_of"], params))
         return [
             stats_of(
                 r[0],

@@ -19,7 +19,6 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
-from psycopg_pool import PoolTimeout
 
 from herd import aio
 from herd.config import Settings
@@ -28,11 +27,11 @@ from herd.db.postgres import (
     SharedPool,
     idle_ms,
     migrate,
+    sent_again_if_dropped,
     translate_errors,
-    unchecked_if_fresh,
 )
 from herd.db.queries import named
-from herd.errors import BrokerError, BrokerUnavailable, LeaseLost
+from herd.errors import BrokerError, LeaseLost
 from herd.jsonvalue import dumps
 from herd.queue.base import (
     Completion,
@@ -304,25 +303,19 @@ class PostgresBroker:
                 await cur.execute(self._q[name], params, prepare=prepare)
                 return await cur.fetchall()
 
-    async def _worker_fetch(
+    async def _resent_fetch(
         self, name: str, params: dict[str, Any], *, dicts: bool = False
     ) -> list[Any]:
-        """A worker's claim, completion or renewal: on a connection that answered within
-        the last second, unchecked (herd.db.postgres.unchecked_if_fresh). One the server
-        has dropped since fails as it sends, before the statement runs: it is sent once
-        more, on a checked connection. (One dropped after the statement ran is the case
-        of any connection lost mid-answer, unchanged: a claim's jobs run again once
-        their lease expires, a completion finds itself in already_completed.)"""
+        """A statement safe to send twice: a worker's claim, completion or renewal
+        (fenced: a second run changes nothing), or a read (the dashboard's, the CLI's).
+        Sent on a connection that answered within the last second, unchecked, and once
+        more on a checked one where that connection had been dropped
+        (herd.db.postgres.sent_again_if_dropped). (A connection lost after the statement
+        ran is the case of any connection lost mid-answer, unchanged: a claim's jobs
+        run again once their lease expires, a completion finds itself in
+        already_completed.)"""
         fetch = self._fetch_dicts if dicts else self._fetch
-        with unchecked_if_fresh():
-            try:
-                return await fetch(name, params)
-            except BrokerUnavailable as exc:
-                if isinstance(exc.__cause__, PoolTimeout) or not isinstance(
-                    exc.__cause__, psycopg.OperationalError
-                ):
-                    raise  # no connection to be had: a second try would wait as long
-        return await fetch(name, params)
+        return await sent_again_if_dropped(lambda: fetch(name, params))
 
     # -- producers
 
@@ -405,12 +398,12 @@ class PostgresBroker:
             if now >= self._next_orphan_check.get(queue, 0.0):
                 # A dead worker's jobs first: they have waited longest.
                 self._next_orphan_check[queue] = now + ORPHAN_CHECK
-                rows = await self._worker_fetch(
+                rows = await self._resent_fetch(
                     "claim_orphans", {**params, "limit": limit - len(leases)}, dicts=True
                 )
             want = limit - len(leases) - len(rows)
             if want > 0 and completions is not None:
-                found = await self._worker_fetch(
+                found = await self._resent_fetch(
                     _claim_statement(self._q, "complete_and_claim", want),
                     {**params, **completions},
                     dicts=True,
@@ -421,7 +414,7 @@ class PostgresBroker:
                     row.pop("completed", None)
                 rows += [row for row in found if row["job_id"] is not None]
             elif want > 0:
-                rows += await self._worker_fetch(
+                rows += await self._resent_fetch(
                     _claim_statement(self._q, "claim", want), params, dicts=True
                 )
             for row in rows:
@@ -431,7 +424,7 @@ class PostgresBroker:
                 trace = trace_of(row.pop("trace_context"))
                 leases.append(Lease(**row, owner=owner, trace_context=trace))
         if completions is not None:  # no claim statement was sent
-            done.update(row[0] for row in await self._worker_fetch("complete", completions))
+            done.update(row[0] for row in await self._resent_fetch("complete", completions))
         return done, leases
 
     async def purge_finished(self, older_than: float | None = None, *, batch: int = 5000) -> int:
@@ -484,13 +477,13 @@ class PostgresBroker:
     async def renew_if_leased(self, leases: Sequence[Lease]) -> dict[int, datetime]:
         if not leases:
             return {}
-        rows = await self._worker_fetch("renew", _ids_tokens(leases))
+        rows = await self._resent_fetch("renew", _ids_tokens(leases))
         return {job_id: expires for job_id, expires in rows}
 
     async def complete_if_leased(self, items: Sequence[Completion]) -> list[bool]:
         if not items:
             return []
-        done = {row[0] for row in await self._worker_fetch("complete", _completion_params(items))}
+        done = {row[0] for row in await self._resent_fetch("complete", _completion_params(items))}
         return await self._settle(items, done)
 
     async def _settle(self, items: Sequence[Completion], done: set[int]) -> list[bool]:
@@ -591,13 +584,14 @@ class PostgresBroker:
     # -- inspection and operations
 
     async def get_job(self, job_id: int) -> Job | None:
-        rows = await self._fetch_dicts("get_job", {"id": job_id})
+        rows = await self._resent_fetch("get_job", {"id": job_id}, dicts=True)
         return _job(rows[0]) if rows else None
 
     async def get_jobs(self, job_ids: Sequence[int]) -> list[Job]:
         if not job_ids:
             return []
-        return [_job(r) for r in await self._fetch_dicts("get_jobs", {"ids": list(job_ids)})]
+        rows = await self._resent_fetch("get_jobs", {"ids": list(job_ids)}, dicts=True)
+        return [_job(r) for r in rows]
 
     async def list_jobs(
         self, *, status: JobStatus | None = None, queue: str | None = None, limit: int = 100
@@ -605,16 +599,15 @@ class PostgresBroker:
         # Planned for its values each time (never prepared): a generic plan cannot see
         # which filters are NULL, nor use the partial index of the status asked for
         # (herd_jobs_dead_id for the dashboard's dead letters).
-        rows = await self._fetch_dicts(
-            "list_jobs",
-            {"status": status.value if status else None, "queue": queue, "limit": limit},
-            prepare=False,
+        params = {"status": status.value if status else None, "queue": queue, "limit": limit}
+        rows = await sent_again_if_dropped(
+            lambda: self._fetch_dicts("list_jobs", params, prepare=False)
         )
         return [_job(r) for r in rows]
 
     async def stats(self) -> list[QueueStats]:
         out: dict[str, QueueStats] = {}
-        for queue, status, n, ready, oldest in await self._fetch("stats", {}):
+        for queue, status, n, ready, oldest in await self._resent_fetch("stats", {}):
             st = out.setdefault(queue, QueueStats(queue))
             st.counts[JobStatus(status)] = n
             if status == JobStatus.PENDING:
@@ -624,7 +617,7 @@ class PostgresBroker:
         return list(out.values())
 
     async def next_due(self, queues: Sequence[str]) -> float | None:
-        ((seconds,),) = await self._fetch("next_due", {"queues": list(queues)})
+        ((seconds,),) = await self._resent_fetch("next_due", {"queues": list(queues)})
         return None if seconds is None else max(0.0, float(seconds))
 
     async def requeue_dead(self, job_ids: Sequence[int] | None) -> RequeueResult:
@@ -657,14 +650,15 @@ class PostgresBroker:
             )
 
     async def key_stats(self, limit: int = 20) -> list[KeyStats]:
-        rows = await self._fetch("key_stats", {"limit": max(1, limit)})
+        rows = await self._resent_fetch("key_stats", {"limit": max(1, limit)})
         return [KeyStats(*row) for row in rows]
 
     async def running(self, limit: int = 100) -> list[RunningJob]:
-        return [RunningJob(**r) for r in await self._fetch_dicts("running", {"limit": limit})]
+        rows = await self._resent_fetch("running", {"limit": limit}, dicts=True)
+        return [RunningJob(**r) for r in rows]
 
     async def throughput(self, minutes: int) -> Throughput:
-        rows = await self._fetch("throughput", {"minutes": max(1, minutes)})
+        rows = await self._resent_fetch("throughput", {"minutes": max(1, minutes)})
         out = Throughput(start=rows[0][0], minutes=max(1, minutes))
         for _, queue, i, status, n in rows:
             if queue is not None:
@@ -691,9 +685,8 @@ class PostgresBroker:
         await self._fetch("schedules_save", params)
 
     async def schedules(self, names: Sequence[str] | None = None) -> list[ScheduleState]:
-        rows = await self._fetch_dicts(
-            "schedules_list", {"all": names is None, "names": list(names or [])}
-        )
+        params = {"all": names is None, "names": list(names or [])}
+        rows = await self._resent_fetch("schedules_list", params, dicts=True)
         return [_schedule_state(r) for r in rows]
 
     async def fire_schedule(

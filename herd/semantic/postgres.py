@@ -207,10 +207,9 @@ class PostgresSemanticStore:
 
     async def read_stats(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
-        for cache, name, value in await self._exec(Q["read_stats"], {}):
+        # A read: safe to send again, so not checked on a connection fresh from a statement.
+        for cache, name, value in await pgdb.sent_again_if_dropped(
+            lambda: self._exec(Q["read_stats"], {})
+        ):
             out.setdefault(cache, {})[name] = int(value)
-        # herd_semantic_sizes is kept by every write and purge (the size bound reads
-        # it too): O(caches) rows instead of counting the table on each poll.
-        for cache, n in await self._exec(Q["read_sizes"], {}):
-            out.setdefault(cache, {})["entries"] = int(n)
         return out

@@ -201,3 +201,50 @@ async def test_overview_cards_read_no_items_of_an_idle_batch(client, pg_app, mon
     # An evaluation job goes by its document's path in the jobs views.
     labels = {j["label"] for j in (await client.get("/overview")).json()["recent"]}
     assert labels == {"a.txt", "b.txt", "c.txt", "d.txt"}
+
+
+async def test_a_poll_sends_no_connection_check_yet_survives_dropped_connections(
+    pg_url, herd_home, monkeypatch
+):
+    """Every read of a poll is safe to send twice, so none waits for the pool's checkout
+    check on a connection fresh from a statement (eight of a poll's nineteen round trips
+    were checks), and one the server dropped is sent again on a checked connection."""
+    import uuid
+
+    import psycopg
+
+    from herd.api import overview
+    from tests.conftest import truncate
+
+    truncate(pg_url)
+    tag = f"herd-poll-{uuid.uuid4().hex[:8]}"  # this app's connections, dropped below
+    url = f"{pg_url}{'&' if '?' in pg_url else '?'}application_name={tag}"
+    checks: list[str] = []
+    execute = psycopg.AsyncConnection.execute
+
+    async def counting(self, query, params=None, **kw):
+        if query == "":  # the pool's check on checkout (AsyncConnectionPool.check_connection)
+            checks.append(query)
+        return await execute(self, query, params, **kw)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", counting)
+    # Fresh for the whole test: on a loaded machine a connection could age past the 1 s
+    # window between two polls and be checked, which is the window working.
+    monkeypatch.setattr("herd.db.postgres.FRESH", 60.0)
+    async with App(settings=Settings(home=herd_home, database_url=url)) as app:
+        await app.enqueue("t", {}, queue="polled")
+        await overview.overview(app)  # every store opened, its pool warm
+        checks.clear()
+        seen = await overview.overview(app)
+        assert checks == [] and seen.problems == []
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            dropped = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = %s",
+                (tag,),
+            ).fetchall()
+        assert dropped and all(ok for (ok,) in dropped)
+        seen = await overview.overview(app)
+        assert seen.problems == []
+        assert [q.ready for q in seen.queues if q.queue == "polled"] == [1]
+        assert checks  # the second tries were checked

@@ -102,7 +102,10 @@ SELECT %(cache)s, n, v FROM unnest(%(names)s::text[], %(values)s::bigint[]) AS c
 ON CONFLICT (cache, name) DO UPDATE SET value = herd_semantic_stats.value + excluded.value;
 
 -- name: read_stats
-SELECT cache, name, value FROM herd_semantic_stats;
-
--- name: read_sizes
-SELECT cache, n FROM herd_semantic_sizes;
+-- The counters, then each cache's size (kept by every write and purge, which the size
+-- bound reads too: O(caches) rows, no count of the entries), in one round trip.
+SELECT cache, name, value FROM (
+    SELECT cache, name, value, 0 AS part FROM herd_semantic_stats
+    UNION ALL
+    SELECT cache, 'entries', n, 1 FROM herd_semantic_sizes
+) AS t ORDER BY part;
