@@ -17,6 +17,7 @@ from herd.api.overview import LEDGER_KINDS, OTHERS, depth, overview
 from herd.api.security import check_bind, weakest
 from herd.durations import duration
 from herd.errors import ConfigError
+from herd.llm.eval.ledger import PAID
 
 _LEDGER_LABELS = {
     "call": "provider calls",
@@ -116,6 +117,12 @@ def status(
 
 def _money(value: float | None) -> str:
     return f"${value:,.4f}" if value else ""
+
+
+def _ledger_money(calls: int, value: float | None) -> str:
+    """A ledger row's cost (or saving): calls without a figure are of models without a
+    price, whose cost is unknown, never $0."""
+    return "unpriced" if calls and value is None else _money(value)
 
 
 def sparkline(counts: list[int]) -> str:
@@ -225,8 +232,8 @@ def print_overview(ov: OverviewOut) -> None:
                 f"{row.calls:,}",
                 f"{row.input_tokens:,}",
                 f"{row.output_tokens:,}",
-                _money(row.cost),
-                _money(row.saved),
+                _ledger_money(row.calls, row.cost) if kind in PAID else "",
+                "" if kind in PAID else _ledger_money(row.calls, row.saved),
             )
     out.print(led)
 

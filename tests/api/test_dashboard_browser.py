@@ -17,7 +17,7 @@ from herd.llm.eval import EvalRuntime, EvalSpec, submit_texts
 from herd.llm.eval.ledger import open_call
 from herd.queue.base import Completion, DeadReason, Failure
 from tests.api.browser import ensure_chromium
-from tests.api.conftest import TOKEN, serving
+from tests.api.conftest import TOKEN, clean_side_tables, serving
 from tests.conftest import truncate
 from tests.llm.conftest import SECRET, Sim, sim_server  # noqa: F401
 
@@ -146,8 +146,6 @@ def test_dashboard_shows_a_batch_parked_on_its_budget(
 ):
     from playwright.sync_api import expect, sync_playwright
 
-    from tests.api.conftest import clean_side_tables
-
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # checked at submit; no call is made
     truncate(pg_url)
     clean_side_tables(pg_url)
@@ -203,6 +201,52 @@ def test_dashboard_shows_a_batch_parked_on_its_budget(
             shots = os.environ.get("HERD_SCREENSHOTS")
             if shots:
                 page.screenshot(path=str(Path(shots) / "dashboard-batch.png"), full_page=True)
+            assert errors == []
+        finally:
+            browser.close()
+
+
+async def seed_unpriced_ledger(pg_url: str, herd_home: Path) -> None:
+    """A call to a model without a price and one avoided by the cache: both unknown."""
+    async with App(settings=Settings(home=herd_home, database_url=pg_url)) as app:
+        rt = await EvalRuntime.of(app)
+        for kind, job in (("call", 7), ("cache", 8)):
+            await rt.store.record(batch="b", job_id=job, key="k1", kind=kind,
+                                  input_tokens=10, cost=None)  # fmt: skip
+
+
+def test_the_cost_ledger_says_unpriced_where_a_model_has_no_price(
+    chromium,  # noqa: F811
+    pg_url,
+    herd_home,
+    tmp_path,
+):
+    from playwright.sync_api import expect, sync_playwright
+
+    truncate(pg_url)
+    clean_side_tables(pg_url)
+    asyncio.run(seed_unpriced_ledger(pg_url, herd_home))
+    with (
+        serving(pg_url, herd_home, tmp_path / "serve.log") as url,
+        sync_playwright() as pw,
+    ):
+        browser = pw.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1100})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(url)
+            rows = page.locator("#ledger tbody tr")
+            calls = rows.filter(has_text="provider calls")
+            expect(calls.locator("td").nth(3)).to_have_text("unpriced")  # not $0, not blank
+            expect(rows.filter(has_text="avoided: cache").locator("td").nth(3)).to_have_text(
+                "unpriced"
+            )
+            expect(rows.filter(has_text="lost (lease").locator("td").nth(3)).to_have_text("")
+            expect(rows.filter(has_text="spent").locator("td").nth(3)).to_have_text("unpriced")
+            expect(rows.filter(has_text="saved").locator("td").nth(3)).to_have_text("unpriced")
+            expect(page.locator("#k-saved")).to_have_text("unpriced")
+            page.locator("#ledger").screenshot(path=str(tmp_path / "ledger.png"))
             assert errors == []
         finally:
             browser.close()

@@ -56,3 +56,20 @@ def test_settings_from_env_reads_the_body_limit():
     assert Settings.from_env({}).api_body_limit == 1 << 20
     with pytest.raises(ConfigError, match="HERD_API_BODY_LIMIT"):
         Settings.from_env({"HERD_API_BODY_LIMIT": "lots"})
+
+
+async def test_status_says_unpriced_where_a_model_has_no_price_never_blank_or_zero(
+    pg_app, pg_url, herd_home
+):
+    from herd.llm.eval import EvalRuntime
+
+    rt = await EvalRuntime.of(pg_app)
+    # A model without a price: its call's cost, and so what avoiding it saved, are unknown.
+    await rt.store.record(batch="b", job_id=7, key="k1", kind="call", input_tokens=10, cost=None)
+    await rt.store.record(batch="b", job_id=8, key="k1", kind="cache", input_tokens=0, cost=None)
+    done = herd(pg_url, herd_home, "status")
+    assert done.returncode == 0, done.stderr
+    rows = {line.split("  ")[0]: line.split() for line in done.stdout.splitlines()}
+    assert rows["provider calls"][-1] == "unpriced"
+    assert rows["avoided: cache"][-1] == "unpriced"
+    assert rows["lost (lease lost mid-call)"][-1] == "0"  # no call, nothing to price

@@ -103,8 +103,7 @@ function renderKpis(d) {
   const hits = d.caches.reduce((a, c) => a + c.hits, 0);
   const misses = d.caches.reduce((a, c) => a + c.misses, 0);
   $("k-hits").textContent = hits + misses ? fmt.pct(hits / (hits + misses)) : "–";
-  const saved = d.ledger.reduce((a, r) => a + (r.saved || 0), 0);
-  $("k-saved").textContent = fmt.money(saved);
+  $("k-saved").textContent = priced(d.ledger.filter((r) => AVOIDED.includes(r.kind)), "saved");
 }
 
 function renderThroughput(tp) {
@@ -265,19 +264,32 @@ const LEDGER_LABELS = {
   singleflight: "avoided: singleflight", dedup: "avoided: dedup",
 };
 
+const AVOIDED = ["cache", "singleflight", "dedup"];
+
+// Money of ledger rows: a row with calls and no figure is of models without a price,
+// whose cost is unknown, never $0 (the API's null); a sum over such rows says so.
+function priced(rows, field) {
+  const known = rows.filter((r) => r[field] != null).reduce((a, r) => a + r[field], 0);
+  const unknown = rows.some((r) => r.calls && r[field] == null);
+  if (!unknown) return fmt.money(known);
+  return known ? `${fmt.money(known)} + unpriced` : "unpriced";
+}
+
 function renderLedger(rows) {
   const out = rows.map((r) => {
-    const avoided = ["cache", "singleflight", "dedup"].includes(r.kind);
+    const avoided = AVOIDED.includes(r.kind);
+    const value = avoided ? r.saved : r.cost;
+    const money = value ? (avoided ? "−" : "") + fmt.money(value) : (r.calls && value == null ? "unpriced" : "");
     return el("tr", {},
       el("td", { text: LEDGER_LABELS[r.kind] || r.kind }),
       el("td", { class: "n", text: fmt.int(r.calls) }),
       el("td", { class: "n", text: avoided ? "" : fmt.int(r.input_tokens + r.output_tokens) }),
-      el("td", { class: "n" + (avoided ? " saved" : ""), text: avoided ? (r.saved ? "−" + fmt.money(r.saved) : "") : (r.cost ? fmt.money(r.cost) : "") }));
+      el("td", { class: "n" + (avoided ? " saved" : ""), text: money }));
   });
-  const spent = rows.reduce((a, r) => a + (r.cost || 0), 0);
-  const saved = rows.reduce((a, r) => a + (r.saved || 0), 0);
-  out.push(el("tr", { class: "total" }, el("td", { text: "spent" }), el("td"), el("td"), el("td", { class: "n", text: fmt.money(spent) })));
-  out.push(el("tr", { class: "total" }, el("td", { text: "saved" }), el("td"), el("td"), el("td", { class: "n saved", text: fmt.money(saved) })));
+  const spent = priced(rows.filter((r) => !AVOIDED.includes(r.kind)), "cost");
+  const saved = priced(rows.filter((r) => AVOIDED.includes(r.kind)), "saved");
+  out.push(el("tr", { class: "total" }, el("td", { text: "spent" }), el("td"), el("td"), el("td", { class: "n", text: spent })));
+  out.push(el("tr", { class: "total" }, el("td", { text: "saved" }), el("td"), el("td"), el("td", { class: "n saved", text: saved })));
   // The provider's own prompt cache, apart from herd's: tokens it served, money it saved.
   const cached = rows.reduce((a, r) => a + (r.cached_input_tokens || 0), 0);
   const pSaved = rows.reduce((a, r) => a + (r.provider_cache_saved || 0), 0);
