@@ -27,6 +27,7 @@ from herd.config import Settings, check_database_url, parse_duration
 from herd.console import (
     Group,
     Options,
+    count,
     err,
     jsonable,
     listing,
@@ -206,10 +207,6 @@ def _print_jobs(jobs: list[Job], *, title: str, dead: bool = False) -> None:
 
 def _ids(ids: list[int]) -> str:
     return ", ".join(map(str, ids))
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def child_env(o: Options) -> dict[str, str]:
@@ -424,7 +421,7 @@ def _key_stats(ctx: typer.Context, top: int, as_json: bool) -> None:
         out.print("no job with a concurrency key is running or waiting")
         return
     table = Table(
-        title=f"busiest {_count(len(keys), 'key')}", title_justify="left", box=None,
+        title=f"busiest {count(len(keys), 'key')}", title_justify="left", box=None,
         pad_edge=False, header_style="bold", collapse_padding=True,
     )  # fmt: skip
     table.add_column("queue", overflow="fold")
@@ -454,7 +451,7 @@ def jobs_list(
         for j in jobs:
             print_json(j)
     else:
-        _print_jobs(jobs, title=_count(len(jobs), "job"))
+        _print_jobs(jobs, title=count(len(jobs), "job"))
 
 
 @jobs_cli.command("show")
@@ -491,7 +488,7 @@ def dlq_list(
         for j in jobs:
             print_json(j)
     else:
-        _print_jobs(jobs, title=_count(len(jobs), "dead-lettered job"), dead=True)
+        _print_jobs(jobs, title=count(len(jobs), "dead-lettered job"), dead=True)
 
 
 @dlq_cli.command("requeue")
@@ -514,7 +511,7 @@ def dlq_requeue(
     if as_json:
         print_json(result)
     else:
-        out.print(f"requeued {_count(len(done), 'job')}" + (f": {_ids(done)}" if done else ""))
+        out.print(f"requeued {count(len(done), 'job')}" + (f": {_ids(done)}" if done else ""))
     for c in result.skipped:
         err.print(
             f"herd: skipped job {c.job_id}: active job {c.held_by} holds its dedup key"
@@ -704,7 +701,7 @@ def demo(
     failed = [j.id for j in done if j.status != JobStatus.SUCCEEDED]
     if failed:
         err.print(
-            f"herd: {_count(len(failed), 'job')} did not succeed: {_ids(failed[:20])}"
+            f"herd: {count(len(failed), 'job')} did not succeed: {_ids(failed[:20])}"
             + (" …" if len(failed) > 20 else "")
             + " (`herd jobs list` shows them)",
             soft_wrap=True,

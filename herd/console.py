@@ -211,6 +211,11 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+def count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural but for one: "1 chunk", "2 chunks", "0 chunks"."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
 def print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(jsonable(value), ensure_ascii=False) + "\n")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -178,6 +179,8 @@ def ingest(
 
     async def work(app: App) -> tuple[Plan, int]:
         app.include(rag_tasks)
+        if not console.opts(ctx).debug:  # the bars say what the worker's INFO lines would
+            logging.getLogger("herd.worker").setLevel(logging.WARNING)
         with Progress(
             TextColumn("reading"),
             BarColumn(),
@@ -241,12 +244,21 @@ def ingest(
         verb = "would" if plan else "will"
         console.out.print(
             f"{collection}: {result.added} added, {result.changed} changed, {result.unchanged}"
-            f" unchanged, {result.deleted} deleted; {result.to_embed} chunks {verb} be embedded"
+            f" unchanged, {result.deleted} deleted; {console.count(result.to_embed, 'chunk')}"
+            f" {verb} be embedded"
             + (" into a new index generation" if result.new_generation else ""),
             highlight=False,
         )
     for error in result.errors:
         console.err.print(f"  skipped: {error}", soft_wrap=True, highlight=False, markup=False)
+    if result.errors:
+        files = "1 file was" if len(result.errors) == 1 else f"{len(result.errors)} files were"
+        rest = "would be" if plan else "is"
+        console.err.print(
+            f"herd: {files} not read (above); the rest {rest} indexed: fix or remove"
+            " them, then run herd ingest again",
+            soft_wrap=True, highlight=False, markup=False,
+        )  # fmt: skip
     if result.errors or dead:
         raise typer.Exit(1)
 
@@ -269,10 +281,10 @@ def _watch(
         if as_json:
             console.print_json(sync)
         else:
-            what = "all files" if sync.full else f"{sync.files} changed paths"
+            what = "all files" if sync.full else console.count(sync.files, "changed path")
             console.out.print(
                 f"{collection}: synced {what}: {sync.added} added, {sync.changed} changed,"
-                f" {sync.deleted} deleted; {sync.embedded} chunks embedded"
+                f" {sync.deleted} deleted; {console.count(sync.embedded, 'chunk')} embedded"
                 + ("" if sync.full else f"; searchable {sync.lag:.1f} s after the first change"),
                 highlight=False,
                 soft_wrap=True,
@@ -283,6 +295,8 @@ def _watch(
 
     async def work(app: App) -> None:
         app.include(rag_tasks)
+        if not console.opts(ctx).debug:  # a line per sync says what the worker's would
+            logging.getLogger("herd.worker").setLevel(logging.WARNING)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -343,7 +357,7 @@ def _show_status(ctx: typer.Context, collection: str, as_json: bool) -> None:
             lines.append(
                 f"last sync: {ago(state['last_sync_at'])}: {last['added']} added,"
                 f" {last['changed']} changed, {last['deleted']} deleted;"
-                f" {last['embedded']} chunks embedded"
+                f" {console.count(last['embedded'], 'chunk')} embedded"
             )
         if state["syncing_for"] is not None:
             lines.append(f"syncing:   for {state['syncing_for']:.1f} s")

@@ -90,6 +90,11 @@ async def test_a_binary_file_is_named_and_the_rest_is_indexed(
     assert r.returncode == 1, r.stderr  # documented: some file was not read, the rest was
     assert f"{folder / 'tool'}: a binary file, not text, PDF or HTML" in r.stderr
     assert f"{folder / 'scan.pdf'}: not a readable PDF" in r.stderr
+    assert r.stderr.splitlines()[-1] == (  # the last line: what failed, what to do next
+        "herd: 2 files were not read (above); the rest is indexed: fix or remove them,"
+        " then run herd ingest again"
+    )
+    assert "herd.worker" not in r.stderr  # the progress bars say what its lines would
     assert f"{name}: 11 added" in r.stdout
     rt = await RagRuntime.of(app)
     rows = await rt.store.fetch(
