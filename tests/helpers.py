@@ -117,3 +117,41 @@ def fresh_database(server_url: str, name: str, **conninfo: str) -> Iterator[str]
     finally:
         with psycopg.connect(server_url, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def own_connections(url: str) -> tuple[str, str]:
+    """``url`` with an application name of its own, and that name: the connections a
+    test drops (``drop_connections``) are then its own only, not a PgBouncer's or
+    another test's on the same database."""
+    import uuid
+
+    tag = f"herd-drop-{uuid.uuid4().hex[:8]}"
+    return f"{url}{'&' if '?' in url else '?'}application_name={tag}", tag
+
+
+def drop_connections(admin_url: str, tag: str) -> None:
+    """The server ends every connection named ``tag``, as a restart would."""
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        dropped = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (tag,),
+        ).fetchall()
+    assert dropped and all(ok for (ok,) in dropped)
+
+
+def count_checkout_checks(monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
+    """A list that grows by one for each check of a connection on its checkout from a
+    pool (AsyncConnectionPool.check_connection sends an empty query). Connections stay
+    fresh for the whole test: on a loaded machine one left idle could age past the 1 s
+    window and be checked, which is the window working, not a read skipping the check."""
+    checks: list[str] = []
+    execute = psycopg.AsyncConnection.execute
+
+    async def counting(self, query, params=None, **kw):  # type: ignore[no-untyped-def]
+        if query == "":
+            checks.append(query)
+        return await execute(self, query, params, **kw)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", counting)
+    monkeypatch.setattr("herd.db.postgres.FRESH", 60.0)
+    return checks

@@ -7,7 +7,6 @@ import asyncio
 import os
 import re
 import socket
-import uuid
 
 import psycopg
 import pytest
@@ -17,7 +16,7 @@ from herd import App, Worker
 from herd.errors import BrokerError
 from herd.queue.base import Completion, Failure, JobStatus, NewJob
 from herd.queue.postgres import PostgresBroker, _claim_statement
-from tests.helpers import eventually
+from tests.helpers import count_checkout_checks, drop_connections, eventually, own_connections
 
 
 async def test_succeeded_jobs_past_retention_are_purged_and_dead_ones_kept(clean_pg):
@@ -268,25 +267,10 @@ async def test_a_keys_counters_go_once_its_work_is_done_and_come_back_with_new_w
 async def test_a_workers_verbs_skip_the_checkout_check_yet_survive_dropped_connections(
     clean_pg, monkeypatch
 ):
-    # Its own application name: the connections dropped below are this broker's only,
-    # not a PgBouncer's or another test's on the same database.
-    tag = f"herd-drop-{uuid.uuid4().hex[:8]}"
-    sep = "&" if "?" in clean_pg else "?"
-    broker = PostgresBroker(f"{clean_pg}{sep}application_name={tag}", pool_size=2)
+    url, tag = own_connections(clean_pg)
+    broker = PostgresBroker(url, pool_size=2)
     await broker.open()
-    checks = []
-    execute = psycopg.AsyncConnection.execute
-
-    async def counting(self, query, params=None, **kw):
-        if query == "":  # the pool's check on checkout (AsyncConnectionPool.check_connection)
-            checks.append(query)
-        return await execute(self, query, params, **kw)
-
-    monkeypatch.setattr(psycopg.AsyncConnection, "execute", counting)
-    # Fresh for the whole test: on a loaded machine a pool connection left idle since the
-    # retention pass could age past the 1 s window and be checked, which is the window
-    # working, not the verbs skipping the check.
-    monkeypatch.setattr("herd.db.postgres.FRESH", 60.0)
+    checks = count_checkout_checks(monkeypatch)
     try:
         await broker.enqueue([NewJob(task="t", payload={}, lease_seconds=30.0) for _ in range(12)])
         (first,) = await broker.claim(["default"], "w", 1)
@@ -302,13 +286,7 @@ async def test_a_workers_verbs_skip_the_checkout_check_yet_survive_dropped_conne
         # land all the same (sent again on a checked connection), and a fenced
         # transaction is still checked before it starts (tests/chaos/test_findings.py).
         (lease,) = await broker.claim(["default"], "w", 1)
-        with psycopg.connect(clean_pg, autocommit=True) as admin:
-            dropped = admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE application_name = %s",
-                (tag,),
-            ).fetchall()
-            assert dropped and all(ok for (ok,) in dropped)
+        drop_connections(clean_pg, tag)
         assert await broker.complete_if_leased([Completion(lease, None)]) == [True]
         assert len(await broker.claim(["default"], "w", 1)) == 1
         assert checks  # the second tries were checked

@@ -6,7 +6,10 @@ import fcntl
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 CHROMIUM = Path("/usr/bin/chromium")
 LOCK = Path("/tmp/herd-test-chromium.lock")
@@ -44,3 +47,22 @@ def ensure_chromium() -> tuple[Path | None, str]:
             tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["?"]
             return None, f"apt-get install chromium failed: {tail[0]}"
     return CHROMIUM, ""
+
+
+@contextmanager
+def browser_page(
+    chromium: Path, width: int = 1440, height: int = 1100
+) -> Iterator[tuple[Any, list[str]]]:
+    """A page of headless ``chromium`` at ``width`` x ``height``, and the errors its
+    scripts raise (a test asserts there are none)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": width, "height": height})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            yield page, errors
+        finally:
+            browser.close()

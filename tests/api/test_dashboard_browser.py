@@ -16,7 +16,7 @@ from herd.config import Settings
 from herd.llm.eval import EvalRuntime, EvalSpec, submit_texts
 from herd.llm.eval.ledger import open_call
 from herd.queue.base import Completion, DeadReason, Failure
-from tests.api.browser import ensure_chromium
+from tests.api.browser import browser_page, ensure_chromium
 from tests.api.conftest import TOKEN, clean_side_tables, serving
 from tests.conftest import truncate
 from tests.llm.conftest import SECRET, Sim, sim_server  # noqa: F401
@@ -221,35 +221,27 @@ def test_the_cost_ledger_says_unpriced_where_a_model_has_no_price(
     herd_home,
     tmp_path,
 ):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     truncate(pg_url)
     clean_side_tables(pg_url)
     asyncio.run(seed_unpriced_ledger(pg_url, herd_home))
     with (
         serving(pg_url, herd_home, tmp_path / "serve.log") as url,
-        sync_playwright() as pw,
+        browser_page(chromium) as (page, errors),
     ):
-        browser = pw.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1100})
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.goto(url)
-            rows = page.locator("#ledger tbody tr")
-            calls = rows.filter(has_text="provider calls")
-            expect(calls.locator("td").nth(3)).to_have_text("unpriced")  # not $0, not blank
-            expect(rows.filter(has_text="avoided: cache").locator("td").nth(3)).to_have_text(
-                "unpriced"
-            )
-            expect(rows.filter(has_text="lost (lease").locator("td").nth(3)).to_have_text("")
-            expect(rows.filter(has_text="spent").locator("td").nth(3)).to_have_text("unpriced")
-            expect(rows.filter(has_text="saved").locator("td").nth(3)).to_have_text("unpriced")
-            expect(page.locator("#k-saved")).to_have_text("unpriced")
-            page.locator("#ledger").screenshot(path=str(tmp_path / "ledger.png"))
-            assert errors == []
-        finally:
-            browser.close()
+        page.goto(url)
+        rows = page.locator("#ledger tbody tr")
+        cost = {label: rows.filter(has_text=label).locator("td").nth(3) for label in (
+            "provider calls", "avoided: cache", "lost (lease", "spent", "saved")}  # fmt: skip
+        expect(cost["provider calls"]).to_have_text("unpriced")  # not $0, not blank
+        expect(cost["avoided: cache"]).to_have_text("unpriced")
+        expect(cost["lost (lease"]).to_have_text("")  # no such call: nothing to price
+        expect(cost["spent"]).to_have_text("unpriced")
+        expect(cost["saved"]).to_have_text("unpriced")
+        expect(page.locator("#k-saved")).to_have_text("unpriced")
+        page.locator("#ledger").screenshot(path=str(tmp_path / "ledger.png"))
+        assert errors == []
 
 
 PIPE_BATCH = "manuals-in-stages"

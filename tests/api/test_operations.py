@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 import herd
-from herd.api import create_app
+from herd.api import create_app, overview
 from herd.app import App
 from herd.cache import ExactCache
 from herd.config import Settings
@@ -13,6 +13,7 @@ from herd.llm.eval import EvalRuntime
 from herd.queue.base import Completion
 from tests.api.conftest import client_of
 from tests.api.test_jobs import dead_job
+from tests.helpers import count_checkout_checks, drop_connections, own_connections, truncate
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -155,7 +156,6 @@ async def test_caches_that_cannot_be_read_are_problems_not_an_outage(clean_pg, h
 async def test_overview_cards_read_no_items_of_an_idle_batch(client, pg_app, monkeypatch):
     """A poll reads the items of batches with work queued or running only: a finished or
     parked batch's card is kept until its row changes (a later submission, a park)."""
-    from herd.api import overview
     from herd.llm.eval import BatchStatus, EvalSpec, submit_texts
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # checked at submit; no call is made
@@ -209,41 +209,16 @@ async def test_a_poll_sends_no_connection_check_yet_survives_dropped_connections
     """Every read of a poll is safe to send twice, so none waits for the pool's checkout
     check on a connection fresh from a statement (eight of a poll's nineteen round trips
     were checks), and one the server dropped is sent again on a checked connection."""
-    import uuid
-
-    import psycopg
-
-    from herd.api import overview
-    from tests.conftest import truncate
-
     truncate(pg_url)
-    tag = f"herd-poll-{uuid.uuid4().hex[:8]}"  # this app's connections, dropped below
-    url = f"{pg_url}{'&' if '?' in pg_url else '?'}application_name={tag}"
-    checks: list[str] = []
-    execute = psycopg.AsyncConnection.execute
-
-    async def counting(self, query, params=None, **kw):
-        if query == "":  # the pool's check on checkout (AsyncConnectionPool.check_connection)
-            checks.append(query)
-        return await execute(self, query, params, **kw)
-
-    monkeypatch.setattr(psycopg.AsyncConnection, "execute", counting)
-    # Fresh for the whole test: on a loaded machine a connection could age past the 1 s
-    # window between two polls and be checked, which is the window working.
-    monkeypatch.setattr("herd.db.postgres.FRESH", 60.0)
+    url, tag = own_connections(pg_url)
+    checks = count_checkout_checks(monkeypatch)
     async with App(settings=Settings(home=herd_home, database_url=url)) as app:
         await app.enqueue("t", {}, queue="polled")
         await overview.overview(app)  # every store opened, its pool warm
         checks.clear()
         seen = await overview.overview(app)
         assert checks == [] and seen.problems == []
-        with psycopg.connect(pg_url, autocommit=True) as admin:
-            dropped = admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE application_name = %s",
-                (tag,),
-            ).fetchall()
-        assert dropped and all(ok for (ok,) in dropped)
+        drop_connections(pg_url, tag)
         seen = await overview.overview(app)
         assert seen.problems == []
         assert [q.ready for q in seen.queues if q.queue == "polled"] == [1]
