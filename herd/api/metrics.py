@@ -27,6 +27,7 @@ from herd.config import mask_url
 from herd.db.postgres import connect_kwargs
 from herd.db.redis import client_name
 from herd.errors import HerdError
+from herd.llm.eval.ledger import PAID
 from herd.queue.base import JobStatus, QueueStats
 
 router = APIRouter(tags=["operations"])
@@ -147,7 +148,10 @@ class HerdCollector(Collector):
             calls.add_metric([row.kind], row.calls)
             tokens.add_metric([row.kind, "input"], row.input_tokens)
             tokens.add_metric([row.kind, "output"], row.output_tokens)
-            cost.add_metric([row.kind], row.cost or 0.0)
+            # Calls to a model without a price cost an unknown sum: no sample, never $0
+            # (an avoided call paid nothing: 0).
+            if row.cost is not None or row.kind not in PAID or not row.calls:
+                cost.add_metric([row.kind], row.cost or 0.0)
             if row.saved is not None:
                 saved.add_metric([row.kind], row.saved)
         provider_saved.add_metric([], provider_total)

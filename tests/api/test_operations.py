@@ -223,3 +223,13 @@ async def test_a_poll_sends_no_connection_check_yet_survives_dropped_connections
         assert seen.problems == []
         assert [q.ready for q in seen.queues if q.queue == "polled"] == [1]
         assert checks  # the second tries were checked
+
+
+async def test_metrics_give_no_cost_for_calls_to_a_model_without_a_price(client, pg_app):
+    rt = await EvalRuntime.of(pg_app)
+    await rt.store.record(batch="b", job_id=7, key="k1", kind="call", input_tokens=10, cost=None)
+    got = samples((await client.get("/metrics")).text)
+    assert got[("herd_eval_ledger_calls_total", (("kind", "call"),))] == 1
+    # Unknown, never $0: no sample for the kind; kinds without calls still read 0.
+    assert ("herd_eval_ledger_cost_dollars_total", (("kind", "call"),)) not in got
+    assert got[("herd_eval_ledger_cost_dollars_total", (("kind", "lost"),))] == 0
