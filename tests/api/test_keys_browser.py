@@ -9,6 +9,7 @@ import pytest
 
 from herd.app import App
 from herd.config import Settings
+from tests.api.browser import browser_page
 from tests.api.conftest import TOKEN, serving
 from tests.api.test_dashboard_browser import chromium  # noqa: F401 - the fixture
 
@@ -31,35 +32,28 @@ async def seed(pg_url: str, herd_home: Path) -> None:
 
 @pytest.mark.timeout(600)
 def test_dashboard_shows_the_busiest_keys(chromium, pg_url, herd_home, tmp_path):  # noqa: F811
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     asyncio.run(seed(pg_url, herd_home))
     with (
         serving(pg_url, herd_home, tmp_path / "serve.log", HERD_API_TOKEN=TOKEN) as url,
-        sync_playwright() as pw,
+        browser_page(chromium) as (page, errors),
     ):
-        browser = pw.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1100})
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.goto(url)
-            page.fill("#token", TOKEN)
-            page.click("#login button")
-            rows = page.locator("#keys tbody tr")
-            expect(rows).to_have_count(3)
-            # Busiest first: running plus waiting.
-            cells = [rows.nth(0).locator("td").nth(i) for i in range(4)]
-            expect(cells[0]).to_have_text(KEY + "tenants")
-            assert [c.inner_text() for c in cells[1:]] == ["2", "2", "3"]
-            expect(rows.nth(0).locator(".bar")).to_have_class("bar warn")  # at its limit
-            globex = page.locator('#keys tr[data-key="tenants/tenant:globex"]')
-            expect(globex.locator("td").nth(2)).to_have_text("4")
-            expect(globex.locator(".bar")).to_have_class("bar ok")
-            batch = page.locator('#keys tr[data-key="tenants/batch:nightly"]')
-            expect(batch.locator("td").nth(2)).to_have_text("none")
-            expect(batch.locator(".bar")).to_have_class("bar ok")
-            page.locator("#keys-card").screenshot(path=str(tmp_path / "keys.png"))
-            assert errors == []
-        finally:
-            browser.close()
+        page.goto(url)
+        page.fill("#token", TOKEN)
+        page.click("#login button")
+        rows = page.locator("#keys tbody tr")
+        expect(rows).to_have_count(3)
+        # Busiest first: running plus waiting.
+        cells = [rows.nth(0).locator("td").nth(i) for i in range(4)]
+        expect(cells[0]).to_have_text(KEY + "tenants")
+        assert [c.inner_text() for c in cells[1:]] == ["2", "2", "3"]
+        expect(rows.nth(0).locator(".bar")).to_have_class("bar warn")  # at its limit
+        globex = page.locator('#keys tr[data-key="tenants/tenant:globex"]')
+        expect(globex.locator("td").nth(2)).to_have_text("4")
+        expect(globex.locator(".bar")).to_have_class("bar ok")
+        batch = page.locator('#keys tr[data-key="tenants/batch:nightly"]')
+        expect(batch.locator("td").nth(2)).to_have_text("none")
+        expect(batch.locator(".bar")).to_have_class("bar ok")
+        page.locator("#keys-card").screenshot(path=str(tmp_path / "keys.png"))
+        assert errors == []

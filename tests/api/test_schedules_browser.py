@@ -13,6 +13,7 @@ from herd.app import App
 from herd.config import Settings
 from herd.schedule.model import Schedule
 from herd.schedule.ticker import Ticker
+from tests.api.browser import browser_page
 from tests.api.conftest import TOKEN, serving
 from tests.api.test_dashboard_browser import chromium  # noqa: F401 - the fixture
 
@@ -28,26 +29,19 @@ async def seed(pg_url: str, herd_home: Path, name: str) -> None:
 
 @pytest.mark.timeout(600)
 def test_dashboard_lists_schedules(chromium, pg_url, herd_home, tmp_path):  # noqa: F811
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     name = f"<b>nightly</b>-{uuid.uuid4().hex[:6]}"
     asyncio.run(seed(pg_url, herd_home, name))
     with (
         serving(pg_url, herd_home, tmp_path / "serve.log", HERD_API_TOKEN=TOKEN) as url,
-        sync_playwright() as pw,
+        browser_page(chromium) as (page, errors),
     ):
-        browser = pw.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1100})
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.goto(url)
-            page.fill("#token", TOKEN)
-            page.click("#login button")
-            row = page.locator("#schedules tbody tr").filter(has_text=name)
-            expect(row).to_contain_text("0 2 * * * (Asia/Jakarta)")
-            expect(row).to_contain_text("paused")
-            expect(row).to_contain_text("reports.nightly → reports")
-            assert errors == []
-        finally:
-            browser.close()
+        page.goto(url)
+        page.fill("#token", TOKEN)
+        page.click("#login button")
+        row = page.locator("#schedules tbody tr").filter(has_text=name)
+        expect(row).to_contain_text("0 2 * * * (Asia/Jakarta)")
+        expect(row).to_contain_text("paused")
+        expect(row).to_contain_text("reports.nightly → reports")
+        assert errors == []
