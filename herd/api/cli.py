@@ -119,10 +119,13 @@ def _money(value: float | None) -> str:
     return f"${value:,.4f}" if value else ""
 
 
-def _ledger_money(calls: int, value: float | None) -> str:
+def _ledger_money(calls: int, value: float | None, unpriced: int = 0) -> str:
     """A ledger row's cost (or saving): calls without a figure are of models without a
-    price, whose cost is unknown, never $0."""
-    return "unpriced" if calls and value is None else _money(value)
+    price, whose cost is unknown, never $0; some of them (``unpriced``) beside priced
+    ones make the figure a part."""
+    if calls and value is None:
+        return "unpriced"
+    return _money(value) + (" + unpriced" if unpriced else "")
 
 
 def sparkline(counts: list[int]) -> str:
@@ -232,7 +235,7 @@ def print_overview(ov: OverviewOut) -> None:
                 f"{row.calls:,}",
                 f"{row.input_tokens:,}",
                 f"{row.output_tokens:,}",
-                _ledger_money(row.calls, row.cost) if kind in PAID else "",
+                _ledger_money(row.calls, row.cost, row.unpriced) if kind in PAID else "",
                 "" if kind in PAID else _ledger_money(row.calls, row.saved),
             )
     out.print(led)

@@ -311,6 +311,8 @@ class LedgerRow(BaseModel):
     cached_input_tokens: int = 0
     cache_write_tokens: int = 0
     provider_cache_saved: float | None = None
+    # Paid calls of this kind without a price: ``cost`` sums the priced ones alone.
+    unpriced: int = 0
 
 
 class StatsOut(BaseModel):

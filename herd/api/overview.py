@@ -103,6 +103,7 @@ async def ledger(app: App) -> list[LedgerRow]:
             cached_input_tokens=found[k]["cached_input_tokens"],
             cache_write_tokens=found[k]["cache_write_tokens"],
             provider_cache_saved=found[k]["provider_cache_saved"],
+            unpriced=found[k]["unpriced"],
         )
         if k in found
         else LedgerRow(kind=k, calls=0, input_tokens=0, output_tokens=0, cost=None, saved=None)

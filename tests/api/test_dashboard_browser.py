@@ -207,12 +207,14 @@ def test_dashboard_shows_a_batch_parked_on_its_budget(
 
 
 async def seed_unpriced_ledger(pg_url: str, herd_home: Path) -> None:
-    """A call to a model without a price and one avoided by the cache: both unknown."""
+    """A call to a model without a price and one avoided by the cache (both unknown),
+    and a priced call ($0.25)."""
     async with App(settings=Settings(home=herd_home, database_url=pg_url)) as app:
         rt = await EvalRuntime.of(app)
-        for kind, job in (("call", 7), ("cache", 8)):
-            await rt.store.record(batch="b", job_id=job, key="k1", kind=kind,
-                                  input_tokens=10, cost=None)  # fmt: skip
+        for kind, job, key, cost in (("call", 7, "k1", None), ("cache", 8, "k1", None),
+                                     ("call", 9, "k2", 0.25)):  # fmt: skip
+            await rt.store.record(batch="b", job_id=job, key=key, kind=kind,
+                                  input_tokens=10, cost=cost)  # fmt: skip
 
 
 def test_the_cost_ledger_says_unpriced_where_a_model_has_no_price(
@@ -234,10 +236,11 @@ def test_the_cost_ledger_says_unpriced_where_a_model_has_no_price(
         rows = page.locator("#ledger tbody tr")
         cost = {label: rows.filter(has_text=label).locator("td").nth(3) for label in (
             "provider calls", "avoided: cache", "lost (lease", "spent", "saved")}  # fmt: skip
-        expect(cost["provider calls"]).to_have_text("unpriced")  # not $0, not blank
+        # Not $0, not blank, and not the priced call's $0.25 alone.
+        expect(cost["provider calls"]).to_have_text("$0.2500 + unpriced")
         expect(cost["avoided: cache"]).to_have_text("unpriced")
         expect(cost["lost (lease"]).to_have_text("")  # no such call: nothing to price
-        expect(cost["spent"]).to_have_text("unpriced")
+        expect(cost["spent"]).to_have_text("$0.2500 + unpriced")
         expect(cost["saved"]).to_have_text("unpriced")
         expect(page.locator("#k-saved")).to_have_text("unpriced")
         page.locator("#ledger").screenshot(path=str(tmp_path / "ledger.png"))

@@ -10,6 +10,7 @@ import pytest
 
 from herd.config import Settings
 from herd.errors import ConfigError
+from herd.llm.eval.ledger import open_call
 from tests.api.conftest import herd_env
 from tests.api.test_jobs import dead_job
 
@@ -73,3 +74,23 @@ async def test_status_says_unpriced_where_a_model_has_no_price_never_blank_or_ze
     assert rows["provider calls"][-1] == "unpriced"
     assert rows["avoided: cache"][-1] == "unpriced"
     assert rows["lost (lease lost mid-call)"][-1] == "0"  # no call, nothing to price
+
+
+async def test_status_says_a_kinds_cost_is_a_part_where_some_of_its_calls_had_no_price(
+    pg_app, pg_url, herd_home
+):
+    from herd.llm.eval import EvalRuntime
+
+    rt = await EvalRuntime.of(pg_app)
+    await rt.store.record(batch="b", job_id=7, key="k1", kind="call", input_tokens=10, cost=0.25)
+    await rt.store.record(batch="b", job_id=8, key="k2", kind="call", input_tokens=10, cost=None)
+    async with rt.store.transaction() as conn:  # an open call, closed without a price
+        call = await open_call(conn, {"batch": "b", "job": 9, "key": "k3", "model": "m",
+                                      "provider": "openai", "i": 0, "w": None})  # fmt: skip
+    await rt.store.close_call(call, "call", i=5, o=1, cost=None)
+    assert not await rt.store.close_call(call, "call", i=5, o=1, cost=None)  # counted once
+    assert (await rt.store.totals())["call"]["unpriced"] == 2
+    done = herd(pg_url, herd_home, "status")
+    assert done.returncode == 0, done.stderr
+    (row,) = [line for line in done.stdout.splitlines() if line.startswith("provider calls")]
+    assert row.rstrip().endswith("$0.2500 + unpriced"), row  # not $0.25 alone

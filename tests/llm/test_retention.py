@@ -23,7 +23,9 @@ WITH per_key AS (
 )
 SELECT l.kind, count(*), sum(l.input_tokens), sum(l.output_tokens), sum(l.cost),
        sum(p.cost) FILTER (WHERE l.kind IN ('cache', 'singleflight', 'dedup')),
-       sum(l.cached_input_tokens), sum(l.cache_write_tokens), sum(l.provider_saved)
+       sum(l.cached_input_tokens), sum(l.cache_write_tokens), sum(l.provider_saved),
+       count(*) FILTER (WHERE l.cost IS NULL AND l.kind IN ('call', 'lost', 'failed',
+                                                            'cut_short'))
   FROM herd_eval_ledger l LEFT JOIN per_key p ON p.key = l.key
  GROUP BY l.kind
 """
@@ -74,8 +76,9 @@ async def recomputed(store: EvalStore) -> dict:
             "cached_input_tokens": int(ci),
             "cache_write_tokens": int(cw),
             "provider_cache_saved": as_float(ps),
+            "unpriced": int(u),
         }  # fmt: skip
-        for kind, n, i, o, c, s, ci, cw, ps in await store.execute(RECOMPUTED)
+        for kind, n, i, o, c, s, ci, cw, ps, u in await store.execute(RECOMPUTED)
     }
 
 
@@ -101,6 +104,7 @@ async def test_the_summary_equals_a_recomputation_and_outlives_the_purge(store):
     expected = await recomputed(store)
     assert set(expected) == {"call", "lost", "cache", "singleflight", "dedup"}
     assert expected["cache"]["saved"]  # the test covers a revalued estimate
+    assert expected["call"]["unpriced"] and expected["lost"]["unpriced"]  # and k0's calls
     assert await store.totals() == approx(expected)
     b1 = await store.totals("b1")
     assert b1["call"]["n"] == sum(1 for r in rows if r["batch"] == "b1" and r["kind"] == "call")

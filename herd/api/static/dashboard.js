@@ -270,7 +270,7 @@ const AVOIDED = ["cache", "singleflight", "dedup"];
 // whose cost is unknown, never $0 (the API's null); a sum over such rows says so.
 function priced(rows, field) {
   const known = rows.filter((r) => r[field] != null).reduce((a, r) => a + r[field], 0);
-  const unknown = rows.some((r) => r.calls && r[field] == null);
+  const unknown = rows.some((r) => (r.calls && r[field] == null) || (field === "cost" && r.unpriced));
   if (!unknown) return fmt.money(known);
   return known ? `${fmt.money(known)} + unpriced` : "unpriced";
 }
@@ -279,7 +279,8 @@ function renderLedger(rows) {
   const out = rows.map((r) => {
     const avoided = AVOIDED.includes(r.kind);
     const value = avoided ? r.saved : r.cost;
-    const money = value ? (avoided ? "−" : "") + fmt.money(value) : (r.calls && value == null ? "unpriced" : "");
+    const part = !avoided && r.unpriced && value != null ? " + unpriced" : "";
+    const money = value ? (avoided ? "−" : "") + fmt.money(value) + part : (r.calls && value == null ? "unpriced" : "");
     return el("tr", {},
       el("td", { text: LEDGER_LABELS[r.kind] || r.kind }),
       el("td", { class: "n", text: fmt.int(r.calls) }),

@@ -366,8 +366,9 @@ class EvalStore:
                 "cached_input_tokens": int(ci),
                 "cache_write_tokens": int(cw),
                 "provider_cache_saved": as_float(ps),
+                "unpriced": int(u),  # paid calls without a price (all-time totals only)
             }  # fmt: skip
-            for kind, n, i, o, c, s, ci, cw, ps in rows
+            for kind, n, i, o, c, s, ci, cw, ps, u in rows
         }
 
     # -- reading a batch back ----------------------------------------------------------
