@@ -20,6 +20,7 @@ from herd.errors import ConfigError, InvalidInput
 from herd.jsonvalue import check_text
 from herd.rag import vectors
 from herd.rag.builtin import tasks as rag_tasks
+from herd.rag.chunkers import FORMATS
 from herd.rag.errors import IndexError_
 from herd.rag.ingest import QUEUE, IngestError, Plan, RagRuntime, plan_and_apply
 from herd.rag.query import DEFAULT_MODE, MODES, WEAK, Answer, answer
@@ -169,13 +170,8 @@ def ingest(
         return
     if poll is not None:
         _fail("--poll goes with --watch", code=2)
-    if fmt != "auto":
-        from herd.rag.chunkers import FORMATS
-
-        if fmt not in FORMATS:
-            raise typer.BadParameter(
-                f"use auto or one of {', '.join(FORMATS)}", param_hint="--format"
-            )
+    if fmt != "auto" and fmt not in FORMATS:
+        raise typer.BadParameter(f"use auto or one of {', '.join(FORMATS)}", param_hint="--format")
 
     async def work(app: App) -> tuple[Plan, int]:
         app.include(rag_tasks)
