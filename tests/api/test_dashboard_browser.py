@@ -94,57 +94,50 @@ async def seed_parked_batch(pg_url: str, herd_home: Path) -> dict[str, int]:
 # The first run on a fresh machine installs chromium (apt-get) inside this test's setup.
 @pytest.mark.timeout(1200)
 def test_dashboard_shows_jobs_and_requeues_a_dead_letter(chromium, pg_url, herd_home, tmp_path):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     truncate(pg_url)
     known, dead = asyncio.run(seed(pg_url, herd_home))
     with (
         serving(pg_url, herd_home, tmp_path / "serve.log", HERD_API_TOKEN=TOKEN) as url,
-        sync_playwright() as pw,
+        browser_page(chromium) as (page, errors),
     ):
-        browser = pw.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1100})
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            # A CSP violation (an inline style, say) is a console error; the first
-            # /overview answers 401 before the token is typed, which is expected.
-            page.on(
-                "console",
-                lambda m: m.type == "error" and "401" not in m.text and errors.append(m.text),
-            )
-            page.goto(url)
-            # The server wants a token: the page asks for it, then keeps it for this tab.
-            expect(page.locator("#login")).to_be_visible()
-            page.fill("#token", TOKEN)
-            page.click("#login button")
-            recent = page.locator(f"#recent tr[data-job='{known}']")
-            expect(recent).to_contain_text("reports.nightly")
-            expect(recent).to_contain_text("ACME <b>bold</b>")  # shown as text, never as markup
-            expect(page.locator("#running")).to_contain_text("worker-7")
-            expect(page.locator("#state")).to_have_text("live")
-            row = page.locator(f"#dead tr[data-job='{dead}']")
-            expect(row).to_contain_text("TimeoutError: upstream")
-            expect(row).to_contain_text("fatal")
-            row.get_by_role("button", name="Requeue").click()
-            expect(row).to_have_count(0)
-            expect(page.locator("#dead")).to_contain_text("the dead-letter queue is empty")
-            job = httpx.get(f"{url}/jobs/{dead}", headers={"Authorization": f"Bearer {TOKEN}"})
-            assert job.json()["status"] == "pending"
-            page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
-            shots = os.environ.get("HERD_SCREENSHOTS")
-            if shots:
-                page.screenshot(path=str(Path(shots) / "dashboard-test.png"), full_page=True)
-            assert errors == []
-        finally:
-            browser.close()
+        # A CSP violation (an inline style, say) is a console error; the first
+        # /overview answers 401 before the token is typed, which is expected.
+        page.on(
+            "console",
+            lambda m: m.type == "error" and "401" not in m.text and errors.append(m.text),
+        )
+        page.goto(url)
+        # The server wants a token: the page asks for it, then keeps it for this tab.
+        expect(page.locator("#login")).to_be_visible()
+        page.fill("#token", TOKEN)
+        page.click("#login button")
+        recent = page.locator(f"#recent tr[data-job='{known}']")
+        expect(recent).to_contain_text("reports.nightly")
+        expect(recent).to_contain_text("ACME <b>bold</b>")  # shown as text, never as markup
+        expect(page.locator("#running")).to_contain_text("worker-7")
+        expect(page.locator("#state")).to_have_text("live")
+        row = page.locator(f"#dead tr[data-job='{dead}']")
+        expect(row).to_contain_text("TimeoutError: upstream")
+        expect(row).to_contain_text("fatal")
+        row.get_by_role("button", name="Requeue").click()
+        expect(row).to_have_count(0)
+        expect(page.locator("#dead")).to_contain_text("the dead-letter queue is empty")
+        job = httpx.get(f"{url}/jobs/{dead}", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert job.json()["status"] == "pending"
+        page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
+        shots = os.environ.get("HERD_SCREENSHOTS")
+        if shots:
+            page.screenshot(path=str(Path(shots) / "dashboard-test.png"), full_page=True)
+        assert errors == []
 
 
 @pytest.mark.timeout(600)
 def test_dashboard_shows_a_batch_parked_on_its_budget(
     chromium, pg_url, herd_home, tmp_path, monkeypatch
 ):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # checked at submit; no call is made
     truncate(pg_url)
@@ -153,57 +146,48 @@ def test_dashboard_shows_a_batch_parked_on_its_budget(
     dead_path = next(p for p, j in jobs.items() if p.startswith("docs/") and j == jobs["dead"])
     with (
         serving(pg_url, herd_home, tmp_path / "serve.log") as url,
-        sync_playwright() as pw,
+        browser_page(chromium) as (page, errors),
     ):
-        browser = pw.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1100})
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.on("console", lambda m: m.type == "error" and errors.append(m.text))
-            page.goto(url)
-            card = page.locator(f"article.batch[data-batch='{BATCH}']")
-            expect(card.locator(".name")).to_have_text(BATCH)  # text, never markup
-            expect(card.locator(".pill")).to_have_text("parked")
-            banner = card.locator(".park-banner")
-            expect(banner.locator("strong")).to_have_text("Parked")
-            expect(banner).to_contain_text(REASON)
-            expect(banner.locator("code.next")).to_have_text(f"herd eval budget {BATCH} USD")
-            expect(card.locator(".done-of")).to_have_text("1 / 4 answered")
-            legend = card.locator(".seglegend")
-            for text in ("1 answered", "1 dead", "0 queued", "2 parked"):
-                expect(legend).to_contain_text(text)
-            expect(card.locator(".segbar > i")).to_have_count(3)
-            spend = card.locator(".spend")
-            expect(spend.locator(".value")).to_have_text("$1.13")
-            expect(spend).to_contain_text("of $0.75 budget (151%)")
-            expect(spend).to_contain_text("incl. ≈$0.36 estimated")
-            costs = card.locator("table.costs")
-            expect(costs).to_contain_text("cost by model")
-            expect(costs.locator("tbody tr")).to_contain_text("gpt-4o-mini")
-            expect(costs.locator("tbody tr")).to_contain_text("$1.13incl. ≈$0.36 estimated")
-            failed = card.locator(f"table.failures tr[data-job='{jobs['dead']}']")
-            expect(failed).to_contain_text(dead_path)
-            expect(failed).to_contain_text("SchemaError: 'grade' is a required property")
-            # In the jobs views, an evaluation job goes by its document's path.
-            expect(page.locator(f"#dead tr[data-job='{jobs['dead']}']")).to_contain_text(dead_path)
-            queued = next(p for p, j in jobs.items() if p.startswith("docs/") and j not in
-                          (jobs["dead"], jobs["answered"]))  # fmt: skip
-            expect(page.locator(f"#recent tr[data-job='{jobs[queued]}'] td.path")).to_have_text(
-                queued
-            )
-            other = page.locator(f"article.batch[data-batch='{UNPRICED}']")
-            expect(other.locator(".spend .value")).to_have_text("unpriced")
-            expect(other.locator(".spend")).to_contain_text("no price for sim-small")
-            expect(other.locator("table.costs tbody td").last).to_have_text("unpriced")
-            expect(other.locator(".pill")).to_have_text("running")  # its job is running
-            page.screenshot(path=str(tmp_path / "batches.png"), full_page=True)
-            shots = os.environ.get("HERD_SCREENSHOTS")
-            if shots:
-                page.screenshot(path=str(Path(shots) / "dashboard-batch.png"), full_page=True)
-            assert errors == []
-        finally:
-            browser.close()
+        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        page.goto(url)
+        card = page.locator(f"article.batch[data-batch='{BATCH}']")
+        expect(card.locator(".name")).to_have_text(BATCH)  # text, never markup
+        expect(card.locator(".pill")).to_have_text("parked")
+        banner = card.locator(".park-banner")
+        expect(banner.locator("strong")).to_have_text("Parked")
+        expect(banner).to_contain_text(REASON)
+        expect(banner.locator("code.next")).to_have_text(f"herd eval budget {BATCH} USD")
+        expect(card.locator(".done-of")).to_have_text("1 / 4 answered")
+        legend = card.locator(".seglegend")
+        for text in ("1 answered", "1 dead", "0 queued", "2 parked"):
+            expect(legend).to_contain_text(text)
+        expect(card.locator(".segbar > i")).to_have_count(3)
+        spend = card.locator(".spend")
+        expect(spend.locator(".value")).to_have_text("$1.13")
+        expect(spend).to_contain_text("of $0.75 budget (151%)")
+        expect(spend).to_contain_text("incl. ≈$0.36 estimated")
+        costs = card.locator("table.costs")
+        expect(costs).to_contain_text("cost by model")
+        expect(costs.locator("tbody tr")).to_contain_text("gpt-4o-mini")
+        expect(costs.locator("tbody tr")).to_contain_text("$1.13incl. ≈$0.36 estimated")
+        failed = card.locator(f"table.failures tr[data-job='{jobs['dead']}']")
+        expect(failed).to_contain_text(dead_path)
+        expect(failed).to_contain_text("SchemaError: 'grade' is a required property")
+        # In the jobs views, an evaluation job goes by its document's path.
+        expect(page.locator(f"#dead tr[data-job='{jobs['dead']}']")).to_contain_text(dead_path)
+        queued = next(p for p, j in jobs.items() if p.startswith("docs/") and j not in
+                      (jobs["dead"], jobs["answered"]))  # fmt: skip
+        expect(page.locator(f"#recent tr[data-job='{jobs[queued]}'] td.path")).to_have_text(queued)
+        other = page.locator(f"article.batch[data-batch='{UNPRICED}']")
+        expect(other.locator(".spend .value")).to_have_text("unpriced")
+        expect(other.locator(".spend")).to_contain_text("no price for sim-small")
+        expect(other.locator("table.costs tbody td").last).to_have_text("unpriced")
+        expect(other.locator(".pill")).to_have_text("running")  # its job is running
+        page.screenshot(path=str(tmp_path / "batches.png"), full_page=True)
+        shots = os.environ.get("HERD_SCREENSHOTS")
+        if shots:
+            page.screenshot(path=str(Path(shots) / "dashboard-batch.png"), full_page=True)
+        assert errors == []
 
 
 async def seed_unpriced_ledger(pg_url: str, herd_home: Path) -> None:
@@ -292,7 +276,7 @@ async def seed_pipeline_batch(pg_url: str, herd_home: Path, sim: Sim) -> None:
 def test_dashboard_shows_each_stage_of_a_batch_in_stages(
     chromium, pg_url, herd_home, tmp_path, monkeypatch, fresh_sim
 ):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     from tests.api.conftest import clean_side_tables
 
@@ -308,36 +292,29 @@ def test_dashboard_shows_each_stage_of_a_batch_in_stages(
     asyncio.run(seed_pipeline_batch(pg_url, herd_home, fresh_sim))
     with (
         serving(pg_url, herd_home, tmp_path / "serve.log") as url,
-        sync_playwright() as pw,
+        browser_page(chromium, 1280, 900) as (page, errors),
     ):
-        browser = pw.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.on("console", lambda m: m.type == "error" and errors.append(m.text))
-            page.goto(url)
-            card = page.locator(f"article.batch[data-batch='{PIPE_BATCH}']")
-            expect(card.locator(".done-of")).to_have_text("2 / 2 answered")
-            rows = card.locator("table.stages tbody tr")
-            expect(rows).to_have_count(2)
-            notes = card.locator("table.stages tr[data-stage='register-notes']")
-            # 4 + 5 sections, one of them failed (skipped: its manual was still summed).
-            expect(notes.locator("td").first).to_contain_text("map · gpt-4o-mini")
-            expect(notes.locator(".frac")).to_have_text("8 / 9")
-            expect(notes.locator("td.failed")).to_have_text("1")
-            expect(notes.locator("td.failed")).to_have_class("n failed bad")
-            expect(notes.locator(".segbar > i")).to_have_count(2)  # answered, failed
-            summary = card.locator("table.stages tr[data-stage='summary']")
-            expect(summary.locator(".frac")).to_have_text("2 / 2")
-            expect(summary.locator("td.failed")).to_have_text("0")
-            expect(summary.locator("td.n").nth(2)).to_have_text("2")  # calls
-            for row in (notes, summary):
-                expect(row.locator("td.cost")).to_contain_text("$")
-            page.screenshot(path=str(tmp_path / "stages.png"), full_page=True)
-            shots = os.environ.get("HERD_SCREENSHOTS")
-            if shots:
-                card.screenshot(path=str(Path(shots) / "dashboard-stages.png"))
-            assert errors == []
-        finally:
-            browser.close()
+        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        page.goto(url)
+        card = page.locator(f"article.batch[data-batch='{PIPE_BATCH}']")
+        expect(card.locator(".done-of")).to_have_text("2 / 2 answered")
+        rows = card.locator("table.stages tbody tr")
+        expect(rows).to_have_count(2)
+        notes = card.locator("table.stages tr[data-stage='register-notes']")
+        # 4 + 5 sections, one of them failed (skipped: its manual was still summed).
+        expect(notes.locator("td").first).to_contain_text("map · gpt-4o-mini")
+        expect(notes.locator(".frac")).to_have_text("8 / 9")
+        expect(notes.locator("td.failed")).to_have_text("1")
+        expect(notes.locator("td.failed")).to_have_class("n failed bad")
+        expect(notes.locator(".segbar > i")).to_have_count(2)  # answered, failed
+        summary = card.locator("table.stages tr[data-stage='summary']")
+        expect(summary.locator(".frac")).to_have_text("2 / 2")
+        expect(summary.locator("td.failed")).to_have_text("0")
+        expect(summary.locator("td.n").nth(2)).to_have_text("2")  # calls
+        for row in (notes, summary):
+            expect(row.locator("td.cost")).to_contain_text("$")
+        page.screenshot(path=str(tmp_path / "stages.png"), full_page=True)
+        shots = os.environ.get("HERD_SCREENSHOTS")
+        if shots:
+            card.screenshot(path=str(Path(shots) / "dashboard-stages.png"))
+        assert errors == []
