@@ -481,5 +481,8 @@ async def test_a_renewal_that_never_answers_costs_only_the_jobs_it_was_sent_for(
         worker.stop()
         await asyncio.wait_for(run, 20)
     assert done.status == JobStatus.SUCCEEDED
-    assert worker.stats.lost == 1  # a: its renewal never came back
+    assert done.stalls == 0  # b's lease was renewed throughout: never taken over
+    # a: its renewal never came back. (Taken over once its lease ran out, a runs again
+    # here, and on a loaded machine that run's 1.5 s lease can lapse too: seen in CI.)
+    assert worker.stats.lost >= 1
     assert spy.renewals > 2
