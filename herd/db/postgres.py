@@ -21,6 +21,7 @@ and the workers' and lock waiters' polls are the net.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -663,10 +664,17 @@ class SessionLock:
         while True:
             try:
                 async with conn:
-                    # Nothing is LISTENed to: this only returns, raising, when the
-                    # connection breaks, which it notices without any polling.
-                    async for _ in conn.notifies():
-                        pass
+                    try:
+                        # Nothing is LISTENed to: this only returns, raising, when the
+                        # connection breaks, which it notices without any polling.
+                        async for _ in conn.notifies():
+                            pass
+                    except asyncio.CancelledError:
+                        # Released: the lock goes now, not once the server has ended
+                        # the closed session (a new holder could be refused until then).
+                        with contextlib.suppress(psycopg.Error):
+                            await conn.execute("SELECT pg_advisory_unlock_all()")
+                        raise
             except psycopg.Error as exc:
                 log.warning(
                     "the connection holding %r broke (%s); taking it again",
