@@ -324,7 +324,7 @@ SELECT kind, n, input_tokens, output_tokens, cost, saved, cached_input_tokens,
 -- name: ledger_batch_totals
 -- (A batch's unpriced calls are counted by model from its rows: batch_model_costs.)
 SELECT kind, n, input_tokens, output_tokens, cost, NULL::float8, cached_input_tokens,
-       cache_write_tokens, provider_saved, 0::bigint FROM herd_eval_batch_totals
+       cache_write_tokens, provider_saved FROM herd_eval_batch_totals
  WHERE batch = %(b)s;
 
 -- name: purge_ledger

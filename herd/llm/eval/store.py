@@ -356,8 +356,9 @@ class EvalStore:
             rows = await self.execute("ledger_totals")
         else:
             rows = await self.execute("ledger_batch_totals", {"b": batch})
-        return {
-            kind: {
+        out = {}
+        for kind, n, i, o, c, s, ci, cw, ps, *unpriced in rows:
+            out[kind] = {
                 "n": int(n),
                 "input_tokens": int(i),
                 "output_tokens": int(o),
@@ -366,10 +367,10 @@ class EvalStore:
                 "cached_input_tokens": int(ci),
                 "cache_write_tokens": int(cw),
                 "provider_cache_saved": as_float(ps),
-                "unpriced": int(u),  # paid calls without a price (all-time totals only)
+                # Of all time only: paid calls without a price (a batch's are by model).
+                **({"unpriced": int(unpriced[0])} if unpriced else {}),
             }  # fmt: skip
-            for kind, n, i, o, c, s, ci, cw, ps, u in rows
-        }
+        return out
 
     # -- reading a batch back ----------------------------------------------------------
 
